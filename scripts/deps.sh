@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what building and testing shardopt needs on a Debian/Ubuntu machine, as
+# root, skipping whatever is already there: a C++20 compiler, pkg-config, OpenMPI,
+# GoogleTest (apt) and meson + ninja (pip). Sourced by scripts/test.sh and
+# scripts/run_main.sh. CUDA and NCCL are used when present, never installed.
+set -euo pipefail
+
+shardopt_deps() {
+  local pkgs=()
+  command -v g++ >/dev/null 2>&1 || pkgs+=(g++)
+  command -v pkg-config >/dev/null 2>&1 || pkgs+=(pkg-config)
+  command -v mpiexec >/dev/null 2>&1 || pkgs+=(openmpi-bin)
+  { [ -f /usr/include/mpi.h ] || [ -d /usr/lib/x86_64-linux-gnu/openmpi/include ] || command -v mpicxx >/dev/null 2>&1; } \
+    || pkgs+=(libopenmpi-dev)
+  [ -f /usr/include/gtest/gtest.h ] || pkgs+=(libgtest-dev)
+  command -v python3 >/dev/null 2>&1 || pkgs+=(python3)
+  python3 -m pip --version >/dev/null 2>&1 || pkgs+=(python3-pip)
+  command -v ninja >/dev/null 2>&1 || pkgs+=(ninja-build)
+  if [ ${#pkgs[@]} -gt 0 ]; then
+    echo "deps: apt-get install ${pkgs[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${pkgs[@]}"
+  fi
+  # meson >= 1.3 from pip (Debian 12 ships 1.0).
+  if ! meson --version 2>/dev/null | awk -F. '{exit !($1 > 1 || ($1 == 1 && $2 >= 3))}'; then
+    echo "deps: pip install meson"
+    python3 -m pip install -q meson ninja 2>/dev/null \
+      || python3 -m pip install -q --break-system-packages meson ninja
+    hash -r
+  fi
+  # nvcc and NCCL live under /usr/local/cuda on the CI and GPU machines.
+  if [ -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null 2>&1; then
+    export PATH="/usr/local/cuda/bin:$PATH"
+  fi
+  # OpenMPI refuses to start as root unless told; tests run as root in containers.
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+}

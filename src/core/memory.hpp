@@ -1,0 +1,51 @@
+// memory.hpp - RAII allocations for both backends, and stream-ordered fill and copy.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "shardopt/backend.hpp"
+
+namespace shardopt {
+
+/// How an allocation is made.
+enum class MemoryKind {
+  Device,      ///< cudaMalloc
+  NcclDevice,  ///< ncclMemAlloc (eligible for NCCL buffer registration)
+  Pinned,      ///< cudaMallocHost: page-locked host memory a captured copy can read
+  Host,        ///< 256-byte aligned host memory (the host backend's "device" memory)
+};
+
+/// One allocation, freed by its destructor. On the host backend every kind is Host.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  /// Allocates `bytes` (0 allowed: no memory). Throws Error(Cuda/Nccl/Unsupported).
+  DeviceBuffer(Backend backend, std::size_t bytes, MemoryKind kind = MemoryKind::Device);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const noexcept { return ptr_; }
+  template <class T> T* as() const noexcept { return static_cast<T*>(ptr_); }
+  std::size_t bytes() const noexcept { return bytes_; }
+  Backend backend() const noexcept { return backend_; }
+  MemoryKind kind() const noexcept { return kind_; }
+  explicit operator bool() const noexcept { return ptr_ != nullptr; }
+
+ private:
+  void release() noexcept;
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+  Backend backend_ = Backend::Host;
+  MemoryKind kind_ = MemoryKind::Host;
+};
+
+/// Stream-ordered memset to zero.
+void fill_zero_async(Backend backend, void* ptr, std::size_t bytes, Stream stream);
+/// Stream-ordered copy between any two allocations of the backend (device, pinned).
+void copy_async(Backend backend, void* dst, const void* src, std::size_t bytes, Stream stream);
+
+}  // namespace shardopt
