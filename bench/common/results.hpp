@@ -1,0 +1,44 @@
+// results.hpp - one benchmark result as a JSON line (DESIGN.md "Benchmark results"):
+// printed, and upserted into bench/results/<bench>.jsonl (a newer run replaces the
+// older line of the same bench, config and device).
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace shardopt::bench {
+
+/// One configuration's measurement. Unset optionals are written as null.
+struct Result {
+  std::string bench;                ///< e.g. "adam_step"
+  std::string config;               ///< e.g. "fp32/1.5B/147"
+  std::string device;               ///< the device name as the driver reports it
+  std::optional<double> ours_ms;
+  std::string peer;                 ///< what the peer is ("" -> null)
+  std::optional<double> peer_ms;
+  std::optional<double> limit_ms;
+  std::map<std::string, double> numbers;      ///< extra numeric fields (GB/s, bytes, ...)
+  std::map<std::string, std::string> notes;   ///< extra string fields
+  std::string command;              ///< the exact command line
+};
+
+/// The command line of this process, joined with spaces (for Result::command).
+std::string command_line(int argc, char** argv);
+
+/// Today's date, YYYY-MM-DD.
+std::string today();
+
+/// The JSON object for a result, with ratio_vs_peer = peer/ours and
+/// fraction_of_limit = limit/ours (null where an input is missing).
+std::string to_json(const Result& r);
+
+/// Prints the JSON line and upserts it into `results_dir`/<bench>.jsonl (skipped when
+/// results_dir is empty).
+void write(const Result& r, const std::string& results_dir);
+
+/// Median of a sample (the sample is copied).
+double median(std::vector<double> v);
+
+}  // namespace shardopt::bench

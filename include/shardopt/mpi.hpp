@@ -1,0 +1,25 @@
+// shardopt/mpi.hpp - bootstrap of a Communicator from an MPI communicator.
+// Include this only in programs that use MPI; the rest of the API does not need mpi.h.
+#pragma once
+
+#include <mpi.h>
+
+#include "shardopt/communicator.hpp"
+
+namespace shardopt {
+
+/// Options of the MPI bootstrap.
+struct MpiBootstrapOptions {
+  /// Backend of the new group; Backend::Cuda builds an NCCL communicator.
+  Backend backend = Backend::Cuda;
+  /// CUDA device of this rank; -1 = the local rank within the node
+  /// (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)).
+  int device = -1;
+};
+
+/// A Communicator over the ranks of `comm` (collective over `comm`). For the CUDA
+/// backend it sets the device, lets rank 0 create the NCCL unique id, broadcasts it
+/// with MPI and initialises NCCL; for the host backend it duplicates `comm`.
+Communicator communicator_from_mpi(MPI_Comm comm, MpiBootstrapOptions options = {});
+
+}  // namespace shardopt
