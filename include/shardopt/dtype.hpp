@@ -15,12 +15,14 @@ enum class DType : std::uint8_t {
   e4m3,  ///< OCP FP8 E4M3 (no Inf, NaN = S.1111.111, max 448)
   e5m2,  ///< OCP FP8 E5M2 (IEEE-like, max 57344)
   e8m0,  ///< unsigned power-of-two scale: 2^(code-127); 0xFF is NaN, 0x00 decodes to 2^-127
+  u32,   ///< 32-bit unsigned integer: flags, counters, ordered bit patterns of amaxes
 };
 
 /// Bytes per element.
 constexpr std::size_t size_of(DType t) noexcept {
   switch (t) {
-    case DType::f32: return 4;
+    case DType::f32:
+    case DType::u32: return 4;
     case DType::bf16:
     case DType::f16: return 2;
     case DType::e4m3:

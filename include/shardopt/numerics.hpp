@@ -193,7 +193,7 @@ SHARDOPT_HD std::uint8_t f32_to_e8m0(float f) {
 
 // ------------------------------------------------------------------------ generic
 
-/// Encodes f32 into the bit pattern of `t` (zero-extended to 32 bits).
+/// Encodes f32 into the bit pattern of `t` (zero-extended to 32 bits); u32 truncates.
 SHARDOPT_HD std::uint32_t encode(DType t, float f) {
   switch (t) {
     case DType::f32: return f32_bits(f);
@@ -202,11 +202,12 @@ SHARDOPT_HD std::uint32_t encode(DType t, float f) {
     case DType::e4m3: return f32_to_e4m3(f);
     case DType::e5m2: return f32_to_e5m2(f);
     case DType::e8m0: return f32_to_e8m0(f);
+    case DType::u32: return static_cast<std::uint32_t>(f);
   }
   return 0;
 }
 
-/// Decodes a bit pattern of `t` to f32 (exact for every type).
+/// Decodes a bit pattern of `t` to f32 (exact for every float type; u32 is converted).
 SHARDOPT_HD float decode(DType t, std::uint32_t bits) {
   switch (t) {
     case DType::f32: return f32_from_bits(bits);
@@ -215,6 +216,7 @@ SHARDOPT_HD float decode(DType t, std::uint32_t bits) {
     case DType::e4m3: return e4m3_to_f32(static_cast<std::uint8_t>(bits));
     case DType::e5m2: return e5m2_to_f32(static_cast<std::uint8_t>(bits));
     case DType::e8m0: return e8m0_to_f32(static_cast<std::uint8_t>(bits));
+    case DType::u32: return static_cast<float>(bits);
   }
   return 0.0f;
 }

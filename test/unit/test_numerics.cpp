@@ -305,6 +305,9 @@ TEST(Numerics, GenericEncodeDecodeAgree) {
   }
   EXPECT_EQ(size_of(DType::f32), 4u);
   EXPECT_EQ(size_of(DType::e8m0), 1u);
+  EXPECT_EQ(size_of(DType::u32), 4u);
+  EXPECT_EQ(parse_dtype("u32"), DType::u32);
+  EXPECT_FALSE(is_float_storage(DType::u32));
   EXPECT_EQ(parse_dtype("bfloat16"), DType::bf16);
   EXPECT_STREQ(to_string(DType::e5m2), "e5m2");
 }
