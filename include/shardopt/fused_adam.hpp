@@ -93,6 +93,12 @@ struct ShardPointers {
 void fused_adam_step(const AdamConfig& config, const ShardPointers& shard, StepScalars* scalars,
                      Backend backend, Stream stream);
 
+/// The two halves of fused_adam_step, for a step that updates several shards (one per
+/// layout buffer) under one step count: the prologue once, then the update per shard.
+void adam_prologue(const AdamConfig& config, StepScalars* scalars, Backend backend, Stream stream);
+void adam_update(const AdamConfig& config, const ShardPointers& shard, const StepScalars* scalars,
+                 Backend backend, Stream stream);
+
 /// Sum of squares of the shard's gradients (fp32, deterministic) added to
 /// scalars->grad_sumsq, and 1.0f added to scalars->nonfinite if an element is NaN/Inf.
 /// Call once per buffer; combining across ranks is the caller's (one Sum all-reduce of

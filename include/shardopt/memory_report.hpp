@@ -1,0 +1,31 @@
+// shardopt/memory_report.hpp - bytes per rank by category.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace shardopt {
+
+/// Bytes held by one rank, by what they hold. Categories are disjoint except `padding`,
+/// which says how much of params + grads + master + moments is layout padding (the only
+/// overhead the layout adds).
+struct MemoryReport {
+  std::int64_t params = 0;        ///< model-parameter buffers (full, or shard + pool for FSDP)
+  std::int64_t grads = 0;         ///< gradient buffers
+  std::int64_t master = 0;        ///< fp32 master shard
+  std::int64_t moments = 0;       ///< Adam moments of the shard
+  std::int64_t copies = 0;        ///< cast copies made for external optimizers
+  std::int64_t pool = 0;          ///< transient gather/grad slots (FSDP)
+  std::int64_t mxfp8 = 0;         ///< MXFP8 parameter storage (data + scales)
+  std::int64_t nccl_overhead = 0; ///< allocator rounding of ncclMemAlloc'd buffers
+  std::int64_t padding = 0;       ///< part of params + grads + master + moments that is padding
+
+  /// Sum of all categories except padding (which is already inside them).
+  std::int64_t total() const noexcept {
+    return params + grads + master + moments + copies + pool + mxfp8 + nccl_overhead;
+  }
+  /// A multi-line human-readable table.
+  std::string to_string() const;
+};
+
+}  // namespace shardopt

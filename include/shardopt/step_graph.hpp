@@ -1,0 +1,65 @@
+// shardopt/step_graph.hpp - capture a training iteration once, replay it every step.
+//
+// An iteration is: for each microbatch, the trainer's forward+backward followed by the
+// device-side microbatch advance; then step() and zero_grad(). StepGraph runs warm-up
+// iterations eagerly on a side stream (they are real iterations: they train), checks
+// that nothing in the step would allocate or free (DistributedAdam::check_capturable),
+// then captures:
+//   * an "accumulate" microbatch graph (grad sync off) that serves every microbatch but
+//     the last (seed 002: weight-gradient GEMMs must use the accumulate form D = AB + D,
+//     since grads are zeroed once per step, not per microbatch);
+//   * a "last" microbatch graph with grad sync on, so grad_ready() launches the bucket
+//     reduce-scatters during the last backward (only when overlap_grad_reduce is on;
+//     otherwise the accumulate graph serves the last microbatch too);
+//   * the step graph (step + zero_grad).
+// Everything per-step comes from the device (lr slot, schedule, microbatch flags), so a
+// replay computes exactly what an eager iteration computes.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "shardopt/backend.hpp"
+
+namespace shardopt {
+
+class DistributedAdam;
+
+/// Options of a StepGraph.
+struct StepGraphOptions {
+  /// Eager iterations before capture (they train like any other iteration).
+  int warmup_iterations = 1;
+};
+
+/// A captured training iteration.
+class StepGraph {
+ public:
+  /// The trainer's forward+backward of one microbatch, enqueued on `stream`. `last` is a
+  /// capture-time structural flag: true for the graph of the step's last microbatch.
+  /// Anything that varies per microbatch must be read from the device
+  /// (DistributedAdam::device_microbatch()).
+  using MicrobatchFn = std::function<void(Stream stream, bool last)>;
+
+  StepGraph(DistributedAdam& optimizer, MicrobatchFn microbatch, StepGraphOptions options = {});
+  ~StepGraph();
+  StepGraph(const StepGraph&) = delete;
+  StepGraph& operator=(const StepGraph&) = delete;
+
+  /// Runs one iteration eagerly on `stream`, in exactly the order the graphs replay.
+  void run_eager(Stream stream);
+  /// Warm-up, then capture (see the file comment). Throws Error(CaptureRefused) before
+  /// capturing when the optimizer's configuration would allocate or free in the step.
+  void capture(Stream stream);
+  /// One iteration from the captured graphs.
+  void replay(Stream stream);
+  /// Only the captured step graph (step + zero_grad), e.g. to time the step alone.
+  void replay_step(Stream stream);
+  bool captured() const noexcept;
+
+  class Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shardopt

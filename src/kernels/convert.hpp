@@ -1,0 +1,25 @@
+// convert.hpp - element-wise dtype conversion between float storage types (f32, bf16,
+// f16), stream-ordered, on either backend. Used to seed the fp32 master from the param
+// shard and to make the cast copies an external optimizer asks for.
+#pragma once
+
+#include <cstdint>
+
+#include "shardopt/backend.hpp"
+#include "shardopt_config.h"
+#include "shardopt/dtype.hpp"
+
+namespace shardopt::kernels {
+
+/// dst[i] = convert(src[i]) for i < n; RNE rounding (numerics.hpp). Capturable.
+void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, Backend backend,
+             Stream stream);
+
+#if SHARDOPT_HAVE_CUDA
+void convert_cuda(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, Stream stream);
+#endif
+
+/// The element loop shared by the kernel and the host twin.
+void convert_host(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n);
+
+}  // namespace shardopt::kernels

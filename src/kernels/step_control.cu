@@ -1,0 +1,26 @@
+#include "core/check.hpp"
+#include "kernels/schedule_math.cuh"
+#include "kernels/step_control.hpp"
+
+namespace shardopt::kernels {
+namespace {
+
+__global__ void lr_schedule_kernel(LrSchedule schedule, const float* host_lr, StepScalars* scalars) {
+  scalars->lr = schedule_lr_value(schedule, scalars->step + 1, host_lr != nullptr ? *host_lr : 0.0f);
+}
+
+__global__ void advance_microbatch_kernel(MicrobatchState* state) { advance_microbatch_state(state); }
+
+}  // namespace
+
+void apply_lr_schedule_cuda(const LrSchedule& schedule, const float* host_lr, StepScalars* scalars, Stream stream) {
+  lr_schedule_kernel<<<1, 1, 0, reinterpret_cast<cudaStream_t>(stream)>>>(schedule, host_lr, scalars);
+  SHARDOPT_CUDA_CHECK(cudaGetLastError());
+}
+
+void advance_microbatch_cuda(MicrobatchState* state, Stream stream) {
+  advance_microbatch_kernel<<<1, 1, 0, reinterpret_cast<cudaStream_t>(stream)>>>(state);
+  SHARDOPT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace shardopt::kernels

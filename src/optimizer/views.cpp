@@ -1,0 +1,34 @@
+#include <sstream>
+
+#include "shardopt/memory_report.hpp"
+#include "shardopt/views.hpp"
+
+namespace shardopt {
+
+std::vector<std::int64_t> row_major_strides(const Shape& shape) {
+  std::vector<std::int64_t> s(shape.size(), 1);
+  for (std::size_t i = shape.size(); i-- > 1;) s[i - 1] = s[i] * shape[i];
+  return s;
+}
+
+bool TensorView::contiguous() const noexcept { return strides == row_major_strides(shape); }
+
+std::string MemoryReport::to_string() const {
+  std::ostringstream os;
+  auto row = [&](const char* name, std::int64_t b) {
+    os << "  " << name << ": " << b << " B (" << static_cast<double>(b) / (1 << 20) << " MiB)\n";
+  };
+  row("params       ", params);
+  row("grads        ", grads);
+  row("master       ", master);
+  row("moments      ", moments);
+  row("copies       ", copies);
+  row("pool         ", pool);
+  row("mxfp8        ", mxfp8);
+  row("nccl overhead", nccl_overhead);
+  row("total        ", total());
+  row("of it padding", padding);
+  return os.str();
+}
+
+}  // namespace shardopt

@@ -1,0 +1,26 @@
+#include "grad_stream.hpp"
+
+#include "shardopt/host_stream.hpp"
+
+namespace shardopt::test {
+
+#if SHARDOPT_HAVE_CUDA
+void add_grads_cuda(Stream stream, const GradStreamParams& p, const std::vector<GradTarget>& targets);
+#endif
+
+void add_grads(Backend backend, Stream stream, const GradStreamParams& p, const std::vector<GradTarget>& targets) {
+  if (backend == Backend::Host) {
+    host_enqueue(stream, [p, targets] {
+      const std::int64_t step = p.scalars != nullptr ? p.scalars->step : 0;
+      const std::int32_t mb = p.microbatch != nullptr ? p.microbatch->index : 0;
+      for (const auto& t : targets)
+        for (std::int64_t j = 0; j < t.numel; ++j) add_grad_element(p, step, mb, t, j);
+    });
+    return;
+  }
+#if SHARDOPT_HAVE_CUDA
+  add_grads_cuda(stream, p, targets);
+#endif
+}
+
+}  // namespace shardopt::test
