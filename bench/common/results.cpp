@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -91,6 +92,22 @@ void write(const Result& r, const std::string& results_dir) {
   kept.push_back(line);
   std::ofstream out(path, std::ios::trunc);
   for (const auto& l : kept) out << l << "\n";
+}
+
+std::map<std::string, PeerTiming> read_peer_file(const std::string& path) {
+  std::map<std::string, PeerTiming> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto t1 = line.find('\t');
+    if (t1 == std::string::npos) continue;
+    const auto t2 = line.find('\t', t1 + 1);
+    PeerTiming p;
+    p.ms = std::atof(line.substr(t1 + 1, t2 == std::string::npos ? std::string::npos : t2 - t1 - 1).c_str());
+    if (t2 != std::string::npos) p.description = line.substr(t2 + 1);
+    out[line.substr(0, t1)] = p;
+  }
+  return out;
 }
 
 double median(std::vector<double> v) {

@@ -38,6 +38,16 @@ std::string to_json(const Result& r);
 /// results_dir is empty).
 void write(const Result& r, const std::string& results_dir);
 
+/// A peer's timing of one configuration.
+struct PeerTiming {
+  double ms = 0;
+  std::string description;
+};
+
+/// Reads a peer file written by a script in bench/peers: one line per configuration,
+/// "config<TAB>ms<TAB>description". Missing file -> empty map.
+std::map<std::string, PeerTiming> read_peer_file(const std::string& path);
+
 /// Median of a sample (the sample is copied).
 double median(std::vector<double> v);
 

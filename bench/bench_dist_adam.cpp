@@ -1,0 +1,272 @@
+// bench_dist_adam: the distributed-Adam step (reduce-scatter, norm/clip, Adam on the
+// shard, all-gather) for the Llama-3.2-1B-shaped set with bf16 params and bf16 grads.
+//
+//   mpirun -n 4 bench_dist_adam [--results DIR] [--peer FILE] [--iters N]
+//
+// Per run it measures, in the same process:
+//  * ours: the captured step graph, replayed (CUDA events, median);
+//  * the limit: one NCCL reduce-scatter of the whole grad buffer + one all-gather of the
+//    whole param buffer + our Adam on the shard, each timed alone (median), summed;
+//  * host CPU time per step, eager step() vs graph replay, for 1, 10, 100, 1000 tensors;
+//  * the PyTorch peer's median, read from the file bench/peers/dist_adam_peer.py wrote.
+// On the host backend (no GPU) it runs a tiny smoke configuration and writes nothing.
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "core/check.hpp"
+#include "core/memory.hpp"
+#include "cuda_bench.hpp"
+#include "results.hpp"
+#include "shardopt/distributed_adam.hpp"
+#include "shardopt/mpi.hpp"
+#include "shardopt/presets.hpp"
+#include "shardopt/step_graph.hpp"
+
+namespace {
+using namespace shardopt;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::string results;
+  std::string peer;
+  int iters = 30;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", k.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (k == "--results") a.results = next();
+    else if (k == "--peer") a.peer = next();
+    else if (k == "--iters") a.iters = std::atoi(next().c_str());
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", k.c_str());
+      std::exit(2);
+    }
+  }
+  return a;
+}
+
+DistributedAdamOptions step_options() {
+  DistributedAdamOptions o;
+  o.grad_dtype = DType::bf16;
+  o.param_dtype = DType::bf16;
+  o.clip_max_norm = 1.0f;
+  o.overlap_grad_reduce = false;
+  o.groups["decay"] = AdamGroup{0.1f, 1.0f};
+  o.groups["no_decay"] = AdamGroup{0.0f, 1.0f};
+  return o;
+}
+
+#if SHARDOPT_HAVE_CUDA
+// A captured graph of one call sequence on `stream`.
+struct Captured {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  template <class Fn>
+  Captured(Stream stream, Fn&& fn) {
+    const auto s = reinterpret_cast<cudaStream_t>(stream);
+    SHARDOPT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    fn();
+    SHARDOPT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    SHARDOPT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  }
+  ~Captured() {
+    (void)cudaGraphExecDestroy(exec);
+    (void)cudaGraphDestroy(graph);
+  }
+  void launch(Stream stream) const { SHARDOPT_CUDA_CHECK(cudaGraphLaunch(exec, reinterpret_cast<cudaStream_t>(stream))); }
+};
+
+void fill_model(DistributedAdam& opt, Stream s) {
+  for (int i = 0; i < opt.num_params(); ++i) {
+    const ParamView p = opt.param(i);
+    const GradView g = opt.grad(i);
+    bench::fill_random(p.data, p.dtype, p.numel(), 100 + static_cast<std::uint64_t>(i), 0.05f, s);
+    bench::fill_random(g.data, g.dtype, g.numel(), 7000 + static_cast<std::uint64_t>(i), 1e-3f, s);
+  }
+  opt.init_master(s);
+}
+
+// Base of layout buffer 0 of a view kind: the view of the param placed at offset 0.
+template <class View>
+void* buffer_base(const DistributedAdam& opt, View (DistributedAdam::*get)(int) const) {
+  const auto& L = opt.layout();
+  for (int p : L.buffers()[0].params)
+    if (L.params()[static_cast<std::size_t>(p)].offset == 0) return (opt.*get)(p).data;
+  return nullptr;
+}
+
+double median_host_us(const std::vector<double>& v) { return bench::median(v); }
+
+void host_cpu_sweep(const Communicator& comm, Stream s, const Args& a, const std::string& device,
+                    const std::string& cmd) {
+  const std::int64_t total = 64LL << 20;
+  for (int k : {1, 10, 100, 1000}) {
+    std::vector<ParamSpec> specs;
+    for (int i = 0; i < k; ++i)
+      specs.push_back(ParamSpec::tensor("t" + std::to_string(i), {total / k}, DType::bf16, "decay"));
+    DistributedAdamOptions o = step_options();
+    DistributedAdam opt(comm, specs, o);
+    fill_model(opt, s);
+    opt.step(s);  // warm-up: lazy module loads, NCCL connections of every collective
+    SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)));
+    std::vector<double> eager, replay;
+    for (int it = 0; it < a.iters; ++it) {
+      const auto t0 = Clock::now();
+      opt.step(s);
+      const auto t1 = Clock::now();
+      SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)));
+      eager.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    }
+    Captured g(s, [&] { opt.step(s); });
+    g.launch(s);
+    SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)));
+    for (int it = 0; it < a.iters; ++it) {
+      const auto t0 = Clock::now();
+      g.launch(s);
+      const auto t1 = Clock::now();
+      SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)));
+      replay.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    }
+    if (comm.rank() == 0) {
+      bench::Result r;
+      r.bench = "dist_adam_host_cpu";
+      r.config = "tensors=" + std::to_string(k) + "/64M/n" + std::to_string(comm.size());
+      r.device = device;
+      r.numbers["eager_host_us"] = median_host_us(eager);
+      r.numbers["replay_host_us"] = median_host_us(replay);
+      r.notes["what"] = "host CPU time to enqueue one step: eager step() vs cudaGraphLaunch of the captured step";
+      r.command = cmd;
+      bench::write(r, a.results);
+    }
+  }
+}
+
+void full_step(const Communicator& comm, Stream s, const Args& a, const std::string& device, const std::string& cmd) {
+  const auto specs = presets::transformer(presets::kLlama32_1B, DType::bf16);
+  DistributedAdam opt(comm, specs, step_options());
+  fill_model(opt, s);
+  opt.step(s);
+  SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)));
+  Captured g(s, [&] { opt.step(s); });
+  const double ours = bench::time_ms(s, 3, a.iters, [&] { g.launch(s); });
+
+  // The limit: one reduce-scatter + one all-gather of the same bytes + Adam on the shard.
+  const Layout& L = opt.layout();
+  const std::int64_t n = L.buffers()[0].numel, shard = L.buffers()[0].shard_numel;
+  void* grads = buffer_base<GradView>(opt, &DistributedAdam::grad);
+  void* params = buffer_base<ParamView>(opt, &DistributedAdam::param);
+  const double rs = bench::time_ms(s, 3, a.iters, [&] { comm.reduce_scatter(grads, n / comm.size(), DType::bf16, ReduceOp::Average, s); });
+  const double ag = bench::time_ms(s, 3, a.iters, [&] { comm.all_gather(params, n / comm.size(), DType::bf16, s); });
+  const auto chunks = shard_chunks(L, 0, comm.rank());
+  DeviceBuffer chunks_dev(Backend::Cuda, chunks.size() * sizeof(ShardChunk));
+  SHARDOPT_CUDA_CHECK(cudaMemcpy(chunks_dev.data(), chunks.data(), chunks_dev.bytes(), cudaMemcpyHostToDevice));
+  DeviceBuffer master(Backend::Cuda, static_cast<std::size_t>(shard) * 4), m(Backend::Cuda, static_cast<std::size_t>(shard) * 4),
+      v(Backend::Cuda, static_cast<std::size_t>(shard) * 4), scal(Backend::Cuda, sizeof(StepScalars));
+  bench::fill_random(master.data(), DType::f32, shard, 3, 0.05f, s);
+  SHARDOPT_CUDA_CHECK(cudaMemsetAsync(m.data(), 0, m.bytes(), reinterpret_cast<cudaStream_t>(s)));
+  SHARDOPT_CUDA_CHECK(cudaMemsetAsync(v.data(), 0, v.bytes(), reinterpret_cast<cudaStream_t>(s)));
+  StepScalars sc{};
+  sc.lr = 1e-4f;
+  SHARDOPT_CUDA_CHECK(cudaMemcpy(scal.data(), &sc, sizeof sc, cudaMemcpyHostToDevice));
+  ShardPointers ptrs;
+  ptrs.chunks = chunks_dev.as<ShardChunk>();
+  ptrs.num_chunks = static_cast<std::int64_t>(chunks.size());
+  ptrs.shard_numel = shard;
+  ptrs.grads = grads;
+  ptrs.params = params;
+  ptrs.master = master.as<float>();
+  ptrs.exp_avg = m.data();
+  ptrs.exp_avg_sq = v.data();
+  AdamConfig cfg;
+  cfg.grad_dtype = DType::bf16;
+  cfg.param_dtype = DType::bf16;
+  cfg.groups = {AdamGroup{0.1f, 1.0f}, AdamGroup{0.0f, 1.0f}};
+  adam_prologue(cfg, scal.as<StepScalars>(), Backend::Cuda, s);
+  const double adam = bench::time_ms(s, 3, a.iters, [&] { adam_update(cfg, ptrs, scal.as<StepScalars>(), Backend::Cuda, s); });
+
+  if (comm.rank() != 0) return;
+  const std::string config = "bf16p-bf16g/1.5B/147/n" + std::to_string(comm.size());
+  bench::Result r;
+  r.bench = "dist_adam_step";
+  r.config = config;
+  r.device = device;
+  r.ours_ms = ours;
+  r.limit_ms = rs + ag + adam;
+  if (!a.peer.empty()) {
+    const auto peers = bench::read_peer_file(a.peer);
+    if (auto it = peers.find(config); it != peers.end()) {
+      r.peer = it->second.description;
+      r.peer_ms = it->second.ms;
+    }
+  }
+  r.numbers["reduce_scatter_ms"] = rs;
+  r.numbers["all_gather_ms"] = ag;
+  r.numbers["adam_shard_ms"] = adam;
+  r.numbers["params"] = static_cast<double>(L.param_numel());
+  r.notes["limit"] = "one NCCL reduce-scatter + one all-gather of the whole bf16 buffers + our Adam on the shard";
+  r.command = cmd;
+  bench::write(r, a.results);
+}
+#endif
+
+void host_smoke(const Communicator& comm) {
+  HostStream hs;
+  auto specs = presets::transformer({64, 2, 128, 32, 100}, DType::bf16);
+  DistributedAdam opt(comm, specs, step_options());
+  opt.init_master(hs.handle());
+  StepGraph g(opt, [](Stream, bool) {});
+  g.capture(hs.handle());
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 5; ++i) g.replay(hs.handle());
+  const auto t1 = Clock::now();
+  if (comm.rank() == 0)
+    std::printf("host smoke: %d params, 5 replayed steps in %.3f ms, step count %lld\n", opt.num_params(),
+                std::chrono::duration<double, std::milli>(t1 - t0).count(),
+                static_cast<long long>(opt.read_scalars(hs.handle()).step));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  const Args a = parse(argc, argv);
+  int rc = 0;
+  try {
+    const Backend b = default_backend();
+    MpiBootstrapOptions mo;
+    mo.backend = b;
+    Communicator comm = communicator_from_mpi(MPI_COMM_WORLD, mo);
+    if (b == Backend::Host) {
+      host_smoke(comm);
+    } else {
+#if SHARDOPT_HAVE_CUDA
+      cudaStream_t cs = nullptr;
+      SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+      const Stream s = reinterpret_cast<Stream>(cs);
+      const std::string device = bench::device_name();
+      full_step(comm, s, a, device, bench::command_line(argc, argv));
+      host_cpu_sweep(comm, s, a, device, bench::command_line(argc, argv));
+      SHARDOPT_CUDA_CHECK(cudaStreamDestroy(cs));
+#endif
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_dist_adam: %s\n", e.what());
+    rc = 1;
+  }
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,81 @@
+#include <algorithm>
+
+#include "core/check.hpp"
+#include "cuda_bench.hpp"
+#include "results.hpp"
+#include "shardopt/numerics.hpp"
+
+namespace shardopt::bench {
+namespace {
+__global__ void fill_kernel(void* data, DType dtype, std::int64_t n, std::uint64_t seed, float scale) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(i);
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    const float u = static_cast<float>(x & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f;
+    const float v = u * scale;
+    switch (dtype) {
+      case DType::f32: static_cast<float*>(data)[i] = v; break;
+      case DType::bf16: static_cast<std::uint16_t*>(data)[i] = num::f32_to_bf16(v); break;
+      case DType::f16: static_cast<std::uint16_t*>(data)[i] = num::f32_to_f16(v); break;
+      default: break;
+    }
+  }
+}
+}  // namespace
+
+std::string device_name() {
+  int dev = 0;
+  SHARDOPT_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  SHARDOPT_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  return prop.name;
+}
+
+double time_ms(Stream stream, int warmup, int iters, const std::function<void()>& work) {
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  for (int i = 0; i < warmup; ++i) work();
+  SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaEvent_t a, b;
+  SHARDOPT_CUDA_CHECK(cudaEventCreate(&a));
+  SHARDOPT_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    SHARDOPT_CUDA_CHECK(cudaEventRecord(a, s));
+    work();
+    SHARDOPT_CUDA_CHECK(cudaEventRecord(b, s));
+    SHARDOPT_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    SHARDOPT_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  SHARDOPT_CUDA_CHECK(cudaEventDestroy(a));
+  SHARDOPT_CUDA_CHECK(cudaEventDestroy(b));
+  return median(ms);
+}
+
+CopyBandwidth measure_copy(std::size_t bytes, Stream stream, int iters) {
+  void *src = nullptr, *dst = nullptr;
+  SHARDOPT_CUDA_CHECK(cudaMalloc(&src, bytes));
+  SHARDOPT_CUDA_CHECK(cudaMalloc(&dst, bytes));
+  fill_random(src, DType::f32, static_cast<std::int64_t>(bytes / 4), 1, 1.0f, stream);
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  CopyBandwidth r;
+  r.ms = time_ms(stream, 3, iters, [&] { SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s)); });
+  r.gbps = 2.0 * static_cast<double>(bytes) / (r.ms * 1e6);
+  SHARDOPT_CUDA_CHECK(cudaFree(src));
+  SHARDOPT_CUDA_CHECK(cudaFree(dst));
+  return r;
+}
+
+void fill_random(void* data, DType dtype, std::int64_t n, std::uint64_t seed, float scale, Stream stream) {
+  if (n == 0) return;
+  const std::int64_t blocks = std::min<std::int64_t>((n + 255) / 256, 8192);
+  fill_kernel<<<static_cast<unsigned>(blocks), 256, 0, reinterpret_cast<cudaStream_t>(stream)>>>(data, dtype, n, seed,
+                                                                                                 scale);
+  SHARDOPT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace shardopt::bench
