@@ -23,6 +23,7 @@
 #include "cuda_bench.hpp"
 #include "results.hpp"
 #include "shardopt/distributed_adam.hpp"
+#include "shardopt/host_stream.hpp"
 #include "shardopt/mpi.hpp"
 #include "shardopt/presets.hpp"
 #include "shardopt/step_graph.hpp"

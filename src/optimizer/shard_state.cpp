@@ -1,0 +1,196 @@
+#include "optimizer/shard_state.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "core/check.hpp"
+#include "kernels/convert.hpp"
+#include "kernels/step_control.hpp"
+#include "shardopt/error.hpp"
+
+namespace shardopt::detail {
+
+void validate(const AdamHyper& h) {
+  SHARDOPT_REQUIRE(is_float_storage(h.grad_dtype), ErrorCode::InvalidArgument,
+                   std::string("grad_dtype ") + to_string(h.grad_dtype) + " is not one of f32, bf16, f16");
+  SHARDOPT_REQUIRE(h.moment_dtype == DType::f32 || h.moment_dtype == DType::bf16, ErrorCode::InvalidArgument,
+                   "moment_dtype must be f32 or bf16");
+  SHARDOPT_REQUIRE(h.clip_max_norm >= 0.0f, ErrorCode::InvalidArgument,
+                   "clip_max_norm must be >= 0 (0 disables clipping)");
+  SHARDOPT_REQUIRE(h.microbatches >= 1, ErrorCode::InvalidArgument, "microbatches must be >= 1");
+  SHARDOPT_REQUIRE(h.beta1 >= 0.0f && h.beta1 < 1.0f && h.beta2 >= 0.0f && h.beta2 < 1.0f,
+                   ErrorCode::InvalidArgument, "beta1 and beta2 must lie in [0, 1)");
+  SHARDOPT_REQUIRE(h.eps > 0.0f, ErrorCode::InvalidArgument, "eps must be positive");
+}
+
+ShardState::ShardState(Backend backend, const Layout& layout, int rank, const AdamHyper& hyper, bool shard_addressed)
+    : backend_(backend), layout_(layout), rank_(rank), hyper_(hyper), shard_addressed_(shard_addressed) {
+  validate(hyper_);
+  const Layout& L = layout_;
+  SHARDOPT_REQUIRE(static_cast<int>(L.groups().size()) <= kMaxAdamGroups, ErrorCode::InvalidArgument,
+                   "the specs use " + std::to_string(L.groups().size()) + " optimizer groups; at most " +
+                       std::to_string(kMaxAdamGroups) + " are supported");
+  for (const auto& [name, g] : hyper_.groups) {
+    SHARDOPT_REQUIRE(std::find(L.groups().begin(), L.groups().end(), name) != L.groups().end(),
+                     ErrorCode::InvalidArgument, "options name optimizer group '" + name + "', which no ParamSpec uses");
+  }
+  pieces_.resize(L.params().size());
+  shards_.resize(L.buffers().size());
+  for (std::size_t b = 0; b < L.buffers().size(); ++b) {
+    BufferShard& sh = shards_[b];
+    const std::int64_t n = L.buffers()[b].shard_numel;
+    sh.chunks = shard_chunks(L, static_cast<int>(b), rank);
+    if (shard_addressed_)
+      for (auto& c : sh.chunks) c.buffer_offset = c.shard_offset;
+    for (const auto& seg : L.segments(static_cast<int>(b), rank)) {
+      ParamPiece& ps = pieces_[static_cast<std::size_t>(seg.param)];
+      ps.buffer = static_cast<int>(b);
+      ps.param_offset = seg.param_offset;
+      ps.shard_offset = seg.shard_offset;
+      ps.length = seg.length;
+      ps.buffer_offset = L.params()[static_cast<std::size_t>(seg.param)].offset + seg.param_offset;
+      sh.real_numel += seg.length;
+    }
+    sh.chunks_dev = DeviceBuffer(backend_, sh.chunks.size() * sizeof(ShardChunk));
+    copy_async(backend_, sh.chunks_dev.data(), sh.chunks.data(), sh.chunks.size() * sizeof(ShardChunk), nullptr);
+    sh.master = DeviceBuffer(backend_, static_cast<std::size_t>(n) * 4);
+    sh.exp_avg = DeviceBuffer(backend_, static_cast<std::size_t>(n) * size_of(hyper_.moment_dtype));
+    sh.exp_avg_sq = DeviceBuffer(backend_, static_cast<std::size_t>(n) * size_of(hyper_.moment_dtype));
+    fill_zero_async(backend_, sh.master.data(), sh.master.bytes(), nullptr);
+    fill_zero_async(backend_, sh.exp_avg.data(), sh.exp_avg.bytes(), nullptr);
+    fill_zero_async(backend_, sh.exp_avg_sq.data(), sh.exp_avg_sq.bytes(), nullptr);
+
+    AdamConfig& cfg = sh.config;
+    cfg.beta1 = hyper_.beta1;
+    cfg.beta2 = hyper_.beta2;
+    cfg.eps = hyper_.eps;
+    cfg.decoupled_weight_decay = hyper_.decoupled_weight_decay;
+    cfg.grad_dtype = hyper_.grad_dtype;
+    cfg.param_dtype = L.buffers()[b].dtype;
+    cfg.write_params = true;
+    cfg.moment_dtype = hyper_.moment_dtype;
+    cfg.groups.clear();
+    for (const auto& gname : L.groups()) {
+      auto it = hyper_.groups.find(gname);
+      cfg.groups.push_back(it != hyper_.groups.end() ? it->second : hyper_.default_group);
+    }
+    ShardPointers& p = sh.ptrs;
+    p.chunks = sh.chunks_dev.as<ShardChunk>();
+    p.num_chunks = static_cast<std::int64_t>(sh.chunks.size());
+    p.shard_numel = n;
+    p.master = sh.master.as<float>();
+    p.exp_avg = sh.exp_avg.data();
+    p.exp_avg_sq = sh.exp_avg_sq.data();
+  }
+  scalars_ = DeviceBuffer(backend_, sizeof(StepScalars));
+  const StepScalars init{};
+  copy_async(backend_, scalars_.data(), &init, sizeof init, nullptr);
+  microbatch_ = DeviceBuffer(backend_, sizeof(MicrobatchState));
+  MicrobatchState mb{};
+  mb.count = hyper_.microbatches;
+  mb.last = hyper_.microbatches == 1 ? 1 : 0;
+  copy_async(backend_, microbatch_.data(), &mb, sizeof mb, nullptr);
+  slots_ = DeviceBuffer(backend_, 2 * sizeof(float), MemoryKind::Pinned);
+  slots_.as<float>()[0] = hyper_.lr_schedule.peak;  // lr for LrSchedule::Kind::Host until set_lr
+  slots_.as<float>()[1] = 1.0f;                     // inverse loss scale
+  readback_ = DeviceBuffer(backend_, sizeof(StepScalars), MemoryKind::Pinned);
+  synchronize(backend_, nullptr);
+}
+
+void ShardState::bind(int buffer, const void* grads, void* params) {
+  SHARDOPT_REQUIRE(buffer >= 0 && buffer < static_cast<int>(shards_.size()), ErrorCode::Internal, "bad buffer index");
+  shards_[static_cast<std::size_t>(buffer)].ptrs.grads = grads;
+  shards_[static_cast<std::size_t>(buffer)].ptrs.params = params;
+}
+
+void ShardState::init_master(Stream stream) {
+  const Layout& L = layout_;
+  for (std::size_t b = 0; b < L.buffers().size(); ++b) {
+    const DType dt = L.buffers()[b].dtype;
+    const auto* params = static_cast<const char*>(shards_[b].ptrs.params);
+    for (int bk : L.buffers()[b].buckets) {
+      const Range own = L.shard_range(bk, rank_);
+      const std::int64_t shard_offset = L.buckets()[static_cast<std::size_t>(bk)].shard_offset;
+      const std::int64_t src = shard_addressed_ ? shard_offset : own.begin;
+      kernels::convert(params + static_cast<std::size_t>(src) * size_of(dt), dt, shards_[b].master.as<float>() + shard_offset,
+                       DType::f32, own.size(), backend_, stream);
+    }
+  }
+}
+
+void ShardState::step(const Communicator& norm_comm, Stream stream) {
+  StepScalars* sc = scalars();
+  // Per-step values, all on the device: lr, inverse loss scale, fresh norm accumulators.
+  if (hyper_.lr_schedule.kind == LrSchedule::Kind::Host) {
+    copy_async(backend_, &sc->lr, slots_.as<float>(), sizeof(float), stream);
+  } else {
+    kernels::apply_lr_schedule(hyper_.lr_schedule, nullptr, sc, backend_, stream);
+  }
+  copy_async(backend_, &sc->inv_loss_scale, slots_.as<float>() + 1, sizeof(float), stream);
+  fill_zero_async(backend_, &sc->grad_sumsq, 2 * sizeof(float), stream);
+  // Global norm and found-inf: shard partial sums, one all-reduce of two adjacent floats.
+  for (const auto& sh : shards_) accumulate_grad_sumsq(hyper_.grad_dtype, sh.ptrs, sc, backend_, stream);
+  if (norm_comm.size() > 1) norm_comm.all_reduce(&sc->grad_sumsq, 2, DType::f32, ReduceOp::Sum, stream);
+  finalize_grad_norm(hyper_.clip_max_norm, sc, backend_, stream);
+  adam_prologue(shards_.front().config, sc, backend_, stream);
+  for (const auto& sh : shards_) adam_update(sh.config, sh.ptrs, sc, backend_, stream);
+}
+
+const ParamPiece& ShardState::piece(int param) const {
+  SHARDOPT_REQUIRE(param >= 0 && param < static_cast<int>(pieces_.size()), ErrorCode::OutOfRange,
+                   "param index " + std::to_string(param) + " is out of range [0, " + std::to_string(pieces_.size()) +
+                       ")");
+  return pieces_[static_cast<std::size_t>(param)];
+}
+
+ShardView ShardState::piece_view(int param, const DeviceBuffer& buf, DType dtype) const {
+  const ParamPiece& ps = piece(param);
+  ShardView v;
+  v.dtype = dtype;
+  v.shape = {ps.length};
+  v.strides = {1};
+  v.param_offset = ps.param_offset;
+  v.data = ps.length == 0 ? nullptr
+                          : static_cast<char*>(buf.data()) + static_cast<std::size_t>(ps.shard_offset) * size_of(dtype);
+  return v;
+}
+
+ShardView ShardState::master_view(int param) const {
+  return piece_view(param, shards_[static_cast<std::size_t>(piece(param).buffer)].master, DType::f32);
+}
+ShardView ShardState::exp_avg_view(int param) const {
+  return piece_view(param, shards_[static_cast<std::size_t>(piece(param).buffer)].exp_avg, hyper_.moment_dtype);
+}
+ShardView ShardState::exp_avg_sq_view(int param) const {
+  return piece_view(param, shards_[static_cast<std::size_t>(piece(param).buffer)].exp_avg_sq, hyper_.moment_dtype);
+}
+
+void ShardState::set_loss_scale(float scale) {
+  SHARDOPT_REQUIRE(scale > 0.0f, ErrorCode::InvalidArgument, "loss scale must be positive");
+  slots_.as<float>()[1] = 1.0f / scale;
+}
+
+StepScalars ShardState::read_scalars(Stream stream) const {
+  SHARDOPT_REQUIRE(!is_capturing(backend_, stream), ErrorCode::InvalidState,
+                   "read_scalars() synchronizes and cannot run inside a capture; read device_scalars() from a "
+                   "kernel instead, or call it after replay");
+  copy_async(backend_, readback_.data(), scalars(), sizeof(StepScalars), stream);
+  synchronize(backend_, stream);
+  StepScalars out;
+  std::memcpy(&out, readback_.data(), sizeof out);
+  return out;
+}
+
+void ShardState::advance_microbatch(Stream stream) { kernels::advance_microbatch(microbatch(), backend_, stream); }
+
+void ShardState::add_memory(MemoryReport& r) const {
+  const std::int64_t msize = static_cast<std::int64_t>(size_of(hyper_.moment_dtype));
+  for (const auto& sh : shards_) {
+    r.master += static_cast<std::int64_t>(sh.master.bytes());
+    r.moments += static_cast<std::int64_t>(sh.exp_avg.bytes() + sh.exp_avg_sq.bytes());
+    r.padding += (sh.ptrs.shard_numel - sh.real_numel) * (4 + 2 * msize);
+  }
+}
+
+}  // namespace shardopt::detail
