@@ -27,6 +27,9 @@ struct LayoutOptions {
   /// Every bucket's size is a multiple of this; unset = lcm(world size, 128).
   /// When set it must be a positive multiple of the world size.
   std::optional<std::int64_t> pad_multiple;
+  /// Optional unit of every parameter (by registration index), e.g. its layer for FSDP.
+  /// Equal ids must be contiguous in registration order; a bucket never spans two units.
+  std::vector<int> param_units;
 };
 
 /// Half-open element range [begin, end).
@@ -93,6 +96,8 @@ class Layout {
   const std::vector<ParamPlacement>& params() const noexcept { return params_; }
   const std::vector<Bucket>& buckets() const noexcept { return buckets_; }
   const std::vector<BufferLayout>& buffers() const noexcept { return buffers_; }
+  /// The unit of every bucket (all 0 when LayoutOptions::param_units is empty).
+  const std::vector<int>& bucket_units() const noexcept { return bucket_units_; }
   /// Optimizer group names, sorted; ParamPlacement::group indexes this list.
   const std::vector<std::string>& groups() const noexcept { return groups_; }
 
@@ -127,6 +132,7 @@ class Layout {
   std::vector<Bucket> buckets_;
   std::vector<BufferLayout> buffers_;
   std::vector<std::string> groups_;
+  std::vector<int> bucket_units_;
   std::vector<std::uint64_t> param_hashes_;
   std::uint64_t fingerprint_ = 0;
 };

@@ -24,11 +24,15 @@
 namespace shardopt {
 
 class DistributedAdam;
+class Fsdp;
 
 /// Options of a StepGraph.
 struct StepGraphOptions {
   /// Eager iterations before capture (they train like any other iteration).
   int warmup_iterations = 1;
+  /// Capture the whole iteration (every microbatch, step, zero_grad) as one graph,
+  /// replayed with one launch. Always on for Fsdp, whose gathers differ per position.
+  bool one_graph = false;
 };
 
 /// A captured training iteration.
@@ -41,6 +45,9 @@ class StepGraph {
   using MicrobatchFn = std::function<void(Stream stream, bool last)>;
 
   StepGraph(DistributedAdam& optimizer, MicrobatchFn microbatch, StepGraphOptions options = {});
+  /// FSDP: the whole iteration (all units' gathers, the trainer's compute, the gradient
+  /// reduce-scatters, step, zero_grad) is captured as one graph.
+  StepGraph(Fsdp& optimizer, MicrobatchFn microbatch, StepGraphOptions options = {});
   ~StepGraph();
   StepGraph(const StepGraph&) = delete;
   StepGraph& operator=(const StepGraph&) = delete;
@@ -52,7 +59,8 @@ class StepGraph {
   void capture(Stream stream);
   /// One iteration from the captured graphs.
   void replay(Stream stream);
-  /// Only the captured step graph (step + zero_grad), e.g. to time the step alone.
+  /// Only the captured step graph (step + zero_grad), e.g. to time the step alone
+  /// (Error(InvalidState) in one-graph mode).
   void replay_step(Stream stream);
   bool captured() const noexcept;
 

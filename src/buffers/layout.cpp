@@ -79,6 +79,22 @@ Layout::Layout(std::vector<ParamSpec> specs, int world_size, LayoutOptions optio
                          "); every parameter needs a unique name");
   }
 
+  const std::vector<int>& units = options.param_units;
+  if (!units.empty()) {
+    SHARDOPT_REQUIRE(units.size() == specs_.size(), ErrorCode::InvalidArgument,
+                     "param_units has " + std::to_string(units.size()) + " entries for " +
+                         std::to_string(specs_.size()) + " parameters; give one unit id per parameter");
+    for (std::size_t i = 1; i < units.size(); ++i) {
+      if (units[i] == units[i - 1]) continue;
+      for (std::size_t j = 0; j + 1 < i; ++j)
+        SHARDOPT_REQUIRE(units[j] != units[i], ErrorCode::InvalidArgument,
+                         "unit " + std::to_string(units[i]) + " is not contiguous in registration order (parameters " +
+                             std::to_string(j) + " and " + std::to_string(i) +
+                             "); register a unit's parameters one after another");
+    }
+  }
+  auto unit_of = [&](int p) { return units.empty() ? 0 : units[static_cast<std::size_t>(p)]; };
+
   // Groups, sorted so that the index does not depend on registration order.
   for (const auto& s : specs_) groups_.push_back(s.group);
   std::sort(groups_.begin(), groups_.end());
@@ -113,6 +129,7 @@ Layout::Layout(std::vector<ParamSpec> specs, int world_size, LayoutOptions optio
       current.shard_offset = shard_cursor;
       shard_cursor += size / world_size_;
       buf.buckets.push_back(static_cast<int>(buckets_.size()));
+      bucket_units_.push_back(unit_of(current.params.front()));
       buckets_.push_back(std::move(current));
       current = Bucket{};
       bucket_start += size;
@@ -122,7 +139,8 @@ Layout::Layout(std::vector<ParamSpec> specs, int world_size, LayoutOptions optio
       const ParamSpec& s = specs_[static_cast<std::size_t>(p)];
       const std::int64_t count = numel(s.shape);
       std::int64_t start = align_up(cursor, alignment_);
-      if (!current.params.empty() && start + count - bucket_start > bucket_threshold_) {
+      const bool new_unit = !current.params.empty() && unit_of(current.params.back()) != unit_of(p);
+      if (!current.params.empty() && (new_unit || start + count - bucket_start > bucket_threshold_)) {
         close_bucket();
         start = align_up(cursor, alignment_);
       }
@@ -149,6 +167,8 @@ Layout::Layout(std::vector<ParamSpec> specs, int world_size, LayoutOptions optio
   f.i64(bucket_threshold_);
   f.i64(alignment_);
   f.i64(pad_multiple_);
+  f.i64(static_cast<std::int64_t>(units.size()));
+  for (int u : units) f.i64(u);
   f.i64(n);
   for (int i = 0; i < n; ++i) {
     param_hashes_[static_cast<std::size_t>(i)] = hash_spec(specs_[static_cast<std::size_t>(i)]);

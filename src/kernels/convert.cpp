@@ -10,6 +10,28 @@ void convert_host(const void* src, DType src_dtype, void* dst, DType dst_dtype, 
   for (std::int64_t i = 0; i < n; ++i) store_from_f32(dst, dst_dtype, i, load_as_f32(src, src_dtype, i));
 }
 
+void accumulate_host(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i)
+    store_from_f32(dst, dst_dtype, i, load_as_f32(dst, dst_dtype, i) + load_as_f32(src, src_dtype, i));
+}
+
+void accumulate(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, Backend backend,
+                Stream stream) {
+  SHARDOPT_REQUIRE(is_float_storage(src_dtype) && is_float_storage(dst_dtype), ErrorCode::InvalidArgument,
+                   std::string("accumulate: ") + to_string(src_dtype) + " into " + to_string(dst_dtype) +
+                       " is not between f32, bf16 and f16");
+  if (n <= 0) return;
+  if (backend == Backend::Host) {
+    host_enqueue(stream, [=] { accumulate_host(src, src_dtype, dst, dst_dtype, n); });
+    return;
+  }
+#if SHARDOPT_HAVE_CUDA
+  accumulate_cuda(src, src_dtype, dst, dst_dtype, n, stream);
+#else
+  SHARDOPT_REQUIRE(false, ErrorCode::Unsupported, "this build has no CUDA backend");
+#endif
+}
+
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, Backend backend,
              Stream stream) {
   SHARDOPT_REQUIRE(is_float_storage(src_dtype) && is_float_storage(dst_dtype), ErrorCode::InvalidArgument,

@@ -12,6 +12,23 @@ __global__ void convert_kernel(const void* __restrict__ src, void* __restrict__ 
     store_from_f32(dst, D, i, load_as_f32(src, S, i));
 }
 
+template <DType S, DType D>
+__global__ void accumulate_kernel(const void* __restrict__ src, void* __restrict__ dst, std::int64_t n) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    store_from_f32(dst, D, i, load_as_f32(dst, D, i) + load_as_f32(src, S, i));
+}
+
+template <DType S>
+void launch_accumulate(const void* src, void* dst, DType d, std::int64_t n, cudaStream_t s, unsigned grid) {
+  switch (d) {
+    case DType::f32: accumulate_kernel<S, DType::f32><<<grid, 256, 0, s>>>(src, dst, n); break;
+    case DType::bf16: accumulate_kernel<S, DType::bf16><<<grid, 256, 0, s>>>(src, dst, n); break;
+    case DType::f16: accumulate_kernel<S, DType::f16><<<grid, 256, 0, s>>>(src, dst, n); break;
+    default: break;
+  }
+}
+
 template <DType S>
 void launch_to(const void* src, void* dst, DType d, std::int64_t n, cudaStream_t s, unsigned grid) {
   switch (d) {
@@ -32,6 +49,19 @@ void convert_cuda(const void* src, DType src_dtype, void* dst, DType dst_dtype, 
     case DType::f32: launch_to<DType::f32>(src, dst, dst_dtype, n, s, grid); break;
     case DType::bf16: launch_to<DType::bf16>(src, dst, dst_dtype, n, s, grid); break;
     case DType::f16: launch_to<DType::f16>(src, dst, dst_dtype, n, s, grid); break;
+    default: break;
+  }
+  SHARDOPT_CUDA_CHECK(cudaGetLastError());
+}
+
+void accumulate_cuda(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, Stream stream) {
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  const std::int64_t blocks = (n + 255) / 256;
+  const unsigned grid = static_cast<unsigned>(blocks < 4096 ? blocks : 4096);
+  switch (src_dtype) {
+    case DType::f32: launch_accumulate<DType::f32>(src, dst, dst_dtype, n, s, grid); break;
+    case DType::bf16: launch_accumulate<DType::bf16>(src, dst, dst_dtype, n, s, grid); break;
+    case DType::f16: launch_accumulate<DType::f16>(src, dst, dst_dtype, n, s, grid); break;
     default: break;
   }
   SHARDOPT_CUDA_CHECK(cudaGetLastError());

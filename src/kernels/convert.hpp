@@ -15,11 +15,17 @@ namespace shardopt::kernels {
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, Backend backend,
              Stream stream);
 
+/// dst[i] = round(dst[i] + src[i]) for i < n, the sum in f32 (gradient accumulation).
+void accumulate(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, Backend backend,
+                Stream stream);
+
 #if SHARDOPT_HAVE_CUDA
+void accumulate_cuda(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, Stream stream);
 void convert_cuda(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, Stream stream);
 #endif
 
-/// The element loop shared by the kernel and the host twin.
+/// The element loops of the host twins.
 void convert_host(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n);
+void accumulate_host(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n);
 
 }  // namespace shardopt::kernels

@@ -4,8 +4,10 @@
 #include <utility>
 
 #include "core/check.hpp"
+#include "core/streams.hpp"
 #include "shardopt/distributed_adam.hpp"
 #include "shardopt/error.hpp"
+#include "shardopt/fsdp.hpp"
 #include "shardopt/host_stream.hpp"
 
 namespace shardopt {
@@ -76,91 +78,81 @@ class Graph {
 #endif
 };
 
-// A side stream for the warm-up, ordered after and before the caller's stream.
-class SideStream {
- public:
-  explicit SideStream(Backend backend) : backend_(backend) {
-#if SHARDOPT_HAVE_CUDA
-    if (backend_ == Backend::Cuda) SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&cuda_, cudaStreamNonBlocking));
-#endif
-  }
-  ~SideStream() {
-#if SHARDOPT_HAVE_CUDA
-    if (cuda_ != nullptr) (void)cudaStreamDestroy(cuda_);
-#endif
-  }
-  Stream handle() const {
-#if SHARDOPT_HAVE_CUDA
-    if (backend_ == Backend::Cuda) return reinterpret_cast<Stream>(cuda_);
-#endif
-    return host_.handle();
-  }
-  // `to` waits for everything queued on `from`.
-  void order(Stream from, Stream to) const {
-#if SHARDOPT_HAVE_CUDA
-    if (backend_ == Backend::Cuda) {
-      cudaEvent_t ev = nullptr;
-      SHARDOPT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-      SHARDOPT_CUDA_CHECK(cudaEventRecord(ev, reinterpret_cast<cudaStream_t>(from)));
-      SHARDOPT_CUDA_CHECK(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(to), ev, 0));
-      SHARDOPT_CUDA_CHECK(cudaEventDestroy(ev));
-    }
-#endif
-    (void)from;
-    (void)to;
-  }
-
- private:
-  Backend backend_;
-  HostStream host_;
-#if SHARDOPT_HAVE_CUDA
-  cudaStream_t cuda_ = nullptr;
-#endif
+// What StepGraph needs from an optimizer.
+struct Target {
+  Backend backend = Backend::Host;
+  int microbatches = 1;
+  bool separate_last = true;  // the last microbatch's graph differs (grad sync)
+  bool one_graph = false;
+  std::function<void(bool)> set_grad_sync;
+  std::function<void(Stream)> advance_microbatch;
+  std::function<void(Stream)> step_and_zero;
+  std::function<void()> check_capturable;
 };
 
 }  // namespace
 
 class StepGraph::Impl {
  public:
-  Impl(DistributedAdam& o, MicrobatchFn f, StepGraphOptions opts) : opt(o), fn(std::move(f)), options(opts) {
+  Impl(Target t, MicrobatchFn f, StepGraphOptions opts) : target(std::move(t)), fn(std::move(f)), options(opts) {
     SHARDOPT_REQUIRE(fn != nullptr, ErrorCode::InvalidArgument, "StepGraph needs a microbatch function");
     SHARDOPT_REQUIRE(options.warmup_iterations >= 0, ErrorCode::InvalidArgument, "warmup_iterations must be >= 0");
   }
 
-  int microbatches() const { return opt.options().microbatches; }
-  bool separate_last() const { return microbatches() == 1 || opt.options().overlap_grad_reduce; }
-
   void microbatch(Stream s, bool last) {
-    opt.set_grad_sync(last);
+    target.set_grad_sync(last);
     try {
       fn(s, last);
     } catch (...) {
-      opt.set_grad_sync(true);
+      target.set_grad_sync(true);
       throw;
     }
-    opt.set_grad_sync(true);
-    opt.advance_microbatch(s);
-  }
-
-  void step(Stream s) {
-    opt.step(s);
-    opt.zero_grad(s);
+    target.set_grad_sync(true);
+    target.advance_microbatch(s);
   }
 
   void eager(Stream s) {
-    const int k = microbatches();
-    for (int mb = 0; mb < k; ++mb) microbatch(s, separate_last() && mb == k - 1);
-    step(s);
+    const int k = target.microbatches;
+    for (int mb = 0; mb < k; ++mb) microbatch(s, (target.separate_last || target.one_graph) ? mb == k - 1 : false);
+    target.step_and_zero(s);
   }
 
-  DistributedAdam& opt;
+  Target target;
   MicrobatchFn fn;
   StepGraphOptions options;
-  std::unique_ptr<Graph> accumulate, last, step_graph;
+  std::unique_ptr<Graph> accumulate, last, step_graph, whole;
 };
 
-StepGraph::StepGraph(DistributedAdam& optimizer, MicrobatchFn microbatch, StepGraphOptions options)
-    : impl_(std::make_unique<Impl>(optimizer, std::move(microbatch), options)) {}
+StepGraph::StepGraph(DistributedAdam& o, MicrobatchFn microbatch, StepGraphOptions options) {
+  Target t;
+  t.backend = o.backend();
+  t.microbatches = o.options().microbatches;
+  t.separate_last = o.options().microbatches == 1 || o.options().overlap_grad_reduce;
+  t.one_graph = options.one_graph;
+  t.set_grad_sync = [&o](bool on) { o.set_grad_sync(on); };
+  t.advance_microbatch = [&o](Stream s) { o.advance_microbatch(s); };
+  t.step_and_zero = [&o](Stream s) {
+    o.step(s);
+    o.zero_grad(s);
+  };
+  t.check_capturable = [&o] { o.check_capturable(); };
+  impl_ = std::make_unique<Impl>(std::move(t), std::move(microbatch), options);
+}
+
+StepGraph::StepGraph(Fsdp& o, MicrobatchFn microbatch, StepGraphOptions options) {
+  Target t;
+  t.backend = o.backend();
+  t.microbatches = o.options().microbatches;
+  t.one_graph = true;
+  t.set_grad_sync = [](bool) {};
+  t.advance_microbatch = [&o](Stream s) { o.advance_microbatch(s); };
+  t.step_and_zero = [&o](Stream s) {
+    o.step(s);
+    o.zero_grad(s);
+  };
+  t.check_capturable = [&o] { o.check_capturable(); };
+  impl_ = std::make_unique<Impl>(std::move(t), std::move(microbatch), options);
+}
 
 StepGraph::~StepGraph() = default;
 
@@ -168,46 +160,59 @@ void StepGraph::run_eager(Stream stream) { impl_->eager(stream); }
 
 void StepGraph::capture(Stream stream) {
   Impl& m = *impl_;
-  const Backend be = m.opt.backend();
+  const Backend be = m.target.backend;
   SHARDOPT_REQUIRE(!captured(), ErrorCode::InvalidState, "StepGraph::capture() was already called");
   {
+    // Warm-up on a side stream, ordered after and before the caller's stream.
     SideStream side(be);
-    side.order(stream, side.handle());
-    for (int i = 0; i < m.options.warmup_iterations; ++i) m.eager(side.handle());
-    side.order(side.handle(), stream);
+    HostStream host_side;
+    const Stream ws = be == Backend::Cuda ? side.get() : host_side.handle();
+    order_after(be, stream, ws);
+    for (int i = 0; i < m.options.warmup_iterations; ++i) m.eager(ws);
+    order_after(be, ws, stream);
+    synchronize(be, ws);
     synchronize(be, stream);
-    if (be == Backend::Cuda) synchronize(be, side.handle());
   }
-  m.opt.check_capturable();
-  const int k = m.microbatches();
+  m.target.check_capturable();
+  if (m.target.one_graph) {
+    m.whole = std::make_unique<Graph>();
+    m.whole->capture(be, stream, [&] { m.eager(stream); });
+    return;
+  }
+  const int k = m.target.microbatches;
   if (k > 1) {
     m.accumulate = std::make_unique<Graph>();
     m.accumulate->capture(be, stream, [&] { m.microbatch(stream, false); });
   }
-  if (m.separate_last()) {
+  if (m.target.separate_last) {
     m.last = std::make_unique<Graph>();
     m.last->capture(be, stream, [&] { m.microbatch(stream, true); });
   }
   m.step_graph = std::make_unique<Graph>();
-  m.step_graph->capture(be, stream, [&] { m.step(stream); });
+  m.step_graph->capture(be, stream, [&] { m.target.step_and_zero(stream); });
 }
 
 void StepGraph::replay(Stream stream) {
   Impl& m = *impl_;
   SHARDOPT_REQUIRE(captured(), ErrorCode::InvalidState, "StepGraph::replay() before capture()");
-  const Backend be = m.opt.backend();
-  const int k = m.microbatches();
-  const int accumulate_replays = m.separate_last() ? k - 1 : k;
+  const Backend be = m.target.backend;
+  if (m.whole) {
+    m.whole->replay(be, stream);
+    return;
+  }
+  const int k = m.target.microbatches;
+  const int accumulate_replays = m.target.separate_last ? k - 1 : k;
   for (int i = 0; i < accumulate_replays; ++i) m.accumulate->replay(be, stream);
-  if (m.separate_last()) m.last->replay(be, stream);
+  if (m.target.separate_last) m.last->replay(be, stream);
   m.step_graph->replay(be, stream);
 }
 
 void StepGraph::replay_step(Stream stream) {
-  SHARDOPT_REQUIRE(captured(), ErrorCode::InvalidState, "StepGraph::replay_step() before capture()");
-  impl_->step_graph->replay(impl_->opt.backend(), stream);
+  SHARDOPT_REQUIRE(impl_->step_graph != nullptr, ErrorCode::InvalidState,
+                   "StepGraph::replay_step() needs a captured step graph (not in one-graph mode, after capture())");
+  impl_->step_graph->replay(impl_->target.backend, stream);
 }
 
-bool StepGraph::captured() const noexcept { return impl_->step_graph != nullptr; }
+bool StepGraph::captured() const noexcept { return impl_->step_graph != nullptr || impl_->whole != nullptr; }
 
 }  // namespace shardopt

@@ -370,7 +370,9 @@ inline void case_zero_grad_and_copies(Backend b) {
       add_grads(b, s.get(), p, targets);
       report_all(opt, s.get());
       opt.step(s.get());
-      if (!persistent) EXPECT_EQ(opt.memory().copies, 0);
+      if (!persistent) {
+        EXPECT_EQ(opt.memory().copies, 0);
+      }
       // A view in the buffer's dtype is no copy; another dtype is.
       const ShardView same = opt.shard_grad(2, DType::bf16, s.get());
       const ShardView cast = opt.shard_grad(2, DType::f32, s.get());
@@ -378,7 +380,9 @@ inline void case_zero_grad_and_copies(Backend b) {
         EXPECT_EQ(same.data, static_cast<char*>(opt.grad(2).data) + same.param_offset * 2);
         EXPECT_GT(opt.memory().copies, 0);
         if (first_copy == nullptr) first_copy = cast.data;
-        if (persistent) EXPECT_EQ(cast.data, first_copy) << "graph mode: the copy never moves";
+        if (persistent) {
+          EXPECT_EQ(cast.data, first_copy) << "graph mode: the copy never moves";
+        }
         const auto gb = read_f32(b, same), gf = read_f32(b, cast);
         for (std::size_t j = 0; j < gb.size(); ++j) EXPECT_EQ(gb[j], gf[j]);
       }

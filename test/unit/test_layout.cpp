@@ -309,3 +309,36 @@ TEST(LayoutErrors, GroupedSpecNormalised) {
 }
 
 }  // namespace
+
+namespace {
+using namespace shardopt;
+
+TEST(LayoutUnits, BucketsNeverSpanUnits) {
+  std::vector<ParamSpec> specs;
+  std::vector<int> units;
+  for (int l = 0; l < 5; ++l)
+    for (int k = 0; k < 3; ++k) {
+      specs.push_back(ParamSpec::tensor("l" + std::to_string(l) + "." + std::to_string(k), {10 + l, 7 + k}));
+      units.push_back(l);
+    }
+  LayoutOptions o;
+  o.param_units = units;
+  o.bucket_numel = 150;  // also split inside a unit
+  Layout L(specs, 3, o);
+  ASSERT_EQ(L.bucket_units().size(), L.buckets().size());
+  for (std::size_t b = 0; b < L.buckets().size(); ++b)
+    for (int p : L.buckets()[b].params) EXPECT_EQ(units[static_cast<std::size_t>(p)], L.bucket_units()[b]);
+  // Units appear in backward order and each unit's buckets are adjacent.
+  std::vector<int> seen;
+  for (int u : L.bucket_units())
+    if (seen.empty() || seen.back() != u) seen.push_back(u);
+  EXPECT_EQ(seen, (std::vector<int>{4, 3, 2, 1, 0}));
+  // Units change the fingerprint; non-contiguous units and wrong sizes are errors.
+  EXPECT_NE(L.fingerprint(), Layout(specs, 3, LayoutOptions{o.bucket_numel, 64, {}, {}}).fingerprint());
+  LayoutOptions bad = o;
+  bad.param_units[3] = 0;
+  EXPECT_THROW(Layout(specs, 3, bad), Error);
+  bad.param_units = {0, 1};
+  EXPECT_THROW(Layout(specs, 3, bad), Error);
+}
+}  // namespace

@@ -1,0 +1,153 @@
+// shardopt/fsdp.hpp - fully sharded data parallel (ZeRO-3) and hybrid sharding.
+//
+// Only this rank's shard persists: parameters (param_dtype), gradients (grad_dtype), the
+// fp32 master and the Adam moments. The trainer declares units (e.g. layers: contiguous
+// runs of parameters in registration order). Before a unit's forward or backward it
+// calls wait_param(unit, stream), which gathers the unit into one of two preallocated
+// parameter slots and returns views of its parameters there. The order of wait_param
+// calls in an iteration is learned on the first iteration (between construction and the
+// first step()) and checked on every later one; from the second iteration on, the next
+// unit's gather is prefetched into the other slot while the current unit computes.
+// Calling wait_param for the next unit releases the previous one (reshard after use);
+// with keep_last_unit the last forward unit stays gathered for the first backward unit.
+//
+// Gradients: grad_slot(unit, stream) hands out zeroed views of the unit's full gradients
+// in the one gradient slot; the trainer writes or accumulates them; grad_ready(unit,
+// stream) reduce-scatters the slot and adds this rank's part into the persistent
+// gradient shard (so microbatches accumulate there), then frees the slot.
+//
+// Hybrid sharding (shard_group_size < ranks): shard within groups of consecutive ranks,
+// replicate across groups; gradients are reduce-scattered inside the shard group and
+// all-reduced across replicas.
+//
+// Views returned by wait_param and grad_slot are the same on every iteration for the
+// same position in the learned order, so a whole iteration captures in one CUDA graph
+// (StepGraph); nothing in it allocates or reads device data on the host.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shardopt/backend.hpp"
+#include "shardopt/communicator.hpp"
+#include "shardopt/fused_adam.hpp"
+#include "shardopt/layout.hpp"
+#include "shardopt/memory_report.hpp"
+#include "shardopt/microbatch.hpp"
+#include "shardopt/param_spec.hpp"
+#include "shardopt/schedule.hpp"
+#include "shardopt/views.hpp"
+
+namespace shardopt {
+
+/// A unit gathered as one piece: `count` parameters starting at registration index `first`.
+struct FsdpUnit {
+  std::string name;
+  int first = 0;
+  int count = 0;
+};
+
+/// Options of an Fsdp optimizer.
+struct FsdpOptions {
+  /// Storage dtype of every parameter (shard and gathered slots).
+  DType param_dtype = DType::bf16;
+  /// Persistent gradient shard: bf16 / f16, or f32 (fp32 accumulation across microbatches).
+  DType grad_dtype = DType::bf16;
+  /// Dtype of the gradient slot the trainer writes (the reduce-scatter runs in it).
+  DType slot_grad_dtype = DType::bf16;
+  /// Bucket threshold inside a unit (unset: layout default); a unit is one or more buckets.
+  std::optional<std::int64_t> bucket_numel;
+  float clip_max_norm = 0.0f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  bool decoupled_weight_decay = true;
+  AdamGroup default_group{};
+  std::map<std::string, AdamGroup> groups;
+  DType moment_dtype = DType::f32;
+  LrSchedule lr_schedule = LrSchedule::host();
+  int microbatches = 1;
+  ReduceOp grad_reduce = ReduceOp::Average;
+  /// Keep a unit gathered when the learned order asks for it twice in a row (the last
+  /// forward unit is the first backward unit): no reshard, no regather.
+  bool keep_last_unit = true;
+  /// Ranks per shard group; 0 = all ranks (FSDP). Must divide the number of ranks.
+  int shard_group_size = 0;
+  /// Cast copies made by shard_grad persist across zero_grad (graph mode).
+  bool persistent_grad_copies = false;
+};
+
+/// Fully sharded data parallel with a fused Adam on the shard. Move-only.
+class Fsdp {
+ public:
+  /// Collective over `comm`. Checks units (contiguous, covering every parameter once) and
+  /// that every rank has the same layout; allocates the shard, the moments and the pool.
+  Fsdp(Communicator comm, std::vector<ParamSpec> specs, std::vector<FsdpUnit> units, FsdpOptions options = {});
+  ~Fsdp();
+  Fsdp(Fsdp&&) noexcept;
+  Fsdp& operator=(Fsdp&&) noexcept;
+
+  const Layout& layout() const noexcept;
+  const FsdpOptions& options() const noexcept;
+  Backend backend() const noexcept;
+  int num_params() const noexcept;
+  int num_units() const noexcept;
+  int unit_of(int param) const;
+  /// This rank within its shard group, the shard group size, and the number of replicas.
+  int shard_rank() const noexcept;
+  int shard_size() const noexcept;
+  int replicas() const noexcept;
+
+  /// Gathers unit `unit` (or waits for its prefetched gather) and returns views of its
+  /// parameters, in registration order. `stream` reads them only after the gather.
+  std::vector<ParamView> wait_param(int unit, Stream stream);
+  /// Zeroed views of unit `unit`'s full gradients (registration order) in the gradient
+  /// slot; `stream` first waits until the slot is free.
+  std::vector<GradView> grad_slot(int unit, Stream stream);
+  /// Reduce-scatters the gradient slot into the persistent shard and frees the slot.
+  void grad_ready(int unit, Stream stream);
+  /// Norm, clipping, Adam on the shard (the next gathers read the new params).
+  void step(Stream stream);
+  /// Zeroes the persistent gradient shard; releases cast copies unless persistent.
+  void zero_grad(Stream stream);
+
+  /// This rank's piece of parameter i: params (write initial values here, then call
+  /// init_master), fp32 master, moments, and the reduced gradient (a view in the shard's
+  /// dtype, or a cast copy for an external optimizer).
+  ShardView shard_param(int i) const;
+  ShardView shard_master(int i) const;
+  ShardView shard_exp_avg(int i) const;
+  ShardView shard_exp_avg_sq(int i) const;
+  ShardView shard_grad(int i, DType dtype, Stream stream);
+  /// Seeds the fp32 master from the parameter shard.
+  void init_master(Stream stream);
+
+  void set_lr(float lr);
+  void set_loss_scale(float scale);
+  StepScalars* device_scalars() const noexcept;
+  StepScalars read_scalars(Stream stream) const;
+  MicrobatchState* device_microbatch() const noexcept;
+  void advance_microbatch(Stream stream);
+
+  /// The stream the parameter gathers run on (nullptr on the host backend); exposed so
+  /// that tests can delay it and prove the compute stream never reads a slot early.
+  Stream gather_stream() const noexcept;
+  /// The learned order of units (empty until the first step()).
+  const std::vector<int>& unit_order() const noexcept;
+  /// Persistent shard + moments + pool (two param slots, one grad slot).
+  MemoryReport memory() const;
+  /// Error(CaptureRefused) when capturing now would allocate or free inside the graph
+  /// (order not learned yet, or cast copies without persistent_grad_copies).
+  void check_capturable() const;
+
+  class Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shardopt

@@ -1,0 +1,46 @@
+// streams.hpp - RAII for the library's own CUDA streams and events. On the host backend
+// there are none: work meant for a side stream runs, in order, on the caller's stream
+// (so a HostStream capture records it), and events are no-ops.
+#pragma once
+
+#include "shardopt/backend.hpp"
+
+namespace shardopt {
+
+/// A non-blocking CUDA stream owned by the library (none on the host backend).
+class SideStream {
+ public:
+  explicit SideStream(Backend backend);
+  ~SideStream();
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  /// The stream to run side work on: this stream on CUDA, `caller` on the host backend.
+  Stream on(Stream caller) const noexcept { return stream_ != nullptr ? stream_ : caller; }
+  Stream get() const noexcept { return stream_; }
+
+ private:
+  Stream stream_ = nullptr;
+};
+
+/// An event that orders one stream after another (no-op on the host backend).
+class Event {
+ public:
+  explicit Event(Backend backend);
+  ~Event();
+  Event(Event&& other) noexcept;
+  Event& operator=(Event&&) = delete;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  /// Marks the work queued so far on `stream`.
+  void record(Stream stream);
+  /// Makes `stream` wait for the last record (legal inside a capture).
+  void wait(Stream stream) const;
+
+ private:
+  void* event_ = nullptr;  // cudaEvent_t
+};
+
+/// `to` waits for everything queued so far on `from` (a temporary event).
+void order_after(Backend backend, Stream from, Stream to);
+
+}  // namespace shardopt
