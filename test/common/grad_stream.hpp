@@ -72,6 +72,10 @@ struct GradStreamParams {
 /// backend, a kernel on CUDA; targets must stay alive until it ran).
 void add_grads(Backend backend, Stream stream, const GradStreamParams& p, const std::vector<GradTarget>& targets);
 
+/// Keeps `stream` busy for about `microseconds` (a sleeping kernel on CUDA; nothing on
+/// the host backend). Used to delay a library stream in ordering tests.
+void delay_stream(Backend backend, Stream stream, int microseconds);
+
 /// Host element loop (the host backend's writer and the reference's source of values).
 SHARDOPT_HD void add_grad_element(const GradStreamParams& p, std::int64_t step, std::int32_t mb,
                                   const GradTarget& t, std::int64_t j) {

@@ -5,6 +5,7 @@
 namespace shardopt::test {
 
 #if SHARDOPT_HAVE_CUDA
+void delay_stream_cuda(Stream stream, int microseconds);
 void add_grads_cuda(Stream stream, const GradStreamParams& p, const std::vector<GradTarget>& targets);
 #endif
 
@@ -20,6 +21,15 @@ void add_grads(Backend backend, Stream stream, const GradStreamParams& p, const 
   }
 #if SHARDOPT_HAVE_CUDA
   add_grads_cuda(stream, p, targets);
+#endif
+}
+
+void delay_stream(Backend backend, Stream stream, int microseconds) {
+  if (backend == Backend::Host || stream == nullptr) return;
+#if SHARDOPT_HAVE_CUDA
+  delay_stream_cuda(stream, microseconds);
+#else
+  (void)microseconds;
 #endif
 }
 

@@ -1,0 +1,311 @@
+// fsdp_cases.hpp - FSDP / HSDP test cases, run on the host backend under mpiexec (CI)
+// and on GPUs under mpirun (device suite).
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "dist_adam_cases.hpp"
+#include "shardopt/fsdp.hpp"
+
+namespace shardopt::test {
+
+/// small_model() in units: the embedding; norm1 + w1; the experts + bias1; w2 + head.
+/// All bf16 (FSDP keeps one dtype).
+inline std::vector<FsdpUnit> small_units() {
+  return {{"embed", 0, 1}, {"block0", 1, 2}, {"experts", 3, 2}, {"block1", 5, 2}};
+}
+
+inline FsdpOptions fsdp_options(const DistributedAdamOptions& d) {
+  FsdpOptions o;
+  o.param_dtype = DType::bf16;
+  o.grad_dtype = d.grad_dtype == DType::f32 ? DType::f32 : DType::bf16;
+  o.slot_grad_dtype = DType::bf16;
+  o.bucket_numel = d.bucket_numel;
+  o.clip_max_norm = d.clip_max_norm;
+  o.groups = d.groups;
+  o.lr_schedule = d.lr_schedule;
+  o.grad_reduce = d.grad_reduce;
+  o.microbatches = d.microbatches;
+  return o;
+}
+
+/// Writes initial values into this rank's shard pieces and seeds the master.
+inline void init_fsdp(Fsdp& f, Stream s) {
+  for (int i = 0; i < f.num_params(); ++i) {
+    const ShardView v = f.shard_param(i);
+    std::vector<std::uint16_t> codes(static_cast<std::size_t>(v.numel()));
+    for (std::size_t j = 0; j < codes.size(); ++j)
+      codes[j] = num::f32_to_bf16(init_value(i, v.param_offset + static_cast<std::int64_t>(j)));
+    from_host(f.backend(), v.data, codes);
+  }
+  f.init_master(s);
+}
+
+/// Hook run on the compute stream right after each wait_param (e.g. snapshots).
+using UnitHook = std::function<void(int position, int unit, const std::vector<ParamView>&, Stream)>;
+
+/// One microbatch of a toy trainer: forward gathers every unit in order, backward in
+/// reverse order; each unit's gradient slot receives the gradient stream and is
+/// reduce-scattered at once.
+inline void fsdp_microbatch(Fsdp& f, Stream s, int rank, GradKind kind, const UnitHook& hook = {},
+                            const std::function<void(Stream)>& before_wait = {}) {
+  int position = 0;
+  const int nu = f.num_units();
+  auto wait = [&](int u) {
+    if (before_wait) before_wait(s);
+    auto views = f.wait_param(u, s);
+    if (hook) hook(position, u, views, s);
+    ++position;
+  };
+  for (int u = 0; u < nu; ++u) wait(u);
+  for (int u = nu - 1; u >= 0; --u) {
+    wait(u);
+    const auto grads = f.grad_slot(u, s);
+    std::vector<GradTarget> targets;
+    const FsdpUnit unit = small_units()[static_cast<std::size_t>(u)];
+    for (int k = 0; k < unit.count; ++k)
+      targets.push_back(GradTarget{grads[static_cast<std::size_t>(k)].data, grads[static_cast<std::size_t>(k)].numel(),
+                                   unit.first + k, grads[static_cast<std::size_t>(k)].dtype});
+    GradStreamParams p;
+    p.kind = kind;
+    p.scale = 0.2f;
+    p.rank = rank;
+    p.scalars = f.device_scalars();
+    p.microbatch = f.device_microbatch();
+    add_grads(f.backend(), s, p, targets);
+    f.grad_ready(u, s);
+  }
+}
+
+/// Checks that this rank's FSDP shard pieces (params, master, second moment) equal the
+/// matching parts of an unsharded DistributedAdam's full tensors, bitwise.
+inline void expect_fsdp_matches(Fsdp& f, DistributedAdam& ref) {
+  const Backend b = f.backend();
+  for (int i = 0; i < f.num_params(); ++i) {
+    SCOPED_TRACE(f.layout().specs()[static_cast<std::size_t>(i)].name);
+    const ShardView p = f.shard_param(i);
+    const auto mine = read_bytes(b, p);
+    const auto full = read_bytes(b, ref.param(i));
+    ASSERT_EQ(0, std::memcmp(mine.data(), full.data() + p.param_offset * 2, mine.size()));
+    const ShardView m = f.shard_master(i);
+    const auto mm = read_bytes(b, m), mf = read_bytes(b, ref.shard_master(i));
+    ASSERT_EQ(0, std::memcmp(mm.data(), mf.data() + m.param_offset * 4, mm.size()));
+    const ShardView v = f.shard_exp_avg_sq(i);
+    const auto vm = read_bytes(b, v), vf = read_bytes(b, ref.shard_exp_avg_sq(i));
+    ASSERT_EQ(0, std::memcmp(vm.data(), vf.data() + v.param_offset * 4, vm.size()));
+  }
+}
+
+/// FSDP (and HSDP with `shard_group`) equals unsharded training and sharded distributed
+/// Adam, bitwise, with grid gradients (every reduction exact in any order).
+inline void case_fsdp_equals_dist_adam(Backend b, int shard_group, int microbatches, int steps) {
+  const int rank = world_rank(), world = world_size();
+  const bool pow2 = (world & (world - 1)) == 0;
+  DistributedAdamOptions d = base_options(DType::bf16);
+  d.param_dtype = DType::bf16;
+  d.microbatches = microbatches;
+  d.grad_reduce = pow2 ? ReduceOp::Average : ReduceOp::Sum;
+  Communicator comm = make_comm(b);
+  FsdpOptions fo = fsdp_options(d);
+  fo.shard_group_size = shard_group;
+  Fsdp f(comm, small_model(), small_units(), fo);
+  DistributedAdam sharded(comm, small_model(), d);
+  DistributedAdamOptions ro = d;
+  ro.grad_reduce = ReduceOp::Sum;
+  DistributedAdam ref(Communicator::self(b), small_model(), ro);
+  if (pow2) ref.set_loss_scale(static_cast<float>(world));
+  TestStream s(b), ss(b), rs(b);
+  init_fsdp(f, s.get());
+  init_params(sharded, ss.get());
+  init_params(ref, rs.get());
+  const auto st = grad_targets(sharded), rt = grad_targets(ref);
+  for (int t = 0; t < steps; ++t) {
+    for (int mb = 0; mb < microbatches; ++mb) {
+      fsdp_microbatch(f, s.get(), rank, GradKind::Grid);
+      f.advance_microbatch(s.get());
+      GradStreamParams p;
+      p.kind = GradKind::Grid;
+      p.scale = 0.2f;
+      p.rank = rank;
+      p.scalars = sharded.device_scalars();
+      p.microbatch = sharded.device_microbatch();
+      sharded.set_grad_sync(mb == microbatches - 1);
+      add_grads(b, ss.get(), p, st);
+      if (mb == microbatches - 1) report_all(sharded, ss.get());
+      sharded.set_grad_sync(true);
+      sharded.advance_microbatch(ss.get());
+      for (int r = 0; r < world; ++r) {
+        GradStreamParams q = p;
+        q.rank = r;
+        q.scalars = ref.device_scalars();
+        q.microbatch = ref.device_microbatch();
+        add_grads(b, rs.get(), q, rt);
+      }
+      ref.advance_microbatch(rs.get());
+    }
+    f.step(s.get());
+    f.zero_grad(s.get());
+    sharded.step(ss.get());
+    sharded.zero_grad(ss.get());
+    ref.step(rs.get());
+    ref.zero_grad(rs.get());
+  }
+  const StepScalars x = f.read_scalars(s.get()), y = ref.read_scalars(rs.get());
+  EXPECT_EQ(x.step, steps);
+  EXPECT_LT(x.clip_coef, 1.0f) << "clipping must be active";
+  EXPECT_EQ(num::f32_bits(x.grad_norm), num::f32_bits(y.grad_norm));
+  expect_fsdp_matches(f, ref);
+  for (int i = 0; i < sharded.num_params(); ++i)
+    EXPECT_EQ(read_bytes(b, sharded.param(i)), read_bytes(b, ref.param(i)));
+}
+
+/// The whole FSDP iteration captured in one graph and replayed equals eager, bitwise.
+inline void case_fsdp_graph_equals_eager(Backend b, int microbatches, int iterations) {
+  const int rank = world_rank();
+  DistributedAdamOptions d = base_options(DType::bf16);
+  d.microbatches = microbatches;
+  d.clip_max_norm = 0.05f;
+  Communicator comm = make_comm(b);
+  Fsdp fe(comm, small_model(), small_units(), fsdp_options(d));
+  Fsdp fg(comm, small_model(), small_units(), fsdp_options(d));
+  TestStream se(b), sg(b);
+  init_fsdp(fe, se.get());
+  init_fsdp(fg, sg.get());
+  auto fn = [rank](Fsdp& f) { return [&f, rank](Stream s, bool) { fsdp_microbatch(f, s, rank, GradKind::Random); }; };
+  StepGraph ge(fe, fn(fe)), gg(fg, fn(fg));
+  gg.capture(sg.get());
+  for (int it = 1; it < iterations; ++it) gg.replay(sg.get());
+  for (int it = 0; it < iterations; ++it) ge.run_eager(se.get());
+  const StepScalars x = fe.read_scalars(se.get()), y = fg.read_scalars(sg.get());
+  EXPECT_EQ(x.step, iterations);
+  EXPECT_EQ(y.step, iterations);
+  EXPECT_LT(y.clip_coef, 1.0f);
+  EXPECT_EQ(num::f32_bits(x.grad_norm), num::f32_bits(y.grad_norm));
+  for (int i = 0; i < fe.num_params(); ++i) {
+    SCOPED_TRACE(fe.layout().specs()[static_cast<std::size_t>(i)].name);
+    EXPECT_EQ(read_bytes(b, fe.shard_param(i)), read_bytes(b, fg.shard_param(i)));
+    EXPECT_EQ(read_bytes(b, fe.shard_master(i)), read_bytes(b, fg.shard_master(i)));
+    EXPECT_EQ(read_bytes(b, fe.shard_exp_avg(i)), read_bytes(b, fg.shard_exp_avg(i)));
+    EXPECT_EQ(read_bytes(b, fe.shard_exp_avg_sq(i)), read_bytes(b, fg.shard_exp_avg_sq(i)));
+  }
+}
+
+/// Every gathered unit the compute stream reads (snapshotted right after wait_param) is
+/// exactly the current parameters, although gathers are prefetched into alternating
+/// slots. `delay` runs on the gather stream before each wait (on GPUs a sleep kernel), so
+/// a missing wait would expose a stale slot.
+inline void case_fsdp_prefetch_never_stale(Backend b, const std::function<void(Stream)>& delay) {
+  const int rank = world_rank(), world = world_size();
+  DistributedAdamOptions d = base_options(DType::bf16);
+  d.grad_reduce = ReduceOp::Sum;
+  Communicator comm = make_comm(b);
+  Fsdp f(comm, small_model(), small_units(), fsdp_options(d));
+  DistributedAdamOptions ro = d;
+  DistributedAdam ref(Communicator::self(b), small_model(), ro);
+  TestStream s(b), rs(b);
+  init_fsdp(f, s.get());
+  init_params(ref, rs.get());
+  const auto rt = grad_targets(ref);
+  // One snapshot buffer per position of an iteration (2 x units), sized for the unit.
+  const int positions = 2 * f.num_units();
+  std::vector<DeviceBuffer> snaps;
+  std::vector<std::vector<ParamView>> seen(static_cast<std::size_t>(positions));
+  for (int k = 0; k < positions; ++k) snaps.emplace_back(b, 64 * 1024);
+  UnitHook snap = [&](int pos, int, const std::vector<ParamView>& views, Stream st) {
+    std::size_t off = 0;
+    for (const auto& v : views) {
+      copy_async(b, static_cast<char*>(snaps[static_cast<std::size_t>(pos)].data()) + off, v.data, v.bytes(), st);
+      off += v.bytes();
+    }
+    seen[static_cast<std::size_t>(pos)] = views;
+  };
+  std::function<void(Stream)> before = [&](Stream) {
+    if (delay) delay(f.gather_stream());
+  };
+  for (int t = 0; t < 4; ++t) {
+    fsdp_microbatch(f, s.get(), rank, GradKind::Grid, snap, before);
+    s.sync();
+    // The snapshots must equal the reference's current (pre-step) params.
+    for (int pos = 0; pos < positions; ++pos) {
+      const int u = pos < f.num_units() ? pos : positions - 1 - pos;
+      const FsdpUnit unit = small_units()[static_cast<std::size_t>(u)];
+      const auto got = to_host<std::uint8_t>(b, snaps[static_cast<std::size_t>(pos)].data(), 64 * 1024);
+      std::size_t off = 0;
+      for (int k = 0; k < unit.count; ++k) {
+        const auto want = read_bytes(b, ref.param(unit.first + k));
+        ASSERT_EQ(0, std::memcmp(got.data() + off, want.data(), want.size()))
+            << "step " << t << " position " << pos << " unit " << unit.name << " param " << unit.first + k;
+        off += want.size();
+      }
+    }
+    f.step(s.get());
+    f.zero_grad(s.get());
+    for (int r = 0; r < world; ++r) {
+      GradStreamParams q;
+      q.kind = GradKind::Grid;
+      q.scale = 0.2f;
+      q.rank = r;
+      q.scalars = ref.device_scalars();
+      q.microbatch = ref.device_microbatch();
+      add_grads(b, rs.get(), q, rt);
+    }
+    ref.step(rs.get());
+    ref.zero_grad(rs.get());
+  }
+  // The slots alternate: forward positions 0 and 1 use different memory.
+  EXPECT_NE(seen[0].front().data, seen[1].front().data);
+}
+
+/// Asking for units in another order after the first iteration is a clear error.
+inline void case_fsdp_order_change(Backend b) {
+  const int rank = world_rank();
+  Communicator comm = make_comm(b);
+  Fsdp f(comm, small_model(), small_units(), fsdp_options(base_options(DType::bf16)));
+  TestStream s(b);
+  init_fsdp(f, s.get());
+  fsdp_microbatch(f, s.get(), rank, GradKind::Grid);
+  f.step(s.get());
+  f.zero_grad(s.get());
+  EXPECT_EQ(f.unit_order().size(), static_cast<std::size_t>(2 * f.num_units()));
+  (void)f.wait_param(0, s.get());
+  try {
+    (void)f.wait_param(2, s.get());
+    ADD_FAILURE() << "a changed order must throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidState);
+    EXPECT_NE(std::string(e.what()).find("order changed"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("experts"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("block0"), std::string::npos) << e.what();
+  }
+  s.sync();
+  comm.barrier();
+}
+
+/// Persistent bytes per rank = 16/d per (padded) parameter for bf16 params and grads
+/// (2 + 2 + 4 + 8), plus a pool of two parameter slots and one gradient slot.
+inline void case_fsdp_memory(Backend b) {
+  const int world = world_size();
+  Communicator comm = make_comm(b);
+  Fsdp f(comm, small_model(), small_units(), fsdp_options(base_options(DType::bf16)));
+  const MemoryReport r = f.memory();
+  const std::int64_t n = f.layout().total_numel();
+  std::int64_t max_unit = 0;
+  for (int u = 0; u < f.num_units(); ++u) {
+    std::int64_t lo = -1, hi = 0;
+    for (std::size_t bk = 0; bk < f.layout().buckets().size(); ++bk)
+      if (f.layout().bucket_units()[bk] == u) {
+        if (lo < 0) lo = f.layout().buckets()[bk].range.begin;
+        hi = f.layout().buckets()[bk].range.end;
+      }
+    max_unit = std::max(max_unit, hi - lo);
+  }
+  EXPECT_EQ(r.params, 2 * n / world);
+  EXPECT_EQ(r.grads, 2 * n / world);
+  EXPECT_EQ(r.master, 4 * n / world);
+  EXPECT_EQ(r.moments, 8 * n / world);
+  EXPECT_EQ(r.pool, 2 * 2 * max_unit + 2 * max_unit);
+  EXPECT_EQ(r.total(), 16 * n / world + 6 * max_unit);
+}
+
+}  // namespace shardopt::test
