@@ -325,7 +325,9 @@ TEST(FusedAdamGpu, ShardOfMoreThan2Pow31Elements) {
   to_host(&got, scalars.data(), sizeof got);
   EXPECT_EQ(got.step, 2);
   const double g0 = num::bf16_to_f32(0x3E3E);
-  EXPECT_NEAR(got.grad_sumsq, static_cast<double>(n) * g0 * g0, 1e-3 * static_cast<double>(n) * g0 * g0);
+  // 129 blocks see chunks here; each lane adds 8192 equal squares in fp32 (systematic
+  // error up to ~8192 * 2^-25 = 2.4e-4 relative), then the trees: 2e-3 is a safe bound.
+  EXPECT_NEAR(got.grad_sumsq, static_cast<double>(n) * g0 * g0, 2e-3 * static_cast<double>(n) * g0 * g0);
   EXPECT_EQ(got.nonfinite, 0.0f);
 
   // The expected element values per group: the host twin on a two-element shard.
