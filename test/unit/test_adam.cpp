@@ -130,7 +130,9 @@ Worst run_against_oracle(const AdamConfig& cfg, const Problem& prob, int steps, 
     for (auto bi : prob.buffer_index)
       if (bi >= 0) mine[static_cast<std::size_t>(bi)] = true;
     for (std::int64_t b = 0; b < prob.buffer_numel; ++b)
-      if (!mine[static_cast<std::size_t>(b)]) EXPECT_EQ(st.params.bits(b), 0u) << "param " << b << " not ours";
+      if (!mine[static_cast<std::size_t>(b)]) {
+        EXPECT_EQ(st.params.bits(b), 0u) << "param " << b << " not ours";
+      }
   }
   return w;
 }
