@@ -58,12 +58,12 @@ bench_line() { grep -hE '^\{"bench"' "$@" | tee -a "$SUMMARY"; }
 
 phase_adam() {
   log "== adam"
-  python3 bench/peers/adam_peer.py --out /tmp/peer_adam.tsv >>"$OUT/bench.log" 2>&1 || log "adam peer failed"
-  "$BUILD/bench/bench_adam" --peer /tmp/peer_adam.tsv --results bench/results >/tmp/b.log 2>&1; cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
-  if [ -x "$BUILD/bench/adam_torch_dump" ]; then
-    "$BUILD/bench/adam_torch_dump" /tmp/adam_check >>"$OUT/bench.log" 2>&1 &&
-      python3 bench/peers/adam_torch_check.py /tmp/adam_check 2>&1 | tee -a "$OUT/bench.log" | tail -3 | tee -a "$SUMMARY"
-  fi
+  python3 bench/peers/adam_peer.py --out /tmp/peer_adam.json >>"$OUT/bench.log" 2>&1 || log "adam peer failed"
+  "$BUILD/bench/bench_adam" --peer-json /tmp/peer_adam.json --results bench/results >/tmp/b.log 2>&1
+  cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+  mkdir -p /tmp/adam_check
+  "$BUILD/bench/bench_adam" --torch-check-dir /tmp/adam_check >>"$OUT/bench.log" 2>&1 &&
+    python3 bench/peers/adam_torch_check.py --dir /tmp/adam_check 2>&1 | tee -a "$OUT/bench.log" | grep -E "PASS|FAIL" | tee -a "$SUMMARY"
 }
 
 phase_mxfp8() {
