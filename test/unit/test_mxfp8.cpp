@@ -81,7 +81,9 @@ TEST(Mxfp8Scale, ExchangedAmaxBitsOrderNaNAboveInfAboveFinite) {
   EXPECT_GT(mxfp8::amax_bits(0x7F80), mxfp8::amax_bits(0x7F7F));
   for (std::uint32_t h = 0; h <= 0x7FFF; ++h) {
     ASSERT_EQ(mxfp8::scale_from_amax_bits(mxfp8::amax_bits(h)), mxfp8::scale_from_magnitude(h)) << h;
-    if (h > 0) ASSERT_GE(mxfp8::scale_from_magnitude(h), mxfp8::scale_from_magnitude(h - 1)) << "not monotone at " << h;
+    if (h > 0) {
+      ASSERT_GE(mxfp8::scale_from_magnitude(h), mxfp8::scale_from_magnitude(h - 1)) << "not monotone at " << h;
+    }
   }
 }
 
@@ -309,10 +311,21 @@ TEST(Mxfp8Grouped, MemberTableQuantizesScatteredMembersInOneCall) {
       used_c[t.scale_col_offset + i] = true;
     }
   }
-  for (std::size_t i = 0; i < src.size(); ++i)
-    if (!used_e[i]) ASSERT_TRUE(drow[i] == kPoison && dcol[i] == kPoison) << "gap byte " << i << " written";
-  for (std::size_t i = 0; i < srow.size(); ++i) if (!used_r[i]) ASSERT_EQ(srow[i], kPoison);
-  for (std::size_t i = 0; i < scol.size(); ++i) if (!used_c[i]) ASSERT_EQ(scol[i], kPoison);
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    if (!used_e[i]) {
+      ASSERT_TRUE(drow[i] == kPoison && dcol[i] == kPoison) << "gap byte " << i << " written";
+    }
+  }
+  for (std::size_t i = 0; i < srow.size(); ++i) {
+    if (!used_r[i]) {
+      ASSERT_EQ(srow[i], kPoison);
+    }
+  }
+  for (std::size_t i = 0; i < scol.size(); ++i) {
+    if (!used_c[i]) {
+      ASSERT_EQ(scol[i], kPoison);
+    }
+  }
   // The contiguous table gives the plain grouped result.
   const auto table = mxfp8_contiguous_members(s);
   ref::Quantized q = poisoned(s);
@@ -425,7 +438,9 @@ TEST(Mxfp8Dequantize, BothPlanesMatchReference) {
   dequantize_mxfp8(s, Mxfp8Plane::Rowwise, qy.data_row.data(), qy.scale_row.data(), row.data(), Backend::Host, nullptr);
   for (std::size_t i = 0; i < y.size(); ++i) {
     const double v = ref::bf16_value(y[i]);
-    if (std::fabs(v) > 1e-2) ASSERT_LE(std::fabs(row[i] - v), std::fabs(v) / 16 + 1e-30) << i;
+    if (std::fabs(v) > 1e-2) {
+      ASSERT_LE(std::fabs(row[i] - v), std::fabs(v) / 16 + 1e-30) << i;
+    }
   }
 }
 

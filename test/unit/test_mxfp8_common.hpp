@@ -53,6 +53,29 @@ inline std::vector<std::uint16_t> random_bf16(std::int64_t n, std::int64_t cols,
   return out;
 }
 
+/// Fast random bf16 patterns for large tensors: per row a base exponent, per element an
+/// exponent up to 7 below it, random mantissa and sign; `special` of the elements are
+/// zeros, subnormals, +-Inf or NaN.
+inline std::vector<std::uint16_t> fast_random_bf16(std::int64_t n, std::int64_t cols, std::uint64_t seed,
+                                                   double special = 0.0) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::uint16_t> out(static_cast<std::size_t>(n));
+  int base = 127;
+  const auto threshold = static_cast<std::uint64_t>(special * 65536.0);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint64_t r = rng();
+    if (i % cols == 0) base = 20 + static_cast<int>(r % 220);
+    const int exp = std::max(1, base - static_cast<int>((r >> 8) % 8));
+    std::uint16_t h = static_cast<std::uint16_t>(((r >> 16) & 0x8000) | (exp << 7) | ((r >> 32) & 0x7F));
+    if ((r >> 40 & 0xFFFF) < threshold) {
+      static constexpr std::uint16_t kSpecial[] = {0x0000, 0x8000, 0x0001, 0x807F, 0x7F80, 0xFF80, 0x7FC0, 0xFFFF};
+      h = kSpecial[(r >> 56) % 8];
+    }
+    out[static_cast<std::size_t>(i)] = h;
+  }
+  return out;
+}
+
 /// Random fp32 master values (normal times 2^k per row) with specials sprinkled in:
 /// NaN, +-Inf, +-0, values that sit exactly on a bf16 rounding tie, values that round
 /// up across 1.75 * 2^k (a scale boundary) once rounded to bf16.

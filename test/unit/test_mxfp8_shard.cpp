@@ -25,7 +25,10 @@ constexpr Backend kHost = Backend::Host;
 
 std::string bounds_str(const std::vector<std::int64_t>& b) {
   std::string s = "{";
-  for (std::size_t i = 0; i < b.size(); ++i) s += (i ? "," : "") + std::to_string(b[i]);
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    if (i) s += ",";
+    s += std::to_string(b[i]);
+  }
   return s + "}";
 }
 
