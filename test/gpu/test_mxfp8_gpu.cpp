@@ -37,9 +37,14 @@ void expect_same(const ref::Quantized& got, const ref::Quantized& want, const st
   EXPECT_TRUE(got.scale_col == want.scale_col) << what << ": scale_col differs";
 }
 
-void set_flag(const DeviceBuffer& flag, std::int32_t value) {
-  SHARDOPT_CUDA_CHECK(cudaMemcpy(flag.data(), &value, sizeof value, cudaMemcpyHostToDevice));
+// Host -> device copy that is complete when it returns (a pageable cudaMemcpy may
+// return before its DMA lands, and the graphs below run on a non-blocking stream).
+void copy_to_device(void* dst, const void* src, std::size_t bytes) {
+  SHARDOPT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());
 }
+
+void set_flag(const DeviceBuffer& flag, std::int32_t value) { copy_to_device(flag.data(), &value, sizeof value); }
 
 // ------------------------------------------------------------------ element math
 
@@ -255,8 +260,8 @@ TEST(Mxfp8Gpu, GraphReplayWritesOnlyWhileTheSkipFlagIsClear) {
   const auto first = reference(s, x), firstg = reference(sg, xg);
   x = fast_random_bf16(s.numel(), s.cols, 12, 0.001);  // new weights in the same buffers
   xg = fast_random_bf16(sg.numel(), sg.cols, 13, 0.001);
-  SHARDOPT_CUDA_CHECK(cudaMemcpy(src.data(), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
-  SHARDOPT_CUDA_CHECK(cudaMemcpy(srcg.data(), xg.data(), xg.size() * 2, cudaMemcpyHostToDevice));
+  copy_to_device(src.data(), x.data(), x.size() * 2);
+  copy_to_device(srcg.data(), xg.data(), xg.size() * 2);
   set_flag(flag, 1);
   replay();  // a later microbatch: keep the old quantization
   expect_same(out.get(kCuda, s), first, "flag set again");
@@ -364,7 +369,7 @@ TEST(Mxfp8Gpu, CapturedShardedPipelineEqualsEager) {
   SHARDOPT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (std::uint32_t step = 0; step < 3; ++step) {
     master = random_master(s.numel(), s.cols, 30 + step, 0.01);
-    SHARDOPT_CUDA_CHECK(cudaMemcpy(dmaster.data(), master.data(), master.size() * 4, cudaMemcpyHostToDevice));
+    copy_to_device(dmaster.data(), master.data(), master.size() * 4);
     SHARDOPT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(stream));
     const auto want = reference(s, to_bf16(master));
