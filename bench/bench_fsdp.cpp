@@ -111,6 +111,13 @@ void gemm(cublasHandle_t h, bool ta, bool tb, std::int64_t M, std::int64_t N, st
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+// Binds the cuBLAS handle to `s` with a fixed workspace, so that no GEMM allocates
+// (inside a capture it must not). cublasSetStream resets the workspace, hence both.
+void bind(cublasHandle_t h, Stream s, void* workspace, std::size_t bytes) {
+  CUBLAS_CHECK(cublasSetStream(h, reinterpret_cast<cudaStream_t>(s)));
+  CUBLAS_CHECK(cublasSetWorkspace(h, workspace, bytes));
+}
+
 // Activations of the synthetic model: x[u] (input of unit u), a[u] (its up output).
 struct Activations {
   std::vector<DeviceBuffer> x, a;
@@ -153,11 +160,12 @@ void init_shard(Fsdp& f, Stream s) {
 }
 
 // Iteration time with one captured graph (median), prefetch on or off.
-double iteration_ms(const Communicator& comm, cublasHandle_t h, Activations& act, std::int64_t T, bool prefetch,
-                    Stream s, int iters) {
+double iteration_ms(const Communicator& comm, cublasHandle_t h, DeviceBuffer& ws, Activations& act, std::int64_t T,
+                    bool prefetch, Stream s, int iters) {
   Fsdp f(comm, model_specs(kHidden, kMlp), model_units(), options(prefetch));
   init_shard(f, s);
   StepGraph g(f, [&](Stream st, bool) {
+    bind(h, st, ws.data(), ws.bytes());
     for (int u = 0; u < kUnits; ++u) {
       const auto w = f.wait_param(u, st);
       unit_forward(h, T, w[0].data, w[1].data, act, u);
@@ -170,7 +178,9 @@ double iteration_ms(const Communicator& comm, cublasHandle_t h, Activations& act
     }
   });
   g.capture(s);
-  return bench::time_ms(s, 3, iters, [&] { g.replay(s); });
+  const double ms = bench::time_ms(s, 3, iters, [&] { g.replay(s); });
+  bind(h, s, ws.data(), ws.bytes());
+  return ms;
 }
 #endif
 
@@ -214,11 +224,12 @@ int main(int argc, char** argv) {
       const Stream s = reinterpret_cast<Stream>(cs);
       cublasHandle_t h = nullptr;
       CUBLAS_CHECK(cublasCreate(&h));
-      CUBLAS_CHECK(cublasSetStream(h, cs));
+      DeviceBuffer workspace(Backend::Cuda, 64u << 20);
+      bind(h, s, workspace.data(), workspace.bytes());
       const std::int64_t T = a.tokens;
       Activations act(T, s);
-      const double on = iteration_ms(comm, h, act, T, true, s, a.iters);
-      const double off = iteration_ms(comm, h, act, T, false, s, a.iters);
+      const double on = iteration_ms(comm, h, workspace, act, T, true, s, a.iters);
+      const double off = iteration_ms(comm, h, workspace, act, T, false, s, a.iters);
 
       // Pieces alone: compute on resident weights; communication of an iteration; the step.
       DeviceBuffer w(Backend::Cuda, static_cast<std::size_t>(2 * kHidden * kMlp) * 2),
