@@ -275,6 +275,7 @@ inline void backend_failure_poisons_the_group(Backend be) {
 /// Invalid arguments are InvalidArgument naming the problem, and (as any failed call)
 /// leave the group failed. An empty handle is InvalidState.
 inline void invalid_arguments_are_clear_errors(Backend be) {
+  (void)world(be);  // selects this rank's device before the stream and buffer are made
   TestStream s(be);
   DeviceBuffer buf = to_device(be, Bytes(256, 0));
   struct Case {
