@@ -6,7 +6,9 @@
 //   mpiexec -n 2 bench_comm --backend host --sizes-mib 1       (host backend smoke run)
 //
 // busbw = bytes of the whole buffer / time * (n - 1) / n (nccl-tests' formula for both
-// collectives). Each timed iteration is bracketed by CUDA events on one stream, ours and
+// collectives). Two ways of starting the buckets are measured: one start per bucket (as
+// grad_ready issues them during backward; config ".../registered") and all buckets in
+// one NCCL group (start_grad_reduces / start_param_gathers; config ".../grouped"). Each timed iteration is bracketed by CUDA events on one stream, ours and
 // the peer alternating back to back; an iteration's time is the slowest rank's, and the
 // reported time is the median over the iterations. Configs: registered buffers
 // (ncclMemAlloc + ncclCommRegister, the default) and cudaMalloc ones. Only rank 0 writes.
@@ -221,43 +223,58 @@ int run(int argc, char** argv) {
       void* grads = store.grad_buffer(0);
       void* params = store.param_buffer(0);
 
-      const Times rs = measure(
-          opt.backend, stream, opt.iters, opt.warmup,
-          [&] {
-            for (int b = 0; b < nb; ++b) store.start_grad_reduce(b, stream);
-            for (int b = 0; b < nb; ++b) store.wait_grad_reduce(b, stream);
-          },
-          [&] { comm.reduce_scatter(grads, numel / n, DType::bf16, ReduceOp::Sum, stream); });
-      const Times ag = measure(
-          opt.backend, stream, opt.iters, opt.warmup,
-          [&] {
-            for (int b = 0; b < nb; ++b) store.start_param_gather(b, stream);
-            for (int b = 0; b < nb; ++b) store.wait_param_gather(b, stream);
-          },
-          [&] { comm.all_gather(params, numel / n, DType::bf16, stream); });
+      // Per-bucket starts (as grad_ready issues them during backward) and grouped starts
+      // (start_grad_reduces / start_param_gathers: one NCCL group), each against the
+      // single call, measured in the same loop.
+      for (const bool grouped : {false, true}) {
+        const Times rs = measure(
+            opt.backend, stream, opt.iters, opt.warmup,
+            [&] {
+              if (grouped) {
+                store.start_grad_reduces(0, nb, stream);
+              } else {
+                for (int b = 0; b < nb; ++b) store.start_grad_reduce(b, stream);
+              }
+              for (int b = 0; b < nb; ++b) store.wait_grad_reduce(b, stream);
+            },
+            [&] { comm.reduce_scatter(grads, numel / n, DType::bf16, ReduceOp::Sum, stream); });
+        const Times ag = measure(
+            opt.backend, stream, opt.iters, opt.warmup,
+            [&] {
+              if (grouped) {
+                store.start_param_gathers(0, nb, stream);
+              } else {
+                for (int b = 0; b < nb; ++b) store.start_param_gather(b, stream);
+              }
+              for (int b = 0; b < nb; ++b) store.wait_param_gather(b, stream);
+            },
+            [&] { comm.all_gather(params, numel / n, DType::bf16, stream); });
 
-      const std::string memory = !nccl ? "host" : registered ? "registered" : "cudamalloc";
-      for (const bool is_rs : {true, false}) {
-        const Times& t = is_rs ? rs : ag;
-        bench::Result r;
-        r.bench = "comm_buckets";
-        r.config = std::string(is_rs ? "reduce_scatter" : "all_gather") + "/bf16/" + std::to_string(mib) + "MiB/n" +
-                   std::to_string(n) + "/" + memory;
-        r.device = device;
-        r.ours_ms = bench::median(t.ours);
-        r.peer_ms = bench::median(t.peer);
-        r.peer = std::string("one ") +
-                 (nccl ? (is_rs ? "ncclReduceScatter" : "ncclAllGather")
-                       : (is_rs ? "MPI_Reduce_scatter_block" : "MPI_Allgather")) +
-                 " on the same bytes";
-        const double factor = static_cast<double>(n - 1) / n;
-        r.numbers["busbw_GBps"] = bytes / (*r.ours_ms * 1e-3) / 1e9 * factor;
-        r.numbers["peer_busbw_GBps"] = bytes / (*r.peer_ms * 1e-3) / 1e9 * factor;
-        r.numbers["buckets"] = nb;
-        r.numbers["bytes"] = bytes;
-        r.numbers["iterations"] = opt.iters;
-        r.command = command;
-        if (rank == 0) bench::write(r, results);
+        const std::string memory = !nccl ? "host" : registered ? "registered" : "cudamalloc";
+        for (const bool is_rs : {true, false}) {
+          const Times& t = is_rs ? rs : ag;
+          bench::Result r;
+          r.bench = "comm_buckets";
+          r.config = std::string(is_rs ? "reduce_scatter" : "all_gather") + "/bf16/" + std::to_string(mib) + "MiB/n" +
+                     std::to_string(n) + "/" + memory + (grouped ? "/grouped" : "");
+          r.device = device;
+          r.ours_ms = bench::median(t.ours);
+          r.peer_ms = bench::median(t.peer);
+          r.peer = std::string("one ") +
+                   (nccl ? (is_rs ? "ncclReduceScatter" : "ncclAllGather")
+                         : (is_rs ? "MPI_Reduce_scatter_block" : "MPI_Allgather")) +
+                   " on the same bytes";
+          const double factor = static_cast<double>(n - 1) / n;
+          r.numbers["busbw_GBps"] = bytes / (*r.ours_ms * 1e-3) / 1e9 * factor;
+          r.numbers["peer_busbw_GBps"] = bytes / (*r.peer_ms * 1e-3) / 1e9 * factor;
+          r.numbers["buckets"] = nb;
+          r.numbers["bytes"] = bytes;
+          r.numbers["iterations"] = opt.iters;
+          r.notes["starts"] = grouped ? "one group of all buckets (start_grad_reduces / start_param_gathers)"
+                                      : "one start per bucket";
+          r.command = command;
+          if (rank == 0) bench::write(r, results);
+        }
       }
     }
   }

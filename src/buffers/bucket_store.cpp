@@ -235,45 +235,79 @@ class BucketStoreImpl {
 
   // ---------------------------------------------------------------- collectives
   void start(int b, Stream caller, bool reduce) {
-    const Bucket& bk = bucket(b, reduce ? "start_grad_reduce" : "start_param_gather");
-    auto& pending = reduce ? grad_pending : gather_pending;
-    SHARDOPT_REQUIRE(!pending[static_cast<std::size_t>(b)], ErrorCode::InvalidState,
+    (void)bucket(b, reduce ? "start_grad_reduce" : "start_param_gather");
+    SHARDOPT_REQUIRE(!(reduce ? grad_pending : gather_pending)[static_cast<std::size_t>(b)], ErrorCode::InvalidState,
                      std::string(reduce ? "start_grad_reduce" : "start_param_gather") + "(" + std::to_string(b) +
                          "): the bucket's " + (reduce ? "reduce-scatter" : "all-gather") +
                          " was started and not waited for; call " +
                          (reduce ? "wait_grad_reduce" : "wait_param_gather") + " first");
+    launch({b}, caller, reduce);
+  }
+
+  // The buckets of [first, last) that are not pending, started together.
+  void start_range(int first, int last, Stream caller, bool reduce) {
+    const int n = static_cast<int>(layout.buckets().size());
+    SHARDOPT_REQUIRE(0 <= first && first <= last && last <= n, ErrorCode::OutOfRange,
+                     std::string(reduce ? "start_grad_reduces" : "start_param_gathers") + ": bucket range [" +
+                         std::to_string(first) + ", " + std::to_string(last) + ") is not within [0, " +
+                         std::to_string(n) + "]");
+    const auto& pending = reduce ? grad_pending : gather_pending;
+    std::vector<int> buckets;
+    for (int b = first; b < last; ++b)
+      if (!pending[static_cast<std::size_t>(b)]) buckets.push_back(b);
+    launch(buckets, caller, reduce);
+  }
+
+  // Starts the collectives of `buckets` (none pending) after the work queued on
+  // `caller`: one event on the caller's stream, then one group of collectives on the
+  // comm stream, then each bucket's done event.
+  void launch(const std::vector<int>& buckets, Stream caller, bool reduce) {
+    const char* call = reduce ? "start_grad_reduce" : "start_param_gather";
     SHARDOPT_REQUIRE(reduce || options.with_params, ErrorCode::InvalidState,
                      "start_param_gather: this store has no parameter buffers (BucketStoreOptions::with_params "
                      "is false)");
-    require_comm(reduce ? "start_grad_reduce" : "start_param_gather");
+    require_comm(call);
     check_stream_device(backend, device, caller);
+    if (buckets.empty()) return;
 
-    const DType dtype = reduce ? options.grad_dtype : layout.buffers()[static_cast<std::size_t>(bk.buffer)].dtype;
-    char* base = static_cast<char*>(reduce ? grads[static_cast<std::size_t>(bk.buffer)].data()
-                                           : params[static_cast<std::size_t>(bk.buffer)].data());
-    char* data = base + static_cast<std::size_t>(bk.range.begin) * size_of(dtype);
-    const std::int64_t per_rank = bk.range.size() / comm.size();
-    auto run = [&](Stream s) {
+    auto run = [&](int b, Stream s) {
+      const Bucket& bk = layout.buckets()[static_cast<std::size_t>(b)];
+      const DType dtype = reduce ? options.grad_dtype : layout.buffers()[static_cast<std::size_t>(bk.buffer)].dtype;
+      char* base = static_cast<char*>(reduce ? grads[static_cast<std::size_t>(bk.buffer)].data()
+                                             : params[static_cast<std::size_t>(bk.buffer)].data());
+      char* data = base + static_cast<std::size_t>(bk.range.begin) * size_of(dtype);
+      const std::int64_t per_rank = bk.range.size() / comm.size();
       if (reduce)
         comm.reduce_scatter(data, per_rank, dtype, options.grad_reduce, s);
       else
         comm.all_gather(data, per_rank, dtype, s);
     };
+    CommImpl& c = require_impl(comm.impl());
     if (backend == Backend::Host) {
-      run(caller);
+      c.grouped([&] {
+        for (int b : buckets) run(b, caller);
+      });
     } else {
 #if SHARDOPT_HAVE_CUDA
       DeviceGuard guard(device);
-      const auto i = static_cast<std::size_t>(b);
-      cudaEvent_t started = (reduce ? reduce_start : gather_start)[i].get();
-      cudaEvent_t done = (reduce ? reduce_done : gather_done)[i].get();
+      const auto first = static_cast<std::size_t>(buckets.front());
+      cudaEvent_t started = (reduce ? reduce_start : gather_start)[first].get();
       SHARDOPT_CUDA_CHECK(cudaEventRecord(started, reinterpret_cast<cudaStream_t>(caller)));
       SHARDOPT_CUDA_CHECK(cudaStreamWaitEvent(stream.get(), started, 0));
-      run(comm_stream());
-      SHARDOPT_CUDA_CHECK(cudaEventRecord(done, stream.get()));
+      if (buckets.size() == 1) {
+        run(buckets.front(), comm_stream());
+      } else {
+        c.grouped([&] {
+          for (int b : buckets) run(b, comm_stream());
+        });
+      }
+      for (int b : buckets)
+        SHARDOPT_CUDA_CHECK(
+            cudaEventRecord((reduce ? reduce_done : gather_done)[static_cast<std::size_t>(b)].get(), stream.get()));
 #endif
     }
-    pending[static_cast<std::size_t>(b)] = 1;
+    auto& pending = reduce ? grad_pending : gather_pending;
+    for (int b : buckets) pending[static_cast<std::size_t>(b)] = 1;
   }
 
   void wait(int b, Stream caller, bool reduce) {
@@ -476,6 +510,12 @@ void BucketStore::wait_grad_reduce(int bucket, Stream stream) { live(impl_).wait
 void BucketStore::start_param_gather(int bucket, Stream stream) { live(impl_).start(bucket, stream, false); }
 void BucketStore::wait_param_gather(int bucket, Stream stream) { live(impl_).wait(bucket, stream, false); }
 void BucketStore::grad_ready(int param, Stream stream) { live(impl_).grad_ready(param, stream); }
+void BucketStore::start_grad_reduces(int first, int last, Stream stream) {
+  live(impl_).start_range(first, last, stream, true);
+}
+void BucketStore::start_param_gathers(int first, int last, Stream stream) {
+  live(impl_).start_range(first, last, stream, false);
+}
 
 bool BucketStore::grad_reduce_pending(int bucket) const {
   auto& m = live(impl_);

@@ -1,5 +1,6 @@
 #include "comm/comm_impl.hpp"
 
+#include <exception>
 #include <string>
 
 #include "core/check.hpp"
@@ -75,7 +76,6 @@ void CommImpl::require_usable(const char* call) const {
 }
 
 void CommImpl::mark_failed(const std::string& what) noexcept {
-  bool first = false;
   {
     std::lock_guard<std::mutex> lock(failure_mutex_);
     if (!failed_.load(std::memory_order_relaxed)) {
@@ -84,10 +84,11 @@ void CommImpl::mark_failed(const std::string& what) noexcept {
       } catch (...) {
       }
       failed_.store(true, std::memory_order_release);
-      first = true;
     }
   }
-  if (first) on_failure();
+  // Inside an open group the teardown waits until the group is closed (an NCCL group
+  // must not end on an aborted communicator).
+  if (group_depth_ == 0) on_failure();
 }
 
 void CommImpl::check_count(std::int64_t count, const void* data, const char* call) const {
@@ -156,6 +157,27 @@ std::shared_ptr<CommImpl> CommImpl::split(int color, int key) {
     SHARDOPT_REQUIRE(color >= 0, ErrorCode::InvalidArgument,
                      "split: color " + std::to_string(color) + " is negative; colors must be >= 0");
     return do_split(color, key);
+  });
+}
+
+void CommImpl::grouped(const std::function<void()>& calls) {
+  require_usable("grouped collectives");
+  guarded([&] {
+    do_group_start();
+    ++group_depth_;
+    std::exception_ptr error;
+    try {
+      calls();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    try {
+      do_group_end();  // closes the group even after a failed call
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+    --group_depth_;
+    if (error) std::rethrow_exception(error);  // the guard now tears the group down
   });
 }
 

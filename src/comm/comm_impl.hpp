@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -47,6 +48,10 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   void all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream);
   void barrier();
   std::shared_ptr<CommImpl> split(int color, int key);
+  /// Runs `calls` (collectives of this group, possibly on several buffers) as one
+  /// backend group: NCCL aggregates them into one launch (ncclGroupStart/End); the other
+  /// backends run them in order. A failure inside still closes the group.
+  void grouped(const std::function<void()>& calls);
   /// Blocking all-gather of `mine` (the same length on every rank); returns size() *
   /// mine.size() values, rank r's at [r * mine.size(), (r + 1) * mine.size()).
   std::vector<std::uint64_t> all_gather_u64(const std::vector<std::uint64_t>& mine);
@@ -65,7 +70,7 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   void provoke_backend_error_for_test();
 
   /// Marks the group failed with `what` (only the first failure is kept) and lets the
-  /// backend tear down (ncclCommAbort).
+  /// backend tear down (ncclCommAbort), once no grouped() call is open.
   void mark_failed(const std::string& what) noexcept;
 
   /// Runs `f`; an exception marks the group failed and propagates.
@@ -92,7 +97,10 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   virtual std::shared_ptr<CommImpl> do_split(int color, int key) = 0;
   virtual std::vector<std::uint64_t> do_all_gather_u64(const std::vector<std::uint64_t>& mine) = 0;
   virtual void do_invalid_call_for_test() = 0;
-  /// Called once when the group fails (NCCL: ncclCommAbort). Must not throw.
+  virtual void do_group_start() {}
+  virtual void do_group_end() {}
+  /// Called when the group fails (NCCL: ncclCommAbort), possibly more than once: it must
+  /// be idempotent and must not throw.
   virtual void on_failure() noexcept {}
 
  private:
@@ -103,6 +111,7 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   int size_;
   int device_;
   std::atomic<bool> failed_{false};
+  int group_depth_ = 0;  // open grouped() calls
   mutable std::mutex failure_mutex_;
   std::string failure_;
 };

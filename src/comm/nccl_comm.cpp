@@ -156,6 +156,13 @@ class NcclCommImpl final : public CommImpl {
                                       live(), aux_));
   }
 
+  void do_group_start() override { SHARDOPT_NCCL_CHECK(ncclGroupStart()); }
+
+  void do_group_end() override {
+    SHARDOPT_NCCL_CHECK(ncclGroupEnd());
+    check_async();
+  }
+
   void on_failure() noexcept override {
     ncclComm_t c = comm_.exchange(nullptr, std::memory_order_acq_rel);
     if (c == nullptr) return;

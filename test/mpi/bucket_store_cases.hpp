@@ -253,11 +253,64 @@ inline void grad_ready_fires_each_bucket_once_per_step(Backend be) {
   }
 }
 
+/// Grouped starts: the buckets of a range that are not pending start together (one NCCL
+/// group on CUDA) and reduce / gather exactly like single starts; bad ranges are errors.
+inline void grouped_starts_match_single_starts(Backend be, bool registered) {
+  Communicator& comm = world(be);
+  const int n = comm.size(), me = comm.rank();
+  TestStream s(be);
+  BucketStoreOptions o;
+  o.grad_dtype = DType::bf16;
+  o.grad_reduce = ReduceOp::Sum;
+  o.nccl_registered = registered;
+  BucketStore st(comm, store_layout(n), o);
+  const Layout& L = st.layout();
+  const int nb = static_cast<int>(L.buckets().size());
+  std::vector<std::vector<Bytes>> in;
+  for (int r = 0; r < n; ++r) in.push_back(grad_images(L, DType::bf16, r, true));
+  upload_all(be, in[static_cast<std::size_t>(me)], [&](int b) { return st.grad_buffer(b); });
+  upload_all(be, param_images(L, me), [&](int b) { return st.param_buffer(b); });
+
+  st.start_grad_reduce(1, s.get());            // already running: the range skips it
+  st.start_grad_reduces(0, nb, s.get());
+  st.start_param_gathers(nb - 1, nb, s.get());  // a range of one
+  st.start_param_gathers(0, nb, s.get());
+  st.start_grad_reduces(2, 2, s.get());         // an empty range
+  for (int b = 0; b < nb; ++b) {
+    EXPECT_TRUE(st.grad_reduce_pending(b));
+    EXPECT_TRUE(st.param_gather_pending(b));
+  }
+  for (int b = 0; b < nb; ++b) {
+    st.wait_param_gather(b, s.get());
+    st.wait_grad_reduce(b, s.get());
+  }
+  s.sync();
+  expect_reduced(L, DType::bf16, ReduceOp::Sum, true, me, in, download_grads(st, DType::bf16), "grouped starts");
+  const auto params = download_params(st);
+  int bad = 0;
+  for (int b = 0; b < nb; ++b) {
+    const auto& bk = L.buckets()[static_cast<std::size_t>(b)];
+    const std::size_t es = size_of(L.buffers()[static_cast<std::size_t>(bk.buffer)].dtype);
+    for (int r = 0; r < n; ++r) {
+      const Range sl = L.shard_range(b, r);
+      for (std::size_t j = 0; j < static_cast<std::size_t>(sl.size()) * es; ++j)
+        bad += params[static_cast<std::size_t>(bk.buffer)][static_cast<std::size_t>(sl.begin) * es + j] != gather_byte(r, b, j);
+    }
+  }
+  EXPECT_EQ(bad, 0) << "grouped all-gathers, rank " << me;
+
+  for (auto range : std::vector<std::pair<int, int>>{{-1, 2}, {2, 1}, {0, nb + 1}}) {
+    const auto e = error_of([&] { st.start_grad_reduces(range.first, range.second, s.get()); });
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->code(), ErrorCode::OutOfRange) << e->what();
+  }
+}
+
 // ------------------------------------------------------------------ capture
 
 /// All bucket reduce-scatters and all-gathers captured in one graph, replayed several
 /// times, give the bytes of the eager calls.
-inline void captured_buckets_replay_like_eager(Backend be, bool registered) {
+inline void captured_buckets_replay_like_eager(Backend be, bool registered, bool grouped) {
   Communicator& comm = world(be);
   const int n = comm.size(), me = comm.rank();
   TestStream s(be);
@@ -278,8 +331,13 @@ inline void captured_buckets_replay_like_eager(Backend be, bool registered) {
       copy_async(be, st.grad_buffer(b), g0[static_cast<std::size_t>(b)].data(), g0[static_cast<std::size_t>(b)].bytes(), s.get());
       copy_async(be, st.param_buffer(b), p0[static_cast<std::size_t>(b)].data(), p0[static_cast<std::size_t>(b)].bytes(), s.get());
     }
-    for (int b = 0; b < nb; ++b) st.start_grad_reduce(b, s.get());
-    for (int b = 0; b < nb; ++b) st.start_param_gather(b, s.get());
+    if (grouped) {
+      st.start_grad_reduces(0, nb, s.get());
+      st.start_param_gathers(0, nb, s.get());
+    } else {
+      for (int b = 0; b < nb; ++b) st.start_grad_reduce(b, s.get());
+      for (int b = 0; b < nb; ++b) st.start_param_gather(b, s.get());
+    }
     for (int b = 0; b < nb; ++b) {
       st.wait_grad_reduce(b, s.get());
       st.wait_param_gather(b, s.get());
@@ -302,8 +360,8 @@ inline void captured_buckets_replay_like_eager(Backend be, bool registered) {
   for (int k = 0; k < 5; ++k) {
     graph.replay(be, s.get());
     s.sync();
-    EXPECT_EQ(download_grads(st, DType::bf16), eager_g) << "replay " << k << " rank " << me;
-    EXPECT_EQ(download_params(st), eager_p) << "replay " << k << " rank " << me;
+    EXPECT_EQ(download_grads(st, DType::bf16), eager_g) << "replay " << k << " rank " << me << " grouped " << grouped;
+    EXPECT_EQ(download_params(st), eager_p) << "replay " << k << " rank " << me << " grouped " << grouped;
   }
 }
 
@@ -423,8 +481,14 @@ inline void store_disagreement_and_failed_group(Backend be) {
   TEST(Suite, GradReadyFiresEachBucketOncePerStep) {                                                              \
     ::shardopt::test::grad_ready_fires_each_bucket_once_per_step(backend);                                        \
   }                                                                                                               \
+  TEST(Suite, GroupedStartsMatchSingleStarts) {                                                                   \
+    ::shardopt::test::grouped_starts_match_single_starts(backend, registered);                                    \
+  }                                                                                                               \
   TEST(Suite, CapturedBucketsReplayLikeEager) {                                                                   \
-    ::shardopt::test::captured_buckets_replay_like_eager(backend, registered);                                    \
+    ::shardopt::test::captured_buckets_replay_like_eager(backend, registered, false);                             \
+  }                                                                                                               \
+  TEST(Suite, CapturedGroupedBucketsReplayLikeEager) {                                                            \
+    ::shardopt::test::captured_buckets_replay_like_eager(backend, registered, true);                              \
   }                                                                                                               \
   TEST(Suite, MisuseIsAClearError) { ::shardopt::test::store_misuse_is_a_clear_error(backend); }                  \
   TEST(Suite, DisagreementAndFailedGroup) { ::shardopt::test::store_disagreement_and_failed_group(backend); }
