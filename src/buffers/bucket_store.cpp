@@ -12,6 +12,7 @@
 #include "shardopt/bucket_store.hpp"
 
 #include <algorithm>
+#include <exception>
 #include <string>
 #include <utility>
 #include <vector>
@@ -161,11 +162,25 @@ class BucketStoreImpl {
     ready_count.assign(nbuckets, 0);
     ready_stream.assign(nbuckets, nullptr);
     reported.assign(layout.params().size(), 0);
-    if (backend == Backend::Cuda) {
-      setup_cuda();
-    } else {
-      allocate(MemoryKind::Host, nullptr);
+    // A rank whose allocation fails tells the others, which would otherwise wait for
+    // it in the warm-up collectives.
+    std::exception_ptr error;
+    try {
+      if (backend == Backend::Cuda) {
+        setup_cuda();
+      } else {
+        allocate(MemoryKind::Host, nullptr);
+      }
+    } catch (...) {
+      error = std::current_exception();
     }
+    const std::vector<std::uint64_t> ok = comm.all_gather_value(error ? 0 : 1);
+    if (error) std::rethrow_exception(error);
+    for (std::size_t r = 0; r < ok.size(); ++r)
+      SHARDOPT_REQUIRE(ok[r] == 1, ErrorCode::InvalidState,
+                       "BucketStore: allocating the buffers failed on rank " + std::to_string(r) +
+                           " (see its error); every rank gives up");
+    if (backend == Backend::Cuda) warm_up();
   }
 
   ~BucketStoreImpl() {
@@ -430,25 +445,37 @@ class BucketStoreImpl {
       }
     }
 #endif
-    // NCCL connects lazily: run every bucket's collectives once, eagerly, so that a
-    // captured collective is never the first of its kind. The buffers are zero, and a
-    // reduce-scatter or all-gather of zeros leaves them zero.
-    if (comm.size() > 1) {
-      for (const Bucket& bk : layout.buckets()) {
-        const std::int64_t per_rank = bk.range.size() / comm.size();
-        const auto buf = static_cast<std::size_t>(bk.buffer);
-        char* g = grads[buf].as<char>() + static_cast<std::size_t>(bk.range.begin) * size_of(options.grad_dtype);
-        comm.reduce_scatter(g, per_rank, options.grad_dtype, options.grad_reduce, comm_stream());
-        if (options.with_params) {
-          const DType pd = layout.buffers()[buf].dtype;
-          char* p = params[buf].as<char>() + static_cast<std::size_t>(bk.range.begin) * size_of(pd);
-          comm.all_gather(p, per_rank, pd, comm_stream());
-        } else {
-          comm.all_gather(g, per_rank, options.grad_dtype, comm_stream());
-        }
+#else
+    SHARDOPT_REQUIRE(false, ErrorCode::Unsupported, "BucketStore on Backend::Cuda: this build has no CUDA backend");
+#endif
+  }
+
+  // NCCL connects lazily: run every bucket's collectives once, eagerly, so that a
+  // captured collective is never the first of its kind. The buffers are zero, and a
+  // reduce-scatter or all-gather of zeros leaves them zero.
+  void warm_up() {
+#if SHARDOPT_HAVE_CUDA
+    DeviceGuard guard(device);
+    if (comm.size() == 1) return;
+    auto both = [&](const Bucket& bk) {
+      const std::int64_t per_rank = bk.range.size() / comm.size();
+      const auto buf = static_cast<std::size_t>(bk.buffer);
+      char* g = grads[buf].as<char>() + static_cast<std::size_t>(bk.range.begin) * size_of(options.grad_dtype);
+      comm.reduce_scatter(g, per_rank, options.grad_dtype, options.grad_reduce, comm_stream());
+      if (options.with_params) {
+        const DType pd = layout.buffers()[buf].dtype;
+        char* p = params[buf].as<char>() + static_cast<std::size_t>(bk.range.begin) * size_of(pd);
+        comm.all_gather(p, per_rank, pd, comm_stream());
+      } else {
+        comm.all_gather(g, per_rank, options.grad_dtype, comm_stream());
       }
-      SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
-    }
+    };
+    // Once bucket by bucket (start_*), once as one group (start_*s).
+    for (const Bucket& bk : layout.buckets()) both(bk);
+    require_impl(comm.impl()).grouped([&] {
+      for (const Bucket& bk : layout.buckets()) both(bk);
+    });
+    SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
 #else
     SHARDOPT_REQUIRE(false, ErrorCode::Unsupported, "BucketStore on Backend::Cuda: this build has no CUDA backend");
 #endif
