@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <sstream>
 #include <string>
@@ -197,6 +198,7 @@ int run(int argc, char** argv) {
   const std::string device = device_name(opt.backend, comm.device());
   const std::string command = bench::command_line(argc, argv);
   const std::string results = rank == 0 ? opt.results : "";
+  if (!results.empty()) std::filesystem::create_directories(results);
 
   Stream stream = nullptr;
 #if SHARDOPT_HAVE_CUDA

@@ -357,7 +357,7 @@ inline void captured_buckets_replay_like_eager(Backend be, bool registered, bool
     fill_zero_async(be, st.param_buffer(b), eager_p[static_cast<std::size_t>(b)].size(), s.get());
   }
   s.sync();
-  for (int k = 0; k < 5; ++k) {
+  for (int k = 0; k < 10; ++k) {
     graph.replay(be, s.get());
     s.sync();
     EXPECT_EQ(download_grads(st, DType::bf16), eager_g) << "replay " << k << " rank " << me << " grouped " << grouped;
