@@ -11,7 +11,8 @@
 // Pairing: every start of a bucket is followed by exactly one wait of it (starting a
 // pending bucket, or waiting one that is not pending, throws Error(InvalidState)). Under
 // capture a start and its wait must lie in the same capture: the wait joins the
-// communication stream back into the captured stream. On the host backend the
+// communication stream back into the captured stream (a start made outside the capture
+// that waits for it, or the reverse, is Error(InvalidState) at the wait). On the host backend the
 // collectives run in order on the caller's HostStream and waits only keep the books.
 //
 // Construction is collective over the communicator: every rank checks that all ranks

@@ -22,6 +22,7 @@
 #include "comm/nccl_comm.hpp"
 #include "core/check.hpp"
 #include "core/memory.hpp"
+#include "shardopt/host_stream.hpp"
 
 #if SHARDOPT_HAVE_CUDA
 #include <cuda.h>  // CUdeviceptr / CUresult, for cuMemGetAddressRange through the runtime's entry point
@@ -159,6 +160,8 @@ class BucketStoreImpl {
     const auto nbuckets = layout.buckets().size();
     grad_pending.assign(nbuckets, 0);
     gather_pending.assign(nbuckets, 0);
+    grad_capture.assign(nbuckets, 0);
+    gather_capture.assign(nbuckets, 0);
     ready_count.assign(nbuckets, 0);
     ready_stream.assign(nbuckets, nullptr);
     reported.assign(layout.params().size(), 0);
@@ -209,6 +212,8 @@ class BucketStoreImpl {
 #endif
   std::vector<std::uint8_t> grad_pending;
   std::vector<std::uint8_t> gather_pending;
+  std::vector<std::uint64_t> grad_capture;    // capture of the pending start (0: none)
+  std::vector<std::uint64_t> gather_capture;
   std::vector<std::size_t> ready_count;  // params of the bucket reported in this round
   std::vector<Stream> ready_stream;      // the stream the bucket's params report on
   std::vector<std::uint8_t> reported;    // per param, in this round
@@ -247,6 +252,24 @@ class BucketStoreImpl {
 
   // Refuses work on a failed group before anything is enqueued.
   void require_comm(const char* call) const { require_impl(comm.impl()).require_usable(call); }
+
+  // The capture `s` is recording into (0: none): CUDA's capture sequence id, or the
+  // capturing HostStream. A wait must lie in the capture of its start.
+  std::uint64_t capture_of(Stream s) const {
+    if (backend == Backend::Host) {
+      const HostStream* hs = HostStream::from(s);
+      return hs != nullptr && hs->capturing() ? reinterpret_cast<std::uintptr_t>(hs) : 0;
+    }
+#if SHARDOPT_HAVE_CUDA
+    if (s == nullptr) return 0;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    SHARDOPT_CUDA_CHECK(cudaStreamGetCaptureInfo(reinterpret_cast<cudaStream_t>(s), &status, &id));
+    return status == cudaStreamCaptureStatusNone ? 0 : static_cast<std::uint64_t>(id) + 1;
+#else
+    return 0;
+#endif
+  }
 
   // ---------------------------------------------------------------- collectives
   void start(int b, Stream caller, bool reduce) {
@@ -322,7 +345,12 @@ class BucketStoreImpl {
 #endif
     }
     auto& pending = reduce ? grad_pending : gather_pending;
-    for (int b : buckets) pending[static_cast<std::size_t>(b)] = 1;
+    auto& captured = reduce ? grad_capture : gather_capture;
+    const std::uint64_t capture = capture_of(caller);
+    for (int b : buckets) {
+      pending[static_cast<std::size_t>(b)] = 1;
+      captured[static_cast<std::size_t>(b)] = capture;
+    }
   }
 
   void wait(int b, Stream caller, bool reduce) {
@@ -335,6 +363,15 @@ class BucketStoreImpl {
                          (reduce ? "start_grad_reduce (or report every param with grad_ready)" : "start_param_gather") +
                          " first, and wait once per start");
     check_stream_device(backend, device, caller);
+    const std::uint64_t started_in = (reduce ? grad_capture : gather_capture)[static_cast<std::size_t>(b)];
+    const std::uint64_t waiting_in = capture_of(caller);
+    SHARDOPT_REQUIRE(started_in == waiting_in, ErrorCode::InvalidState,
+                     std::string(reduce ? "wait_grad_reduce" : "wait_param_gather") + "(" + std::to_string(b) +
+                         "): the bucket's " + (reduce ? "reduce-scatter" : "all-gather") + " was started " +
+                         (started_in == 0 ? "outside any capture" : "inside a capture") + " but is waited for " +
+                         (waiting_in == 0 ? "outside any capture" : started_in == 0 ? "inside a capture" : "inside another capture") +
+                         "; a CUDA graph cannot depend on work outside it: wait before the capture begins, or start "
+                         "and wait inside the same capture");
     if (backend == Backend::Cuda) {
 #if SHARDOPT_HAVE_CUDA
       DeviceGuard guard(device);

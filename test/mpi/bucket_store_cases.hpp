@@ -404,6 +404,16 @@ inline void store_misuse_is_a_clear_error(Backend be) {
   st.wait_grad_reduce(0, s.get());
   expect_code(error_of([&] { st.wait_grad_reduce(0, s.get()); }), ErrorCode::InvalidState);
 
+  // A start outside a capture cannot be waited for inside it (the graph cannot depend
+  // on work outside it); waiting after the capture is fine.
+  st.start_grad_reduce(0, s.get());
+  s.begin_capture();
+  expect_code(error_of([&] { st.wait_grad_reduce(0, s.get()); }), ErrorCode::InvalidState,
+              "started outside any capture but is waited for inside a capture");
+  s.end_capture_discard();
+  EXPECT_TRUE(st.grad_reduce_pending(0));
+  st.wait_grad_reduce(0, s.get());
+
   // Double report, and reports of one bucket on two streams.
   int multi = -1;
   for (int b = 0; b < nb && multi < 0; ++b)

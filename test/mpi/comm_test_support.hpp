@@ -183,6 +183,18 @@ class TestStream {
     TEST_CUDA(cudaStreamBeginCapture(cuda_, cudaStreamCaptureModeThreadLocal));
 #endif
   }
+  /// Ends a capture whose graph is not wanted (nothing is instantiated).
+  void end_capture_discard() {
+    if (be_ == Backend::Host) {
+      (void)host_->end_capture();
+      return;
+    }
+#if SHARDOPT_HAVE_CUDA
+    cudaGraph_t g = nullptr;
+    TEST_CUDA(cudaStreamEndCapture(cuda_, &g));
+    if (g != nullptr) TEST_CUDA(cudaGraphDestroy(g));
+#endif
+  }
   /// Ends the capture into `g`, instantiated and ready to replay.
   void end_capture(Graph& g) {
     if (be_ == Backend::Host) {
