@@ -67,6 +67,11 @@ TEST(CommSelfCuda, NcclFailureAbortsAndPoisons) {
   EXPECT_TRUE(contains(later->what(), e->what())) << later->what();
 }
 
+TEST(CommSelfCuda, OneRankStoresAreIdentity) {
+  one_rank_store_is_identity(Communicator::self(kCuda));
+  one_rank_store_is_identity(Communicator::from_unique_id(UniqueId::create(), 0, 1, current_device()));
+}
+
 TEST(CommSelfCuda, StoreOnOneRankGroupCapturesAndReplays) {
   Communicator c = Communicator::from_unique_id(UniqueId::create(), 0, 1, current_device());
   for (bool registered : {true, false}) {

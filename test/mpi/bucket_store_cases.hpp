@@ -306,6 +306,32 @@ inline void grouped_starts_match_single_starts(Backend be, bool registered) {
   }
 }
 
+/// A store over one rank (Communicator::self or a one-rank NCCL group): every bucket
+/// collective, single, grouped or fired by grad_ready, leaves the buffers as they are.
+inline void one_rank_store_is_identity(const Communicator& comm) {
+  const Backend be = comm.backend();
+  TestStream s(be);
+  BucketStoreOptions o;
+  o.grad_dtype = DType::bf16;
+  BucketStore st(comm, store_layout(1), o);
+  const Layout& L = st.layout();
+  const int nb = static_cast<int>(L.buckets().size());
+  const auto grads = grad_images(L, DType::bf16, 0, false);
+  const auto params = param_images(L, 0);
+  upload_all(be, grads, [&](int b) { return st.grad_buffer(b); });
+  upload_all(be, params, [&](int b) { return st.param_buffer(b); });
+  for (int p = static_cast<int>(L.params().size()) - 1; p >= 0; --p) st.grad_ready(p, s.get());
+  for (int b = 0; b < nb; ++b) EXPECT_TRUE(st.grad_reduce_pending(b));
+  st.start_param_gathers(0, nb, s.get());
+  for (int b = 0; b < nb; ++b) {
+    st.wait_grad_reduce(b, s.get());
+    st.wait_param_gather(b, s.get());
+  }
+  s.sync();
+  EXPECT_EQ(download_grads(st, DType::bf16), grads);
+  EXPECT_EQ(download_params(st), params);
+}
+
 // ------------------------------------------------------------------ capture
 
 /// All bucket reduce-scatters and all-gathers captured in one graph, replayed several

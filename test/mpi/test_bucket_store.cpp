@@ -8,6 +8,8 @@ using namespace shardopt::test;
 
 SHARDOPT_BUCKET_STORE_CASES(BucketStoreHost, Backend::Host, false)
 
+TEST(BucketStoreHost, OneRankStoreIsIdentity) { one_rank_store_is_identity(Communicator::self(Backend::Host)); }
+
 // A start recorded by a capture cannot be waited for outside it (CUDA would refuse the
 // capture as unjoined; the host backend says so at the wait).
 TEST(BucketStoreHost, CapturedStartIsWaitedInItsCapture) {
