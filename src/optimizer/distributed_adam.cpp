@@ -207,8 +207,12 @@ bool DistributedAdam::grad_sync() const noexcept { return impl_->grad_sync; }
 
 void DistributedAdam::reduce_grads(Stream stream) {
   const int nb = static_cast<int>(layout().buckets().size());
-  for (int b = 0; b < nb; ++b)
-    if (!impl_->store.grad_reduce_pending(b)) impl_->store.start_grad_reduce(b, stream);
+  if (impl_->opt.grouped_collectives) {
+    impl_->store.start_grad_reduces(0, nb, stream);  // the buckets grad_ready did not start
+  } else {
+    for (int b = 0; b < nb; ++b)
+      if (!impl_->store.grad_reduce_pending(b)) impl_->store.start_grad_reduce(b, stream);
+  }
   for (int b = 0; b < nb; ++b) impl_->store.wait_grad_reduce(b, stream);
 }
 
@@ -224,7 +228,11 @@ void DistributedAdam::gather_params(Stream stream) {
   const bool defer = impl_->opt.overlap_param_gather && !is_capturing(impl_->backend, stream);
   impl_->wait_pending_gathers(stream);
   const int nb = static_cast<int>(layout().buckets().size());
-  for (int b = 0; b < nb; ++b) impl_->store.start_param_gather(b, stream);
+  if (impl_->opt.grouped_collectives) {
+    impl_->store.start_param_gathers(0, nb, stream);
+  } else {
+    for (int b = 0; b < nb; ++b) impl_->store.start_param_gather(b, stream);
+  }
   if (!defer)
     for (int b = 0; b < nb; ++b) impl_->store.wait_param_gather(b, stream);
 }

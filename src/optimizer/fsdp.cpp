@@ -104,7 +104,16 @@ class Fsdp::Impl {
                      ErrorCode::InvalidArgument, "grad_reduce must be Sum or Average");
     SHARDOPT_REQUIRE(is_float_storage(opt.slot_grad_dtype), ErrorCode::InvalidArgument,
                      "slot_grad_dtype must be f32, bf16 or f16");
-    world.check_layout(layout);
+    // Every rank must agree: the shard group names the first differing parameter; with
+    // replicas, the groups must also agree with each other.
+    shard_comm.check_layout(layout);
+    if (replica_comm.size() > 1) {
+      const auto prints = world.all_gather_value(layout.fingerprint());
+      for (std::size_t r = 0; r < prints.size(); ++r)
+        SHARDOPT_REQUIRE(prints[r] == prints[0], ErrorCode::LayoutMismatch,
+                         "rank " + std::to_string(r) + " computed a different FSDP layout than rank 0 (its shard "
+                         "group agrees within itself); give every rank the same specs, units and options");
+    }
     const auto& L = layout;
     SHARDOPT_REQUIRE(L.buffers().size() == 1, ErrorCode::Internal, "FSDP expects a single buffer");
     info.resize(units.size());
