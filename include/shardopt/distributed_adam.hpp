@@ -124,8 +124,10 @@ class DistributedAdam {
   void set_grad_sync(bool enabled) noexcept;
   bool grad_sync() const noexcept;
   /// Starts the reduce-scatters not yet started and makes `stream` wait for all of them.
+  /// A later step() then does not reduce again (until the next step or zero_grad).
   void reduce_grads(Stream stream);
-  /// The whole optimizer step (see the file comment).
+  /// The whole optimizer step (see the file comment); it reduces the gradients first
+  /// unless reduce_grads() already did.
   void step(Stream stream);
   /// Starts every bucket's parameter all-gather; waits unless overlap_param_gather.
   void gather_params(Stream stream);

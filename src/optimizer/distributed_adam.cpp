@@ -81,6 +81,7 @@ class DistributedAdam::Impl {
   std::map<std::pair<int, DType>, DeviceBuffer> copies;
   bool copies_requested = false;
   bool grad_sync = true;
+  bool grads_reduced = false;  // reduce_grads() ran since the last step / zero_grad
 };
 
 DistributedAdam::DistributedAdam(Communicator comm, std::vector<ParamSpec> specs, DistributedAdamOptions options) {
@@ -214,10 +215,12 @@ void DistributedAdam::reduce_grads(Stream stream) {
       if (!impl_->store.grad_reduce_pending(b)) impl_->store.start_grad_reduce(b, stream);
   }
   for (int b = 0; b < nb; ++b) impl_->store.wait_grad_reduce(b, stream);
+  impl_->grads_reduced = true;
 }
 
 void DistributedAdam::step(Stream stream) {
-  reduce_grads(stream);
+  if (!impl_->grads_reduced) reduce_grads(stream);
+  impl_->grads_reduced = false;
   // Adam writes the param slices: gathers of the previous step must be done with them.
   impl_->wait_pending_gathers(stream);
   impl_->state.step(impl_->comm, stream);
@@ -246,6 +249,7 @@ void DistributedAdam::wait_param(int bucket, Stream stream) {
 
 void DistributedAdam::zero_grad(Stream stream) {
   Impl& m = *impl_;
+  m.grads_reduced = false;
   for (std::size_t b = 0; b < layout().buffers().size(); ++b) {
     const std::size_t bytes = static_cast<std::size_t>(layout().buffers()[b].numel) * size_of(m.opt.grad_dtype);
     fill_zero_async(m.backend, m.store.grad_buffer(static_cast<int>(b)), bytes, stream);
