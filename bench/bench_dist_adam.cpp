@@ -196,8 +196,8 @@ void full_step(const Communicator& comm, Stream s, const Args& a, const std::str
   cfg.grad_dtype = DType::bf16;
   cfg.param_dtype = DType::bf16;
   cfg.groups = {AdamGroup{0.1f, 1.0f}, AdamGroup{0.0f, 1.0f}};
-  adam_prologue(cfg, scal.as<StepScalars>(), Backend::Cuda, s);
-  const double adam = bench::time_ms(s, 3, a.iters, [&] { adam_update(cfg, ptrs, scal.as<StepScalars>(), Backend::Cuda, s); });
+  adam_step_prologue(cfg, scal.as<StepScalars>(), Backend::Cuda, s);
+  const double adam = bench::time_ms(s, 3, a.iters, [&] { adam_step_apply(cfg, ptrs, scal.as<StepScalars>(), Backend::Cuda, s); });
 
   if (comm.rank() != 0) return;
   const std::string config = "bf16p-bf16g/1.5B/147/n" + std::to_string(comm.size());

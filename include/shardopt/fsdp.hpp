@@ -75,6 +75,9 @@ struct FsdpOptions {
   /// Keep a unit gathered when the learned order asks for it twice in a row (the last
   /// forward unit is the first backward unit): no reshard, no regather.
   bool keep_last_unit = true;
+  /// Prefetch the next unit's gather while the current unit computes (from the second
+  /// iteration on); false gathers each unit when wait_param asks for it.
+  bool prefetch = true;
   /// Ranks per shard group; 0 = all ranks (FSDP). Must divide the number of ranks.
   int shard_group_size = 0;
   /// Cast copies made by shard_grad persist across zero_grad (graph mode).

@@ -7,10 +7,14 @@
 // a contiguous piece of one parameter inside one bucket slice); the number of launches
 // is constant however many parameters the shard holds.
 //
-// Numerics (fp32, as torch.optim.AdamW / Adam): g = grad * inv_loss_scale * clip_coef;
-// AdamW: p -= lr*wd*p first; Adam: g += wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
-// p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps). The CUDA kernels and
-// their host twins share this element math and round identically.
+// Numerics (fp32, as torch.optim.AdamW / Adam): g = (grad * inv_loss_scale) * clip_coef;
+// AdamW: p *= 1 - lr*wd first; Adam: g += wd*p; m = lerp(m, g, 1-b1);
+// v = b2 v + (1-b2) g^2; p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+// Scalar factors (bias corrections, 1 - lr*wd, lr / bc1) are formed in double and
+// rounded to fp32 once, as PyTorch does with its Python-float hyper-parameters; the
+// element operations follow torch's CUDA kernels operation by operation (see
+// src/kernels/adam_math.cuh). The CUDA kernels and their host twins share this element
+// math and round identically (bitwise).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +26,13 @@
 namespace shardopt {
 
 class Layout;
+
+/// Largest number of optimizer groups one launch takes.
+inline constexpr int kMaxAdamGroups = 8;
+
+/// Blocks of the first pass of accumulate_grad_sumsq; fixed (not tied to the device) so
+/// that the summation order, hence the result, is the same on every GPU and on the host.
+inline constexpr int kGradNormBlocks = 1024;
 
 /// Device-resident per-step values (contract 3). Written only by kernels and by copies
 /// captured from pinned host slots; never read by the host inside a step.
@@ -37,6 +48,13 @@ struct StepScalars {
   std::int32_t found_inf = 0;  ///< nonzero: skip the step, nothing changes
   float step_size = 0.0f;      ///< derived by the prologue: lr / (1 - beta1^step)
   float bc2_sqrt = 1.0f;       ///< derived by the prologue: sqrt(1 - beta2^step)
+  /// Derived by the prologue for each optimizer group g (lr_g = lr * lr_scale[g]):
+  /// lr_g / (1 - beta1^step) and the decoupled decay factor 1 - lr_g * wd[g] (1 for Adam).
+  float group_step_size[kMaxAdamGroups] = {};
+  float group_decay[kMaxAdamGroups] = {};
+  /// Scratch of accumulate_grad_sumsq (per-block partial sums and non-finite counts);
+  /// meaningless between calls.
+  float norm_partials[2 * kGradNormBlocks] = {};
 };
 
 /// One contiguous piece of a shard: `length` elements of one parameter.
@@ -49,24 +67,25 @@ struct ShardChunk {
 };
 
 /// The chunks of rank `rank`'s shard of layout buffer `buffer`, each at most
-/// `max_chunk` elements, in shard order (padding is in no chunk).
+/// `max_chunk` elements (> 0), in shard order (padding is in no chunk). A chunk never
+/// spans two parameters; buffer_offset is the element's index in the full buffer.
 std::vector<ShardChunk> shard_chunks(const Layout& layout, int buffer, int rank,
                                      std::int64_t max_chunk = 1 << 16);
 
-/// Hyper-parameters of one optimizer group.
+/// Hyper-parameters of one optimizer group. Doubles, like PyTorch's Python floats: the
+/// derived fp32 factors (1 - lr*wd, lr / bc1) are formed in double and rounded once.
 struct AdamGroup {
-  float weight_decay = 0.0f;
-  float lr_scale = 1.0f;  ///< this group's lr = StepScalars::lr * lr_scale
+  double weight_decay = 0.0;
+  double lr_scale = 1.0;  ///< this group's lr = StepScalars::lr * lr_scale
 };
 
-/// Largest number of optimizer groups one launch takes.
-inline constexpr int kMaxAdamGroups = 8;
-
-/// Constant configuration of a fused Adam launch.
+/// Constant configuration of a fused Adam launch. beta1, beta2 and eps are doubles as in
+/// PyTorch (0.999 is not 0.999f: 1 - 0.999f differs from 0.001 by 1.3e-5 relative);
+/// the kernels use float(beta2), float(1 - beta1), float(1 - beta2) and float(eps).
 struct AdamConfig {
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
   bool decoupled_weight_decay = true;  ///< true: AdamW; false: Adam with L2 in the gradient
   DType grad_dtype = DType::f32;       ///< f32 main grads, or bf16 / f16 read directly
   DType param_dtype = DType::bf16;     ///< model-param output written in the same pass
@@ -75,7 +94,11 @@ struct AdamConfig {
   std::vector<AdamGroup> groups{AdamGroup{}};
 };
 
-/// Device pointers of one shard, as the kernels walk it.
+/// Device pointers of one shard, as the kernels walk it. Base pointers should be 16-byte
+/// aligned (every allocation of shardopt is); otherwise the kernels fall back to scalar
+/// accesses. A chunk's vector body needs shard_offset == buffer_offset modulo the
+/// vector width (4 elements with only fp32 arrays, 8 with a 2-byte array); chunks that
+/// are not so aligned are processed with scalar accesses, correctly but slower.
 struct ShardPointers {
   const ShardChunk* chunks = nullptr;  ///< device array of num_chunks entries
   std::int64_t num_chunks = 0;
@@ -88,21 +111,32 @@ struct ShardPointers {
 };
 
 /// One Adam step over the shard: a one-thread prologue (if found_inf is clear: step += 1
-/// and derive step_size and bc2_sqrt) and the main pass. With found_inf set nothing is
-/// written (params, master, moments, step). Constant launches; capturable.
+/// and derive step_size, bc2_sqrt, group_step_size and group_decay) and the main pass,
+/// two launches whatever the shard holds. With found_inf set nothing is written (params,
+/// master, moments, step, derived values). Capturable: all per-step values are read from
+/// `scalars` when the kernels run. Throws Error(InvalidArgument) for a bad config
+/// (groups empty or more than kMaxAdamGroups, moment dtype not f32/bf16, ...) or
+/// missing pointers; chunk group indices must be < config.groups.size().
 void fused_adam_step(const AdamConfig& config, const ShardPointers& shard, StepScalars* scalars,
                      Backend backend, Stream stream);
 
-/// The two halves of fused_adam_step, for a step that updates several shards (one per
-/// layout buffer) under one step count: the prologue once, then the update per shard.
-void adam_prologue(const AdamConfig& config, StepScalars* scalars, Backend backend, Stream stream);
-void adam_update(const AdamConfig& config, const ShardPointers& shard, const StepScalars* scalars,
-                 Backend backend, Stream stream);
+/// The two halves of fused_adam_step, for several buffers that share one StepScalars
+/// (one step counter): call adam_step_prologue once per step, then adam_step_apply once
+/// per buffer, all with the same betas and groups. fused_adam_step(c, s, x) is exactly
+/// adam_step_prologue(c, x) followed by adam_step_apply(c, s, x).
+void adam_step_prologue(const AdamConfig& config, StepScalars* scalars, Backend backend, Stream stream);
+/// The main pass of the step over one shard (one launch; none for an empty shard).
+void adam_step_apply(const AdamConfig& config, const ShardPointers& shard, StepScalars* scalars,
+                     Backend backend, Stream stream);
 
 /// Sum of squares of the shard's gradients (fp32, deterministic) added to
 /// scalars->grad_sumsq, and 1.0f added to scalars->nonfinite if an element is NaN/Inf.
-/// Call once per buffer; combining across ranks is the caller's (one Sum all-reduce of
-/// the two adjacent floats). Capturable.
+/// Reads shard.chunks, shard.num_chunks and shard.grads only. Call once per buffer;
+/// combining across ranks is the caller's (one Sum all-reduce of the two adjacent
+/// floats). Two launches (kGradNormBlocks partial sums in a fixed order, then one block
+/// that adds them in a fixed tree): bitwise the same result on every run, on every
+/// device and on the host twin. Capturable. Calls on one StepScalars must be ordered
+/// (they share its scratch).
 void accumulate_grad_sumsq(DType grad_dtype, const ShardPointers& shard, StepScalars* scalars,
                            Backend backend, Stream stream);
 

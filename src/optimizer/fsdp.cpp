@@ -263,7 +263,7 @@ std::vector<ParamView> Fsdp::wait_param(int unit, Stream stream) {
     m.prefetched[k] = 0;
     m.slot_ready[static_cast<std::size_t>(slot)].wait(stream);
   }
-  if (m.learned) {
+  if (m.learned && m.opt.prefetch) {
     // Prefetch the next gather of the iteration into the other slot, whose last user
     // is the work queued on `stream` before this call.
     for (std::size_t n = k + 1; n < m.order.size(); ++n) {

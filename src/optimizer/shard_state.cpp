@@ -133,8 +133,8 @@ void ShardState::step(const Communicator& norm_comm, Stream stream) {
   for (const auto& sh : shards_) accumulate_grad_sumsq(hyper_.grad_dtype, sh.ptrs, sc, backend_, stream);
   if (norm_comm.size() > 1) norm_comm.all_reduce(&sc->grad_sumsq, 2, DType::f32, ReduceOp::Sum, stream);
   finalize_grad_norm(hyper_.clip_max_norm, sc, backend_, stream);
-  adam_prologue(shards_.front().config, sc, backend_, stream);
-  for (const auto& sh : shards_) adam_update(sh.config, sh.ptrs, sc, backend_, stream);
+  adam_step_prologue(shards_.front().config, sc, backend_, stream);
+  for (const auto& sh : shards_) adam_step_apply(sh.config, sh.ptrs, sc, backend_, stream);
 }
 
 const ParamPiece& ShardState::piece(int param) const {

@@ -1,0 +1,299 @@
+// bench_fsdp: a whole FSDP training iteration of a synthetic model of 16 units, each a
+// Llama-3.2-1B-sized MLP block pair of bf16 GEMMs (up 8192x2048, down 2048x8192; cuBLAS,
+// fp32 accumulation), forward + backward + step, one CUDA graph per iteration.
+//
+//   mpirun -n 4 bench_fsdp [--results DIR] [--peer FILE] [--iters N] [--tokens T]
+//
+// Measured in one process: the iteration with prefetch on and off (graph replay, CUDA
+// events, median); its pieces alone — compute only (the same GEMMs on resident
+// weights), communication only (every gather and reduce-scatter of an iteration back to
+// back), the optimizer step alone; and the PyTorch FSDP2 peer's median read from the file
+// bench/peers/fsdp_peer.py wrote. limit = max(compute, communication) + step: what a
+// perfect overlap of communication with compute would give.
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "core/check.hpp"
+#include "core/memory.hpp"
+#include "results.hpp"
+#include "shardopt/fsdp.hpp"
+#include "shardopt/host_stream.hpp"
+#include "shardopt/mpi.hpp"
+#include "shardopt/step_graph.hpp"
+
+#if SHARDOPT_HAVE_CUDA
+#include <cublas_v2.h>
+
+#include "cuda_bench.hpp"
+#endif
+
+namespace {
+using namespace shardopt;
+
+constexpr int kUnits = 16;
+constexpr std::int64_t kHidden = 2048, kMlp = 8192;
+
+struct Args {
+  std::string results, peer;
+  int iters = 20;
+  std::int64_t tokens = 4096;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", k.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (k == "--results") a.results = next();
+    else if (k == "--peer") a.peer = next();
+    else if (k == "--iters") a.iters = std::atoi(next().c_str());
+    else if (k == "--tokens") a.tokens = std::atoll(next().c_str());
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", k.c_str());
+      std::exit(2);
+    }
+  }
+  return a;
+}
+
+std::vector<ParamSpec> model_specs(std::int64_t hidden, std::int64_t mlp) {
+  std::vector<ParamSpec> s;
+  for (int u = 0; u < kUnits; ++u) {
+    s.push_back(ParamSpec::tensor("unit" + std::to_string(u) + ".up", {mlp, hidden}));
+    s.push_back(ParamSpec::tensor("unit" + std::to_string(u) + ".down", {hidden, mlp}));
+  }
+  return s;
+}
+
+std::vector<FsdpUnit> model_units() {
+  std::vector<FsdpUnit> u;
+  for (int i = 0; i < kUnits; ++i) u.push_back({"unit" + std::to_string(i), 2 * i, 2});
+  return u;
+}
+
+FsdpOptions options(bool prefetch) {
+  FsdpOptions o;
+  o.clip_max_norm = 1.0f;
+  o.groups["decay"] = AdamGroup{0.1, 1.0};
+  o.lr_schedule = LrSchedule::constant(1e-4f);
+  o.prefetch = prefetch;
+  return o;
+}
+
+#if SHARDOPT_HAVE_CUDA
+#define CUBLAS_CHECK(call)                                                                        \
+  do {                                                                                            \
+    const cublasStatus_t st_ = (call);                                                            \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                           \
+      std::fprintf(stderr, "cuBLAS call %s failed: %d at %s:%d\n", #call, static_cast<int>(st_), __FILE__, \
+                   __LINE__);                                                                     \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+// Row-major C[M,N] = op(A)[M,K] op(B)[K,N] + beta C, bf16 in and out, fp32 accumulation.
+void gemm(cublasHandle_t h, bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, const void* A,
+          std::int64_t lda, const void* B, std::int64_t ldb, void* C, std::int64_t ldc, float beta) {
+  const float alpha = 1.0f;
+  CUBLAS_CHECK(cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
+                            static_cast<int>(M), static_cast<int>(K), &alpha, B, CUDA_R_16BF, static_cast<int>(ldb), A,
+                            CUDA_R_16BF, static_cast<int>(lda), &beta, C, CUDA_R_16BF, static_cast<int>(ldc),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// Binds the cuBLAS handle to `s` with a fixed workspace, so that no GEMM allocates
+// (inside a capture it must not). cublasSetStream resets the workspace, hence both.
+void bind(cublasHandle_t h, Stream s, void* workspace, std::size_t bytes) {
+  CUBLAS_CHECK(cublasSetStream(h, reinterpret_cast<cudaStream_t>(s)));
+  CUBLAS_CHECK(cublasSetWorkspace(h, workspace, bytes));
+}
+
+// Activations of the synthetic model: x[u] (input of unit u), a[u] (its up output).
+struct Activations {
+  std::vector<DeviceBuffer> x, a;
+  DeviceBuffer dy, dx, da;
+  Activations(std::int64_t T, Stream s) {
+    for (int u = 0; u <= kUnits; ++u) x.emplace_back(Backend::Cuda, static_cast<std::size_t>(T * kHidden) * 2);
+    for (int u = 0; u < kUnits; ++u) a.emplace_back(Backend::Cuda, static_cast<std::size_t>(T * kMlp) * 2);
+    dy = DeviceBuffer(Backend::Cuda, static_cast<std::size_t>(T * kHidden) * 2);
+    dx = DeviceBuffer(Backend::Cuda, static_cast<std::size_t>(T * kHidden) * 2);
+    da = DeviceBuffer(Backend::Cuda, static_cast<std::size_t>(T * kMlp) * 2);
+    bench::fill_random(x[0].data(), DType::bf16, T * kHidden, 11, 1.0f, s);
+    bench::fill_random(dy.data(), DType::bf16, T * kHidden, 12, 1e-3f, s);
+  }
+};
+
+// Forward and backward of one unit on given weights / weight-gradient views.
+void unit_forward(cublasHandle_t h, std::int64_t T, const void* up, const void* down, Activations& act, int u) {
+  gemm(h, false, true, T, kMlp, kHidden, act.x[static_cast<std::size_t>(u)].data(), kHidden, up, kHidden,
+       act.a[static_cast<std::size_t>(u)].data(), kMlp, 0.0f);
+  gemm(h, false, true, T, kHidden, kMlp, act.a[static_cast<std::size_t>(u)].data(), kMlp, down, kMlp,
+       act.x[static_cast<std::size_t>(u) + 1].data(), kHidden, 0.0f);
+}
+
+void unit_backward(cublasHandle_t h, std::int64_t T, const void* up, const void* down, void* gup, void* gdown,
+                   Activations& act, int u) {
+  const void* dy = u == kUnits - 1 ? act.dy.data() : act.dx.data();
+  gemm(h, false, false, T, kMlp, kHidden, dy, kHidden, down, kMlp, act.da.data(), kMlp, 0.0f);
+  gemm(h, true, false, kHidden, kMlp, T, dy, kHidden, act.a[static_cast<std::size_t>(u)].data(), kMlp, gdown, kMlp, 1.0f);
+  gemm(h, false, false, T, kHidden, kMlp, act.da.data(), kMlp, up, kHidden, act.dx.data(), kHidden, 0.0f);
+  gemm(h, true, false, kMlp, kHidden, T, act.da.data(), kMlp, act.x[static_cast<std::size_t>(u)].data(), kHidden, gup,
+       kHidden, 1.0f);
+}
+
+void init_shard(Fsdp& f, Stream s) {
+  for (int i = 0; i < f.num_params(); ++i) {
+    const ShardView v = f.shard_param(i);
+    bench::fill_random(v.data, DType::bf16, v.numel(), 100 + static_cast<std::uint64_t>(i), 0.02f, s);
+  }
+  f.init_master(s);
+}
+
+// Iteration time with one captured graph (median), prefetch on or off.
+double iteration_ms(const Communicator& comm, cublasHandle_t h, DeviceBuffer& ws, Activations& act, std::int64_t T,
+                    bool prefetch, Stream s, int iters) {
+  Fsdp f(comm, model_specs(kHidden, kMlp), model_units(), options(prefetch));
+  init_shard(f, s);
+  StepGraph g(f, [&](Stream st, bool) {
+    bind(h, st, ws.data(), ws.bytes());
+    for (int u = 0; u < kUnits; ++u) {
+      const auto w = f.wait_param(u, st);
+      unit_forward(h, T, w[0].data, w[1].data, act, u);
+    }
+    for (int u = kUnits - 1; u >= 0; --u) {
+      const auto w = f.wait_param(u, st);
+      const auto g = f.grad_slot(u, st);
+      unit_backward(h, T, w[0].data, w[1].data, g[0].data, g[1].data, act, u);
+      f.grad_ready(u, st);
+    }
+  });
+  g.capture(s);
+  const double ms = bench::time_ms(s, 3, iters, [&] { g.replay(s); });
+  bind(h, s, ws.data(), ws.bytes());
+  return ms;
+}
+#endif
+
+void host_smoke(const Communicator& comm) {
+  HostStream hs;
+  const auto specs = model_specs(32, 64);
+  Fsdp f(comm, specs, model_units(), options(true));
+  f.init_master(hs.handle());
+  StepGraph g(f, [&](Stream st, bool) {
+    for (int u = 0; u < kUnits; ++u) (void)f.wait_param(u, st);
+    for (int u = kUnits - 1; u >= 0; --u) {
+      (void)f.wait_param(u, st);
+      (void)f.grad_slot(u, st);
+      f.grad_ready(u, st);
+    }
+  });
+  g.capture(hs.handle());
+  for (int i = 0; i < 3; ++i) g.replay(hs.handle());
+  if (comm.rank() == 0)
+    std::printf("fsdp host smoke: %d units, step count %lld\n", f.num_units(),
+                static_cast<long long>(f.read_scalars(hs.handle()).step));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  const Args a = parse(argc, argv);
+  int rc = 0;
+  try {
+    const Backend b = default_backend();
+    MpiBootstrapOptions mo;
+    mo.backend = b;
+    Communicator comm = communicator_from_mpi(MPI_COMM_WORLD, mo);
+    if (b == Backend::Host) {
+      host_smoke(comm);
+    } else {
+#if SHARDOPT_HAVE_CUDA
+      cudaStream_t cs = nullptr;
+      SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+      const Stream s = reinterpret_cast<Stream>(cs);
+      cublasHandle_t h = nullptr;
+      CUBLAS_CHECK(cublasCreate(&h));
+      DeviceBuffer workspace(Backend::Cuda, 64u << 20);
+      bind(h, s, workspace.data(), workspace.bytes());
+      const std::int64_t T = a.tokens;
+      Activations act(T, s);
+      const double on = iteration_ms(comm, h, workspace, act, T, true, s, a.iters);
+      const double off = iteration_ms(comm, h, workspace, act, T, false, s, a.iters);
+
+      // Pieces alone: compute on resident weights; communication of an iteration; the step.
+      DeviceBuffer w(Backend::Cuda, static_cast<std::size_t>(2 * kHidden * kMlp) * 2),
+          gw(Backend::Cuda, static_cast<std::size_t>(2 * kHidden * kMlp) * 2);
+      bench::fill_random(w.data(), DType::bf16, 2 * kHidden * kMlp, 5, 0.02f, s);
+      char* up = w.as<char>();
+      char* down = up + kHidden * kMlp * 2;
+      const double compute = bench::time_ms(s, 2, a.iters, [&] {
+        for (int u = 0; u < kUnits; ++u) unit_forward(h, T, up, down, act, u);
+        for (int u = kUnits - 1; u >= 0; --u)
+          unit_backward(h, T, up, down, gw.as<char>(), gw.as<char>() + kHidden * kMlp * 2, act, u);
+      });
+      // Communication + step: the same iteration without the GEMMs.
+      Fsdp f(comm, model_specs(kHidden, kMlp), model_units(), options(false));
+      init_shard(f, s);
+      auto no_compute = [&] {
+        for (int u = 0; u < kUnits; ++u) (void)f.wait_param(u, s);
+        for (int u = kUnits - 1; u >= 0; --u) {
+          (void)f.wait_param(u, s);
+          (void)f.grad_slot(u, s);
+          f.grad_ready(u, s);
+        }
+        f.step(s);
+        f.zero_grad(s);
+      };
+      const double comm_and_step = bench::time_ms(s, 2, a.iters, no_compute);
+      // The step alone: an optimizer whose learned order is empty (no gathers).
+      Fsdp fa(comm, model_specs(kHidden, kMlp), model_units(), options(false));
+      init_shard(fa, s);
+      const double step = bench::time_ms(s, 2, a.iters, [&] { fa.step(s); });
+      SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(cs));
+      if (comm.rank() == 0) {
+        const std::string config = "16xMLP/T" + std::to_string(T) + "/n" + std::to_string(comm.size());
+        bench::Result r;
+        r.bench = "fsdp_iteration";
+        r.config = config;
+        r.device = bench::device_name();
+        r.ours_ms = on;
+        r.limit_ms = std::max(compute, comm_and_step - step) + step;
+        if (!a.peer.empty()) {
+          const auto peers = bench::read_peer_file(a.peer);
+          if (auto it = peers.find(config); it != peers.end()) {
+            r.peer = it->second.description;
+            r.peer_ms = it->second.ms;
+          }
+        }
+        r.numbers["prefetch_off_ms"] = off;
+        r.numbers["compute_only_ms"] = compute;
+        r.numbers["comm_and_step_ms"] = comm_and_step;
+        r.numbers["step_only_ms"] = step;
+        r.numbers["params"] = static_cast<double>(2 * kUnits * kHidden * kMlp);
+        r.notes["limit"] = "max(compute alone, gathers + reduce-scatters alone) + the step alone, same process";
+        r.notes["ours"] = "whole iteration (fwd + bwd + step + zero_grad) replayed from one CUDA graph, prefetch on";
+        r.command = bench::command_line(argc, argv);
+        bench::write(r, a.results);
+      }
+      CUBLAS_CHECK(cublasDestroy(h));
+      SHARDOPT_CUDA_CHECK(cudaStreamDestroy(cs));
+#endif
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_fsdp: %s\n", e.what());
+    rc = 1;
+  }
+  MPI_Finalize();
+  return rc;
+}

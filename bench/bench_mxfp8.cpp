@@ -1,0 +1,304 @@
+// bench_mxfp8 - MXFP8 quantization bandwidth against a device-to-device copy measured
+// in the same process (bench "mxfp8_quantize").
+//
+// Configs:
+//   llama3.2-1b/2d-weights  all 114 matrices of Llama-3.2-1B, bf16 -> both e4m3 planes +
+//                           scales, one captured graph of 114 launches
+//   mlp-8192x2048, embed-128256x2048   single matrices, eager launches
+//   shard-w4/scale-max, shard-w4/amax-max   the sharded path of rank 1 of 4 (Layout
+//                           segments, fp32 master shard): phase 1 + phase 2 of each
+//                           scheme for every segment, without the all-reduce
+// Bytes: whole tensor = 2 (read bf16) + 2 (two e4m3 planes) + 1/16 (scales) per element;
+// the sharded rows count what their kernels and memsets move (below). limit_ms =
+// bytes / copy bandwidth (copy bandwidth = (read + written bytes) / time of a 1 GiB
+// cudaMemcpyAsync). Medians of 30 timed runs after 5 warm-ups, CUDA events around the work.
+//
+// Usage: bench_mxfp8 [--results DIR] [--peer-json FILE]
+//   --peer-json: JSON lines {"config": ..., "peer": ..., "peer_ms": ...} from a peer script;
+//   a line whose config matches fills the peer fields.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/check.hpp"
+#include "core/memory.hpp"
+#include "results.hpp"
+#include "shardopt/layout.hpp"
+#include "shardopt/mxfp8.hpp"
+#include "shardopt/presets.hpp"
+
+namespace {
+using namespace shardopt;
+
+constexpr int kWarmup = 5;
+constexpr int kIters = 30;
+
+struct Peer {
+  std::string name;
+  double ms = 0;
+};
+
+std::map<std::string, Peer> read_peers(const std::string& path) {
+  std::map<std::string, Peer> out;
+  if (path.empty()) return out;
+  std::ifstream in(path);
+  std::string line;
+  auto field = [](const std::string& l, const std::string& key) -> std::string {
+    const std::string k = "\"" + key + "\":";
+    auto p = l.find(k);
+    if (p == std::string::npos) return "";
+    p += k.size();
+    while (p < l.size() && l[p] == ' ') ++p;
+    if (p < l.size() && l[p] == '"') {
+      const auto e = l.find('"', p + 1);
+      return l.substr(p + 1, e - p - 1);
+    }
+    auto e = l.find_first_of(",}", p);
+    return l.substr(p, e - p);
+  };
+  while (std::getline(in, line)) {
+    const std::string config = field(line, "config"), ms = field(line, "peer_ms");
+    if (!config.empty() && !ms.empty() && ms != "null") out[config] = Peer{field(line, "peer"), std::stod(ms)};
+  }
+  return out;
+}
+
+// Median time in ms of `work` on `stream` (CUDA events around each run).
+double time_ms(cudaStream_t stream, const std::function<void()>& work) {
+  cudaEvent_t start, stop;
+  SHARDOPT_CUDA_CHECK(cudaEventCreate(&start));
+  SHARDOPT_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < kWarmup; ++i) work();
+  std::vector<double> ms;
+  for (int i = 0; i < kIters; ++i) {
+    SHARDOPT_CUDA_CHECK(cudaEventRecord(start, stream));
+    work();
+    SHARDOPT_CUDA_CHECK(cudaEventRecord(stop, stream));
+    SHARDOPT_CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    SHARDOPT_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  SHARDOPT_CUDA_CHECK(cudaEventDestroy(start));
+  SHARDOPT_CUDA_CHECK(cudaEventDestroy(stop));
+  return bench::median(ms);
+}
+
+// Captures `work` on `stream` into a graph and returns a function that replays it.
+struct Graph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  Graph(cudaStream_t stream, const std::function<void()>& work) {
+    SHARDOPT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    work();
+    SHARDOPT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    SHARDOPT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  }
+  ~Graph() {
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  void launch(cudaStream_t stream) const { SHARDOPT_CUDA_CHECK(cudaGraphLaunch(exec, stream)); }
+};
+
+// Fills device memory with a repeated random pattern (bf16 weights or f32 masters).
+void fill_random(void* dst, std::size_t bytes, bool f32, std::uint32_t seed) {
+  const std::size_t chunk = std::min<std::size_t>(bytes, std::size_t{64} << 20);
+  std::vector<unsigned char> host(chunk);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  for (std::size_t i = 0; i + 4 <= chunk; i += 4) {
+    const float v = normal(rng);
+    std::uint32_t u;
+    std::memcpy(&u, &v, 4);
+    if (!f32) u = (u >> 16) | (u & 0xFFFF0000u);  // two bf16 values (truncated: any bits will do)
+    std::memcpy(host.data() + i, &u, 4);
+  }
+  for (std::size_t off = 0; off < bytes; off += chunk)
+    SHARDOPT_CUDA_CHECK(cudaMemcpy(static_cast<char*>(dst) + off, host.data(), std::min(chunk, bytes - off),
+                                   cudaMemcpyHostToDevice));
+}
+
+std::int64_t round_up(std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string results_dir, peer_json;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--results" && i + 1 < argc) results_dir = argv[++i];
+    else if (a == "--peer-json" && i + 1 < argc) peer_json = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: %s [--results DIR] [--peer-json FILE]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (!results_dir.empty()) std::filesystem::create_directories(results_dir);
+  if (cuda_device_count() == 0) {
+    std::printf("bench_mxfp8: no CUDA device, nothing to measure\n");
+    return 0;
+  }
+  const auto peers = read_peers(peer_json);
+  cudaDeviceProp prop{};
+  SHARDOPT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const std::string device = prop.name;
+  const std::string command = bench::command_line(argc, argv);
+  cudaStream_t stream;
+  SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const Stream st = reinterpret_cast<Stream>(stream);
+  constexpr Backend kCuda = Backend::Cuda;
+
+  // Copy bandwidth: (read + written) bytes / time of a 1 GiB device-to-device copy.
+  double copy_gbps = 0;
+  {
+    const std::size_t bytes = std::size_t{1} << 30;
+    DeviceBuffer a(kCuda, bytes), b(kCuda, bytes);
+    SHARDOPT_CUDA_CHECK(cudaMemsetAsync(a.data(), 1, bytes, stream));
+    const double ms = time_ms(stream, [&] { SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, stream)); });
+    copy_gbps = 2.0 * static_cast<double>(bytes) / (ms * 1e6);
+  }
+  std::printf("device-to-device copy: %.1f GB/s (read + write)\n", copy_gbps);
+
+  auto report = [&](const std::string& config, double ours_ms, double bytes, std::int64_t elements,
+                    const std::string& what) {
+    bench::Result r;
+    r.bench = "mxfp8_quantize";
+    r.config = config;
+    r.device = device;
+    r.ours_ms = ours_ms;
+    r.limit_ms = bytes / (copy_gbps * 1e6);
+    if (auto it = peers.find(config); it != peers.end()) {
+      r.peer = it->second.name;
+      r.peer_ms = it->second.ms;
+    }
+    r.numbers["bytes"] = bytes;
+    r.numbers["elements"] = static_cast<double>(elements);
+    r.numbers["gbps"] = bytes / (ours_ms * 1e6);
+    r.numbers["copy_gbps"] = copy_gbps;
+    r.notes["what"] = what;
+    r.command = command;
+    bench::write(r, results_dir);
+  };
+
+  // ------------------------------------------------------------ whole-tensor quantize
+  std::vector<Mxfp8Shape> shapes;
+  std::vector<std::int64_t> offsets;  // element offset of each matrix in the buffers
+  std::vector<std::int64_t> srow_off, scol_off;
+  std::int64_t total = 0, srows = 0, scols = 0, elements = 0;
+  const auto specs = presets::transformer(presets::kLlama32_1B);
+  std::vector<ParamSpec> specs2d;
+  for (const ParamSpec& p : specs) {
+    if (p.shape.size() < 2) continue;
+    specs2d.push_back(p);
+    const Mxfp8Shape s = Mxfp8Shape::of(p);
+    shapes.push_back(s);
+    offsets.push_back(total);
+    srow_off.push_back(srows);
+    scol_off.push_back(scols);
+    total = round_up(total + s.numel(), 64);
+    srows = round_up(srows + s.scale_row_numel(), 16);
+    scols = round_up(scols + s.scale_col_numel(), 16);
+    elements += s.numel();
+  }
+  DeviceBuffer src(kCuda, static_cast<std::size_t>(total) * 2);
+  DeviceBuffer drow(kCuda, static_cast<std::size_t>(total)), dcol(kCuda, static_cast<std::size_t>(total));
+  DeviceBuffer srow(kCuda, static_cast<std::size_t>(srows)), scol(kCuda, static_cast<std::size_t>(scols));
+  fill_random(src.data(), src.bytes(), false, 1);
+  auto planes = [&](std::size_t i) {
+    return Mxfp8Planes{drow.as<std::uint8_t>() + offsets[i], srow.as<std::uint8_t>() + srow_off[i],
+                       dcol.as<std::uint8_t>() + offsets[i], scol.as<std::uint8_t>() + scol_off[i]};
+  };
+  auto quantize = [&](std::size_t i) {
+    quantize_mxfp8(shapes[i], src.as<std::uint16_t>() + offsets[i], planes(i), nullptr, kCuda, st);
+  };
+  auto whole_bytes = [](const Mxfp8Shape& s) {
+    return 4.0 * static_cast<double>(s.numel()) + static_cast<double>(s.scale_row_numel() + s.scale_col_numel());
+  };
+  {
+    const Graph g(stream, [&] {
+      for (std::size_t i = 0; i < shapes.size(); ++i) quantize(i);
+    });
+    const double ms = time_ms(stream, [&] { g.launch(stream); });
+    double bytes = 0;
+    for (const auto& s : shapes) bytes += whole_bytes(s);
+    report("llama3.2-1b/2d-weights", ms, bytes, elements,
+           std::to_string(shapes.size()) + " matrices bf16 -> rowwise+columnwise e4m3 + e8m0 scales, one graph");
+  }
+  auto index_of = [&](const std::string& name) {
+    for (std::size_t i = 0; i < specs2d.size(); ++i)
+      if (specs2d[i].name == name) return i;
+    return std::size_t{0};
+  };
+  for (const auto& [config, name] : {std::pair<std::string, std::string>{"mlp-8192x2048", "layers.0.mlp.gate.weight"},
+                                     std::pair<std::string, std::string>{"embed-128256x2048", "embed.weight"}}) {
+    const std::size_t index = index_of(name);
+    const Mxfp8Shape& s = shapes[index];
+    const double ms = time_ms(stream, [&] { quantize(index); });
+    report(config, ms, whole_bytes(s), s.numel(), specs2d[index].name + " bf16 -> both planes + scales, eager");
+  }
+
+  // ------------------------------------------------------------ sharded path, rank 1 of 4
+  {
+    const int world = 4, rank = 1;
+    const Layout layout(specs2d, world);
+    std::int64_t shard_numel = 0;
+    for (const auto& b : layout.buffers()) shard_numel = std::max(shard_numel, b.shard_numel);
+    DeviceBuffer master(kCuda, static_cast<std::size_t>(shard_numel) * 4);
+    fill_random(master.data(), master.bytes(), true, 2);
+    const auto segments = layout.segments(0, rank);
+    std::int64_t shard_elems = 0, full_blocks = 0;
+    for (const Segment& g : segments) {
+      shard_elems += g.length;
+      full_blocks += shapes[static_cast<std::size_t>(g.param)].scale_row_numel() +
+                     shapes[static_cast<std::size_t>(g.param)].scale_col_numel();
+    }
+    // u32 amax buffers of every touched param, side by side.
+    DeviceBuffer amax_all(kCuda, static_cast<std::size_t>(full_blocks) * 4);
+    for (int scheme = 0; scheme < 2; ++scheme) {
+      const Graph g(stream, [&] {
+        std::int64_t a_off = 0;
+        for (const Segment& sg : segments) {
+          const auto p = static_cast<std::size_t>(sg.param);
+          const Mxfp8Shape& s = shapes[p];
+          const Range range{sg.param_offset, sg.param_offset + sg.length};
+          const float* m = master.as<float>() + sg.shard_offset;
+          const Mxfp8Planes out = planes(p);
+          if (scheme == 0) {
+            mxfp8_partial_scales(s, range, m, out.scale_row, out.scale_col, kCuda, st);
+            quantize_mxfp8_shard_data(s, range, m, out.scale_row, out.scale_col, out.data_row, out.data_col, kCuda, st);
+          } else {
+            std::uint32_t* ar = amax_all.as<std::uint32_t>() + a_off;
+            std::uint32_t* ac = ar + s.scale_row_numel();
+            mxfp8_partial_amax(s, range, m, ar, ac, kCuda, st);
+            quantize_mxfp8_shard(s, range, m, ar, ac, out, kCuda, st);
+            a_off += s.scale_row_numel() + s.scale_col_numel();
+          }
+        }
+      });
+      const double ms = time_ms(stream, [&] { g.launch(stream); });
+      // Bytes moved: phase 1 reads the shard's masters (4 B) and zero-fills the full
+      // exchange buffers; phase 2 reads the masters again (4 B) and writes both planes
+      // (2 B); scale / amax traffic of the touched tiles ~ 1/16 (2/8 for u32) per element.
+      const double shard = static_cast<double>(shard_elems), blocks = static_cast<double>(full_blocks);
+      const double bytes = scheme == 0 ? shard * (4 + 4 + 2) + blocks /*memset*/ + shard / 16 * 2 /*write, read*/
+                                       : shard * (4 + 4 + 2) + 4 * blocks /*memset*/ + shard / 4 /*amax write*/ +
+                                             4 * blocks + blocks /*scales from amax*/ + shard / 16 /*scale read*/;
+      report(scheme == 0 ? "shard-w4/scale-max" : "shard-w4/amax-max", ms, bytes, shard_elems,
+             "rank 1 of 4: " + std::to_string(segments.size()) + " segments, fp32 master -> phase 1 + phase 2 (" +
+                 (scheme == 0 ? "partial scales, shard data" : "partial u32 amax, scales of all blocks + shard data") +
+                 "), all-reduce excluded; exchange bytes per rank " +
+                 std::to_string(static_cast<long long>(scheme == 0 ? full_blocks : 4 * full_blocks)));
+    }
+  }
+  SHARDOPT_CUDA_CHECK(cudaStreamDestroy(stream));
+  return 0;
+}

@@ -1,0 +1,205 @@
+// shardopt/mxfp8.hpp - MXFP8 parameters: the format, whole-tensor and sharded
+// quantization, and a dequantize helper.
+//
+// Format. A weight of G members (G = 1 for a plain tensor) of [rows, cols] each is
+// quantized from its bf16 values into two E4M3 planes with E8M0 block scales:
+//   * rowwise: blocks of 1x32 consecutive elements of a row (the last block of a row
+//     is partial when cols % 32 != 0);
+//   * columnwise: blocks of 32x1, 32 consecutive rows of one column of one member
+//     (partial when rows % 32 != 0). Blocks never straddle members, so a grouped
+//     weight quantized as one tensor is byte for byte its members quantized one by
+//     one and concatenated.
+// Both data planes are stored in the tensor's own [G, rows, cols] order (numel bytes
+// each). Scales are compact and unswizzled: rowwise [G*rows, ceil(cols/32)],
+// columnwise [G*ceil(rows/32), cols] (swizzling is the GEMM's concern).
+//
+// Numerics (DESIGN.md). x = bf16 value (bf16(master) for the sharded path, round to
+// nearest even). Block amax = max |x|, NaN anywhere makes it NaN. Scale byte: the
+// smallest 2^e with 448 * 2^e >= amax, clamped to [2^-127, 2^127], stored as e + 127;
+// all-zero block -> 0x00, NaN amax -> 0xFF, Inf amax -> 0xFE. The exponent comes
+// exactly from the bf16 bits of amax = M * 2^E (M in [1, 2)): e = E - 8 if M <= 1.75,
+// else E - 7 (bf16 subnormal amaxes clamp to 0x00). This equals TransformerEngine's
+// RCEIL rule e8m0_ceil(fl32(amax * fl32(1/448))) for every positive bf16 value (checked
+// exhaustively in test/unit/test_mxfp8.cpp): fl32(1/448) is 4/7 * 2^-8 (1 + d) with
+// |d| < 2^-24, and a bf16 amax sits either exactly on 1.75 * 2^k, where the product
+// rounds back to exactly 2^(k-8), or at least 2^-7.8 (relative) away from it.
+// Elements: e4m3 = round-to-nearest-even, saturating to +-448, of fl32(x * 2^-e)
+// (exact except where the product is below 2^-126, which rounds to zero in e4m3
+// anyway). Special blocks, chosen here:
+//   * NaN block (scale 0xFF): every element of the block is 0x7F (NaN) in that plane;
+//   * Inf block (scale 0xFE, 2^127): Inf elements -> +-448 (0x7E / 0xFE), finite
+//     elements -> e4m3(x * 2^-127) (zero unless |x| > 2^117);
+//   * scale 0x00 decodes as 2^-127 and its elements are x * 2^127 (TransformerEngine's
+//     kernels multiply by 1 for a 0x00 scale instead, so blocks whose amax is below
+//     448 * 2^-127 differ from TE there: TE stores zeros, we store the scaled values).
+//
+// 1-D tensors (norm weights, biases) are not MXFP8: Mxfp8Shape::of rejects them.
+//
+// Sharded quantization (contract 4: the gathered weight equals quantize(bf16(full
+// master)) bitwise wherever shard boundaries fall, mid-block included). A rank owns
+// the flat element range [begin, end) of the parameter (Layout segment: param_offset,
+// length) and the fp32 master values of exactly that range. Blocks that a boundary
+// cuts need the other rank's amax. Two exact schemes, same structure:
+//   (A) scale exchange (recommended):
+//         mxfp8_partial_scales   -> scale bytes of this rank's partial block amaxes,
+//                                   0x00 for blocks it does not touch
+//         all_reduce(scale_row and scale_col, DType::e8m0 as 8-bit unsigned, Max)
+//         quantize_mxfp8_shard_data -> data bytes of [begin, end)
+//       Exact because the scale byte is a monotone function of the amax (NaN > Inf >
+//       finite map to 0xFF > 0xFE > <= 0xF7): the max of the partial scales is the
+//       scale of the max of the partial amaxes, and elements depend on the amax only
+//       through the scale byte. Exchange: 1 byte per block = numel/16 bytes per
+//       parameter (0.0625 B/param; a ring all-reduce moves about twice that per rank,
+//       ~6% of the 2 B/param data all-gather). No extra buffer: the scale tensors are
+//       the exchange buffers, and every rank ends with the full scale tensors.
+//   (B) amax exchange:
+//         mxfp8_partial_amax     -> u32 amax bit patterns, 0 for untouched blocks
+//         all_reduce(amax_row and amax_col, DType::u32, Max)
+//         quantize_mxfp8_shard   -> all scale bytes + data bytes of [begin, end)
+//       4 bytes per block = numel/4 bytes per parameter (0.25 B/param, a ring
+//       all-reduce ~0.5 B/param per rank, +25% over the data all-gather) plus a
+//       separate amax buffer. Use it if the communicator has no 8-bit Max.
+// Boundary-only exchange (only the blocks a boundary cuts) would move even less, but
+// then each rank knows only its own blocks' scales and the scale tensors, whose rank
+// pieces are neither equal nor disjoint, would need their own irregular gather; the
+// scale all-reduce is simpler and cheap. Every rank must make the phase-1 call (with
+// an empty range if it owns none of the tensor) so its zeros join the reduction.
+//
+// Every entry point is stream-ordered and capturable: no host reads of device data,
+// no allocation; the host backend records the work on a capturing HostStream.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "shardopt/backend.hpp"
+#include "shardopt/layout.hpp"
+#include "shardopt/param_spec.hpp"
+
+namespace shardopt {
+
+/// Elements per MXFP8 block (rowwise 1x32, columnwise 32x1).
+inline constexpr std::int64_t kMxfp8Block = 32;
+
+/// The geometry of an MXFP8 weight: `members` matrices of [rows, cols], contiguous.
+struct Mxfp8Shape {
+  std::int64_t members = 1;  ///< G: MoE experts of a grouped weight, else 1
+  std::int64_t rows = 0;     ///< rows of one member (all leading dims of a member folded)
+  std::int64_t cols = 0;     ///< last dimension
+
+  /// The shape of a registered parameter: a grouped spec gives G members of its member
+  /// shape, a plain spec one member; leading dims fold into rows. Throws
+  /// Error(InvalidArgument) for 1-D tensors (keep those bf16) and bad specs.
+  static Mxfp8Shape of(const ParamSpec& spec);
+  /// The shape of a tensor of `shape` holding `members` equal members along dim 0
+  /// (members == 1: a plain tensor). Same rules as of(ParamSpec).
+  static Mxfp8Shape of(const Shape& shape, std::int64_t members = 1);
+
+  /// Elements of one member and of the whole tensor (= bytes of one data plane).
+  std::int64_t member_numel() const noexcept { return rows * cols; }
+  std::int64_t numel() const noexcept { return members * rows * cols; }
+  /// Rowwise blocks per row: ceil(cols / 32).
+  std::int64_t row_blocks() const noexcept { return (cols + kMxfp8Block - 1) / kMxfp8Block; }
+  /// Columnwise blocks per column of one member: ceil(rows / 32).
+  std::int64_t col_blocks() const noexcept { return (rows + kMxfp8Block - 1) / kMxfp8Block; }
+  /// Entries (bytes) of the rowwise scale tensor [members*rows, row_blocks()].
+  std::int64_t scale_row_numel() const noexcept { return members * rows * row_blocks(); }
+  /// Entries (bytes) of the columnwise scale tensor [members*col_blocks(), cols].
+  std::int64_t scale_col_numel() const noexcept { return members * col_blocks() * cols; }
+
+  /// Flat index of element (g, r, c) in the source and in both data planes.
+  std::int64_t element_index(std::int64_t g, std::int64_t r, std::int64_t c) const noexcept {
+    return (g * rows + r) * cols + c;
+  }
+  /// Index in the rowwise scale tensor of the block holding element (g, r, c).
+  std::int64_t scale_row_index(std::int64_t g, std::int64_t r, std::int64_t c) const noexcept {
+    return (g * rows + r) * row_blocks() + c / kMxfp8Block;
+  }
+  /// Index in the columnwise scale tensor of the block holding element (g, r, c).
+  std::int64_t scale_col_index(std::int64_t g, std::int64_t r, std::int64_t c) const noexcept {
+    return (g * col_blocks() + r / kMxfp8Block) * cols + c;
+  }
+};
+
+/// Throws Error(InvalidArgument) unless members, rows and cols are all positive.
+void validate(const Mxfp8Shape& shape);
+
+/// The four outputs of a quantization (device memory of the backend).
+struct Mxfp8Planes {
+  std::uint8_t* data_row = nullptr;   ///< e4m3, [G, rows, cols]
+  std::uint8_t* scale_row = nullptr;  ///< e8m0, [G*rows, ceil(cols/32)]
+  std::uint8_t* data_col = nullptr;   ///< e4m3, [G, rows, cols]
+  std::uint8_t* scale_col = nullptr;  ///< e8m0, [G*ceil(rows/32), cols]
+};
+
+/// Which plane a dequantize reads.
+enum class Mxfp8Plane { Rowwise, Columnwise };
+
+/// Where one member of a grouped weight lives, relative to the base pointers given to
+/// quantize_mxfp8: its source elements and both its data planes start at
+/// element_offset, its scales at the two scale offsets. A device-resident array of
+/// these (built once, e.g. from mxfp8_contiguous_members or from the Layout placements
+/// of G discretely registered members) lets one launch quantize every member, and a
+/// grouped GEMM find them, without host-side split sizes per step (seed 003).
+struct Mxfp8Member {
+  std::int64_t element_offset = 0;    ///< into the source and both data planes
+  std::int64_t scale_row_offset = 0;  ///< into the rowwise scales
+  std::int64_t scale_col_offset = 0;  ///< into the columnwise scales
+};
+
+/// The member table of a contiguous [G, rows, cols] tensor: member g at g*rows*cols,
+/// rowwise scales at g*rows*row_blocks(), columnwise at g*col_blocks()*cols.
+std::vector<Mxfp8Member> mxfp8_contiguous_members(const Mxfp8Shape& shape);
+
+/// Whole-tensor quantization of bf16 `src` (bit patterns) into both planes.
+/// `skip_flag` (device int32, may be null) is read by the kernel when it runs: when
+/// nonzero nothing is written, so one captured graph serves every microbatch of a
+/// trainer that quantizes its weights only on the first (seed 000).
+/// `members` (device array of shape.members entries, may be null): member g is read
+/// from src + members[g].element_offset and written at the offsets of members[g]
+/// relative to the pointers in `out`; null means contiguous. One launch either way;
+/// the table is read on the device only (never on the host).
+void quantize_mxfp8(const Mxfp8Shape& shape, const std::uint16_t* src, const Mxfp8Planes& out,
+                    const std::int32_t* skip_flag, Backend backend, Stream stream,
+                    const Mxfp8Member* members = nullptr);
+
+/// Scheme (A), phase 1: writes to the full scale tensors the scale byte of this rank's
+/// partial amax of every block that `range` touches (bf16(master) over the block's
+/// elements inside the range) and 0x00 everywhere else. The master value of element i
+/// (flat index in [range.begin, range.end)) is master[i - range.begin]. Next, all-reduce
+/// both scale tensors with Max over the ranks (8-bit unsigned).
+void mxfp8_partial_scales(const Mxfp8Shape& shape, Range range, const float* master,
+                          std::uint8_t* scale_row, std::uint8_t* scale_col, Backend backend,
+                          Stream stream);
+
+/// Scheme (A), phase 2 (and the second half of scheme (B)): from the combined scale
+/// tensors, writes the rowwise and columnwise data bytes of the elements in `range`
+/// only (data_row[i], data_col[i] for i in the range; nothing else is touched).
+void quantize_mxfp8_shard_data(const Mxfp8Shape& shape, Range range, const float* master,
+                               const std::uint8_t* scale_row, const std::uint8_t* scale_col,
+                               std::uint8_t* data_row, std::uint8_t* data_col, Backend backend,
+                               Stream stream);
+
+/// Scheme (B), phase 1: writes u32 amax buffers covering the whole tensor (amax_row:
+/// scale_row_numel() entries, amax_col: scale_col_numel()): for every block that
+/// `range` touches, the bit pattern of the non-negative float amax of bf16(master) over
+/// the block's elements inside the range (NaN as 0x7FC00000, so an integer Max orders
+/// NaN > Inf > finite); 0 for every other block. Next, all-reduce both with Max as u32.
+void mxfp8_partial_amax(const Mxfp8Shape& shape, Range range, const float* master,
+                        std::uint32_t* amax_row, std::uint32_t* amax_col, Backend backend,
+                        Stream stream);
+
+/// Scheme (B), phase 2: from the combined amax buffers writes the scale byte of EVERY
+/// block of the tensor (out.scale_row, out.scale_col) and the data bytes of the
+/// elements in `range` only.
+void quantize_mxfp8_shard(const Mxfp8Shape& shape, Range range, const float* master,
+                          const std::uint32_t* amax_row, const std::uint32_t* amax_col,
+                          const Mxfp8Planes& out, Backend backend, Stream stream);
+
+/// Decodes one plane to f32 (contiguous members): out[i] = fl32(e4m3(data[i]) *
+/// 2^(scale - 127)) with scale 0x00 -> 2^-127 and 0xFF -> NaN (correctly rounded; exact
+/// unless the result is an f32 subnormal).
+void dequantize_mxfp8(const Mxfp8Shape& shape, Mxfp8Plane plane, const std::uint8_t* data,
+                      const std::uint8_t* scale, float* out, Backend backend, Stream stream);
+
+}  // namespace shardopt
