@@ -25,7 +25,15 @@
 
 namespace {
 
-double gib(std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
+std::string bytes_str(std::int64_t bytes) {
+  char buf[32];
+  const double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024.0 * 1024.0)
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024.0 * 1024.0));
+  else
+    std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1024.0 * 1024.0));
+  return buf;
+}
 
 std::string rate(double tokens_per_s) {
   char buf[32];
@@ -53,8 +61,18 @@ int run(int argc, char** argv, int world_rank) {
     }
     rest.push_back(args[i]);
   }
-  trainer::TrainOptions o = trainer::parse_options(rest);
-  const shardopt::Backend backend = trainer::choose_backend(o);
+  // Option errors are the same on every rank and come before any collective: every rank
+  // returns, rank 0 says why.
+  trainer::TrainOptions o;
+  shardopt::Backend backend = shardopt::Backend::Host;
+  try {
+    o = trainer::parse_options(rest);
+    trainer::check_supported(o);
+    backend = trainer::choose_backend(o);
+  } catch (const std::exception& e) {
+    if (world_rank == 0) std::fprintf(stderr, "trainer: %s\n", e.what());
+    return 2;
+  }
   shardopt::MpiBootstrapOptions mo;
   mo.backend = backend;
   shardopt::Communicator comm = shardopt::communicator_from_mpi(MPI_COMM_WORLD, mo);
@@ -96,12 +114,14 @@ int run(int argc, char** argv, int world_rank) {
     last_loss = st.loss;
     if (root && !o.quiet) {
       const trainer::MemoryUse m = t.memory();
-      std::printf("step %5d/%d | loss %.4f | grad norm %.3e | lr %.2e | %8.2f ms/step%s | %s tok/s | mem/rank %.3f "
-                  "GiB (optimizer %.3f, activations %.3f%s)%s\n",
+      std::printf("step %5d/%d | loss %.4f | grad norm %.3e | lr %.2e | %8.2f ms/step%s | %s tok/s | mem/rank %s%s "
+                  "(optimizer %s, activations %s)%s\n",
                   s, o.steps, st.loss, st.grad_norm, st.lr, ms, s == 1 && o.graph ? " (warm-up+capture)" : "",
                   rate(static_cast<double>(t.tokens_per_step()) * 1000.0 / ms).c_str(),
-                  gib(m.device > 0 ? m.device : m.optimizer + m.activations), gib(m.optimizer), gib(m.activations),
-                  m.device > 0 ? ", device in use" : "", st.skipped ? " | STEP SKIPPED (non-finite gradient)" : "");
+                  bytes_str(m.device > 0 ? m.device : m.optimizer + m.activations).c_str(),
+                  m.device > 0 ? " on the GPU" : "",
+                  bytes_str(m.optimizer).c_str(), bytes_str(m.activations).c_str(),
+                  st.skipped ? " | STEP SKIPPED (non-finite gradient)" : "");
       if (o.group_norms) {
         std::printf("      grad norms (rank 0):");
         for (int g = 0; g < trainer::kNormGroups; ++g)

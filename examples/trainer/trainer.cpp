@@ -33,6 +33,8 @@ float default_lr(const std::string& size) {
   return 1e-3f;
 }
 
+}  // namespace
+
 void check_supported(const TrainOptions& o) {
   if (o.params == "mxfp8")
     throw std::runtime_error(
@@ -40,8 +42,6 @@ void check_supported(const TrainOptions& o) {
         "DESIGN.md 'MXFP8') is being integrated into the library; once it lands, the trainer takes the quantized "
         "weights in Model::compute_weight. Use --params bf16.");
 }
-
-}  // namespace
 
 Trainer::Trainer(const TrainOptions& options, shardopt::Communicator comm, TrainerTestHooks hooks)
     : options_(options), hooks_(hooks), comm_(std::move(comm)) {

@@ -109,6 +109,10 @@ class Trainer {
   int iterations_ = 0;
 };
 
+/// Throws std::runtime_error for options whose library part is not built yet (--params
+/// mxfp8), saying where it will come from. The Trainer constructor calls it too.
+void check_supported(const TrainOptions& options);
+
 /// The backend a run uses: --backend, or CUDA when this trainer has its CUDA ops, the
 /// library has CUDA and a device is visible; else the host backend.
 shardopt::Backend choose_backend(const TrainOptions& options);
