@@ -495,6 +495,14 @@ class CudaOps final : public Ops {
     return static_cast<std::int64_t>(total_b - free_b);
   }
 
+  std::string device_name() const override {
+    int device = 0;
+    TRAINER_CUDA(cudaGetDevice(&device));
+    cudaDeviceProp prop{};
+    TRAINER_CUDA(cudaGetDeviceProperties(&prop, device));
+    return prop.name;
+  }
+
   void init_param(const Tensor& t, const InitArgs& a, Stream s) override {
     if (t.elem != Elem::bf16) throw std::invalid_argument("cuda ops: init_param takes bf16 parameters");
     k_init_param<<<blocks_for(t.numel), kThreads, 0, cu(s)>>>(t.as<bf16>(), a, t.numel);

@@ -83,6 +83,7 @@ class HostOps final : public Ops {
   void upload(const Tensor& dst, const void* src) override { std::memcpy(dst.data, src, dst.bytes()); }
   void download(void* dst, const Tensor& src) override { std::memcpy(dst, src.data, src.bytes()); }
   std::int64_t memory_in_use() const override { return 0; }
+  std::string device_name() const override { return "host"; }
 
   void init_param(const Tensor& t, const InitArgs& a, Stream s) override {
     if (t.elem != (mixed() ? Elem::bf16 : Elem::f64)) bad_types("init_param", {t.elem});

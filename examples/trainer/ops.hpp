@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <shardopt/backend.hpp>
@@ -128,6 +129,8 @@ class Ops {
   virtual void download(void* dst, const Tensor& src) = 0;
   /// Bytes of device memory in use on this rank's device (0 on the host backend).
   virtual std::int64_t memory_in_use() const = 0;
+  /// The device's name as the driver reports it ("host" on the host backend).
+  virtual std::string device_name() const = 0;
 
   /// Initial parameter values (see InitArgs), written on `stream`.
   virtual void init_param(const Tensor& t, const InitArgs& args, Stream stream) = 0;
