@@ -545,6 +545,12 @@ class CudaOps final : public Ops {
       p.a[i] = g.a[i].data;
       p.b[i] = g.b[i].data;
       p.c[i] = g.c[i].data;
+      // cuBLAS cannot inspect pointers that live on the device: keep every operand on a
+      // 16-byte boundary (the model's are when hidden and expert widths are multiples of 8).
+      for (const void* q : {p.a[i], static_cast<const void*>(p.b[i]), static_cast<const void*>(p.c[i])})
+        if (reinterpret_cast<std::uintptr_t>(q) % 16 != 0)
+          throw std::invalid_argument("grouped_gemm: operands must start on 16-byte boundaries (use hidden and "
+                                      "expert widths that are multiples of 8)");
     }
     const void** first = static_cast<const void**>(pointers_);
     const void** second = first + kMaxExperts;
