@@ -280,6 +280,27 @@ TEST(TrainerModel, SingleAndDiscreteExpertsGiveIdenticalGradients) {
   }
 }
 
+TEST(TrainerModel, WeightGradientsAccumulateAcrossMicrobatches) {
+  // Every gradient is accumulated (beta = 1 GEMMs, += for norms and the embedding): the
+  // same microbatch twice gives exactly twice the gradient of once (x + x is exact).
+  auto ops = make_host_ops(Precision::Mixed);
+  ModelSpec spec(check_config(), true);
+  ArrayWeights once(*ops, spec), twice(*ops, spec);
+  ModelOptions mo;
+  mo.generate_batch = false;
+  mo.microbatches = 2;
+  Model m(spec, *ops, mo);
+  m.set_batch(check_tokens(), check_targets());
+  m.microbatch(once, ops->stream());
+  m.microbatch(twice, ops->stream());
+  m.microbatch(twice, ops->stream());
+  for (int i = 0; i < spec.num_params(); ++i) {
+    const Tensor a = once.grad(i), b = twice.grad(i);
+    for (std::int64_t j = 0; j < a.numel; ++j)
+      ASSERT_EQ(2.0f * a.as<float>()[j], b.as<float>()[j]) << spec.params()[static_cast<std::size_t>(i)].name << " " << j;
+  }
+}
+
 TEST(TrainerModel, MixedPrecisionHostModelTracksTheDoubleModel) {
   // The double model's parameters are set to the bf16 values the mixed model starts from,
   // so the two differ only by bf16 activations and fp32 accumulation.
