@@ -33,6 +33,8 @@ MPIRUN="mpirun --allow-run-as-root --oversubscribe --bind-to none"
 TORCHRUN="python3 -m torch.distributed.run --standalone"
 
 phase_build() {
+  { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nvcc --version | tail -1;
+    meson --version; mpirun --version 2>&1 | head -1; python3 -c 'import torch; print("torch", torch.__version__)'; } 2>&1 | tee -a "$SUMMARY"
   log "== build ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $GPUS GPUs)"
   { [ -f "$BUILD/build.ninja" ] || meson setup "$BUILD" -Dcuda-arch=90 -Dbuildtype=release; } >>"$OUT/build.log" 2>&1
   if ninja -C "$BUILD" >>"$OUT/build.log" 2>&1; then log "build ok"; else log "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; fi

@@ -3,9 +3,23 @@
 //
 // One flat allocation per layout buffer (params) and one per layout buffer (grads),
 // identical on every rank. Gradients are reduce-scattered in place per bucket (rank r's
-// reduced slice lands in slice r of the bucket) and parameters are all-gathered in place
-// per bucket. Collectives run on the store's communication stream, ordered against the
-// caller's compute stream with events; all of it works under CUDA stream capture.
+// reduced slice lands in slice r of the bucket; the other slices keep their values) and
+// parameters are all-gathered in place per bucket. Collectives run on the store's
+// communication stream, ordered against the caller's compute stream with events; all
+// of it works under CUDA stream capture.
+//
+// Pairing: every start of a bucket is followed by exactly one wait of it (starting a
+// pending bucket, or waiting one that is not pending, throws Error(InvalidState)). Under
+// capture a start and its wait must lie in the same capture: the wait joins the
+// communication stream back into the captured stream (a start made outside the capture
+// that waits for it, or the reverse, is Error(InvalidState) at the wait). On the host backend the
+// collectives run in order on the caller's HostStream and waits only keep the books.
+//
+// Construction is collective over the communicator: every rank checks that all ranks
+// pass the same options and layout (else every rank throws), allocates and zeroes the
+// buffers, registers them with NCCL (nccl_registered) and runs every bucket's
+// collectives once eagerly (NCCL connects lazily; a captured collective must not be
+// the first of its kind).
 #pragma once
 
 #include <cstddef>
@@ -26,7 +40,7 @@ struct BucketStoreOptions {
   /// Allocate full parameter buffers (false when another format owns the params).
   bool with_params = true;
   /// CUDA: allocate with ncclMemAlloc and register with the communicator (zero-copy
-  /// NCCL paths); false: cudaMalloc.
+  /// NCCL paths); false: cudaMalloc. (bench_comm measures both; see bench/results.)
   bool nccl_registered = true;
   /// Reduction of the gradient reduce-scatter.
   ReduceOp grad_reduce = ReduceOp::Average;
@@ -39,8 +53,10 @@ class BucketStoreImpl;
 /// Flat buffers + bucketed reduce-scatter / all-gather.
 class BucketStore {
  public:
-  /// Checks that every rank has the same layout (Communicator::check_layout), then
-  /// allocates and zeroes the buffers.
+  /// Checks that every rank has the same options (Error(LayoutMismatch) naming them) and
+  /// layout (Communicator::check_layout), then allocates and zeroes the buffers.
+  /// Collective. Error(InvalidArgument) for a grad_dtype other than f32/bf16/f16 or a
+  /// grad_reduce other than Sum/Average.
   BucketStore(Communicator comm, Layout layout, BucketStoreOptions options = {});
   ~BucketStore();
   BucketStore(BucketStore&&) noexcept;
@@ -57,31 +73,48 @@ class BucketStore {
   /// First element of parameter `param` in its buffer.
   void* param_data(int param) const;
   void* grad_data(int param) const;
-  /// Bytes allocated for params and for grads (padding included), and the part of those
-  /// that the allocator added on top (ncclMemAlloc granularity).
+  /// Bytes of the params and of the grads (padding included), and what the allocator
+  /// added on top of them (ncclMemAlloc's granularity; host: 256-byte rounding).
   std::size_t param_bytes() const noexcept;
   std::size_t grad_bytes() const noexcept;
   std::size_t allocator_overhead_bytes() const noexcept;
 
   /// Starts the reduce-scatter of bucket `bucket`'s gradients after the work queued so
-  /// far on `stream`. Throws Error(InvalidState) if it was started and not waited.
+  /// far on `stream`. Throws Error(InvalidState) if it was started and not waited,
+  /// Error(OutOfRange) for a bad index, Error(InvalidArgument) for a stream of another
+  /// device, Error(InvalidState) when the communicator has failed.
   void start_grad_reduce(int bucket, Stream stream);
-  /// Makes `stream` wait for the bucket's reduce-scatter.
+  /// Makes `stream` wait for the bucket's reduce-scatter (Error(InvalidState) if none is
+  /// pending). `stream` may differ from the one that started it.
   void wait_grad_reduce(int bucket, Stream stream);
   /// Starts the all-gather of bucket `bucket`'s parameters after the work queued so far
   /// on `stream` (which wrote this rank's slice).
   void start_param_gather(int bucket, Stream stream);
   /// Makes `stream` wait for the bucket's all-gather.
   void wait_param_gather(int bucket, Stream stream);
+  /// Starts, together, the reduce-scatters of the buckets in [first, last) that are not
+  /// pending (the rest of a step after grad_ready started some). On CUDA they form one
+  /// NCCL group on the comm stream: one launch, NCCL spreads the buckets over its
+  /// channels, closer to the bandwidth of one call over all their bytes. Each started
+  /// bucket is then pending as after start_grad_reduce (wait each one).
+  void start_grad_reduces(int first, int last, Stream stream);
+  /// The same for the parameter all-gathers of [first, last).
+  void start_param_gathers(int first, int last, Stream stream);
   /// Reports that parameter `param`'s gradient is complete on `stream`; when every
-  /// parameter of its bucket has reported, the bucket's reduce-scatter starts. Each
-  /// parameter reports at most once per round (Error(InvalidState) otherwise).
+  /// parameter of its bucket has reported, the bucket's reduce-scatter starts (on the
+  /// stream of that last report). Each parameter reports at most once per round, and not
+  /// while its bucket is pending (Error(InvalidState)); the round of a bucket ends when
+  /// its reduce-scatter is waited for. All parameters of a bucket report on one stream
+  /// (Error(InvalidArgument) otherwise).
   void grad_ready(int param, Stream stream);
   /// True while bucket's reduce-scatter was started and not yet waited for.
   bool grad_reduce_pending(int bucket) const;
   bool param_gather_pending(int bucket) const;
 
   /// The store's communication stream (nullptr on the host backend).
+  ///
+  /// A moved-from store may only be destroyed or assigned to; its other calls throw
+  /// Error(InvalidState) (the noexcept accessors above must not be called on it).
   Stream comm_stream() const noexcept;
 
  private:

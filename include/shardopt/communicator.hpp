@@ -3,8 +3,20 @@
 // the host backend (work enqueued on a HostStream, so it joins host captures).
 //
 // A Communicator is a shared handle: copies refer to the same group. After any failed
-// call the group is marked failed (NCCL communicators are aborted) and every later
-// call throws Error(InvalidState) naming the first failure.
+// call (a backend error, an invalid argument, a stream of another device) the group is
+// marked failed (NCCL communicators are aborted): that rank may be out of step with its
+// peers, so every later call throws Error(InvalidState) quoting the first failure.
+// check_layout's LayoutMismatch is the exception: every rank detects it together.
+//
+// Numerics (both backends): f32, bf16 and f16 are reduced pairwise, adding in fp32 and
+// rounding to the storage type (nearest even) at every combine, in the order of the
+// backend's algorithm (NCCL's ring or tree; MPI's). Results are therefore exact
+// wherever every partial sum is representable, equal to the one rounded sum on two
+// ranks, and within (size + 1) * u * sum|x| of the exact sum otherwise (u: 2^-8 bf16,
+// 2^-11 f16, 2^-24 f32). Average is the sum divided by size() (NCCL's ncclAvg scales
+// each input by 1/size first; for power-of-two sizes both give exactly sum / size).
+// Max of floats with NaNs is backend-defined: carry NaN-aware maxima as u32 ordered bit
+// patterns (u32 Max). Host backend: at most 2^31 - 1 elements per rank per call.
 #pragma once
 
 #include <array>
@@ -45,10 +57,13 @@ class Communicator {
   /// An empty handle; valid() is false and every collective throws.
   Communicator() = default;
 
-  /// A group of one rank on `backend` (collectives are copies or no-ops); no MPI needed.
+  /// A group of one rank on `backend` (collectives leave the data as it is); no MPI
+  /// needed. On CUDA its device is the current one.
   static Communicator self(Backend backend);
-  /// An NCCL group from a unique id, for trainers with their own launcher. Sets the
-  /// calling thread's CUDA device to `device` first.
+  /// An NCCL group from a unique id, for trainers with their own launcher (collective
+  /// over the `size` ranks). Sets the calling thread's CUDA device to `device` first and
+  /// runs a small warm-up collective. Error(InvalidArgument) for an empty id, a rank
+  /// outside [0, size) or a device that does not exist; Error(Unsupported) without NCCL.
   static Communicator from_unique_id(const UniqueId& id, int rank, int size, int device);
 
   bool valid() const noexcept { return impl_ != nullptr; }
@@ -59,24 +74,31 @@ class Communicator {
   int device() const;
 
   /// In place: `data` holds size() * count_per_rank elements; afterwards this rank's
-  /// reduced slice is at data + rank() * count_per_rank.
+  /// reduced slice is at data + rank() * count_per_rank and the other slices keep their
+  /// values. dtype f32, bf16 or f16; op Sum, Average or Max. Ordered on `stream` (CUDA:
+  /// a stream of this communicator's device; host: a HostStream handle or nullptr).
   void reduce_scatter(void* data, std::int64_t count_per_rank, DType dtype, ReduceOp op, Stream stream) const;
   /// In place: this rank's slice at data + rank() * count_per_rank is sent; afterwards
-  /// `data` holds every rank's slice.
+  /// `data` holds every rank's slice. Any dtype (moved as bytes: fp8 and e8m0 too).
   void all_gather(void* data, std::int64_t count_per_rank, DType dtype, Stream stream) const;
-  /// In place over `count` elements (Sum, Average or Max).
+  /// In place over `count` elements: f32, bf16, f16 (Sum, Average, Max) or u32 (Sum,
+  /// Max: found-inf flags, ordered bit patterns of non-negative floats).
   void all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) const;
-  /// Blocks the calling host thread until every rank has arrived.
+  /// Blocks the calling host thread until every rank has arrived. Not while the calling
+  /// thread captures a CUDA stream (it synchronizes).
   void barrier() const;
-  /// Splits into sub-groups (collective over this group): ranks with equal `color` form
-  /// one group, ordered by `key` then by rank.
+  /// Splits into sub-groups (collective over this group): ranks with equal `color`
+  /// (>= 0) form one group, ordered by `key` then by rank.
   Communicator split(int color, int key) const;
 
-  /// Blocking host-side all-gather of one 64-bit value per rank (for agreement checks).
+  /// Blocking host-side all-gather of one 64-bit value per rank (for agreement checks);
+  /// element r is rank r's value. Not while the calling thread captures a CUDA stream.
   std::vector<std::uint64_t> all_gather_value(std::uint64_t value) const;
   /// Checks that every rank computed the same layout (one all-gather of fingerprints).
   /// On disagreement every rank throws Error(LayoutMismatch) naming the first
-  /// differing parameter and the ranks that differ, instead of hanging.
+  /// differing parameter (index, each rank's description) and the ranks that differ
+  /// from rank 0, or the differing options, instead of hanging; the group stays usable.
+  /// A layout for another world size than size() is Error(InvalidArgument).
   void check_layout(const Layout& layout) const;
 
   /// True once a call on this group has failed.

@@ -45,7 +45,8 @@ struct StepScalars {
   float nonfinite = 0.0f;      ///< > 0 when a gradient element was NaN/Inf; next to grad_sumsq so
                                ///< that one Sum all-reduce of these two floats combines ranks
   float grad_norm = 0.0f;      ///< global norm of the unscaled gradients
-  std::int32_t found_inf = 0;  ///< nonzero: skip the step, nothing changes
+  std::int32_t found_inf = 0;  ///< nonzero: skip the step, nothing changes (an optimizer's
+                               ///< step() clears it with the norm fields, then recomputes it)
   float step_size = 0.0f;      ///< derived by the prologue: lr / (1 - beta1^step)
   float bc2_sqrt = 1.0f;       ///< derived by the prologue: sqrt(1 - beta2^step)
   /// Derived by the prologue for each optimizer group g (lr_g = lr * lr_scale[g]):

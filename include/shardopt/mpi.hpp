@@ -17,9 +17,11 @@ struct MpiBootstrapOptions {
   int device = -1;
 };
 
-/// A Communicator over the ranks of `comm` (collective over `comm`). For the CUDA
-/// backend it sets the device, lets rank 0 create the NCCL unique id, broadcasts it
-/// with MPI and initialises NCCL; for the host backend it duplicates `comm`.
+/// A Communicator over the ranks of `comm` (collective over `comm`; MPI must be
+/// initialised). For the CUDA backend it sets the calling thread's device (left set),
+/// lets rank 0 create the NCCL unique id, broadcasts it with MPI and initialises NCCL;
+/// a rank that cannot use its device makes every rank throw. For the host backend it
+/// duplicates `comm` (errors on the duplicate are returned, not fatal).
 Communicator communicator_from_mpi(MPI_Comm comm, MpiBootstrapOptions options = {});
 
 }  // namespace shardopt

@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 namespace shardopt::detail {
 [[noreturn]] inline void throw_cuda(cudaError_t err, const char* call, const char* file, int line) {
+  (void)cudaGetLastError();  // clear the recorded error so that later launch checks do not report it again
   std::string msg = std::string("CUDA call `") + call + "` failed: " + cudaGetErrorName(err) + " (" +
                     cudaGetErrorString(err) + ")";
   if (err == cudaErrorMemoryAllocation)

@@ -81,6 +81,7 @@ class DistributedAdam::Impl {
   std::map<std::pair<int, DType>, DeviceBuffer> copies;
   bool copies_requested = false;
   bool grad_sync = true;
+  bool grads_reduced = false;  // reduce_grads() ran since the last step / zero_grad
 };
 
 DistributedAdam::DistributedAdam(Communicator comm, std::vector<ParamSpec> specs, DistributedAdamOptions options) {
@@ -207,13 +208,19 @@ bool DistributedAdam::grad_sync() const noexcept { return impl_->grad_sync; }
 
 void DistributedAdam::reduce_grads(Stream stream) {
   const int nb = static_cast<int>(layout().buckets().size());
-  for (int b = 0; b < nb; ++b)
-    if (!impl_->store.grad_reduce_pending(b)) impl_->store.start_grad_reduce(b, stream);
+  if (impl_->opt.grouped_collectives) {
+    impl_->store.start_grad_reduces(0, nb, stream);  // the buckets grad_ready did not start
+  } else {
+    for (int b = 0; b < nb; ++b)
+      if (!impl_->store.grad_reduce_pending(b)) impl_->store.start_grad_reduce(b, stream);
+  }
   for (int b = 0; b < nb; ++b) impl_->store.wait_grad_reduce(b, stream);
+  impl_->grads_reduced = true;
 }
 
 void DistributedAdam::step(Stream stream) {
-  reduce_grads(stream);
+  if (!impl_->grads_reduced) reduce_grads(stream);
+  impl_->grads_reduced = false;
   // Adam writes the param slices: gathers of the previous step must be done with them.
   impl_->wait_pending_gathers(stream);
   impl_->state.step(impl_->comm, stream);
@@ -224,7 +231,11 @@ void DistributedAdam::gather_params(Stream stream) {
   const bool defer = impl_->opt.overlap_param_gather && !is_capturing(impl_->backend, stream);
   impl_->wait_pending_gathers(stream);
   const int nb = static_cast<int>(layout().buckets().size());
-  for (int b = 0; b < nb; ++b) impl_->store.start_param_gather(b, stream);
+  if (impl_->opt.grouped_collectives) {
+    impl_->store.start_param_gathers(0, nb, stream);
+  } else {
+    for (int b = 0; b < nb; ++b) impl_->store.start_param_gather(b, stream);
+  }
   if (!defer)
     for (int b = 0; b < nb; ++b) impl_->store.wait_param_gather(b, stream);
 }
@@ -238,6 +249,7 @@ void DistributedAdam::wait_param(int bucket, Stream stream) {
 
 void DistributedAdam::zero_grad(Stream stream) {
   Impl& m = *impl_;
+  m.grads_reduced = false;
   for (std::size_t b = 0; b < layout().buffers().size(); ++b) {
     const std::size_t bytes = static_cast<std::size_t>(layout().buffers()[b].numel) * size_of(m.opt.grad_dtype);
     fill_zero_async(m.backend, m.store.grad_buffer(static_cast<int>(b)), bytes, stream);

@@ -99,12 +99,23 @@ class Fsdp::Impl {
         gather_stream(backend),
         reduce_stream(backend),
         slot_ready{Event(backend), Event(backend)},
-        grad_free(backend) {
+        grad_free(backend),
+        gather_go(backend),
+        reduce_go(backend) {
     SHARDOPT_REQUIRE(opt.grad_reduce == ReduceOp::Sum || opt.grad_reduce == ReduceOp::Average,
                      ErrorCode::InvalidArgument, "grad_reduce must be Sum or Average");
     SHARDOPT_REQUIRE(is_float_storage(opt.slot_grad_dtype), ErrorCode::InvalidArgument,
                      "slot_grad_dtype must be f32, bf16 or f16");
-    world.check_layout(layout);
+    // Every rank must agree: the shard group names the first differing parameter; with
+    // replicas, the groups must also agree with each other.
+    shard_comm.check_layout(layout);
+    if (replica_comm.size() > 1) {
+      const auto prints = world.all_gather_value(layout.fingerprint());
+      for (std::size_t r = 0; r < prints.size(); ++r)
+        SHARDOPT_REQUIRE(prints[r] == prints[0], ErrorCode::LayoutMismatch,
+                         "rank " + std::to_string(r) + " computed a different FSDP layout than rank 0 (its shard "
+                         "group agrees within itself); give every rank the same specs, units and options");
+    }
     const auto& L = layout;
     SHARDOPT_REQUIRE(L.buffers().size() == 1, ErrorCode::Internal, "FSDP expects a single buffer");
     info.resize(units.size());
@@ -147,7 +158,10 @@ class Fsdp::Impl {
   // Enqueues the gather of unit u into slot `slot`, after the work queued on `stream`.
   void gather(int u, int slot, Stream stream) {
     const Stream gs = gather_stream.on(stream);
-    order_after(backend, stream, gs);
+    if (gs != stream) {
+      gather_go.record(stream);
+      gather_go.wait(gs);
+    }
     const UnitInfo& ui = info[static_cast<std::size_t>(u)];
     const int r = shard_comm.rank();
     auto* base = static_cast<char*>(param_slots[static_cast<std::size_t>(slot)].data());
@@ -192,6 +206,7 @@ class Fsdp::Impl {
   SideStream gather_stream, reduce_stream;
   std::array<Event, 2> slot_ready;
   Event grad_free;
+  Event gather_go, reduce_go;  // the side streams start after the caller's queued work
 
   // The learned order of wait_param calls and its gather plan.
   bool learned = false;
@@ -298,7 +313,10 @@ void Fsdp::grad_ready(int unit, Stream stream) {
                    "grad_ready('" + m.units[static_cast<std::size_t>(unit)].name +
                        "') without grad_slot for it; take the unit's gradient views with grad_slot first");
   const Stream rs = m.reduce_stream.on(stream);
-  order_after(m.backend, stream, rs);
+  if (rs != stream) {
+    m.reduce_go.record(stream);
+    m.reduce_go.wait(rs);
+  }
   const Impl::UnitInfo& ui = m.info[static_cast<std::size_t>(unit)];
   const int r = m.shard_comm.rank();
   auto* base = static_cast<char*>(m.grad_slot.data());

@@ -1,6 +1,7 @@
 #include "optimizer/shard_state.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <string>
 
@@ -128,7 +129,10 @@ void ShardState::step(const Communicator& norm_comm, Stream stream) {
     kernels::apply_lr_schedule(hyper_.lr_schedule, nullptr, sc, backend_, stream);
   }
   copy_async(backend_, &sc->inv_loss_scale, slots_.as<float>() + 1, sizeof(float), stream);
-  fill_zero_async(backend_, &sc->grad_sumsq, 2 * sizeof(float), stream);
+  // Fresh per-step results: grad_sumsq, nonfinite, grad_norm and found_inf are adjacent.
+  static_assert(offsetof(StepScalars, found_inf) + sizeof(std::int32_t) - offsetof(StepScalars, grad_sumsq) ==
+                4 * sizeof(float));
+  fill_zero_async(backend_, &sc->grad_sumsq, 4 * sizeof(float), stream);
   // Global norm and found-inf: shard partial sums, one all-reduce of two adjacent floats.
   for (const auto& sh : shards_) accumulate_grad_sumsq(hyper_.grad_dtype, sh.ptrs, sc, backend_, stream);
   if (norm_comm.size() > 1) norm_comm.all_reduce(&sc->grad_sumsq, 2, DType::f32, ReduceOp::Sum, stream);

@@ -88,6 +88,8 @@ struct Target {
   std::function<void(Stream)> advance_microbatch;
   std::function<void(Stream)> step_and_zero;
   std::function<void()> check_capturable;
+  std::function<void(Stream)> finish_pending;  // work an eager iteration may leave in flight
+  std::function<void(Stream)> join_reductions;  // end of the last microbatch: wait for its reductions
 };
 
 }  // namespace
@@ -108,6 +110,9 @@ class StepGraph::Impl {
       throw;
     }
     target.set_grad_sync(true);
+    // The reduce-scatters the last backward started must be joined inside the graph that
+    // started them (CUDA capture forbids work left on a forked stream).
+    if (last) target.join_reductions(s);
     target.advance_microbatch(s);
   }
 
@@ -136,6 +141,10 @@ StepGraph::StepGraph(DistributedAdam& o, MicrobatchFn microbatch, StepGraphOptio
     o.zero_grad(s);
   };
   t.check_capturable = [&o] { o.check_capturable(); };
+  t.finish_pending = [&o](Stream s) {
+    for (int b = 0; b < static_cast<int>(o.layout().buckets().size()); ++b) o.wait_param(b, s);
+  };
+  t.join_reductions = [&o](Stream s) { o.reduce_grads(s); };
   impl_ = std::make_unique<Impl>(std::move(t), std::move(microbatch), options);
 }
 
@@ -151,6 +160,8 @@ StepGraph::StepGraph(Fsdp& o, MicrobatchFn microbatch, StepGraphOptions options)
     o.zero_grad(s);
   };
   t.check_capturable = [&o] { o.check_capturable(); };
+  t.finish_pending = [](Stream) {};
+  t.join_reductions = [](Stream) {};
   impl_ = std::make_unique<Impl>(std::move(t), std::move(microbatch), options);
 }
 
@@ -169,6 +180,7 @@ void StepGraph::capture(Stream stream) {
     const Stream ws = be == Backend::Cuda ? side.get() : host_side.handle();
     order_after(be, stream, ws);
     for (int i = 0; i < m.options.warmup_iterations; ++i) m.eager(ws);
+    m.target.finish_pending(ws);  // a capture may not wait for work started outside it
     order_after(be, ws, stream);
     synchronize(be, ws);
     synchronize(be, stream);

@@ -256,11 +256,13 @@ inline void case_random_within_order_tolerance(Backend b, int steps) {
 
 /// StepGraph: capture + replay equals eager iterations, bitwise (params, master,
 /// moments, step, lr, norm), with microbatches, a running schedule and clipping.
-inline void case_graph_equals_eager(Backend b, DType grad_dtype, int microbatches, int iterations) {
+inline void case_graph_equals_eager(Backend b, DType grad_dtype, int microbatches, int iterations,
+                                    bool deferred_gather = false) {
   const int rank = world_rank();
   DistributedAdamOptions o = base_options(grad_dtype);
   o.microbatches = microbatches;
   o.clip_max_norm = 0.05f;
+  o.overlap_param_gather = deferred_gather;
   Communicator comm = make_comm(b);
   DistributedAdam eager(comm, small_model(), o);
   DistributedAdam graphed(comm, small_model(), o);
@@ -270,6 +272,8 @@ inline void case_graph_equals_eager(Backend b, DType grad_dtype, int microbatche
   auto make_fn = [rank, b](DistributedAdam& opt) {
     auto targets = grad_targets(opt);
     return [&opt, targets, rank, b](Stream s, bool last) {
+      // The forward would read the params: wait for deferred gathers first.
+      for (int k = 0; k < static_cast<int>(opt.layout().buckets().size()); ++k) opt.wait_param(k, s);
       GradStreamParams p;
       p.kind = GradKind::Random;
       p.scale = 0.2f;
@@ -285,6 +289,7 @@ inline void case_graph_equals_eager(Backend b, DType grad_dtype, int microbatche
   gg.capture(sg.get());
   for (int it = 1; it < iterations; ++it) gg.replay(sg.get());
   for (int it = 0; it < iterations; ++it) ge.run_eager(se.get());
+  for (int k = 0; k < static_cast<int>(eager.layout().buckets().size()); ++k) eager.wait_param(k, se.get());
   se.sync();
   sg.sync();
   const StepScalars x = graphed.read_scalars(sg.get());

@@ -199,6 +199,7 @@ inline void case_fsdp_prefetch_never_stale(Backend b, const std::function<void(S
   const int rank = world_rank(), world = world_size();
   DistributedAdamOptions d = base_options(DType::bf16);
   d.grad_reduce = ReduceOp::Sum;
+  d.param_dtype = DType::bf16;  // FSDP keeps one dtype; the reference must too
   Communicator comm = make_comm(b);
   Fsdp f(comm, small_model(), small_units(), fsdp_options(d));
   DistributedAdamOptions ro = d;

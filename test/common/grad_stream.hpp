@@ -18,6 +18,7 @@
 #include "shardopt/fused_adam.hpp"
 #include "shardopt/microbatch.hpp"
 #include "shardopt/numerics.hpp"
+#include "shardopt_config.h"
 
 namespace shardopt::test {
 

@@ -11,6 +11,7 @@ TEST(DistributedAdamGpu, ShardedEqualsUnshardedBitwiseBf16Grads) { case_sharded_
 TEST(DistributedAdamGpu, RandomGradsWithinSummationOrderTolerance) { case_random_within_order_tolerance(kB, 8); }
 TEST(DistributedAdamGpu, GraphReplayEqualsEager) { case_graph_equals_eager(kB, DType::bf16, 4, 20); }
 TEST(DistributedAdamGpu, GraphReplayEqualsEagerF32Grads) { case_graph_equals_eager(kB, DType::f32, 2, 6); }
+TEST(DistributedAdamGpu, GraphReplayEqualsEagerWithDeferredGathers) { case_graph_equals_eager(kB, DType::bf16, 2, 6, true); }
 TEST(DistributedAdamGpu, InfInOneRankSkipsTheStepEverywhere) { case_inf_skips_everywhere(kB); }
 TEST(DistributedAdamGpu, ZeroGradViewsAndCopies) { case_zero_grad_and_copies(kB); }
 TEST(DistributedAdamGpu, ExternalSgdThroughShardGrad) { case_external_sgd(kB); }

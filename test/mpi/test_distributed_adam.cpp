@@ -11,6 +11,7 @@ TEST(DistributedAdamHost, ShardedEqualsUnshardedBitwiseBf16Grads) { case_sharded
 TEST(DistributedAdamHost, RandomGradsWithinSummationOrderTolerance) { case_random_within_order_tolerance(kB, 8); }
 TEST(DistributedAdamHost, GraphReplayEqualsEager) { case_graph_equals_eager(kB, DType::bf16, 4, 20); }
 TEST(DistributedAdamHost, GraphReplayEqualsEagerF32Grads) { case_graph_equals_eager(kB, DType::f32, 2, 6); }
+TEST(DistributedAdamHost, GraphReplayEqualsEagerWithDeferredGathers) { case_graph_equals_eager(kB, DType::bf16, 2, 6, true); }
 TEST(DistributedAdamHost, InfInOneRankSkipsTheStepEverywhere) { case_inf_skips_everywhere(kB); }
 TEST(DistributedAdamHost, ZeroGradViewsAndCopies) { case_zero_grad_and_copies(kB); }
 TEST(DistributedAdamHost, ExternalSgdThroughShardGrad) { case_external_sgd(kB); }

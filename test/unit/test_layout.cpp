@@ -336,7 +336,7 @@ TEST(LayoutUnits, BucketsNeverSpanUnits) {
   // Units change the fingerprint; non-contiguous units and wrong sizes are errors.
   EXPECT_NE(L.fingerprint(), Layout(specs, 3, LayoutOptions{o.bucket_numel, 64, {}, {}}).fingerprint());
   LayoutOptions bad = o;
-  bad.param_units[3] = 0;
+  bad.param_units[4] = 0;  // [0,0,0,1,0,1,...]: unit 0 split
   EXPECT_THROW(Layout(specs, 3, bad), Error);
   bad.param_units = {0, 1};
   EXPECT_THROW(Layout(specs, 3, bad), Error);

@@ -1,0 +1,305 @@
+// bench_comm - bus bandwidth of the bucketed reduce-scatter and all-gather of a whole
+// bf16 buffer (BucketStore, default bucket size) against one collective call on the
+// same bytes, in the same run, on the same buffers.
+//
+//   mpirun -n 4 bench_comm --results bench/results            (CUDA + NCCL, one GPU per rank)
+//   mpiexec -n 2 bench_comm --backend host --sizes-mib 1       (host backend smoke run)
+//
+// busbw = bytes of the whole buffer / time * (n - 1) / n (nccl-tests' formula for both
+// collectives). Two ways of starting the buckets are measured: one start per bucket (as
+// grad_ready issues them during backward; config ".../registered") and all buckets in
+// one NCCL group (start_grad_reduces / start_param_gathers; config ".../grouped"). Each timed iteration is bracketed by CUDA events on one stream, ours and
+// the peer alternating back to back; an iteration's time is the slowest rank's, and the
+// reported time is the median over the iterations. Configs: registered buffers
+// (ncclMemAlloc + ncclCommRegister, the default) and cudaMalloc ones. Only rank 0 writes.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/check.hpp"
+#include "results.hpp"
+#include "shardopt/bucket_store.hpp"
+#include "shardopt/error.hpp"
+#include "shardopt/mpi.hpp"
+
+namespace {
+using namespace shardopt;
+
+struct Options {
+  std::string results;
+  Backend backend = Backend::Host;
+  bool backend_given = false;
+  std::vector<int> sizes_mib = {64, 256, 1024};
+  int iters = 50;
+  int warmup = 5;
+  std::vector<bool> registered = {true, false};
+};
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr,
+               "bench_comm: %s\n"
+               "usage: bench_comm [--results DIR] [--backend cuda|host] [--sizes-mib 64,256,1024]\n"
+               "                  [--iters N>=1] [--warmup N] [--memory registered,cudamalloc]\n",
+               why);
+  MPI_Abort(MPI_COMM_WORLD, 2);
+  std::exit(2);
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(("missing value after " + a).c_str());
+      return argv[++i];
+    };
+    if (a == "--results") {
+      o.results = value();
+    } else if (a == "--backend") {
+      const std::string v = value();
+      if (v != "cuda" && v != "host") usage("--backend must be cuda or host");
+      o.backend = v == "cuda" ? Backend::Cuda : Backend::Host;
+      o.backend_given = true;
+    } else if (a == "--sizes-mib") {
+      o.sizes_mib.clear();
+      for (const auto& s : split_list(value())) o.sizes_mib.push_back(std::atoi(s.c_str()));
+      for (int s : o.sizes_mib)
+        if (s <= 0) usage("sizes must be positive MiB");
+    } else if (a == "--iters") {
+      o.iters = std::atoi(value().c_str());
+      if (o.iters < 1) usage("--iters must be >= 1");
+    } else if (a == "--warmup") {
+      o.warmup = std::max(0, std::atoi(value().c_str()));
+    } else if (a == "--memory") {
+      o.registered.clear();
+      for (const auto& s : split_list(value())) {
+        if (s != "registered" && s != "cudamalloc") usage("--memory takes registered and/or cudamalloc");
+        o.registered.push_back(s == "registered");
+      }
+    } else {
+      usage(("unknown argument " + a).c_str());
+    }
+  }
+  if (!o.backend_given) o.backend = default_backend();
+  if (o.backend == Backend::Host) o.registered = {false};
+  return o;
+}
+
+// bf16 parameters of 2048 x 2048 (4 Mi elements, a transformer-ish tensor) filling
+// `mib` MiB; a smaller last one takes the rest.
+std::vector<ParamSpec> specs_for(int mib) {
+  const std::int64_t total = static_cast<std::int64_t>(mib) * (1 << 20) / 2;
+  const std::int64_t piece = std::min<std::int64_t>(total, 1 << 22);
+  std::vector<ParamSpec> specs;
+  for (std::int64_t done = 0, i = 0; done < total; ++i) {
+    const std::int64_t n = std::min(piece, total - done);
+    std::string name = "w";
+    name += std::to_string(i);  // (not "w" + ...: GCC 12 warns falsely about that)
+    specs.push_back(ParamSpec::tensor(std::move(name), {n}, DType::bf16));
+    done += n;
+  }
+  return specs;
+}
+
+// Per-iteration milliseconds of `ours` and `peer`, alternating back to back on `stream`.
+struct Times {
+  std::vector<double> ours, peer;
+};
+
+Times measure(Backend be, Stream stream, int iters, int warmup, const std::function<void()>& ours,
+              const std::function<void()>& peer) {
+  for (int w = 0; w < warmup; ++w) {
+    ours();
+    peer();
+  }
+  synchronize(be, stream);
+  MPI_Barrier(MPI_COMM_WORLD);
+  Times t;
+  t.ours.resize(static_cast<std::size_t>(iters));
+  t.peer.resize(static_cast<std::size_t>(iters));
+  if (be == Backend::Host) {
+    using clock = std::chrono::steady_clock;
+    for (int i = 0; i < iters; ++i) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      const auto a = clock::now();
+      ours();
+      const auto b = clock::now();
+      MPI_Barrier(MPI_COMM_WORLD);
+      const auto c = clock::now();
+      peer();
+      const auto d = clock::now();
+      t.ours[static_cast<std::size_t>(i)] = std::chrono::duration<double, std::milli>(b - a).count();
+      t.peer[static_cast<std::size_t>(i)] = std::chrono::duration<double, std::milli>(d - c).count();
+    }
+  } else {
+#if SHARDOPT_HAVE_CUDA
+    auto s = reinterpret_cast<cudaStream_t>(stream);
+    std::vector<cudaEvent_t> ev(static_cast<std::size_t>(2 * iters + 1));
+    for (auto& e : ev) SHARDOPT_CUDA_CHECK(cudaEventCreate(&e));
+    SHARDOPT_CUDA_CHECK(cudaEventRecord(ev[0], s));
+    for (int i = 0; i < iters; ++i) {
+      ours();
+      SHARDOPT_CUDA_CHECK(cudaEventRecord(ev[static_cast<std::size_t>(2 * i + 1)], s));
+      peer();
+      SHARDOPT_CUDA_CHECK(cudaEventRecord(ev[static_cast<std::size_t>(2 * i + 2)], s));
+    }
+    SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(s));
+    for (int i = 0; i < iters; ++i) {
+      float a = 0, b = 0;
+      SHARDOPT_CUDA_CHECK(cudaEventElapsedTime(&a, ev[static_cast<std::size_t>(2 * i)], ev[static_cast<std::size_t>(2 * i + 1)]));
+      SHARDOPT_CUDA_CHECK(cudaEventElapsedTime(&b, ev[static_cast<std::size_t>(2 * i + 1)], ev[static_cast<std::size_t>(2 * i + 2)]));
+      t.ours[static_cast<std::size_t>(i)] = a;
+      t.peer[static_cast<std::size_t>(i)] = b;
+    }
+    for (auto& e : ev) (void)cudaEventDestroy(e);
+#endif
+  }
+  // An iteration lasts as long as its slowest rank.
+  MPI_Allreduce(MPI_IN_PLACE, t.ours.data(), iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, t.peer.data(), iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return t;
+}
+
+std::string device_name(Backend be, int device) {
+#if SHARDOPT_HAVE_CUDA
+  if (be == Backend::Cuda) {
+    cudaDeviceProp p{};
+    SHARDOPT_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+    return p.name;
+  }
+#else
+  (void)device;
+#endif
+  (void)be;
+  return "host backend (MPI)";
+}
+
+int run(int argc, char** argv) {
+  const Options opt = parse(argc, argv);
+  Communicator comm = communicator_from_mpi(MPI_COMM_WORLD, {opt.backend, -1});
+  const int n = comm.size(), rank = comm.rank();
+  const std::string device = device_name(opt.backend, comm.device());
+  const std::string command = bench::command_line(argc, argv);
+  const std::string results = rank == 0 ? opt.results : "";
+  if (!results.empty()) std::filesystem::create_directories(results);
+
+  Stream stream = nullptr;
+#if SHARDOPT_HAVE_CUDA
+  cudaStream_t cs = nullptr;
+  if (opt.backend == Backend::Cuda) {
+    SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    stream = reinterpret_cast<Stream>(cs);
+  }
+#endif
+  const bool nccl = opt.backend == Backend::Cuda;
+
+  for (int mib : opt.sizes_mib) {
+    const Layout layout(specs_for(mib), n);
+    SHARDOPT_REQUIRE(layout.buffers().size() == 1, ErrorCode::Internal, "expected one bf16 buffer");
+    const std::int64_t numel = layout.buffers()[0].numel;
+    const double bytes = static_cast<double>(numel) * 2.0;
+    const int nb = static_cast<int>(layout.buckets().size());
+    for (bool registered : opt.registered) {
+      BucketStoreOptions so;
+      so.grad_dtype = DType::bf16;
+      so.grad_reduce = ReduceOp::Sum;  // nccl-tests' op
+      so.nccl_registered = registered;
+      BucketStore store(comm, layout, so);
+      void* grads = store.grad_buffer(0);
+      void* params = store.param_buffer(0);
+
+      // Per-bucket starts (as grad_ready issues them during backward) and grouped starts
+      // (start_grad_reduces / start_param_gathers: one NCCL group), each against the
+      // single call, measured in the same loop.
+      for (const bool grouped : {false, true}) {
+        const Times rs = measure(
+            opt.backend, stream, opt.iters, opt.warmup,
+            [&] {
+              if (grouped) {
+                store.start_grad_reduces(0, nb, stream);
+              } else {
+                for (int b = 0; b < nb; ++b) store.start_grad_reduce(b, stream);
+              }
+              for (int b = 0; b < nb; ++b) store.wait_grad_reduce(b, stream);
+            },
+            [&] { comm.reduce_scatter(grads, numel / n, DType::bf16, ReduceOp::Sum, stream); });
+        const Times ag = measure(
+            opt.backend, stream, opt.iters, opt.warmup,
+            [&] {
+              if (grouped) {
+                store.start_param_gathers(0, nb, stream);
+              } else {
+                for (int b = 0; b < nb; ++b) store.start_param_gather(b, stream);
+              }
+              for (int b = 0; b < nb; ++b) store.wait_param_gather(b, stream);
+            },
+            [&] { comm.all_gather(params, numel / n, DType::bf16, stream); });
+
+        const std::string memory = !nccl ? "host" : registered ? "registered" : "cudamalloc";
+        for (const bool is_rs : {true, false}) {
+          const Times& t = is_rs ? rs : ag;
+          bench::Result r;
+          r.bench = "comm_buckets";
+          r.config = std::string(is_rs ? "reduce_scatter" : "all_gather") + "/bf16/" + std::to_string(mib) + "MiB/n" +
+                     std::to_string(n) + "/" + memory + (grouped ? "/grouped" : "");
+          r.device = device;
+          r.ours_ms = bench::median(t.ours);
+          r.peer_ms = bench::median(t.peer);
+          r.peer = std::string("one ") +
+                   (nccl ? (is_rs ? "ncclReduceScatter" : "ncclAllGather")
+                         : (is_rs ? "MPI_Reduce_scatter_block" : "MPI_Allgather")) +
+                   " on the same bytes";
+          const double factor = static_cast<double>(n - 1) / n;
+          r.numbers["busbw_GBps"] = bytes / (*r.ours_ms * 1e-3) / 1e9 * factor;
+          r.numbers["peer_busbw_GBps"] = bytes / (*r.peer_ms * 1e-3) / 1e9 * factor;
+          r.numbers["buckets"] = nb;
+          r.numbers["bytes"] = bytes;
+          r.numbers["iterations"] = opt.iters;
+          r.notes["starts"] = grouped ? "one group of all buckets (start_grad_reduces / start_param_gathers)"
+                                      : "one start per bucket";
+          r.command = command;
+          if (rank == 0) bench::write(r, results);
+        }
+      }
+    }
+  }
+#if SHARDOPT_HAVE_CUDA
+  if (cs != nullptr) (void)cudaStreamDestroy(cs);
+#endif
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Shared machines: never NVLink multicast (NVLS) in our runs.
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  int code = 0;
+  try {
+    code = run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_comm: %s\n", e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Finalize();
+  return code;
+}

@@ -1,0 +1,598 @@
+// BucketStore: the flat parameter and gradient buffers of a layout, and their bucketed
+// reduce-scatter / all-gather.
+//
+// CUDA: the collectives run on the store's communication stream (non-blocking, one for
+// all buckets so that every rank issues them to NCCL in the same order). start_* records
+// the bucket's start event on the caller's stream, makes the comm stream wait for it,
+// enqueues the collective and records the bucket's done event on the comm stream;
+// wait_* makes the caller's stream wait for the done event. Under stream capture this is
+// a legal fork/join: every start must be waited (joined) before the capture ends.
+// Host backend: the collectives run in order on the caller's HostStream; waits only
+// update the bookkeeping.
+#include "shardopt/bucket_store.hpp"
+
+#include <algorithm>
+#include <exception>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/comm_impl.hpp"
+#include "comm/device_guard.hpp"
+#include "comm/nccl_comm.hpp"
+#include "core/check.hpp"
+#include "core/memory.hpp"
+#include "shardopt/host_stream.hpp"
+
+#if SHARDOPT_HAVE_CUDA
+#include <cuda.h>  // CUdeviceptr / CUresult, for cuMemGetAddressRange through the runtime's entry point
+#endif
+
+namespace shardopt {
+namespace detail {
+namespace {
+
+constexpr std::size_t kHostAlignment = 256;  // DeviceBuffer's host allocations round up to this
+
+#if SHARDOPT_HAVE_CUDA
+class CudaStream {
+ public:
+  CudaStream() = default;
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+  ~CudaStream() { reset(); }
+  /// Creates the (non-blocking) stream on the current device.
+  void create() {
+    reset();
+    SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+  }
+  cudaStream_t get() const noexcept { return s_; }
+
+ private:
+  void reset() noexcept {
+    if (s_ == nullptr) return;
+    (void)cudaStreamSynchronize(s_);
+    (void)cudaStreamDestroy(s_);
+    s_ = nullptr;
+  }
+  cudaStream_t s_ = nullptr;
+};
+
+class CudaEvent {
+ public:
+  CudaEvent() { SHARDOPT_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
+  ~CudaEvent() {
+    if (e_ != nullptr) (void)cudaEventDestroy(e_);
+  }
+  CudaEvent(CudaEvent&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+  CudaEvent& operator=(CudaEvent&&) = delete;
+  cudaEvent_t get() const noexcept { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+// Bytes from `ptr` to the end of the allocation that holds it (the allocator's rounding
+// included); `requested` when the driver cannot tell.
+std::size_t allocation_extent(void* ptr, std::size_t requested) {
+  using GetRange = CUresult (*)(CUdeviceptr*, std::size_t*, CUdeviceptr);
+  static GetRange get_range = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess)
+      return static_cast<GetRange>(nullptr);
+    return reinterpret_cast<GetRange>(fn);
+  }();
+  if (get_range == nullptr || ptr == nullptr) return requested;
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  const auto p = reinterpret_cast<CUdeviceptr>(ptr);
+  if (get_range(&base, &size, p) != CUDA_SUCCESS) return requested;
+  return std::max<std::size_t>(requested, static_cast<std::size_t>(base + size - p));
+}
+#endif
+
+#if SHARDOPT_HAVE_NCCL
+// A buffer registered with an NCCL communicator (zero-copy paths); deregistered first
+// thing when the store goes away, while the buffer and the communicator still exist.
+class NcclRegistration {
+ public:
+  NcclRegistration(CommImpl* comm, void* data, std::size_t bytes) : comm_(comm) {
+    DeviceGuard guard(comm->device());
+    SHARDOPT_NCCL_CHECK(ncclCommRegister(nccl_handle(*comm), data, bytes, &handle_));
+  }
+  ~NcclRegistration() {
+    if (handle_ == nullptr) return;
+    ncclComm_t c = nccl_handle(*comm_);
+    if (c == nullptr) return;  // aborted after an error: NCCL released the registration with it
+    int previous = -1;
+    const bool have_previous = cudaGetDevice(&previous) == cudaSuccess;
+    (void)cudaSetDevice(comm_->device());
+    (void)ncclCommDeregister(c, handle_);
+    if (have_previous) (void)cudaSetDevice(previous);
+  }
+  NcclRegistration(NcclRegistration&& o) noexcept : comm_(o.comm_), handle_(std::exchange(o.handle_, nullptr)) {}
+  NcclRegistration& operator=(NcclRegistration&&) = delete;
+
+ private:
+  CommImpl* comm_;
+  void* handle_ = nullptr;
+};
+#endif
+
+const char* op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "Sum";
+    case ReduceOp::Average: return "Average";
+    case ReduceOp::Max: return "Max";
+  }
+  return "?";
+}
+
+// The store options as one number, so that ranks can compare them in one all-gather:
+// bits 0-7 grad dtype, 8 with_params, 9 nccl_registered, 10-11 grad_reduce, 16 valid.
+std::uint64_t encode(const BucketStoreOptions& o, bool valid) {
+  return static_cast<std::uint64_t>(o.grad_dtype) | (o.with_params ? 1ull << 8 : 0) |
+         (o.nccl_registered ? 1ull << 9 : 0) | (static_cast<std::uint64_t>(o.grad_reduce) << 10) |
+         (valid ? 1ull << 16 : 0);
+}
+
+std::string describe_options(std::uint64_t v) {
+  const auto dtype = static_cast<DType>(v & 0xFF);
+  return std::string("grad_dtype=") + to_string(dtype) + " with_params=" + ((v >> 8) & 1 ? "true" : "false") +
+         " nccl_registered=" + ((v >> 9) & 1 ? "true" : "false") +
+         " grad_reduce=" + op_name(static_cast<ReduceOp>((v >> 10) & 3));
+}
+
+}  // namespace
+
+class BucketStoreImpl {
+ public:
+  BucketStoreImpl(Communicator c, Layout l, BucketStoreOptions o)
+      : comm(std::move(c)), layout(std::move(l)), options(o) {
+    SHARDOPT_REQUIRE(comm.valid(), ErrorCode::InvalidArgument, "BucketStore needs a valid Communicator");
+    agree_on_options();
+    comm.check_layout(layout);  // collective; LayoutMismatch on every rank
+    backend = comm.backend();
+    device = comm.device();
+    const auto nbuckets = layout.buckets().size();
+    grad_pending.assign(nbuckets, 0);
+    gather_pending.assign(nbuckets, 0);
+    grad_capture.assign(nbuckets, 0);
+    gather_capture.assign(nbuckets, 0);
+    ready_count.assign(nbuckets, 0);
+    ready_stream.assign(nbuckets, nullptr);
+    reported.assign(layout.params().size(), 0);
+    // A rank whose allocation fails tells the others, which would otherwise wait for
+    // it in the warm-up collectives.
+    std::exception_ptr error;
+    try {
+      if (backend == Backend::Cuda) {
+        setup_cuda();
+      } else {
+        allocate(MemoryKind::Host, nullptr);
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+    const std::vector<std::uint64_t> ok = comm.all_gather_value(error ? 0 : 1);
+    if (error) std::rethrow_exception(error);
+    for (std::size_t r = 0; r < ok.size(); ++r)
+      SHARDOPT_REQUIRE(ok[r] == 1, ErrorCode::InvalidState,
+                       "BucketStore: allocating the buffers failed on rank " + std::to_string(r) +
+                           " (see its error); every rank gives up");
+    if (backend == Backend::Cuda) warm_up();
+  }
+
+  ~BucketStoreImpl() {
+#if SHARDOPT_HAVE_CUDA
+    if (backend == Backend::Cuda && stream.get() != nullptr) (void)cudaStreamSynchronize(stream.get());
+#endif
+  }
+
+  // ---------------------------------------------------------------- state
+  Communicator comm;
+  Layout layout;
+  BucketStoreOptions options;
+  Backend backend = Backend::Host;
+  int device = -1;
+  std::vector<DeviceBuffer> params;  // per layout buffer (empty buffers without params)
+  std::vector<DeviceBuffer> grads;
+  std::size_t param_bytes = 0;
+  std::size_t grad_bytes = 0;
+  std::size_t overhead_bytes = 0;
+#if SHARDOPT_HAVE_NCCL
+  std::vector<NcclRegistration> registrations;  // destroyed before the buffers
+#endif
+#if SHARDOPT_HAVE_CUDA
+  CudaStream stream;
+  std::vector<CudaEvent> reduce_start, reduce_done, gather_start, gather_done;
+#endif
+  std::vector<std::uint8_t> grad_pending;
+  std::vector<std::uint8_t> gather_pending;
+  std::vector<std::uint64_t> grad_capture;    // capture of the pending start (0: none)
+  std::vector<std::uint64_t> gather_capture;
+  std::vector<std::size_t> ready_count;  // params of the bucket reported in this round
+  std::vector<Stream> ready_stream;      // the stream the bucket's params report on
+  std::vector<std::uint8_t> reported;    // per param, in this round
+
+  Stream comm_stream() const noexcept {
+#if SHARDOPT_HAVE_CUDA
+    return reinterpret_cast<Stream>(stream.get());
+#else
+    return nullptr;
+#endif
+  }
+
+  // ---------------------------------------------------------------- checks
+  const Bucket& bucket(int b, const char* call) const {
+    const int n = static_cast<int>(layout.buckets().size());
+    SHARDOPT_REQUIRE(b >= 0 && b < n, ErrorCode::OutOfRange,
+                     std::string("BucketStore::") + call + ": bucket " + std::to_string(b) + " is out of range [0, " +
+                         std::to_string(n) + ")");
+    return layout.buckets()[static_cast<std::size_t>(b)];
+  }
+
+  void check_buffer(int buffer, const char* call) const {
+    const int n = static_cast<int>(layout.buffers().size());
+    SHARDOPT_REQUIRE(buffer >= 0 && buffer < n, ErrorCode::OutOfRange,
+                     std::string("BucketStore::") + call + ": buffer " + std::to_string(buffer) +
+                         " is out of range [0, " + std::to_string(n) + ")");
+  }
+
+  const ParamPlacement& param(int p, const char* call) const {
+    const int n = static_cast<int>(layout.params().size());
+    SHARDOPT_REQUIRE(p >= 0 && p < n, ErrorCode::OutOfRange,
+                     std::string("BucketStore::") + call + ": parameter " + std::to_string(p) +
+                         " is out of range [0, " + std::to_string(n) + ")");
+    return layout.params()[static_cast<std::size_t>(p)];
+  }
+
+  // Refuses work on a failed group before anything is enqueued.
+  void require_comm(const char* call) const { require_impl(comm.impl()).require_usable(call); }
+
+  // The capture `s` is recording into (0: none): CUDA's capture sequence id, or the
+  // capturing HostStream. A wait must lie in the capture of its start.
+  std::uint64_t capture_of(Stream s) const {
+    if (backend == Backend::Host) {
+      const HostStream* hs = HostStream::from(s);
+      return hs != nullptr && hs->capturing() ? reinterpret_cast<std::uintptr_t>(hs) : 0;
+    }
+#if SHARDOPT_HAVE_CUDA
+    if (s == nullptr) return 0;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    SHARDOPT_CUDA_CHECK(cudaStreamGetCaptureInfo(reinterpret_cast<cudaStream_t>(s), &status, &id));
+    return status == cudaStreamCaptureStatusNone ? 0 : static_cast<std::uint64_t>(id) + 1;
+#else
+    return 0;
+#endif
+  }
+
+  // ---------------------------------------------------------------- collectives
+  void start(int b, Stream caller, bool reduce) {
+    (void)bucket(b, reduce ? "start_grad_reduce" : "start_param_gather");
+    SHARDOPT_REQUIRE(!(reduce ? grad_pending : gather_pending)[static_cast<std::size_t>(b)], ErrorCode::InvalidState,
+                     std::string(reduce ? "start_grad_reduce" : "start_param_gather") + "(" + std::to_string(b) +
+                         "): the bucket's " + (reduce ? "reduce-scatter" : "all-gather") +
+                         " was started and not waited for; call " +
+                         (reduce ? "wait_grad_reduce" : "wait_param_gather") + " first");
+    launch({b}, caller, reduce);
+  }
+
+  // The buckets of [first, last) that are not pending, started together.
+  void start_range(int first, int last, Stream caller, bool reduce) {
+    const int n = static_cast<int>(layout.buckets().size());
+    SHARDOPT_REQUIRE(0 <= first && first <= last && last <= n, ErrorCode::OutOfRange,
+                     std::string(reduce ? "start_grad_reduces" : "start_param_gathers") + ": bucket range [" +
+                         std::to_string(first) + ", " + std::to_string(last) + ") is not within [0, " +
+                         std::to_string(n) + "]");
+    const auto& pending = reduce ? grad_pending : gather_pending;
+    std::vector<int> buckets;
+    for (int b = first; b < last; ++b)
+      if (!pending[static_cast<std::size_t>(b)]) buckets.push_back(b);
+    launch(buckets, caller, reduce);
+  }
+
+  // Starts the collectives of `buckets` (none pending) after the work queued on
+  // `caller`: one event on the caller's stream, then one group of collectives on the
+  // comm stream, then each bucket's done event.
+  void launch(const std::vector<int>& buckets, Stream caller, bool reduce) {
+    const char* call = reduce ? "start_grad_reduce" : "start_param_gather";
+    SHARDOPT_REQUIRE(reduce || options.with_params, ErrorCode::InvalidState,
+                     "start_param_gather: this store has no parameter buffers (BucketStoreOptions::with_params "
+                     "is false)");
+    require_comm(call);
+    check_stream_device(backend, device, caller);
+    if (buckets.empty()) return;
+
+    auto run = [&](int b, Stream s) {
+      const Bucket& bk = layout.buckets()[static_cast<std::size_t>(b)];
+      const DType dtype = reduce ? options.grad_dtype : layout.buffers()[static_cast<std::size_t>(bk.buffer)].dtype;
+      char* base = static_cast<char*>(reduce ? grads[static_cast<std::size_t>(bk.buffer)].data()
+                                             : params[static_cast<std::size_t>(bk.buffer)].data());
+      char* data = base + static_cast<std::size_t>(bk.range.begin) * size_of(dtype);
+      const std::int64_t per_rank = bk.range.size() / comm.size();
+      if (reduce)
+        comm.reduce_scatter(data, per_rank, dtype, options.grad_reduce, s);
+      else
+        comm.all_gather(data, per_rank, dtype, s);
+    };
+    CommImpl& c = require_impl(comm.impl());
+    if (backend == Backend::Host) {
+      c.grouped([&] {
+        for (int b : buckets) run(b, caller);
+      });
+    } else {
+#if SHARDOPT_HAVE_CUDA
+      DeviceGuard guard(device);
+      const auto first = static_cast<std::size_t>(buckets.front());
+      cudaEvent_t started = (reduce ? reduce_start : gather_start)[first].get();
+      SHARDOPT_CUDA_CHECK(cudaEventRecord(started, reinterpret_cast<cudaStream_t>(caller)));
+      SHARDOPT_CUDA_CHECK(cudaStreamWaitEvent(stream.get(), started, 0));
+      if (buckets.size() == 1) {
+        run(buckets.front(), comm_stream());
+      } else {
+        c.grouped([&] {
+          for (int b : buckets) run(b, comm_stream());
+        });
+      }
+      for (int b : buckets)
+        SHARDOPT_CUDA_CHECK(
+            cudaEventRecord((reduce ? reduce_done : gather_done)[static_cast<std::size_t>(b)].get(), stream.get()));
+#endif
+    }
+    auto& pending = reduce ? grad_pending : gather_pending;
+    auto& captured = reduce ? grad_capture : gather_capture;
+    const std::uint64_t capture = capture_of(caller);
+    for (int b : buckets) {
+      pending[static_cast<std::size_t>(b)] = 1;
+      captured[static_cast<std::size_t>(b)] = capture;
+    }
+  }
+
+  void wait(int b, Stream caller, bool reduce) {
+    const Bucket& bk = bucket(b, reduce ? "wait_grad_reduce" : "wait_param_gather");
+    auto& pending = reduce ? grad_pending : gather_pending;
+    SHARDOPT_REQUIRE(pending[static_cast<std::size_t>(b)], ErrorCode::InvalidState,
+                     std::string(reduce ? "wait_grad_reduce" : "wait_param_gather") + "(" + std::to_string(b) +
+                         "): no " + (reduce ? "reduce-scatter" : "all-gather") +
+                         " of this bucket is pending; call " +
+                         (reduce ? "start_grad_reduce (or report every param with grad_ready)" : "start_param_gather") +
+                         " first, and wait once per start");
+    check_stream_device(backend, device, caller);
+    const std::uint64_t started_in = (reduce ? grad_capture : gather_capture)[static_cast<std::size_t>(b)];
+    const std::uint64_t waiting_in = capture_of(caller);
+    SHARDOPT_REQUIRE(started_in == waiting_in, ErrorCode::InvalidState,
+                     std::string(reduce ? "wait_grad_reduce" : "wait_param_gather") + "(" + std::to_string(b) +
+                         "): the bucket's " + (reduce ? "reduce-scatter" : "all-gather") + " was started " +
+                         (started_in == 0 ? "outside any capture" : "inside a capture") + " but is waited for " +
+                         (waiting_in == 0 ? "outside any capture" : started_in == 0 ? "inside a capture" : "inside another capture") +
+                         "; a CUDA graph cannot depend on work outside it: wait before the capture begins, or start "
+                         "and wait inside the same capture");
+    if (backend == Backend::Cuda) {
+#if SHARDOPT_HAVE_CUDA
+      DeviceGuard guard(device);
+      cudaEvent_t done = (reduce ? reduce_done : gather_done)[static_cast<std::size_t>(b)].get();
+      SHARDOPT_CUDA_CHECK(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(caller), done, 0));
+#endif
+    }
+    pending[static_cast<std::size_t>(b)] = 0;
+    if (reduce) {  // the next round of grad_ready begins
+      ready_count[static_cast<std::size_t>(b)] = 0;
+      ready_stream[static_cast<std::size_t>(b)] = nullptr;
+      for (int p : bk.params) reported[static_cast<std::size_t>(p)] = 0;
+    }
+  }
+
+  void grad_ready(int p, Stream caller) {
+    const ParamPlacement& pl = param(p, "grad_ready");
+    const auto b = static_cast<std::size_t>(pl.bucket);
+    const std::string& name = layout.specs()[static_cast<std::size_t>(p)].name;
+    SHARDOPT_REQUIRE(!reported[static_cast<std::size_t>(p)], ErrorCode::InvalidState,
+                     "grad_ready: parameter '" + name +
+                         "' reported twice in one round; each parameter reports once per step, and the round ends "
+                         "when its bucket's reduce-scatter (bucket " +
+                         std::to_string(pl.bucket) + ") is waited for");
+    SHARDOPT_REQUIRE(!grad_pending[b], ErrorCode::InvalidState,
+                     "grad_ready: parameter '" + name + "' reported while its bucket's reduce-scatter (bucket " +
+                         std::to_string(pl.bucket) +
+                         ") is already running; its gradient would be missed. Report before starting the bucket");
+    SHARDOPT_REQUIRE(ready_count[b] == 0 || ready_stream[b] == caller, ErrorCode::InvalidArgument,
+                     "grad_ready: parameter '" + name + "' reports on another stream than the earlier parameters of "
+                     "bucket " + std::to_string(pl.bucket) +
+                         "; report all parameters of a bucket on one stream (the one their gradients are written on)");
+    check_stream_device(backend, device, caller);
+    reported[static_cast<std::size_t>(p)] = 1;
+    ready_stream[b] = caller;
+    if (++ready_count[b] == layout.buckets()[b].params.size()) start(pl.bucket, caller, /*reduce=*/true);
+  }
+
+ private:
+  // Every rank checks its options; then one all-gather tells every rank whether all are
+  // valid and equal, so that no rank enters check_layout alone.
+  void agree_on_options() {
+    std::string problem;
+    if (!is_float_storage(options.grad_dtype))
+      problem = std::string("grad_dtype ") + to_string(options.grad_dtype) + " is not a gradient type; use f32, bf16 or f16";
+    else if (options.grad_reduce != ReduceOp::Sum && options.grad_reduce != ReduceOp::Average)
+      problem = std::string("grad_reduce ") + op_name(options.grad_reduce) + " is not a gradient reduction; use Sum or Average";
+    const std::vector<std::uint64_t> all = comm.all_gather_value(encode(options, problem.empty()));
+    SHARDOPT_REQUIRE(problem.empty(), ErrorCode::InvalidArgument, "BucketStoreOptions: " + problem);
+    bool equal = true, valid = true;
+    for (std::uint64_t v : all) {
+      equal = equal && v == all.front();
+      valid = valid && ((v >> 16) & 1);
+    }
+    SHARDOPT_REQUIRE(valid, ErrorCode::InvalidArgument, "BucketStoreOptions are invalid on another rank (see its error)");
+    if (!equal) {
+      std::string s;
+      for (std::size_t r = 0; r < all.size(); ++r)
+        s += (r ? "; rank " : "rank ") + std::to_string(r) + ": " + describe_options(all[r]);
+      throw Error(ErrorCode::LayoutMismatch, "ranks pass different BucketStoreOptions (" + s + "); pass the same options on every rank");
+    }
+  }
+
+  void allocate(MemoryKind kind, Stream zero_stream) {
+    const auto& buffers = layout.buffers();
+    for (const BufferLayout& buf : buffers) {
+      const std::size_t pbytes = options.with_params ? static_cast<std::size_t>(buf.numel) * size_of(buf.dtype) : 0;
+      const std::size_t gbytes = static_cast<std::size_t>(buf.numel) * size_of(options.grad_dtype);
+      params.emplace_back(backend, pbytes, kind);
+      grads.emplace_back(backend, gbytes, kind);
+      param_bytes += pbytes;
+      grad_bytes += gbytes;
+      fill_zero_async(backend, params.back().data(), pbytes, zero_stream);
+      fill_zero_async(backend, grads.back().data(), gbytes, zero_stream);
+      overhead_bytes += extent(params.back(), pbytes) - pbytes;
+      overhead_bytes += extent(grads.back(), gbytes) - gbytes;
+    }
+  }
+
+  std::size_t extent(const DeviceBuffer& b, std::size_t requested) const {
+    if (requested == 0) return 0;
+    if (backend == Backend::Host) return (requested + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
+#if SHARDOPT_HAVE_CUDA
+    return allocation_extent(b.data(), requested);
+#else
+    (void)b;
+    return requested;
+#endif
+  }
+
+  void setup_cuda() {
+#if SHARDOPT_HAVE_CUDA
+    DeviceGuard guard(device);
+    stream.create();
+    const auto nbuckets = layout.buckets().size();
+    for (auto* events : {&reduce_start, &reduce_done, &gather_start, &gather_done}) {
+      events->reserve(nbuckets);
+      for (std::size_t i = 0; i < nbuckets; ++i) events->emplace_back();
+    }
+    const bool registered = options.nccl_registered && nccl_compiled();
+    allocate(registered ? MemoryKind::NcclDevice : MemoryKind::Device, comm_stream());
+    SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+#if SHARDOPT_HAVE_NCCL
+    if (registered && nccl_handle(*comm.impl()) != nullptr) {
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        if (params[i].bytes() > 0) registrations.emplace_back(comm.impl(), params[i].data(), params[i].bytes());
+        if (grads[i].bytes() > 0) registrations.emplace_back(comm.impl(), grads[i].data(), grads[i].bytes());
+      }
+    }
+#endif
+#else
+    SHARDOPT_REQUIRE(false, ErrorCode::Unsupported, "BucketStore on Backend::Cuda: this build has no CUDA backend");
+#endif
+  }
+
+  // NCCL connects lazily: run every bucket's collectives once, eagerly, so that a
+  // captured collective is never the first of its kind. The buffers are zero, and a
+  // reduce-scatter or all-gather of zeros leaves them zero.
+  void warm_up() {
+#if SHARDOPT_HAVE_CUDA
+    DeviceGuard guard(device);
+    if (comm.size() == 1) return;
+    auto both = [&](const Bucket& bk) {
+      const std::int64_t per_rank = bk.range.size() / comm.size();
+      const auto buf = static_cast<std::size_t>(bk.buffer);
+      char* g = grads[buf].as<char>() + static_cast<std::size_t>(bk.range.begin) * size_of(options.grad_dtype);
+      comm.reduce_scatter(g, per_rank, options.grad_dtype, options.grad_reduce, comm_stream());
+      if (options.with_params) {
+        const DType pd = layout.buffers()[buf].dtype;
+        char* p = params[buf].as<char>() + static_cast<std::size_t>(bk.range.begin) * size_of(pd);
+        comm.all_gather(p, per_rank, pd, comm_stream());
+      } else {
+        comm.all_gather(g, per_rank, options.grad_dtype, comm_stream());
+      }
+    };
+    // Once bucket by bucket (start_*), once as one group (start_*s).
+    for (const Bucket& bk : layout.buckets()) both(bk);
+    require_impl(comm.impl()).grouped([&] {
+      for (const Bucket& bk : layout.buckets()) both(bk);
+    });
+    SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+#else
+    SHARDOPT_REQUIRE(false, ErrorCode::Unsupported, "BucketStore on Backend::Cuda: this build has no CUDA backend");
+#endif
+  }
+};
+
+}  // namespace detail
+
+namespace {
+detail::BucketStoreImpl& live(const std::unique_ptr<detail::BucketStoreImpl>& impl) {
+  SHARDOPT_REQUIRE(impl != nullptr, ErrorCode::InvalidState, "this BucketStore was moved from; use the one it moved to");
+  return *impl;
+}
+}  // namespace
+
+BucketStore::BucketStore(Communicator comm, Layout layout, BucketStoreOptions options)
+    : impl_(std::make_unique<detail::BucketStoreImpl>(std::move(comm), std::move(layout), options)) {}
+BucketStore::~BucketStore() = default;
+BucketStore::BucketStore(BucketStore&&) noexcept = default;
+BucketStore& BucketStore::operator=(BucketStore&&) noexcept = default;
+
+const Layout& BucketStore::layout() const noexcept { return impl_->layout; }
+const Communicator& BucketStore::comm() const noexcept { return impl_->comm; }
+const BucketStoreOptions& BucketStore::options() const noexcept { return impl_->options; }
+
+void* BucketStore::param_buffer(int buffer) const {
+  auto& m = live(impl_);
+  m.check_buffer(buffer, "param_buffer");
+  return m.params[static_cast<std::size_t>(buffer)].data();
+}
+
+void* BucketStore::grad_buffer(int buffer) const {
+  auto& m = live(impl_);
+  m.check_buffer(buffer, "grad_buffer");
+  return m.grads[static_cast<std::size_t>(buffer)].data();
+}
+
+void* BucketStore::param_data(int param) const {
+  auto& m = live(impl_);
+  const ParamPlacement& p = m.param(param, "param_data");
+  if (!m.options.with_params) return nullptr;
+  const DType dt = m.layout.buffers()[static_cast<std::size_t>(p.buffer)].dtype;
+  return m.params[static_cast<std::size_t>(p.buffer)].as<char>() + static_cast<std::size_t>(p.offset) * size_of(dt);
+}
+
+void* BucketStore::grad_data(int param) const {
+  auto& m = live(impl_);
+  const ParamPlacement& p = m.param(param, "grad_data");
+  return m.grads[static_cast<std::size_t>(p.buffer)].as<char>() +
+         static_cast<std::size_t>(p.offset) * size_of(m.options.grad_dtype);
+}
+
+std::size_t BucketStore::param_bytes() const noexcept { return impl_ ? impl_->param_bytes : 0; }
+std::size_t BucketStore::grad_bytes() const noexcept { return impl_ ? impl_->grad_bytes : 0; }
+std::size_t BucketStore::allocator_overhead_bytes() const noexcept { return impl_ ? impl_->overhead_bytes : 0; }
+
+void BucketStore::start_grad_reduce(int bucket, Stream stream) { live(impl_).start(bucket, stream, true); }
+void BucketStore::wait_grad_reduce(int bucket, Stream stream) { live(impl_).wait(bucket, stream, true); }
+void BucketStore::start_param_gather(int bucket, Stream stream) { live(impl_).start(bucket, stream, false); }
+void BucketStore::wait_param_gather(int bucket, Stream stream) { live(impl_).wait(bucket, stream, false); }
+void BucketStore::grad_ready(int param, Stream stream) { live(impl_).grad_ready(param, stream); }
+void BucketStore::start_grad_reduces(int first, int last, Stream stream) {
+  live(impl_).start_range(first, last, stream, true);
+}
+void BucketStore::start_param_gathers(int first, int last, Stream stream) {
+  live(impl_).start_range(first, last, stream, false);
+}
+
+bool BucketStore::grad_reduce_pending(int bucket) const {
+  auto& m = live(impl_);
+  (void)m.bucket(bucket, "grad_reduce_pending");
+  return m.grad_pending[static_cast<std::size_t>(bucket)] != 0;
+}
+
+bool BucketStore::param_gather_pending(int bucket) const {
+  auto& m = live(impl_);
+  (void)m.bucket(bucket, "param_gather_pending");
+  return m.gather_pending[static_cast<std::size_t>(bucket)] != 0;
+}
+
+Stream BucketStore::comm_stream() const noexcept { return impl_ ? impl_->comm_stream() : nullptr; }
+
+}  // namespace shardopt

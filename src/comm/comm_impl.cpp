@@ -1,0 +1,248 @@
+#include "comm/comm_impl.hpp"
+
+#include <exception>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "core/check.hpp"
+#include "shardopt/host_stream.hpp"
+
+namespace shardopt::detail {
+namespace {
+
+const char* op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "Sum";
+    case ReduceOp::Average: return "Average";
+    case ReduceOp::Max: return "Max";
+  }
+  return "?";
+}
+
+bool known_op(ReduceOp op) { return op == ReduceOp::Sum || op == ReduceOp::Average || op == ReduceOp::Max; }
+
+bool known_dtype(DType t) { return size_of(t) != 0; }
+
+}  // namespace
+
+#if SHARDOPT_HAVE_CUDA
+namespace {
+// Devices of the streams seen outside capture. cudaStreamGetDevice is refused while the
+// stream is being captured (and would invalidate the capture), so a captured call is
+// checked against what an eager call on the same stream found, if any.
+class StreamDevices {
+ public:
+  void remember(cudaStream_t s, int device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    devices_[s] = device;
+  }
+  bool recall(cudaStream_t s, int* device) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = devices_.find(s);
+    if (it == devices_.end()) return false;
+    *device = it->second;
+    return true;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::unordered_map<cudaStream_t, int> devices_;
+};
+
+StreamDevices& stream_devices() {
+  static StreamDevices d;
+  return d;
+}
+}  // namespace
+#endif
+
+void check_stream_device(Backend backend, int device, Stream stream) {
+  if (backend == Backend::Host) {
+    (void)HostStream::from(stream);  // throws Error(InvalidArgument) for a foreign handle
+    return;
+  }
+#if SHARDOPT_HAVE_CUDA
+  int stream_device = -1;
+  if (stream == nullptr) {
+    SHARDOPT_CUDA_CHECK(cudaGetDevice(&stream_device));  // the legacy stream of the current device
+  } else {
+    const auto s = reinterpret_cast<cudaStream_t>(stream);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    SHARDOPT_CUDA_CHECK(cudaStreamIsCapturing(s, &status));  // capture-safe
+    if (status == cudaStreamCaptureStatusNone) {
+      // Relaxed capture mode for the query, so that it cannot invalidate a capture this
+      // thread runs on another stream.
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+      SHARDOPT_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+      const cudaError_t err = cudaStreamGetDevice(s, &stream_device);
+      (void)cudaThreadExchangeStreamCaptureMode(&mode);
+      SHARDOPT_CUDA_CHECK(err);
+      stream_devices().remember(s, stream_device);
+    } else if (!stream_devices().recall(s, &stream_device)) {
+      return;  // first seen inside a capture: a stream of another device fails the capture itself
+    }
+  }
+  SHARDOPT_REQUIRE(stream_device == device, ErrorCode::InvalidArgument,
+                   "the stream belongs to CUDA device " + std::to_string(stream_device) +
+                       " but this communicator runs on device " + std::to_string(device) +
+                       "; pass a stream created on device " + std::to_string(device) +
+                       (stream == nullptr ? " (the null stream means the current device: call cudaSetDevice first)"
+                                          : ""));
+#else
+  (void)device;
+  (void)stream;
+  SHARDOPT_REQUIRE(false, ErrorCode::Unsupported, "this build of shardopt has no CUDA backend");
+#endif
+}
+
+CommImpl& require_impl(CommImpl* impl) {
+  SHARDOPT_REQUIRE(impl != nullptr, ErrorCode::InvalidState,
+                   "this Communicator is empty (default-constructed or moved from); create one with "
+                   "communicator_from_mpi, Communicator::from_unique_id or Communicator::self");
+  return *impl;
+}
+
+CommImpl::CommImpl(Backend backend, int rank, int size, int device)
+    : backend_(backend), rank_(rank), size_(size), device_(device) {}
+
+CommImpl::~CommImpl() = default;
+
+std::string CommImpl::failure() const {
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  return failure_;
+}
+
+void CommImpl::require_usable(const char* call) const {
+  if (!failed()) return;
+  throw Error(ErrorCode::InvalidState,
+              std::string("Communicator::") + call +
+                  " on a communicator that failed earlier; create a new Communicator (on every rank). "
+                  "The first failure was: " +
+                  failure());
+}
+
+void CommImpl::mark_failed(const std::string& what) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(failure_mutex_);
+    if (!failed_.load(std::memory_order_relaxed)) {
+      try {
+        failure_ = what;
+      } catch (...) {
+      }
+      failed_.store(true, std::memory_order_release);
+    }
+  }
+  // Inside an open group the teardown waits until the group is closed (an NCCL group
+  // must not end on an aborted communicator).
+  if (group_depth_ == 0) on_failure();
+}
+
+void CommImpl::check_count(std::int64_t count, const void* data, const char* call) const {
+  SHARDOPT_REQUIRE(count >= 0, ErrorCode::InvalidArgument,
+                   std::string(call) + ": element count " + std::to_string(count) + " is negative");
+  SHARDOPT_REQUIRE(count == 0 || data != nullptr, ErrorCode::InvalidArgument,
+                   std::string(call) + ": data is null but the count is " + std::to_string(count));
+  if (backend_ == Backend::Host) {
+    SHARDOPT_REQUIRE(count <= kMaxMpiCount, ErrorCode::InvalidArgument,
+                     std::string(call) + ": " + std::to_string(count) +
+                         " elements per rank exceed what one host-backend (MPI) call takes (2^31 - 1); "
+                         "use smaller buckets");
+  }
+}
+
+void CommImpl::reduce_scatter(void* data, std::int64_t count_per_rank, DType dtype, ReduceOp op, Stream stream) {
+  require_usable("reduce_scatter");
+  guarded([&] {
+    SHARDOPT_REQUIRE(is_float_storage(dtype), ErrorCode::InvalidArgument,
+                     std::string("reduce_scatter: dtype ") + to_string(dtype) +
+                         " cannot be reduced; use f32, bf16 or f16");
+    SHARDOPT_REQUIRE(known_op(op), ErrorCode::InvalidArgument, "reduce_scatter: unknown ReduceOp");
+    check_count(count_per_rank, data, "reduce_scatter");
+    check_stream_device(backend_, device_, stream);
+    if (count_per_rank == 0) return;
+    do_reduce_scatter(data, count_per_rank, dtype, op, stream);
+  });
+}
+
+void CommImpl::all_gather(void* data, std::int64_t count_per_rank, DType dtype, Stream stream) {
+  require_usable("all_gather");
+  guarded([&] {
+    SHARDOPT_REQUIRE(known_dtype(dtype), ErrorCode::InvalidArgument, "all_gather: unknown DType");
+    check_count(count_per_rank, data, "all_gather");
+    check_stream_device(backend_, device_, stream);
+    if (count_per_rank == 0) return;
+    do_all_gather(data, count_per_rank, dtype, stream);
+  });
+}
+
+void CommImpl::all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) {
+  require_usable("all_reduce");
+  guarded([&] {
+    SHARDOPT_REQUIRE(is_float_storage(dtype) || dtype == DType::u32, ErrorCode::InvalidArgument,
+                     std::string("all_reduce: dtype ") + to_string(dtype) +
+                         " cannot be reduced; use f32, bf16, f16 or u32");
+    SHARDOPT_REQUIRE(known_op(op), ErrorCode::InvalidArgument, "all_reduce: unknown ReduceOp");
+    SHARDOPT_REQUIRE(!(dtype == DType::u32 && op == ReduceOp::Average), ErrorCode::InvalidArgument,
+                     std::string("all_reduce: ReduceOp::") + op_name(op) +
+                         " is not defined for u32; use Sum or Max (or a float dtype)");
+    check_count(count, data, "all_reduce");
+    check_stream_device(backend_, device_, stream);
+    if (count == 0) return;
+    do_all_reduce(data, count, dtype, op, stream);
+  });
+}
+
+void CommImpl::barrier() {
+  require_usable("barrier");
+  guarded([&] { do_barrier(); });
+}
+
+std::shared_ptr<CommImpl> CommImpl::split(int color, int key) {
+  require_usable("split");
+  return guarded([&] {
+    SHARDOPT_REQUIRE(color >= 0, ErrorCode::InvalidArgument,
+                     "split: color " + std::to_string(color) + " is negative; colors must be >= 0");
+    return do_split(color, key);
+  });
+}
+
+void CommImpl::grouped(const std::function<void()>& calls) {
+  require_usable("grouped collectives");
+  guarded([&] {
+    do_group_start();
+    ++group_depth_;
+    std::exception_ptr error;
+    try {
+      calls();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    try {
+      do_group_end();  // closes the group even after a failed call
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+    --group_depth_;
+    if (error) std::rethrow_exception(error);  // the guard now tears the group down
+  });
+}
+
+std::vector<std::uint64_t> CommImpl::all_gather_u64(const std::vector<std::uint64_t>& mine) {
+  require_usable("all_gather_value");
+  return guarded([&] {
+    if (size_ == 1) return mine;
+    return do_all_gather_u64(mine);
+  });
+}
+
+void CommImpl::provoke_backend_error_for_test() {
+  require_usable("provoke_backend_error_for_test");
+  guarded([&] {
+    do_invalid_call_for_test();
+    SHARDOPT_REQUIRE(false, ErrorCode::Internal,
+                     "the backend accepted a call with an invalid datatype (parameter checks disabled?)");
+  });
+}
+
+}  // namespace shardopt::detail

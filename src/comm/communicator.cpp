@@ -1,0 +1,47 @@
+// Communicator: the public handle; every call forwards to the shared CommImpl.
+#include "shardopt/communicator.hpp"
+
+#include "comm/comm_impl.hpp"
+#include "comm/nccl_comm.hpp"
+#include "shardopt/error.hpp"
+
+namespace shardopt {
+namespace {
+detail::CommImpl& usable(const std::shared_ptr<detail::CommImpl>& impl) { return detail::require_impl(impl.get()); }
+}  // namespace
+
+Communicator Communicator::self(Backend backend) { return Communicator(detail::make_self_comm(backend)); }
+
+Communicator Communicator::from_unique_id(const UniqueId& id, int rank, int size, int device) {
+  return Communicator(detail::make_nccl_comm(id, rank, size, device));
+}
+
+int Communicator::rank() const { return usable(impl_).rank(); }
+int Communicator::size() const { return usable(impl_).size(); }
+Backend Communicator::backend() const { return usable(impl_).backend(); }
+int Communicator::device() const { return usable(impl_).device(); }
+
+void Communicator::reduce_scatter(void* data, std::int64_t count_per_rank, DType dtype, ReduceOp op,
+                                  Stream stream) const {
+  usable(impl_).reduce_scatter(data, count_per_rank, dtype, op, stream);
+}
+
+void Communicator::all_gather(void* data, std::int64_t count_per_rank, DType dtype, Stream stream) const {
+  usable(impl_).all_gather(data, count_per_rank, dtype, stream);
+}
+
+void Communicator::all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) const {
+  usable(impl_).all_reduce(data, count, dtype, op, stream);
+}
+
+void Communicator::barrier() const { usable(impl_).barrier(); }
+
+Communicator Communicator::split(int color, int key) const { return Communicator(usable(impl_).split(color, key)); }
+
+std::vector<std::uint64_t> Communicator::all_gather_value(std::uint64_t value) const {
+  return usable(impl_).all_gather_u64({value});
+}
+
+bool Communicator::failed() const noexcept { return impl_ != nullptr && impl_->failed(); }
+
+}  // namespace shardopt

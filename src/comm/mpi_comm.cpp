@@ -1,0 +1,224 @@
+// The MPI backend (host backend). Collectives are enqueued with host_enqueue on the
+// caller's HostStream, so a HostStream capture records them; the MPI calls themselves
+// are blocking inside the recorded operation.
+//
+// Numerics, chosen to mirror NCCL:
+//  * f32 and u32 use MPI's built-in MPI_SUM / MPI_MAX on MPI_FLOAT / MPI_UINT32_T.
+//  * bf16 and f16 have no MPI type: they travel as a committed 2-byte contiguous type
+//    with user-defined operations that add in fp32 and round to the storage type at
+//    every combine (as NCCL does at every hop of its ring). The order of the combines is
+//    MPI's algorithm's; results are exact wherever every partial sum is representable.
+//  * Average = Sum, then each element of the result divided by the number of ranks in
+//    fp32 and rounded to the storage type. NCCL's ncclAvg multiplies every input by
+//    1/size before summing; for power-of-two sizes both are exactly (sum) / size.
+//  * Max of bf16/f16 returns NaN if either operand is NaN, else the larger one (bits kept).
+#include "comm/mpi_comm.hpp"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/check.hpp"
+#include "shardopt/host_stream.hpp"
+#include "shardopt/numerics.hpp"
+
+namespace shardopt::detail {
+namespace {
+
+using Decode = float (*)(std::uint16_t);
+using Encode = std::uint16_t (*)(float);
+
+template <Decode dec, Encode enc>
+void half_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const std::uint16_t*>(in);
+  auto* b = static_cast<std::uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = enc(dec(a[i]) + dec(b[i]));
+}
+
+template <Decode dec>
+void half_max(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const std::uint16_t*>(in);
+  auto* b = static_cast<std::uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = dec(a[i]);
+    const float y = dec(b[i]);
+    if (y != y) continue;                    // inout already NaN
+    if (x != x || x > y) b[i] = a[i];        // NaN wins, then the larger value
+  }
+}
+
+// The datatypes and operations of the 16-bit float formats, created once per process
+// (after MPI_Init) and kept until MPI_Finalize.
+struct HalfTypes {
+  MPI_Datatype bf16 = MPI_DATATYPE_NULL;
+  MPI_Datatype f16 = MPI_DATATYPE_NULL;
+  MPI_Op bf16_sum = MPI_OP_NULL, bf16_max = MPI_OP_NULL;
+  MPI_Op f16_sum = MPI_OP_NULL, f16_max = MPI_OP_NULL;
+};
+
+const HalfTypes& half_types() {
+  static const HalfTypes types = [] {
+    HalfTypes t;
+    SHARDOPT_MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &t.bf16));
+    SHARDOPT_MPI_CHECK(MPI_Type_commit(&t.bf16));
+    SHARDOPT_MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &t.f16));
+    SHARDOPT_MPI_CHECK(MPI_Type_commit(&t.f16));
+    SHARDOPT_MPI_CHECK(MPI_Op_create(&half_sum<num::bf16_to_f32, num::f32_to_bf16>, 1, &t.bf16_sum));
+    SHARDOPT_MPI_CHECK(MPI_Op_create(&half_max<num::bf16_to_f32>, 1, &t.bf16_max));
+    SHARDOPT_MPI_CHECK(MPI_Op_create(&half_sum<num::f16_to_f32, num::f32_to_f16>, 1, &t.f16_sum));
+    SHARDOPT_MPI_CHECK(MPI_Op_create(&half_max<num::f16_to_f32>, 1, &t.f16_max));
+    return t;
+  }();
+  return types;
+}
+
+MPI_Datatype reduce_type(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::u32: return MPI_UINT32_T;
+    case DType::bf16: return half_types().bf16;
+    case DType::f16: return half_types().f16;
+    default: break;
+  }
+  throw Error(ErrorCode::Internal, std::string("no MPI reduction type for ") + to_string(t));
+}
+
+// Sum for Average too: the division follows the reduction.
+MPI_Op reduce_op(DType t, ReduceOp op) {
+  const bool max = op == ReduceOp::Max;
+  switch (t) {
+    case DType::f32:
+    case DType::u32: return max ? MPI_MAX : MPI_SUM;
+    case DType::bf16: return max ? half_types().bf16_max : half_types().bf16_sum;
+    case DType::f16: return max ? half_types().f16_max : half_types().f16_sum;
+    default: break;
+  }
+  throw Error(ErrorCode::Internal, std::string("no MPI reduction for ") + to_string(t));
+}
+
+// Element-sized raw type for moving bytes (all-gather of any dtype).
+MPI_Datatype raw_type(std::size_t element_bytes) {
+  switch (element_bytes) {
+    case 1: return MPI_UINT8_T;
+    case 2: return MPI_UINT16_T;
+    case 4: return MPI_UINT32_T;
+    default: break;
+  }
+  throw Error(ErrorCode::Internal, "no raw MPI type of " + std::to_string(element_bytes) + " bytes");
+}
+
+// x <- x / n, rounded to the storage type (the Average of a reduced float buffer).
+void divide(void* data, std::int64_t count, DType t, int n) {
+  const float d = static_cast<float>(n);
+  if (t == DType::f32) {
+    auto* x = static_cast<float*>(data);
+    for (std::int64_t i = 0; i < count; ++i) x[i] = x[i] / d;
+  } else if (t == DType::bf16) {
+    auto* x = static_cast<std::uint16_t*>(data);
+    for (std::int64_t i = 0; i < count; ++i) x[i] = num::f32_to_bf16(num::bf16_to_f32(x[i]) / d);
+  } else if (t == DType::f16) {
+    auto* x = static_cast<std::uint16_t*>(data);
+    for (std::int64_t i = 0; i < count; ++i) x[i] = num::f32_to_f16(num::f16_to_f32(x[i]) / d);
+  } else {
+    throw Error(ErrorCode::Internal, std::string("Average of ") + to_string(t));
+  }
+}
+
+class MpiCommImpl final : public CommImpl {
+ public:
+  MpiCommImpl(MPI_Comm owned, int rank, int size) : CommImpl(Backend::Host, rank, size, -1), comm_(owned) {}
+
+  ~MpiCommImpl() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+
+  MPI_Comm handle() const noexcept { return comm_; }
+
+ protected:
+  void do_reduce_scatter(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) override {
+    enqueue(stream, "reduce_scatter", [data, count, dtype, op](MpiCommImpl& self) {
+      const std::size_t bytes = static_cast<std::size_t>(count) * size_of(dtype);
+      // MPI_IN_PLACE would leave the result in slice 0 and clobber it; reduce into a
+      // temporary so that, as with NCCL, only this rank's slice changes.
+      std::vector<unsigned char> reduced(bytes);
+      SHARDOPT_MPI_CHECK(MPI_Reduce_scatter_block(data, reduced.data(), static_cast<int>(count),
+                                                  reduce_type(dtype), reduce_op(dtype, op), self.comm_));
+      if (op == ReduceOp::Average) divide(reduced.data(), count, dtype, self.size());
+      std::memcpy(static_cast<unsigned char*>(data) + static_cast<std::size_t>(self.rank()) * bytes, reduced.data(),
+                  bytes);
+    });
+  }
+
+  void do_all_gather(void* data, std::int64_t count, DType dtype, Stream stream) override {
+    enqueue(stream, "all_gather", [data, count, dtype](MpiCommImpl& self) {
+      SHARDOPT_MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, static_cast<int>(count),
+                                       raw_type(size_of(dtype)), self.comm_));
+    });
+  }
+
+  void do_all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) override {
+    enqueue(stream, "all_reduce", [data, count, dtype, op](MpiCommImpl& self) {
+      SHARDOPT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), reduce_type(dtype),
+                                       reduce_op(dtype, op), self.comm_));
+      if (op == ReduceOp::Average) divide(data, count, dtype, self.size());
+    });
+  }
+
+  void do_barrier() override { SHARDOPT_MPI_CHECK(MPI_Barrier(comm_)); }
+
+  std::shared_ptr<CommImpl> do_split(int color, int key) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    SHARDOPT_MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
+    return make_mpi_comm(sub);
+  }
+
+  std::vector<std::uint64_t> do_all_gather_u64(const std::vector<std::uint64_t>& mine) override {
+    std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(size()));
+    const int n = static_cast<int>(mine.size());
+    SHARDOPT_MPI_CHECK(MPI_Allgather(mine.data(), n, MPI_UINT64_T, all.data(), n, MPI_UINT64_T, comm_));
+    return all;
+  }
+
+  void do_invalid_call_for_test() override {
+    float x = 0.0f;
+    SHARDOPT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DATATYPE_NULL, MPI_SUM, comm_));
+  }
+
+ private:
+  // Enqueues `work` on the HostStream. The recorded operation holds the group alive and
+  // re-checks it when it runs (a replay after a failure throws InvalidState).
+  template <class Work>
+  void enqueue(Stream stream, const char* call, Work work) {
+    auto self = std::static_pointer_cast<MpiCommImpl>(shared_from_this());
+    host_enqueue(stream, [self, call, work] {
+      self->require_usable(call);
+      self->guarded([&] { work(*self); });
+    });
+  }
+
+  MPI_Comm comm_;
+};
+
+}  // namespace
+
+std::shared_ptr<CommImpl> make_mpi_comm(MPI_Comm owned) {
+  // Errors come back as codes (SHARDOPT_MPI_CHECK turns them into shardopt::Error).
+  int rank = 0, size = 0;
+  const int e1 = MPI_Comm_set_errhandler(owned, MPI_ERRORS_RETURN);
+  const int e2 = e1 == MPI_SUCCESS ? MPI_Comm_rank(owned, &rank) : e1;
+  const int e3 = e2 == MPI_SUCCESS ? MPI_Comm_size(owned, &size) : e2;
+  if (e3 != MPI_SUCCESS) {
+    MPI_Comm_free(&owned);
+    SHARDOPT_MPI_CHECK(e3);
+  }
+  return std::make_shared<MpiCommImpl>(owned, rank, size);
+}
+
+MPI_Comm mpi_handle(const CommImpl& impl) noexcept {
+  const auto* mpi = dynamic_cast<const MpiCommImpl*>(&impl);
+  return mpi == nullptr ? MPI_COMM_NULL : mpi->handle();
+}
+
+}  // namespace shardopt::detail

@@ -1,0 +1,46 @@
+// The one-rank group: every collective over one rank leaves the data as it is (a sum or
+// maximum of one value is that value; an average divides by 1), so nothing is enqueued.
+#include <memory>
+
+#include "comm/comm_impl.hpp"
+#include "core/check.hpp"
+
+namespace shardopt::detail {
+namespace {
+
+class SelfCommImpl final : public CommImpl {
+ public:
+  SelfCommImpl(Backend backend, int device) : CommImpl(backend, 0, 1, device) {}
+
+ protected:
+  void do_reduce_scatter(void*, std::int64_t, DType, ReduceOp, Stream) override {}
+  void do_all_gather(void*, std::int64_t, DType, Stream) override {}
+  void do_all_reduce(void*, std::int64_t, DType, ReduceOp, Stream) override {}
+  void do_barrier() override {}
+  std::shared_ptr<CommImpl> do_split(int, int) override {
+    return std::make_shared<SelfCommImpl>(backend(), device());
+  }
+  std::vector<std::uint64_t> do_all_gather_u64(const std::vector<std::uint64_t>& mine) override { return mine; }
+  void do_invalid_call_for_test() override {
+    SHARDOPT_REQUIRE(false, ErrorCode::InvalidArgument, "invalid datatype handed to the one-rank backend (test)");
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<CommImpl> make_self_comm(Backend backend) {
+  int device = -1;
+  if (backend == Backend::Cuda) {
+#if SHARDOPT_HAVE_CUDA
+    SHARDOPT_REQUIRE(cuda_device_count() > 0, ErrorCode::Unsupported,
+                     "Communicator::self(Backend::Cuda) needs a CUDA device; none is visible");
+    SHARDOPT_CUDA_CHECK(cudaGetDevice(&device));
+#else
+    SHARDOPT_REQUIRE(false, ErrorCode::Unsupported,
+                     "Communicator::self(Backend::Cuda): this build of shardopt has no CUDA backend");
+#endif
+  }
+  return std::make_shared<SelfCommImpl>(backend, device);
+}
+
+}  // namespace shardopt::detail
