@@ -245,8 +245,9 @@ TEST_P(WholeModel, PerParameterSumOfSquaresIsTheGradientNorm) {
     for (std::int64_t j = 0; j < g.numel; ++j) s += dptr(g)[j] * dptr(g)[j];
     EXPECT_NEAR(dptr(model.grad_sumsq())[i], s, 1e-12 * std::max(1.0, s)) << spec.params()[static_cast<std::size_t>(i)].name;
     const ParamKind kind = spec.params()[static_cast<std::size_t>(i)].kind;
-    if (kind != ParamKind::ExpertUp && kind != ParamKind::ExpertDown)  // an expert may get no token
+    if (kind != ParamKind::ExpertUp && kind != ParamKind::ExpertDown) {  // an expert may get no token
       EXPECT_GT(s, 0.0) << spec.params()[static_cast<std::size_t>(i)].name << " gets no gradient";
+    }
   }
 }
 
