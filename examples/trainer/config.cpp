@@ -174,6 +174,7 @@ std::string usage() {
        "  --group-norms on|off          per-group gradient norms on the device (default on)\n"
        "  --backend auto|cuda|host      (auto: cuda when built with CUDA and a GPU is visible)\n"
        "  --quiet                       only the summary\n"
+       "  --expect-loss-below X         exit 1 unless the last logged loss is below X\n"
        "  size overrides: --vocab --hidden --layers --mlp --num-experts --expert-mlp --tokens\n"
        "                  --capacity-factor\n";
   return s.str();
