@@ -1,0 +1,33 @@
+#!/bin/sh
+# Builds the example trainer the way an outside project would: against an installed
+# shardopt found through pkg-config (no project include paths), with MPI from mpicxx.
+# With nvcc and cuBLAS (WITH_CUDA=1, default when nvcc is on PATH) the CUDA ops are
+# compiled too; otherwise the trainer runs on the host backend only.
+#   PKG_CONFIG_PATH=<prefix>/lib/pkgconfig sh build_with_pkgconfig.sh OUTPUT [CUDA_ARCH]
+set -eu
+out="$1"
+arch="${2:-90}"
+here=$(cd "$(dirname "$0")" && pwd)
+cxx="${CXX:-c++}"
+flags=$(pkg-config --cflags --libs shardopt)
+mpi_compile=$(mpicxx --showme:compile 2>/dev/null || echo "")
+mpi_link=$(mpicxx --showme:link 2>/dev/null || echo "-lmpi")
+with_cuda="${WITH_CUDA:-$(command -v nvcc >/dev/null 2>&1 && echo 1 || echo 0)}"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+sources="config.cpp host_ops.cpp model.cpp model_spec.cpp trainer.cpp weights.cpp main.cpp"
+cuda_objs=""
+cuda_libs=""
+if [ "$with_cuda" = 1 ]; then
+  nvcc -std=c++20 --expt-relaxed-constexpr -fmad=false -O3 -gencode=arch=compute_${arch},code=sm_${arch} \
+    -Xcompiler=-fPIC $(pkg-config --cflags shardopt) -c "$here/cuda_ops.cu" -o "$tmp/cuda_ops.o"
+  cuda_objs="$tmp/cuda_ops.o"
+  cuda_home=$(dirname "$(dirname "$(command -v nvcc)")")
+  cuda_libs="-L$cuda_home/lib64 -lcublas -lcudart"
+else
+  sources="$sources cuda_ops_none.cpp"
+fi
+# shellcheck disable=SC2086
+(cd "$here" && $cxx -std=c++20 -O2 -DOMPI_SKIP_MPICXX=1 $mpi_compile $sources $cuda_objs $flags $cuda_libs \
+  $mpi_link -o "$out")
+echo "built $out (CUDA ops: $with_cuda)"

@@ -1,0 +1,183 @@
+#include "config.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+#include <stdexcept>
+
+namespace trainer {
+
+std::int64_t ModelConfig::capacity() const {
+  return static_cast<std::int64_t>(std::ceil(capacity_factor * static_cast<double>(tokens) / experts));
+}
+
+std::int64_t ModelConfig::param_count() const {
+  const std::int64_t per_layer = 2 * hidden                // two RMSNorm weights
+                                 + 2 * hidden * mlp        // dense up and down
+                                 + experts * hidden        // router
+                                 + 2 * experts * hidden * expert_mlp;  // expert up and down
+  return 2 * vocab * hidden + hidden + layers * per_layer;  // embedding, head, final norm
+}
+
+ModelConfig model_size(const std::string& name) {
+  ModelConfig c;
+  if (name == "tiny") {
+    c = ModelConfig{64, 32, 2, 64, 4, 32, 1.25, 64};
+  } else if (name == "small") {
+    c = ModelConfig{4096, 256, 4, 1024, 8, 256, 1.25, 1024};
+  } else if (name == "1b") {
+    // Llama-3.2-1B's hidden, MLP and vocabulary sizes; 8 blocks whose MoE layers (8
+    // experts of width 1024) take the place of attention: 1.06B parameters.
+    c = ModelConfig{128256, 2048, 8, 8192, 8, 1024, 1.25, 8192};
+  } else {
+    throw std::invalid_argument("unknown --size '" + name + "' (tiny, small or 1b)");
+  }
+  return c;
+}
+
+void validate(const ModelConfig& c) {
+  if (c.vocab < 2 || c.hidden < 1 || c.layers < 1 || c.mlp < 1 || c.experts < 1 || c.expert_mlp < 1 ||
+      c.tokens < 1 || !(c.capacity_factor > 0.0))
+    throw std::invalid_argument("every model size must be positive (vocab >= 2)");
+  if (c.experts > kMaxExperts)
+    throw std::invalid_argument("at most " + std::to_string(kMaxExperts) + " experts");
+  if (c.capacity() < 1) throw std::invalid_argument("the expert capacity must be at least 1 token");
+}
+
+namespace {
+
+bool parse_bool(const std::string& opt, const std::string& v) {
+  if (v == "on" || v == "true" || v == "1") return true;
+  if (v == "off" || v == "false" || v == "0") return false;
+  throw std::invalid_argument(opt + " takes on or off, not '" + v + "'");
+}
+
+long long parse_int(const std::string& opt, const std::string& v) {
+  char* end = nullptr;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0') throw std::invalid_argument(opt + " takes an integer, not '" + v + "'");
+  return x;
+}
+
+double parse_real(const std::string& opt, const std::string& v) {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0') throw std::invalid_argument(opt + " takes a number, not '" + v + "'");
+  return x;
+}
+
+void one_of(const std::string& opt, const std::string& v, std::initializer_list<const char*> allowed) {
+  std::string list;
+  for (const char* a : allowed) {
+    if (v == a) return;
+    list += (list.empty() ? "" : ", ") + std::string(a);
+  }
+  throw std::invalid_argument(opt + " takes one of " + list + ", not '" + v + "'");
+}
+
+}  // namespace
+
+TrainOptions parse_options(const std::vector<std::string>& args) {
+  TrainOptions o;
+  std::vector<std::pair<std::string, std::string>> overrides;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string opt = args[i], val;
+    const auto eq = opt.find('=');
+    if (eq != std::string::npos) {
+      val = opt.substr(eq + 1);
+      opt = opt.substr(0, eq);
+    } else if (opt == "--quiet") {
+      o.quiet = true;
+      continue;
+    } else {
+      if (i + 1 >= args.size()) throw std::invalid_argument(opt + " needs a value");
+      val = args[++i];
+    }
+    if (opt == "--size") {
+      one_of(opt, val, {"tiny", "small", "1b"});
+      o.size = val;
+    } else if (opt == "--mode") {
+      one_of(opt, val, {"dist-adam", "fsdp"});
+      o.mode = val;
+    } else if (opt == "--params") {
+      one_of(opt, val, {"bf16", "mxfp8"});
+      o.params = val;
+    } else if (opt == "--grad-dtype") {
+      one_of(opt, val, {"bf16", "fp32"});
+      o.grad_dtype = val;
+    } else if (opt == "--experts") {
+      one_of(opt, val, {"single", "discrete"});
+      o.experts = val;
+    } else if (opt == "--graph") {
+      o.graph = parse_bool(opt, val);
+    } else if (opt == "--microbatches") {
+      o.microbatches = static_cast<int>(parse_int(opt, val));
+    } else if (opt == "--steps") {
+      o.steps = static_cast<int>(parse_int(opt, val));
+    } else if (opt == "--lr") {
+      o.lr = static_cast<float>(parse_real(opt, val));
+    } else if (opt == "--warmup-steps") {
+      o.warmup_steps = static_cast<int>(parse_int(opt, val));
+    } else if (opt == "--clip") {
+      o.clip = static_cast<float>(parse_real(opt, val));
+    } else if (opt == "--weight-decay") {
+      o.weight_decay = static_cast<float>(parse_real(opt, val));
+    } else if (opt == "--seed") {
+      o.seed = static_cast<std::uint64_t>(parse_int(opt, val));
+    } else if (opt == "--log-every") {
+      o.log_every = static_cast<int>(parse_int(opt, val));
+    } else if (opt == "--group-norms") {
+      o.group_norms = parse_bool(opt, val);
+    } else if (opt == "--backend") {
+      one_of(opt, val, {"auto", "cuda", "host"});
+      o.backend = val;
+    } else if (opt == "--vocab" || opt == "--hidden" || opt == "--layers" || opt == "--mlp" ||
+               opt == "--num-experts" || opt == "--expert-mlp" || opt == "--tokens" || opt == "--capacity-factor") {
+      overrides.emplace_back(opt, val);
+    } else {
+      throw std::invalid_argument("unknown option '" + opt + "' (see --help)");
+    }
+  }
+  o.model = model_size(o.size);
+  for (const auto& [opt, val] : overrides) {
+    if (opt == "--capacity-factor") {
+      o.model.capacity_factor = parse_real(opt, val);
+      continue;
+    }
+    const long long x = parse_int(opt, val);
+    if (opt == "--vocab") o.model.vocab = x;
+    if (opt == "--hidden") o.model.hidden = x;
+    if (opt == "--layers") o.model.layers = static_cast<int>(x);
+    if (opt == "--mlp") o.model.mlp = x;
+    if (opt == "--num-experts") o.model.experts = static_cast<int>(x);
+    if (opt == "--expert-mlp") o.model.expert_mlp = x;
+    if (opt == "--tokens") o.model.tokens = x;
+  }
+  validate(o.model);
+  if (o.microbatches < 1) throw std::invalid_argument("--microbatches must be at least 1");
+  if (o.steps < 1) throw std::invalid_argument("--steps must be at least 1");
+  return o;
+}
+
+std::string usage() {
+  std::ostringstream s;
+  s << "usage: trainer [options]   (one rank per GPU under mpirun; the host backend without GPUs)\n"
+       "  --size tiny|small|1b          model size (default tiny)\n"
+       "  --mode dist-adam|fsdp         distributed Adam (ZeRO-1/2) or FSDP (ZeRO-3)\n"
+       "  --params bf16|mxfp8           parameter format (mxfp8: not built yet)\n"
+       "  --grad-dtype fp32|bf16        gradient buffer dtype\n"
+       "  --experts single|discrete     one grouped tensor per MoE weight, or G tensors\n"
+       "  --graph on|off                capture the whole iteration in one graph\n"
+       "  --microbatches K  --steps S   (defaults 2, 100)\n"
+       "  --lr X  --warmup-steps W  --clip X  --weight-decay X  --seed N\n"
+       "  --log-every K                 a progress line every K steps (default: ~20 lines)\n"
+       "  --group-norms on|off          per-group gradient norms on the device (default on)\n"
+       "  --backend auto|cuda|host      (auto: cuda when built with CUDA and a GPU is visible)\n"
+       "  --quiet                       only the summary\n"
+       "  --expect-loss-below X         exit 1 unless the last logged loss is below X\n"
+       "  size overrides: --vocab --hidden --layers --mlp --num-experts --expert-mlp --tokens\n"
+       "                  --capacity-factor\n";
+  return s.str();
+}
+
+}  // namespace trainer

@@ -1,0 +1,73 @@
+// config.hpp - the sizes of the trainer's model and the options of a training run.
+//
+// The model is generic in its sizes: vocabulary V, hidden H, layers N, dense MLP width F,
+// experts G, expert width Fe, capacity factor, and tokens per microbatch T (per rank).
+// Every shape is static for a run, which is what lets one CUDA graph serve every step.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace trainer {
+
+/// Sizes of the model (see model.hpp for what each is).
+struct ModelConfig {
+  std::int64_t vocab = 64;          ///< V
+  std::int64_t hidden = 32;         ///< H
+  int layers = 2;                   ///< N blocks of [RMSNorm -> MLP] and [RMSNorm -> router -> MoE]
+  std::int64_t mlp = 64;            ///< F, dense MLP width
+  int experts = 4;                  ///< G
+  std::int64_t expert_mlp = 32;     ///< Fe, width of one expert's MLP
+  double capacity_factor = 1.25;    ///< capacity C = ceil(capacity_factor * T / G)
+  std::int64_t tokens = 64;         ///< T, tokens per microbatch per rank
+
+  /// Tokens each expert can take per microbatch (the rest are dropped: padding instead).
+  std::int64_t capacity() const;
+  /// Number of model parameters (elements), for reports.
+  std::int64_t param_count() const;
+};
+
+/// Largest number of experts (pointer arrays of the batched GEMMs are this long).
+inline constexpr int kMaxExperts = 64;
+
+/// The named sizes: "tiny" (host, seconds), "small" (GPU, seconds), "1b" (about 1B
+/// parameters with Llama-3.2-1B's hidden, MLP and vocabulary sizes). Throws
+/// std::invalid_argument for an unknown name.
+ModelConfig model_size(const std::string& name);
+
+/// Checks a config (positive sizes, G <= kMaxExperts); throws std::invalid_argument.
+void validate(const ModelConfig& c);
+
+/// Options of a training run (the command line of the trainer).
+struct TrainOptions {
+  std::string size = "tiny";
+  std::string mode = "dist-adam";    ///< dist-adam | fsdp
+  std::string params = "bf16";       ///< bf16 | mxfp8 (not built yet: a clear error)
+  std::string grad_dtype = "fp32";   ///< fp32 | bf16
+  std::string experts = "single";    ///< single (one grouped tensor) | discrete (G tensors)
+  bool graph = true;                 ///< capture the iteration in one graph after warm-up
+  int microbatches = 2;
+  int steps = 100;
+  float lr = -1.0f;                  ///< peak learning rate; < 0: the size's default
+  float min_lr_ratio = 0.1f;         ///< cosine decays to lr * this
+  int warmup_steps = -1;             ///< < 0: steps / 10
+  float clip = 1.0f;                 ///< global-norm clipping (0: off)
+  float weight_decay = 0.01f;
+  std::uint64_t seed = 1234;
+  int log_every = 0;                 ///< 0: about 20 lines per run
+  bool group_norms = true;           ///< per-group gradient norms on the device each step
+  std::string backend = "auto";      ///< auto | cuda | host
+  ModelConfig model;                 ///< filled from `size` (overrides below apply after)
+  bool quiet = false;                ///< no per-step lines (tests)
+};
+
+/// Parses the trainer's command line (argv[1..]); throws std::invalid_argument with a
+/// message naming the bad option. Size overrides: --vocab --hidden --layers --mlp
+/// --num-experts --expert-mlp --tokens --capacity-factor.
+TrainOptions parse_options(const std::vector<std::string>& args);
+
+/// The usage text of the trainer.
+std::string usage();
+
+}  // namespace trainer

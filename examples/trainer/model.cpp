@@ -1,0 +1,319 @@
+#include "model.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "op_math.hpp"
+
+namespace trainer {
+
+Model::Model(const ModelSpec& spec, Ops& ops, ModelOptions options)
+    : spec_(spec), ops_(ops), opt_(options), c_(spec.config()), C_(spec.config().capacity()) {
+  if (opt_.microbatches < 1) throw std::invalid_argument("microbatches must be at least 1");
+  opt_.batch.vocab = c_.vocab;
+  opt_.batch.tokens = c_.tokens;
+  opt_.batch.rule_a = rule_multiplier(c_.vocab);
+  opt_.batch.rule_c = kRuleOffset;
+  const std::int64_t T = c_.tokens, H = c_.hidden, F = c_.mlp, V = c_.vocab, E = c_.expert_mlp;
+  const std::int64_t G = c_.experts, rows = G * C_;
+  const Elem act = ops.act(), low = ops.low(), i32 = Elem::i32;
+  tokens_buf_ = make(i32, T);
+  targets_buf_ = make(i32, T);
+  links_buf_ = make(i32, T);
+  for (int l = 0; l <= c_.layers; ++l) h_.push_back(make(act, T * H));
+  for (int l = 0; l < c_.layers; ++l) {
+    Layer L;
+    L.h_mid = make(act, T * H);
+    L.xn = make(low, T * H);
+    L.rstd1 = make(act, T);
+    L.u = make(act, T * F);
+    L.a = make(low, T * F);
+    L.xm = make(low, T * H);
+    L.rstd2 = make(act, T);
+    L.rlogits = make(act, T * G);
+    L.probs = make(act, T * G);
+    L.expert = make(i32, T);
+    L.gate = make(act, T);
+    L.slot = make(i32, T);
+    L.row_token = make(i32, rows);
+    L.xe = make(low, rows * H);
+    L.ue = make(act, rows * E);
+    L.ae = make(low, rows * E);
+    L.ye = make(act, rows * H);
+    if (spec.discrete_experts() && !opt_.gathered_weights) {
+      L.packed_up = make(low, G * E * H);
+      L.packed_down = make(low, G * H * E);
+    }
+    layers_.push_back(std::move(L));
+  }
+  if (spec.discrete_experts() && opt_.gathered_weights) {
+    shared_up_ = make(low, G * E * H);
+    shared_down_ = make(low, G * H * E);
+  }
+  xf_ = make(low, T * H);
+  rstdf_ = make(act, T);
+  logits_buf_ = make(act, T * V);
+  dlogits_ = make(low, T * V);
+  token_loss_ = make(act, T);
+  loss_buf_ = make(act, opt_.microbatches);
+  sumsq_buf_ = make(act, spec.num_params());
+  dh_ = make(act, T * H);
+  dx_ = make(act, T * H);
+  dy_low_ = make(low, T * H);
+  dF_ = make(act, T * F);
+  dF_low_ = make(low, T * F);
+  dye_ = make(low, rows * H);
+  dae_ = make(act, rows * E);
+  due_ = make(low, rows * E);
+  dxe_ = make(act, rows * H);
+  dgate_ = make(act, T);
+  dlr_ = make(low, T * G);
+  partial_ = make(act, rmsnorm_partial_size(T, H));
+  tokens_ = tokens_buf_.get();
+  logits_ = logits_buf_.get();
+  loss_slots_ = loss_buf_.get();
+  grad_sumsq_ = sumsq_buf_.get();
+}
+
+Buffer Model::make(Elem e, std::int64_t n) {
+  Buffer b = ops_.alloc(e, n);
+  workspace_bytes_ += static_cast<std::int64_t>(b.get().bytes());
+  return b;
+}
+
+void Model::set_batch(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets) {
+  if (static_cast<std::int64_t>(tokens.size()) != c_.tokens || tokens.size() != targets.size())
+    throw std::invalid_argument("set_batch needs tokens and targets of the model's tokens per microbatch");
+  ops_.upload(tokens_buf_, tokens.data());
+  ops_.upload(targets_buf_, targets.data());
+}
+
+void Model::microbatch(Weights& w, Stream s) {
+  make_batch(s);
+  forward(w, s);
+  backward(w, s);
+  ++host_microbatch_;
+}
+
+void Model::make_batch(Stream s) {
+  if (opt_.generate_batch) ops_.make_batch(opt_.batch, tokens_buf_, targets_buf_, s);
+}
+
+float Model::wgrad_beta() const noexcept {
+  if (!opt_.seed000_host_flag) return 1.0f;
+  return host_microbatch_ % opt_.microbatches == 0 ? 0.0f : 1.0f;
+}
+
+Tensor Model::compute_weight(Weights& w, int i) {
+  // bf16 parameters are read as they are. An MXFP8 parameter format would return its
+  // quantized data here (and its scales with it) -- see main.cpp's --params.
+  return w.param(i);
+}
+
+Tensor Model::compute_experts(Weights& w, const std::vector<int>& idx, const Buffer& packed, Stream s) {
+  if (!spec_.discrete_experts()) return w.param(idx.front());  // the grouped tensor, contiguous
+  if (w.persistent() == opt_.gathered_weights)
+    throw std::logic_error(opt_.gathered_weights ? "ModelOptions::gathered_weights is set, but these weights persist"
+                                                 : "these weights are gathered per use (FSDP): set "
+                                                   "ModelOptions::gathered_weights");
+  std::vector<Tensor> src;
+  for (int i : idx) src.push_back(w.param(i));
+  // Persistent weights change only at the step: pack on the first microbatch, reuse on the
+  // others, deciding on the device (skip_weight_update), never by a host flag frozen at
+  // capture. Gathered weights are packed on every use.
+  const Tensor& dst = packed.get();
+  ops_.pack(src, dst, opt_.gathered_weights ? nullptr : opt_.microbatch, s);
+  return dst;
+}
+
+std::vector<Tensor> Model::expert_grads(Weights& w, const std::vector<int>& idx) {
+  std::vector<Tensor> out;
+  if (!spec_.discrete_experts()) {
+    for (int g = 0; g < c_.experts; ++g) out.push_back(w.grad(idx.front(), g));
+  } else {
+    for (int i : idx) out.push_back(w.grad(i));
+  }
+  return out;
+}
+
+void Model::stats_and_ready(Weights& w, int i, Stream s) {
+  if (opt_.grad_stats) ops_.sumsq(w.grad(i), grad_sumsq_.slice(i, 1), opt_.microbatch, w.sumsq_when(), s);
+  w.grad_done(i, s);
+}
+
+void Model::linear_forward(const Tensor& x, const Tensor& W, const Tensor& y, std::int64_t rows, std::int64_t in,
+                           std::int64_t out, float beta, Stream s) {
+  GemmArgs g;
+  g.trans_b = true;
+  g.m = rows, g.n = out, g.k = in;
+  g.a = x, g.lda = in;
+  g.b = W, g.ldb = in;
+  g.c = y, g.ldc = out;
+  g.beta = beta;
+  ops_.gemm(g, s);
+}
+
+void Model::linear_dgrad(const Tensor& dy, const Tensor& W, const Tensor& dx, std::int64_t rows, std::int64_t in,
+                         std::int64_t out, float beta, Stream s) {
+  GemmArgs g;
+  g.m = rows, g.n = in, g.k = out;
+  g.a = dy, g.lda = out;
+  g.b = W, g.ldb = in;
+  g.c = dx, g.ldc = in;
+  g.beta = beta;
+  ops_.gemm(g, s);
+}
+
+void Model::linear_wgrad(const Tensor& dy, const Tensor& x, const Tensor& dW, std::int64_t rows, std::int64_t in,
+                         std::int64_t out, Stream s) {
+  GemmArgs g;
+  g.trans_a = true;
+  g.m = out, g.n = in, g.k = rows;
+  g.a = dy, g.lda = out;
+  g.b = x, g.ldb = in;
+  g.c = dW, g.ldc = in;
+  g.beta = wgrad_beta();
+  ops_.gemm(g, s);
+}
+
+void Model::experts_forward(const Tensor& x, const Tensor& W, const Tensor& y, std::int64_t in, std::int64_t out,
+                            Stream s) {
+  GemmArgs g;
+  g.trans_b = true;
+  g.m = C_, g.n = out, g.k = in;
+  g.a = x, g.lda = in;
+  g.b = W, g.ldb = in;
+  g.c = y, g.ldc = out;
+  g.batch = c_.experts;
+  g.stride_a = C_ * in, g.stride_b = out * in, g.stride_c = C_ * out;
+  ops_.gemm(g, s);
+}
+
+void Model::experts_dgrad(const Tensor& dy, const Tensor& W, const Tensor& dx, std::int64_t in, std::int64_t out,
+                          Stream s) {
+  GemmArgs g;
+  g.m = C_, g.n = in, g.k = out;
+  g.a = dy, g.lda = out;
+  g.b = W, g.ldb = in;
+  g.c = dx, g.ldc = in;
+  g.batch = c_.experts;
+  g.stride_a = C_ * out, g.stride_b = out * in, g.stride_c = C_ * in;
+  ops_.gemm(g, s);
+}
+
+void Model::experts_wgrad(const Tensor& dy, const Tensor& x, const std::vector<Tensor>& dW, std::int64_t in,
+                          std::int64_t out, Stream s) {
+  // Pointer-array batched GEMM in both expert modes: discrete gradient views are not
+  // equally strided, and issuing the same call either way keeps the two modes bitwise equal.
+  GroupedGemmArgs g;
+  g.trans_a = true;
+  g.m = out, g.n = in, g.k = C_;
+  g.lda = out, g.ldb = in, g.ldc = in;
+  g.beta = wgrad_beta();
+  for (int e = 0; e < c_.experts; ++e) {
+    g.a.push_back(dy.slice(e * C_ * out, C_ * out));
+    g.b.push_back(x.slice(e * C_ * in, C_ * in));
+    g.c.push_back(dW[static_cast<std::size_t>(e)]);
+  }
+  ops_.grouped_gemm(g, s);
+}
+
+void Model::forward(Weights& w, Stream s) {
+  const std::int64_t T = c_.tokens, H = c_.hidden, F = c_.mlp, V = c_.vocab, E = c_.expert_mlp;
+  const int G = c_.experts, N = c_.layers;
+  const float eps = math::kNormEps;
+  w.forward_unit(0, s);
+  ops_.embed_forward(compute_weight(w, spec_.embed()), tokens_, h_[0], T, H, s);
+  for (int l = 0; l < N; ++l) {
+    const BlockParams& b = spec_.blocks()[static_cast<std::size_t>(l)];
+    Layer& L = layers_[static_cast<std::size_t>(l)];
+    w.forward_unit(l + 1, s);
+    // Dense branch: h_mid = h + down(silu(up(norm1(h)))).
+    ops_.rmsnorm_forward(h_[static_cast<std::size_t>(l)], w.param(b.norm1), L.xn, L.rstd1, T, H, eps, s);
+    linear_forward(L.xn, compute_weight(w, b.up), L.u, T, H, F, 0.0f, s);
+    ops_.silu_forward(L.u, L.a, T * F, s);
+    ops_.copy(L.h_mid, h_[static_cast<std::size_t>(l)], s);
+    linear_forward(L.a, compute_weight(w, b.down), L.h_mid, T, F, H, 1.0f, s);
+    // MoE branch: h_out = h_mid + gate * expert(norm2(h_mid)), top-1, fixed capacity.
+    ops_.rmsnorm_forward(L.h_mid, w.param(b.norm2), L.xm, L.rstd2, T, H, eps, s);
+    linear_forward(L.xm, compute_weight(w, b.router), L.rlogits, T, H, G, 0.0f, s);
+    ops_.router_forward(L.rlogits, L.probs, L.expert, L.gate, T, G, s);
+    ops_.dispatch(L.expert, L.xm, L.slot, L.row_token, L.xe, T, H, G, C_, s);
+    const Tensor wu = compute_experts(w, b.expert_up, opt_.gathered_weights ? shared_up_ : L.packed_up, s);
+    experts_forward(L.xe, wu, L.ue, H, E, s);
+    ops_.silu_forward(L.ue, L.ae, G * C_ * E, s);
+    const Tensor wd = compute_experts(w, b.expert_down, opt_.gathered_weights ? shared_down_ : L.packed_down, s);
+    experts_forward(L.ae, wd, L.ye, E, H, s);
+    ops_.copy(h_[static_cast<std::size_t>(l) + 1], L.h_mid, s);
+    ops_.combine_forward(L.ye, L.expert, L.slot, L.gate, h_[static_cast<std::size_t>(l) + 1], T, H, C_, s);
+  }
+  w.forward_unit(N + 1, s);
+  ops_.rmsnorm_forward(h_[static_cast<std::size_t>(N)], w.param(spec_.final_norm()), xf_, rstdf_, T, H, eps, s);
+  linear_forward(xf_, compute_weight(w, spec_.head()), logits_, T, H, V, 0.0f, s);
+  const float scale = 1.0f / static_cast<float>(T * opt_.microbatches);
+  ops_.cross_entropy(logits_, targets_buf_, dlogits_, token_loss_, loss_slots_, opt_.microbatch, scale, T, V, s);
+}
+
+void Model::backward(Weights& w, Stream s) {
+  const std::int64_t T = c_.tokens, H = c_.hidden, F = c_.mlp, V = c_.vocab, E = c_.expert_mlp;
+  const int G = c_.experts, N = c_.layers;
+  // Final norm and head.
+  w.backward_unit(N + 1, true, s);
+  linear_wgrad(dlogits_, xf_, w.grad(spec_.head()), T, H, V, s);
+  stats_and_ready(w, spec_.head(), s);
+  linear_dgrad(dlogits_, compute_weight(w, spec_.head()), dx_, T, H, V, 0.0f, s);
+  ops_.zero(dh_, s);
+  ops_.rmsnorm_backward(dx_, h_[static_cast<std::size_t>(N)], w.param(spec_.final_norm()), rstdf_, dh_,
+                        w.grad(spec_.final_norm()), partial_, T, H, s);
+  stats_and_ready(w, spec_.final_norm(), s);
+  w.backward_unit_done(N + 1, s);
+
+  for (int l = N - 1; l >= 0; --l) {
+    const BlockParams& b = spec_.blocks()[static_cast<std::size_t>(l)];
+    Layer& L = layers_[static_cast<std::size_t>(l)];
+    w.backward_unit(l + 1, true, s);
+    // MoE branch (dh holds the gradient of the block's output).
+    ops_.combine_backward(dh_, L.ye, L.expert, L.slot, L.gate, L.row_token, dye_, dgate_, T, H, G, C_, s);
+    const Tensor wd = opt_.gathered_weights || !spec_.discrete_experts()
+                          ? compute_experts(w, b.expert_down, shared_down_, s)
+                          : L.packed_down.get();  // packed by this step's first forward
+    experts_wgrad(dye_, L.ae, expert_grads(w, b.expert_down), E, H, s);
+    experts_dgrad(dye_, wd, dae_, E, H, s);
+    for (int i : b.expert_down) stats_and_ready(w, i, s);
+    ops_.silu_backward(dae_, L.ue, due_, G * C_ * E, s);
+    const Tensor wu = opt_.gathered_weights || !spec_.discrete_experts()
+                          ? compute_experts(w, b.expert_up, shared_up_, s)
+                          : L.packed_up.get();
+    experts_wgrad(due_, L.xe, expert_grads(w, b.expert_up), H, E, s);
+    experts_dgrad(due_, wu, dxe_, H, E, s);
+    for (int i : b.expert_up) stats_and_ready(w, i, s);
+    ops_.dispatch_backward(dxe_, L.expert, L.slot, dx_, T, H, C_, s);
+    ops_.router_backward(dgate_, L.probs, L.expert, dlr_, T, G, s);
+    linear_wgrad(dlr_, L.xm, w.grad(b.router), T, H, G, s);
+    linear_dgrad(dlr_, compute_weight(w, b.router), dx_, T, H, G, 1.0f, s);
+    stats_and_ready(w, b.router, s);
+    ops_.rmsnorm_backward(dx_, L.h_mid, w.param(b.norm2), L.rstd2, dh_, w.grad(b.norm2), partial_, T, H, s);
+    stats_and_ready(w, b.norm2, s);
+    // Dense branch.
+    ops_.to_low(dh_, dy_low_, T * H, s);
+    linear_wgrad(dy_low_, L.a, w.grad(b.down), T, F, H, s);
+    linear_dgrad(dy_low_, compute_weight(w, b.down), dF_, T, F, H, 0.0f, s);
+    stats_and_ready(w, b.down, s);
+    ops_.silu_backward(dF_, L.u, dF_low_, T * F, s);
+    linear_wgrad(dF_low_, L.xn, w.grad(b.up), T, H, F, s);
+    linear_dgrad(dF_low_, compute_weight(w, b.up), dx_, T, H, F, 0.0f, s);
+    stats_and_ready(w, b.up, s);
+    ops_.rmsnorm_backward(dx_, h_[static_cast<std::size_t>(l)], w.param(b.norm1), L.rstd1, dh_, w.grad(b.norm1),
+                          partial_, T, H, s);
+    stats_and_ready(w, b.norm1, s);
+    w.backward_unit_done(l + 1, s);
+  }
+
+  // Embedding: its backward needs no parameters (no gather in FSDP).
+  w.backward_unit(0, false, s);
+  ops_.embed_backward(dh_, tokens_, links_buf_, w.grad(spec_.embed()), T, H, s);
+  stats_and_ready(w, spec_.embed(), s);
+  w.backward_unit_done(0, s);
+}
+
+}  // namespace trainer

@@ -1,0 +1,124 @@
+// model.hpp - forward and backward of the trainer's model over an Ops implementation.
+//
+// One microbatch = make the batch (on the device, from the device step and microbatch
+// counters), forward, cross entropy, backward. Every weight gradient is accumulated with
+// beta = 1 GEMMs into the gradient views (zeroed once per step by the optimizer), so
+// one captured iteration serves every microbatch. Everything that varies per
+// microbatch is read from the device when it runs: the batch, the loss slot, the
+// skip-weight-update flag of the weights prepared for compute (seed 000), and when the
+// per-parameter gradient statistics are taken.
+//
+// Shapes are static for a config: buffers are allocated once, so every pointer a
+// captured graph holds stays valid.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <shardopt/microbatch.hpp>
+
+#include "model_spec.hpp"
+#include "ops.hpp"
+#include "weights.hpp"
+
+namespace trainer {
+
+/// Options of a Model.
+struct ModelOptions {
+  /// Microbatches per step: the number of loss slots; gradients are scaled by
+  /// 1 / (tokens * microbatches) so that they average over the step.
+  int microbatches = 1;
+  /// The token stream (BatchArgs::scalars / microbatch point at the optimizer's device
+  /// state); with generate_batch false, set_batch() provides the tokens instead.
+  BatchArgs batch;
+  bool generate_batch = true;
+  /// The device microbatch state (skip-weight-update flag, loss slot index, when the
+  /// gradient statistics are taken). Null: first and last microbatch every time.
+  const shardopt::MicrobatchState* microbatch = nullptr;
+  /// The weights are gathered per use (FSDP): discrete experts are packed for compute on
+  /// every use into one shared buffer, instead of once per step into one per layer.
+  bool gathered_weights = false;
+  /// Per-parameter gradient sums of squares on the device (group norms).
+  bool grad_stats = true;
+  /// DELIBERATELY WRONG, for the regression test's negative control only: weight-gradient
+  /// GEMMs overwrite (beta = 0) on the first microbatch, decided by a host counter at
+  /// enqueue time. Eager runs are still right; a graph that reuses one captured
+  /// microbatch freezes the capture-time choice, which is TransformerEngine's
+  /// GroupedLinear bug of seed 000.
+  bool seed000_host_flag = false;
+};
+
+class Model {
+ public:
+  Model(const ModelSpec& spec, Ops& ops, ModelOptions options);
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  /// One microbatch: batch, forward, loss, backward (gradients accumulate).
+  void microbatch(Weights& w, Stream stream);
+  /// Pieces of microbatch() (in this order).
+  void make_batch(Stream stream);
+  void forward(Weights& w, Stream stream);
+  void backward(Weights& w, Stream stream);
+
+  /// Sets the tokens and targets of the next microbatch (generate_batch = false).
+  void set_batch(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets);
+
+  /// Mean token loss of each microbatch of the step (act, microbatches elements).
+  const Tensor& loss_slots() const noexcept { return loss_slots_; }
+  /// Per-parameter gradient sum of squares (act, one per parameter; see Weights::sumsq_when).
+  const Tensor& grad_sumsq() const noexcept { return grad_sumsq_; }
+  const Tensor& tokens() const noexcept { return tokens_; }
+  const Tensor& logits() const noexcept { return logits_; }
+  /// Bytes of activations and scratch this model allocated.
+  std::int64_t workspace_bytes() const noexcept { return workspace_bytes_; }
+  const ModelSpec& spec() const noexcept { return spec_; }
+  Ops& ops() const noexcept { return ops_; }
+
+ private:
+  struct Layer {
+    Buffer h_mid, xn, rstd1, u, a, xm, rstd2, rlogits, probs, expert, gate, slot, row_token, xe, ue, ae, ye;
+    Buffer packed_up, packed_down;  // discrete experts with persistent weights
+  };
+
+  Buffer make(Elem e, std::int64_t n);
+  /// The weights a GEMM reads for parameter i (the one place a parameter format other
+  /// than bf16, e.g. MXFP8, would plug in).
+  Tensor compute_weight(Weights& w, int i);
+  /// The G expert matrices of `idx` as one contiguous [G, ...] tensor: the grouped
+  /// tensor itself, or the discrete tensors packed (once per step when persistent).
+  Tensor compute_experts(Weights& w, const std::vector<int>& idx, const Buffer& packed, Stream s);
+  /// The G member gradients of an expert weight.
+  std::vector<Tensor> expert_grads(Weights& w, const std::vector<int>& idx);
+  void stats_and_ready(Weights& w, int i, Stream s);
+  float wgrad_beta() const noexcept;
+
+  void linear_forward(const Tensor& x, const Tensor& W, const Tensor& y, std::int64_t rows, std::int64_t in,
+                      std::int64_t out, float beta, Stream s);
+  void linear_dgrad(const Tensor& dy, const Tensor& W, const Tensor& dx, std::int64_t rows, std::int64_t in,
+                    std::int64_t out, float beta, Stream s);
+  void linear_wgrad(const Tensor& dy, const Tensor& x, const Tensor& dW, std::int64_t rows, std::int64_t in,
+                    std::int64_t out, Stream s);
+  void experts_forward(const Tensor& x, const Tensor& W, const Tensor& y, std::int64_t in, std::int64_t out, Stream s);
+  void experts_dgrad(const Tensor& dy, const Tensor& W, const Tensor& dx, std::int64_t in, std::int64_t out, Stream s);
+  void experts_wgrad(const Tensor& dy, const Tensor& x, const std::vector<Tensor>& dW, std::int64_t in,
+                     std::int64_t out, Stream s);
+
+  const ModelSpec& spec_;
+  Ops& ops_;
+  ModelOptions opt_;
+  ModelConfig c_;
+  std::int64_t C_ = 0;
+  std::int64_t workspace_bytes_ = 0;
+  std::int64_t host_microbatch_ = 0;  // only for seed000_host_flag
+
+  Buffer tokens_buf_, targets_buf_, links_buf_;
+  std::vector<Buffer> h_;  // residual stream entering each block, and after the last
+  std::vector<Layer> layers_;
+  Buffer xf_, rstdf_, logits_buf_, dlogits_, token_loss_, loss_buf_, sumsq_buf_;
+  Buffer dh_, dx_, dy_low_, dF_, dF_low_, dye_, dae_, due_, dxe_, dgate_, dlr_, partial_;
+  Buffer shared_up_, shared_down_;  // discrete experts with gathered (FSDP) weights
+  Tensor tokens_, logits_, loss_slots_, grad_sumsq_;
+};
+
+}  // namespace trainer

@@ -1,0 +1,120 @@
+// trainer.hpp - a training run on the public shardopt API: the optimizer (distributed
+// Adam or FSDP), the model on CUDA or the host backend, and the iteration, eager or
+// captured in one graph after warm-up.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <shardopt/communicator.hpp>
+#include <shardopt/distributed_adam.hpp>
+#include <shardopt/fsdp.hpp>
+#include <shardopt/step_graph.hpp>
+
+#include "config.hpp"
+#include "model.hpp"
+#include "model_spec.hpp"
+#include "ops.hpp"
+#include "weights.hpp"
+
+namespace trainer {
+
+/// What a step leaves to report (read after the step, outside any capture).
+struct StepStats {
+  std::int64_t step = 0;          ///< optimizer steps applied so far
+  double loss = 0.0;              ///< mean token loss of the last iteration, over microbatches and ranks
+  std::vector<double> microbatch_loss;  ///< this rank's mean token loss per microbatch
+  float grad_norm = 0.0f;         ///< global norm of the last step's (reduced, unclipped) gradient
+  float lr = 0.0f;                ///< learning rate of the last step
+  bool skipped = false;           ///< the last step found a NaN/Inf gradient and changed nothing
+  /// This rank's gradient norm per NormGroup, taken on the device before the step: of the
+  /// accumulated gradients (dist-adam), or sqrt of the sum over microbatches of each
+  /// microbatch's squared norm (fsdp, whose gradient slots hold one microbatch).
+  std::array<double, kNormGroups> group_norm{};
+  /// The same per parameter (squared), registration order.
+  std::vector<double> param_sumsq;
+};
+
+/// Bytes held by this rank.
+struct MemoryUse {
+  std::int64_t optimizer = 0;    ///< MemoryReport::total() of the optimizer
+  std::int64_t activations = 0;  ///< the model's activations and scratch
+  std::int64_t device = 0;       ///< device memory in use (cudaMemGetInfo; 0 on the host)
+};
+
+/// Settings for tests, not on the command line.
+struct TrainerTestHooks {
+  /// StepGraph in one-graph mode (default) or split mode (one microbatch graph replayed
+  /// for every microbatch but the last, then the last microbatch's and the step's).
+  bool one_graph = true;
+  /// Bucket threshold in elements (0: the library's default).
+  std::int64_t bucket_numel = 0;
+  /// Deliberately wrong: see ModelOptions::seed000_host_flag.
+  bool seed000_host_flag = false;
+};
+
+class Trainer {
+ public:
+  /// Collective over `comm` (its backend picks CUDA or host ops). Throws
+  /// std::invalid_argument / std::runtime_error / shardopt::Error with what to change.
+  Trainer(const TrainOptions& options, shardopt::Communicator comm, TrainerTestHooks hooks = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  /// One training iteration: every microbatch (forward, backward), the optimizer step and
+  /// zero_grad. With --graph on, the first call runs one eager warm-up iteration and
+  /// captures the iteration; later calls replay it.
+  void step();
+  /// Waits for the queued iterations.
+  void synchronize();
+  /// The values of the last step (synchronizes; collective over the ranks for the loss).
+  StepStats stats();
+  /// The optimizer step alone (step + zero_grad), e.g. to time it: eager, or the captured
+  /// step graph when one was captured in split mode. Trains (it is a real step).
+  void optimizer_step_only();
+
+  MemoryUse memory() const;
+  /// Tokens of one iteration over all ranks.
+  std::int64_t tokens_per_step() const noexcept;
+  int iterations() const noexcept { return iterations_; }
+
+  const TrainOptions& options() const noexcept { return options_; }
+  const ModelSpec& spec() const noexcept { return *spec_; }
+  Ops& ops() const noexcept { return *ops_; }
+  Model& model() const noexcept { return *model_; }
+  const shardopt::Communicator& comm() const noexcept { return comm_; }
+  shardopt::DistributedAdam* dist_adam() const noexcept { return adam_.get(); }
+  shardopt::Fsdp* fsdp() const noexcept { return fsdp_.get(); }
+  /// The bytes of parameter i (member `member` of a grouped tensor, -1: whole) as this
+  /// rank holds them: the full view (dist-adam) or this rank's shard piece (fsdp).
+  std::vector<std::uint8_t> param_bytes(int i, int member = -1) const;
+
+ private:
+  void init_params();
+
+  TrainOptions options_;
+  TrainerTestHooks hooks_;
+  shardopt::Communicator comm_;
+  std::unique_ptr<ModelSpec> spec_;
+  std::unique_ptr<Ops> ops_;
+  std::unique_ptr<shardopt::DistributedAdam> adam_;
+  std::unique_ptr<shardopt::Fsdp> fsdp_;
+  std::unique_ptr<Weights> weights_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<shardopt::StepGraph> graph_;
+  int iterations_ = 0;
+};
+
+/// Throws std::runtime_error for options whose library part is not built yet (--params
+/// mxfp8), saying where it will come from. The Trainer constructor calls it too.
+void check_supported(const TrainOptions& options);
+
+/// The backend a run uses: --backend, or CUDA when this trainer has its CUDA ops, the
+/// library has CUDA and a device is visible; else the host backend.
+shardopt::Backend choose_backend(const TrainOptions& options);
+
+}  // namespace trainer

@@ -1,0 +1,124 @@
+#include "weights.hpp"
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+
+namespace trainer {
+namespace {
+
+std::int64_t member_numel(const ParamInfo& p) { return shardopt::numel(p.shape); }
+
+/// A member's tensor inside a whole grouped tensor (or the whole tensor for member -1).
+Tensor member_tensor(const Tensor& whole, const ParamInfo& p, int member) {
+  if (member < 0) return whole;
+  if (member >= p.members)
+    throw std::out_of_range("member " + std::to_string(member) + " of '" + p.name + "' (" +
+                            std::to_string(p.members) + " members)");
+  return whole.slice(member * member_numel(p), member_numel(p));
+}
+
+class DistAdamWeights final : public Weights {
+ public:
+  DistAdamWeights(shardopt::DistributedAdam& opt, const ModelSpec& spec) : opt_(opt), spec_(spec) {
+    if (opt.num_params() != spec.num_params())
+      throw std::invalid_argument("the optimizer was built from another parameter list");
+    for (int i = 0; i < spec.num_params(); ++i) {
+      params_.push_back(from_view(opt.param(i)));
+      grads_.push_back(from_view(opt.grad(i)));
+    }
+  }
+  void forward_unit(int, Stream) override {}
+  void backward_unit(int, bool, Stream) override {}
+  void backward_unit_done(int, Stream) override {}
+  void grad_done(int i, Stream s) override { opt_.grad_ready(i, s); }
+  Tensor param(int i, int m) override { return member_tensor(params_.at(static_cast<std::size_t>(i)), info(i), m); }
+  Tensor grad(int i, int m) override { return member_tensor(grads_.at(static_cast<std::size_t>(i)), info(i), m); }
+  bool persistent() const noexcept override { return true; }
+  SumsqWhen sumsq_when() const noexcept override { return SumsqWhen::LastMicrobatch; }
+
+ private:
+  const ParamInfo& info(int i) const { return spec_.params()[static_cast<std::size_t>(i)]; }
+  shardopt::DistributedAdam& opt_;
+  const ModelSpec& spec_;
+  std::vector<Tensor> params_, grads_;
+};
+
+class FsdpWeights final : public Weights {
+ public:
+  FsdpWeights(shardopt::Fsdp& opt, const ModelSpec& spec)
+      : opt_(opt), spec_(spec), units_(spec.units()),
+        params_(static_cast<std::size_t>(spec.num_params())), grads_(params_.size()) {
+    if (opt.num_params() != spec.num_params() || opt.num_units() != spec.num_units())
+      throw std::invalid_argument("the FSDP optimizer was built from another parameter list");
+  }
+  void forward_unit(int unit, Stream s) override { take_params(unit, s); }
+  void backward_unit(int unit, bool need_params, Stream s) override {
+    if (need_params) take_params(unit, s);
+    const auto views = opt_.grad_slot(unit, s);
+    const auto& u = units_[static_cast<std::size_t>(unit)];
+    for (int k = 0; k < u.count; ++k)
+      grads_[static_cast<std::size_t>(u.first + k)] = from_view(views[static_cast<std::size_t>(k)]);
+  }
+  void backward_unit_done(int unit, Stream s) override {
+    opt_.grad_ready(unit, s);
+    const auto& u = units_[static_cast<std::size_t>(unit)];
+    for (int k = 0; k < u.count; ++k) grads_[static_cast<std::size_t>(u.first + k)] = Tensor{};
+  }
+  void grad_done(int, Stream) override {}
+  Tensor param(int i, int m) override { return member_tensor(checked(params_, i, "parameter"), info(i), m); }
+  Tensor grad(int i, int m) override { return member_tensor(checked(grads_, i, "gradient"), info(i), m); }
+  bool persistent() const noexcept override { return false; }
+  SumsqWhen sumsq_when() const noexcept override { return SumsqWhen::SumOverMicrobatches; }
+
+ private:
+  void take_params(int unit, Stream s) {
+    const auto views = opt_.wait_param(unit, s);
+    const auto& u = units_[static_cast<std::size_t>(unit)];
+    for (int k = 0; k < u.count; ++k)
+      params_[static_cast<std::size_t>(u.first + k)] = from_view(views[static_cast<std::size_t>(k)]);
+  }
+  const Tensor& checked(const std::vector<Tensor>& v, int i, const char* what) const {
+    const Tensor& t = v.at(static_cast<std::size_t>(i));
+    if (t.data == nullptr)
+      throw std::logic_error(std::string("FSDP: the ") + what + " of '" + info(i).name +
+                             "' is used outside its unit's forward/backward");
+    return t;
+  }
+  const ParamInfo& info(int i) const { return spec_.params()[static_cast<std::size_t>(i)]; }
+  shardopt::Fsdp& opt_;
+  const ModelSpec& spec_;
+  std::vector<shardopt::FsdpUnit> units_;
+  std::vector<Tensor> params_, grads_;
+};
+
+}  // namespace
+
+std::unique_ptr<Weights> make_dist_adam_weights(shardopt::DistributedAdam& opt, const ModelSpec& spec) {
+  return std::make_unique<DistAdamWeights>(opt, spec);
+}
+
+std::unique_ptr<Weights> make_fsdp_weights(shardopt::Fsdp& opt, const ModelSpec& spec) {
+  return std::make_unique<FsdpWeights>(opt, spec);
+}
+
+ArrayWeights::ArrayWeights(Ops& ops, const ModelSpec& spec) : spec_(spec) {
+  const bool dbl = ops.precision() == Precision::Double;
+  for (int i = 0; i < spec.num_params(); ++i) {
+    const ParamInfo& p = spec.params()[static_cast<std::size_t>(i)];
+    const std::int64_t total = member_numel(p) * p.members;
+    params_.push_back(ops.alloc(dbl ? Elem::f64 : Elem::bf16, total));
+    grads_.push_back(ops.alloc(dbl ? Elem::f64 : Elem::f32, total));
+    ops.init_param(params_.back(), spec.init_args(i), ops.stream());
+  }
+  ops.synchronize();
+}
+
+Tensor ArrayWeights::member_of(const Buffer& b, int i, int member) const {
+  return member_tensor(b.get(), spec_.params()[static_cast<std::size_t>(i)], member);
+}
+Tensor ArrayWeights::param(int i, int member) { return member_of(params_.at(static_cast<std::size_t>(i)), i, member); }
+Tensor ArrayWeights::grad(int i, int member) { return member_of(grads_.at(static_cast<std::size_t>(i)), i, member); }
+
+}  // namespace trainer
