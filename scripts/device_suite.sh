@@ -82,8 +82,8 @@ phase_dist() {
   for n in "$GPUS" 2; do
     [ "$n" -le "$GPUS" ] || continue
     log "== dist-adam ($n ranks)"
-    $TORCHRUN --nproc_per_node "$n" bench/peers/dist_adam_peer.py --out /tmp/peer_dist.tsv >>"$OUT/bench.log" 2>&1 || log "dist peer failed"
-    $MPIRUN -n "$n" "$BUILD/bench/bench_dist_adam" --peer /tmp/peer_dist.tsv --results bench/results >/tmp/b.log 2>&1
+    timeout 150 $TORCHRUN --nproc_per_node "$n" bench/peers/dist_adam_peer.py --out /tmp/peer_dist.tsv >>"$OUT/bench.log" 2>&1 || log "dist peer failed"
+    timeout 150 $MPIRUN -n "$n" "$BUILD/bench/bench_dist_adam" --peer /tmp/peer_dist.tsv --results bench/results >/tmp/b.log 2>&1
     cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
   done
 }
@@ -91,18 +91,16 @@ phase_dist() {
 phase_fsdp() {
   [ -x "$BUILD/bench/bench_fsdp" ] || return 0
   log "== fsdp ($GPUS ranks)"
-  $TORCHRUN --nproc_per_node "$GPUS" bench/peers/fsdp_peer.py --out /tmp/peer_fsdp.tsv >>"$OUT/bench.log" 2>&1 || log "fsdp peer failed"
-  $MPIRUN -n "$GPUS" "$BUILD/bench/bench_fsdp" --peer /tmp/peer_fsdp.tsv --results bench/results >/tmp/b.log 2>&1
+  timeout 150 $TORCHRUN --nproc_per_node "$GPUS" bench/peers/fsdp_peer.py --out /tmp/peer_fsdp.tsv >>"$OUT/bench.log" 2>&1 || log "fsdp peer failed"
+  timeout 150 $MPIRUN -n "$GPUS" "$BUILD/bench/bench_fsdp" --peer /tmp/peer_fsdp.tsv --results bench/results >/tmp/b.log 2>&1
   cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
 }
 
 phase_trainer() {
-  [ -x "$BUILD/bench/bench_trainer" ] || [ -x "$BUILD/examples/trainer/trainer" ] || return 0
+  [ -x "$BUILD/examples/trainer/bench_trainer" ] || return 0
   log "== trainer ($GPUS ranks)"
-  if [ -x "$BUILD/bench/bench_trainer" ]; then
-    $MPIRUN -n "$GPUS" "$BUILD/bench/bench_trainer" --results bench/results >/tmp/b.log 2>&1
-    cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
-  fi
+  timeout 240 $MPIRUN -n "$GPUS" "$BUILD/examples/trainer/bench_trainer" --results bench/results >/tmp/b.log 2>&1
+  cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
 }
 
 phases=("$@")

@@ -14,6 +14,7 @@ Rank 0 appends "config<TAB>median_ms<TAB>description" to --out.
 import argparse
 import math
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -86,7 +87,10 @@ def main():
         with open(args.out, "a") as f:
             f.write(f"bf16p-bf16g/1.5B/147/n{world}\t{med:.4f}\t{desc}\n")
         print(f"peer dist_adam n{world}: median {med:.3f} ms over {args.iters}")
-    dist.destroy_process_group()
+    # Exit at once: tearing NCCL down after graph capture can hang for minutes, and the
+    # result is already written.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ Rank 0 appends "config<TAB>median_ms<TAB>description" to --out.
 """
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -75,7 +76,10 @@ def main():
         with open(args.out, "a") as f:
             f.write(f"16xMLP/T{args.tokens}/n{world}\t{med:.4f}\t{desc}\n")
         print(f"peer fsdp n{world}: median {med:.3f} ms ({kind} AdamW)")
-    dist.destroy_process_group()
+    # Exit at once: tearing NCCL down after graph capture can hang for minutes, and the
+    # result is already written.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

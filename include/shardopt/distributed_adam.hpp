@@ -65,6 +65,10 @@ struct DistributedAdamOptions {
   /// Launch the reduce-scatters that step() starts, and the all-gathers, as one NCCL group
   /// instead of one call per bucket (fewer launches; bench_comm measures both).
   bool grouped_collectives = true;
+  /// Pipeline the end of step(): the buckets are split into this many consecutive groups;
+  /// a group's all-gather starts as soon as Adam has updated it, overlapping the Adam pass
+  /// of the next group. 1 = Adam on the whole shard, then the gathers.
+  int gather_pipeline = 4;
   /// CUDA: ncclMemAlloc + registration of the flat buffers (false: cudaMalloc).
   bool nccl_registered = true;
   /// Dtype of the Adam moments: f32, or bf16 (half the memory, see fused_adam.hpp).

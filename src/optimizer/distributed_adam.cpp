@@ -87,6 +87,8 @@ class DistributedAdam::Impl {
 DistributedAdam::DistributedAdam(Communicator comm, std::vector<ParamSpec> specs, DistributedAdamOptions options) {
   SHARDOPT_REQUIRE(comm.valid(), ErrorCode::InvalidArgument, "DistributedAdam needs a valid Communicator");
   detail::validate(hyper_of(options));
+  SHARDOPT_REQUIRE(options.gather_pipeline >= 1, ErrorCode::InvalidArgument,
+                   "gather_pipeline must be >= 1 (1 = no pipelining)");
   impl_ = std::make_unique<Impl>(std::move(comm), std::move(specs), std::move(options));
 }
 
@@ -219,12 +221,31 @@ void DistributedAdam::reduce_grads(Stream stream) {
 }
 
 void DistributedAdam::step(Stream stream) {
-  if (!impl_->grads_reduced) reduce_grads(stream);
-  impl_->grads_reduced = false;
+  Impl& m = *impl_;
+  if (!m.grads_reduced) reduce_grads(stream);
+  m.grads_reduced = false;
   // Adam writes the param slices: gathers of the previous step must be done with them.
-  impl_->wait_pending_gathers(stream);
-  impl_->state.step(impl_->comm, stream);
-  gather_params(stream);
+  m.wait_pending_gathers(stream);
+  m.state.begin_step(m.comm, stream);
+  // Adam per group of buckets; each group's all-gather overlaps the next group's Adam.
+  const int nb = static_cast<int>(layout().buckets().size());
+  const int groups = std::max(1, std::min(m.opt.gather_pipeline, nb));
+  for (int g = 0; g < groups; ++g) {
+    const int first = static_cast<int>(static_cast<std::int64_t>(nb) * g / groups);
+    const int last = static_cast<int>(static_cast<std::int64_t>(nb) * (g + 1) / groups);
+    for (int b = first; b < last; ++b) {
+      const auto [c0, c1] = m.state.bucket_chunks(b);
+      m.state.apply(layout().buckets()[static_cast<std::size_t>(b)].buffer, c0, c1, stream);
+    }
+    if (m.opt.grouped_collectives) {
+      m.store.start_param_gathers(first, last, stream);
+    } else {
+      for (int b = first; b < last; ++b) m.store.start_param_gather(b, stream);
+    }
+  }
+  const bool defer = m.opt.overlap_param_gather && !is_capturing(m.backend, stream);
+  if (!defer)
+    for (int b = 0; b < nb; ++b) m.store.wait_param_gather(b, stream);
 }
 
 void DistributedAdam::gather_params(Stream stream) {

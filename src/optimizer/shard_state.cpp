@@ -121,6 +121,31 @@ void ShardState::init_master(Stream stream) {
 }
 
 void ShardState::step(const Communicator& norm_comm, Stream stream) {
+  begin_step(norm_comm, stream);
+  for (std::size_t b = 0; b < shards_.size(); ++b) apply(static_cast<int>(b), 0, shards_[b].chunks.size(), stream);
+}
+
+void ShardState::apply(int buffer, std::size_t first, std::size_t last, Stream stream) {
+  const BufferShard& sh = shards_[static_cast<std::size_t>(buffer)];
+  if (first >= last) return;
+  ShardPointers p = sh.ptrs;
+  p.chunks = sh.ptrs.chunks + first;
+  p.num_chunks = static_cast<std::int64_t>(last - first);
+  adam_step_apply(sh.config, p, scalars(), backend_, stream);
+}
+
+std::pair<std::size_t, std::size_t> ShardState::bucket_chunks(int bucket) const {
+  const Bucket& bk = layout_.buckets()[static_cast<std::size_t>(bucket)];
+  const auto& chunks = shards_[static_cast<std::size_t>(bk.buffer)].chunks;
+  const std::int64_t lo = bk.shard_offset, hi = bk.shard_offset + bk.range.size() / layout_.world_size();
+  auto first = std::lower_bound(chunks.begin(), chunks.end(), lo,
+                                [](const ShardChunk& c, std::int64_t v) { return c.shard_offset < v; });
+  auto last = std::lower_bound(first, chunks.end(), hi,
+                               [](const ShardChunk& c, std::int64_t v) { return c.shard_offset < v; });
+  return {static_cast<std::size_t>(first - chunks.begin()), static_cast<std::size_t>(last - chunks.begin())};
+}
+
+void ShardState::begin_step(const Communicator& norm_comm, Stream stream) {
   StepScalars* sc = scalars();
   // Per-step values, all on the device: lr, inverse loss scale, fresh norm accumulators.
   if (hyper_.lr_schedule.kind == LrSchedule::Kind::Host) {
@@ -138,7 +163,6 @@ void ShardState::step(const Communicator& norm_comm, Stream stream) {
   if (norm_comm.size() > 1) norm_comm.all_reduce(&sc->grad_sumsq, 2, DType::f32, ReduceOp::Sum, stream);
   finalize_grad_norm(hyper_.clip_max_norm, sc, backend_, stream);
   adam_step_prologue(shards_.front().config, sc, backend_, stream);
-  for (const auto& sh : shards_) adam_step_apply(sh.config, sh.ptrs, sc, backend_, stream);
 }
 
 const ParamPiece& ShardState::piece(int param) const {

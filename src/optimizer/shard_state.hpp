@@ -5,6 +5,7 @@
 #pragma once
 
 #include <map>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,13 @@ class ShardState {
   /// shard (one Sum all-reduce over `norm_comm` when it has several ranks), found-inf,
   /// clip coefficient, Adam on every buffer (prologue once).
   void step(const Communicator& norm_comm, Stream stream);
+  /// The two halves of step(): everything up to and including the Adam prologue, then
+  /// the Adam pass over chunks [first, last) of one buffer's chunk table (so that a
+  /// caller can all-gather finished buckets while later ones update).
+  void begin_step(const Communicator& norm_comm, Stream stream);
+  void apply(int buffer, std::size_t first, std::size_t last, Stream stream);
+  /// The chunk range [first, last) of bucket `bucket` in its buffer's chunk table.
+  std::pair<std::size_t, std::size_t> bucket_chunks(int bucket) const;
 
   const ParamPiece& piece(int param) const;
   /// This rank's piece of param i in the master / moments.

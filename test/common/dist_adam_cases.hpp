@@ -528,14 +528,18 @@ inline void case_memory_formula(Backend b) {
   }
 }
 
-/// overlap_param_gather: the all-gathers stay in flight after step(); wait_param(bucket)
+/// A variant of the options (deferred gathers, pipelined Adam + gathers, grouped
+/// collectives) trains exactly like the plain configuration: same bits everywhere. With
+/// overlap_param_gather the all-gathers stay in flight after step(); wait_param(bucket)
 /// before use gives exactly the params of the non-deferred run.
-inline void case_deferred_gather(Backend b) {
+inline void case_same_as_plain(Backend b, const std::function<void(DistributedAdamOptions&)>& variant) {
   const int rank = world_rank();
   Communicator comm = make_comm(b);
   DistributedAdamOptions o = base_options(DType::bf16);
+  o.gather_pipeline = 1;
+  o.grouped_collectives = false;
   DistributedAdamOptions od = o;
-  od.overlap_param_gather = true;
+  variant(od);
   DistributedAdam plain(comm, small_model(), o), deferred(comm, small_model(), od);
   TestStream s(b), sd(b);
   init_params(plain, s.get());

@@ -17,6 +17,14 @@ TEST(DistributedAdamGpu, ZeroGradViewsAndCopies) { case_zero_grad_and_copies(kB)
 TEST(DistributedAdamGpu, ExternalSgdThroughShardGrad) { case_external_sgd(kB); }
 TEST(DistributedAdamGpu, MismatchedSpecsAreAClearError) { case_mismatched_specs(kB); }
 TEST(DistributedAdamGpu, MemoryReportEqualsFormula) { case_memory_formula(kB); }
-TEST(DistributedAdamGpu, DeferredGatherEqualsImmediate) { case_deferred_gather(kB); }
+TEST(DistributedAdamGpu, DeferredGatherEqualsImmediate) {
+  case_same_as_plain(kB, [](DistributedAdamOptions& o) { o.overlap_param_gather = true; });
+}
+TEST(DistributedAdamGpu, PipelinedGroupedStepEqualsPlain) {
+  case_same_as_plain(kB, [](DistributedAdamOptions& o) {
+    o.gather_pipeline = 3;
+    o.grouped_collectives = true;
+  });
+}
 
 }  // namespace

@@ -17,6 +17,14 @@ TEST(DistributedAdamHost, ZeroGradViewsAndCopies) { case_zero_grad_and_copies(kB
 TEST(DistributedAdamHost, ExternalSgdThroughShardGrad) { case_external_sgd(kB); }
 TEST(DistributedAdamHost, MismatchedSpecsAreAClearError) { case_mismatched_specs(kB); }
 TEST(DistributedAdamHost, MemoryReportEqualsFormula) { case_memory_formula(kB); }
-TEST(DistributedAdamHost, DeferredGatherEqualsImmediate) { case_deferred_gather(kB); }
+TEST(DistributedAdamHost, DeferredGatherEqualsImmediate) {
+  case_same_as_plain(kB, [](DistributedAdamOptions& o) { o.overlap_param_gather = true; });
+}
+TEST(DistributedAdamHost, PipelinedGroupedStepEqualsPlain) {
+  case_same_as_plain(kB, [](DistributedAdamOptions& o) {
+    o.gather_pipeline = 3;
+    o.grouped_collectives = true;
+  });
+}
 
 }  // namespace
