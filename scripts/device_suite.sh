@@ -49,11 +49,11 @@ run_suite() {  # name, meson test args...
 }
 
 phase_tests1() {
-  run_suite "gpu tests (1 GPU)" --suite gpu --num-processes 1 --timeout-multiplier 2
+  run_suite "gpu tests (1 GPU)" --suite gpu --num-processes 1 --timeout-multiplier 0.25
 }
 
 phase_testsN() {
-  run_suite "gpu tests (multi-GPU)" --suite gpu-multi --num-processes 1 --timeout-multiplier 2
+  run_suite "gpu tests (multi-GPU)" --suite gpu-multi --num-processes 1 --timeout-multiplier 0.25
 }
 
 bench_line() { grep -hE '^\{"bench"' "$@" | tee -a "$SUMMARY"; }
@@ -79,7 +79,7 @@ phase_comm() {
 }
 
 phase_dist() {
-  for n in "$GPUS" 2; do
+  for n in "$GPUS" 2 1; do
     [ "$n" -le "$GPUS" ] || continue
     log "== dist-adam ($n ranks)"
     timeout 150 $TORCHRUN --nproc_per_node "$n" bench/peers/dist_adam_peer.py --out /tmp/peer_dist.tsv >>"$OUT/bench.log" 2>&1 || log "dist peer failed"
