@@ -145,6 +145,26 @@ Mxfp8Params::Mxfp8Params(Backend backend, const Layout& L, const BucketStore& st
   pieces_ = DeviceBuffer(backend_, table.size() * sizeof(BytePiece));
   copy_async(backend_, pieces_.data(), table.data(), pieces_.bytes(), nullptr);
   synchronize(backend_, nullptr);
+  warm_up();
+}
+
+// NCCL connects lazily, per algorithm: run the scale all-reduce eagerly once per bucket
+// span and once over all of them (the scales are zero, and stay zero), so that a captured
+// step's all-reduce is never the first of its kind. Collective (every rank constructs).
+void Mxfp8Params::warm_up() {
+  if (!any_ || backend_ != Backend::Cuda || comm_.size() == 1) return;
+  std::size_t lo = 0, hi = 0;
+  bool have = false;
+  for (const BucketInfo& bi : bucket_) {
+    if (!bi.mx) continue;
+    comm_.all_reduce(at(bi.scale_begin), static_cast<std::int64_t>(bi.scale_end - bi.scale_begin), DType::e8m0,
+                     ReduceOp::Max, comm_stream_);
+    if (!have) lo = bi.scale_begin;
+    hi = bi.scale_end;
+    have = true;
+  }
+  comm_.all_reduce(at(lo), static_cast<std::int64_t>(hi - lo), DType::e8m0, ReduceOp::Max, comm_stream_);
+  synchronize(backend_, comm_stream_);
 }
 
 Mxfp8View Mxfp8Params::view(int param) const {

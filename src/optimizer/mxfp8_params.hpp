@@ -91,6 +91,7 @@ class Mxfp8Params {
     std::size_t region_bytes = 0;
   };
 
+  void warm_up();
   void advance(int bucket, GatherState to);
   void reduce_scales(std::size_t begin, std::size_t end, Stream stream);
   std::uint8_t* at(std::size_t offset) const { return storage_.as<std::uint8_t>() + offset; }
