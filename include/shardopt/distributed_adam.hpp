@@ -179,7 +179,8 @@ class DistributedAdam {
   /// overlap_param_gather). Also the way to publish a master loaded from a checkpoint.
   void init_from_master(Stream stream);
   /// Reports that param i's gradient is complete on `stream` (overlap with backward).
-  /// A no-op while grad sync is off or overlap_grad_reduce is false.
+  /// A no-op while grad sync is off or overlap_grad_reduce is false. Error(InvalidState)
+  /// naming wait_param while param i's MXFP8 bucket still has its gather in flight.
   void grad_ready(int i, Stream stream);
   /// Turns grad_ready() on or off (off for microbatches that only accumulate).
   void set_grad_sync(bool enabled) noexcept;
@@ -188,7 +189,10 @@ class DistributedAdam {
   /// A later step() then does not reduce again (until the next step or zero_grad).
   void reduce_grads(Stream stream);
   /// The whole optimizer step (see the file comment); it reduces the gradients first
-  /// unless reduce_grads() already did.
+  /// unless reduce_grads() already did. MXFP8 buckets leave it with their gradient
+  /// regions zero (the staging is zeroed on landing), or in flight (overlap_param_gather,
+  /// eager). reduce_grads() and step() are Error(InvalidState) while an MXFP8 bucket is
+  /// still in flight from the previous step (call wait_param or zero_grad first).
   void step(Stream stream);
   /// Starts every bucket's parameter all-gather; waits unless overlap_param_gather.
   /// MXFP8 buckets are requantized from the master, gathered through their gradient
