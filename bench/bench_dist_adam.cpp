@@ -1,10 +1,14 @@
 // bench_dist_adam: the distributed-Adam step (reduce-scatter, norm/clip, Adam on the
-// shard, all-gather) for the Llama-3.2-1B-shaped set with bf16 params and bf16 grads.
+// shard, all-gather) for the Llama-3.2-1B-shaped set with bf16 grads, with bf16 params
+// and with MXFP8 params (ParamFormat::Mxfp8: quantize from the master, e8m0 scale
+// all-reduce, all-gather of both e4m3 planes through the grad buffer, landing, zeroing).
 //
 //   mpirun -n 4 bench_dist_adam [--results DIR] [--peer FILE] [--iters N]
 //
 // Per run it measures, in the same process:
-//  * ours: the captured step graph, replayed (CUDA events, median);
+//  * ours: the captured step graph, replayed (CUDA events, median), for bf16 params
+//    ("bf16p-bf16g/1.5B/147/nN") and MXFP8 params ("mxfp8p-bf16g/1.5B/147/nN"), with
+//    the bytes each rank all-gathers and all-reduces and its memory (MemoryReport);
 //  * the limit: one NCCL reduce-scatter of the whole grad buffer + one all-gather of the
 //    whole param buffer + our Adam on the shard, each timed alone (median), summed;
 //  * host CPU time per step, eager step() vs graph replay, for 1, 10, 100, 1000 tensors;
@@ -92,6 +96,21 @@ struct Captured {
 };
 
 void fill_model(DistributedAdam& opt, Stream s) {
+  if (opt.options().param_format == ParamFormat::Mxfp8) {  // no param views: seed the master
+    for (int i = 0; i < opt.num_params(); ++i) {
+      const ShardView m = opt.shard_master(i);
+      const GradView g = opt.grad(i);
+      if (m.numel() > 0) bench::fill_random(m.data, DType::f32, m.numel(), 100 + static_cast<std::uint64_t>(i), 0.05f, s);
+      bench::fill_random(g.data, g.dtype, g.numel(), 7000 + static_cast<std::uint64_t>(i), 1e-3f, s);
+    }
+    opt.init_from_master(s);
+    // init_from_master zeroed the MXFP8 gradient regions it staged through: refill.
+    for (int i = 0; i < opt.num_params(); ++i) {
+      const GradView g = opt.grad(i);
+      bench::fill_random(g.data, g.dtype, g.numel(), 7000 + static_cast<std::uint64_t>(i), 1e-3f, s);
+    }
+    return;
+  }
   for (int i = 0; i < opt.num_params(); ++i) {
     const ParamView p = opt.param(i);
     const GradView g = opt.grad(i);
@@ -157,21 +176,58 @@ void host_cpu_sweep(const Communicator& comm, Stream s, const Args& a, const std
   }
 }
 
-// Median time of the captured step of an optimizer with the given options.
-double step_ms(const Communicator& comm, Stream s, const Args& a, const DistributedAdamOptions& o) {
+// Median time of the captured step of an optimizer with the given options; `memory`
+// receives the optimizer's MemoryReport.
+double step_ms(const Communicator& comm, Stream s, const Args& a, const DistributedAdamOptions& o,
+               MemoryReport* memory = nullptr) {
   DistributedAdam opt(comm, presets::transformer(presets::kLlama32_1B, DType::bf16), o);
   fill_model(opt, s);
   opt.step(s);
   SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)));
   Captured g(s, [&] { opt.step(s); });
+  if (memory != nullptr) *memory = opt.memory();
   return bench::time_ms(s, 3, a.iters, [&] { g.launch(s); });
+}
+
+// Bytes one rank receives from the parameter all-gathers of a step (the gathered
+// buffers: what NCCL's all-gather writes), and bytes of the MXFP8 scale all-reduce.
+struct StepTraffic {
+  double gathered = 0;
+  double scales = 0;
+};
+StepTraffic traffic(const Layout& L, ParamFormat format) {
+  StepTraffic t;
+  for (const BufferLayout& buf : L.buffers()) {
+    const bool mx = format == ParamFormat::Mxfp8 && buf.dtype == DType::bf16;
+    t.gathered += static_cast<double>(buf.numel) * (mx ? 2.0 : static_cast<double>(size_of(buf.dtype)));
+    if (!mx) continue;
+    for (int p : buf.params) {
+      const Mxfp8Shape sh = Mxfp8Shape::of(L.specs()[static_cast<std::size_t>(p)]);
+      t.scales += static_cast<double>(sh.scale_row_numel() + sh.scale_col_numel());
+    }
+  }
+  return t;
+}
+
+void add_memory(bench::Result& r, const MemoryReport& m) {
+  r.numbers["mem_params_bytes"] = static_cast<double>(m.params);
+  r.numbers["mem_mxfp8_bytes"] = static_cast<double>(m.mxfp8);
+  r.numbers["mem_grads_bytes"] = static_cast<double>(m.grads);
+  r.numbers["mem_master_bytes"] = static_cast<double>(m.master);
+  r.numbers["mem_moments_bytes"] = static_cast<double>(m.moments);
+  r.numbers["mem_total_bytes"] = static_cast<double>(m.total());
 }
 
 void full_step(const Communicator& comm, Stream s, const Args& a, const std::string& device, const std::string& cmd) {
   DistributedAdamOptions unpipelined = step_options();
   unpipelined.gather_pipeline = 1;
   const double plain = step_ms(comm, s, a, unpipelined);
-  const double ours = step_ms(comm, s, a, step_options());
+  MemoryReport bf16_memory, mx_memory;
+  const double ours = step_ms(comm, s, a, step_options(), &bf16_memory);
+  DistributedAdamOptions mx_options = step_options();
+  mx_options.param_dtype.reset();  // MXFP8: the 1-D params are f32
+  mx_options.param_format = ParamFormat::Mxfp8;
+  const double mx_ms = step_ms(comm, s, a, mx_options, &mx_memory);
   const auto specs = presets::transformer(presets::kLlama32_1B, DType::bf16);
   DistributedAdam opt(comm, specs, step_options());
   fill_model(opt, s);
@@ -232,25 +288,75 @@ void full_step(const Communicator& comm, Stream s, const Args& a, const std::str
   r.numbers["adam_shard_ms"] = adam;
   r.numbers["params"] = static_cast<double>(L.param_numel());
   r.notes["limit"] = "one NCCL reduce-scatter + one all-gather of the whole bf16 buffers + our Adam on the shard";
+  const StepTraffic bf16_traffic = traffic(L, ParamFormat::Native);
+  r.numbers["all_gather_bytes_per_rank"] = bf16_traffic.gathered;
+  r.numbers["all_reduce_scale_bytes_per_rank"] = 0;
+  add_memory(r, bf16_memory);
   r.command = cmd;
   bench::write(r, a.results);
+
+  // MXFP8 params, next to it. The peer line (if the peer file has this config) is read
+  // the same way; the limit is the bf16 row's: the same bytes cross the links (2 per
+  // element gathered: rowwise + columnwise e4m3), quantization and the scale all-reduce
+  // excluded. The step also zeroes the MXFP8 gradient regions (the bf16 row's zero_grad
+  // is not timed).
+  const std::string mx_config = "mxfp8p-bf16g/1.5B/147/n" + std::to_string(comm.size());
+  bench::Result x;
+  x.bench = "dist_adam_step";
+  x.config = mx_config;
+  x.device = device;
+  x.ours_ms = mx_ms;
+  x.limit_ms = rs + ag + adam;
+  if (!a.peer.empty()) {
+    const auto peers = bench::read_peer_file(a.peer);
+    if (auto it = peers.find(mx_config); it != peers.end()) {
+      x.peer = it->second.description;
+      x.peer_ms = it->second.ms;
+    }
+  }
+  // The traffic of the MXFP8 layout (1-D params in an f32 buffer of their own).
+  std::vector<ParamSpec> mx_specs = presets::transformer(presets::kLlama32_1B, DType::bf16);
+  for (auto& sp : mx_specs) sp.dtype = sp.shape.size() >= 2 ? DType::bf16 : DType::f32;
+  const StepTraffic mx_traffic = traffic(Layout(mx_specs, comm.size()), ParamFormat::Mxfp8);
+  x.numbers["all_gather_bytes_per_rank"] = mx_traffic.gathered;
+  x.numbers["all_reduce_scale_bytes_per_rank"] = mx_traffic.scales;
+  x.numbers["bf16_params_ms"] = ours;
+  x.numbers["params"] = static_cast<double>(L.param_numel());
+  add_memory(x, mx_memory);
+  x.notes["limit"] = "the bf16 row's limit (same gathered bytes); excludes quantization and the e8m0 scale all-reduce";
+  x.notes["what"] = "captured step with MXFP8 params: Adam (master only), partial scales, e8m0 Max all-reduce, "
+                    "shard quantize into the grad buffer, all-gather there, landing copy, zeroing";
+  x.command = cmd;
+  bench::write(x, a.results);
 }
 #endif
 
 void host_smoke(const Communicator& comm) {
-  HostStream hs;
-  auto specs = presets::transformer({64, 2, 128, 32, 100}, DType::bf16);
-  DistributedAdam opt(comm, specs, step_options());
-  opt.init_master(hs.handle());
-  StepGraph g(opt, [](Stream, bool) {});
-  g.capture(hs.handle());
-  const auto t0 = Clock::now();
-  for (int i = 0; i < 5; ++i) g.replay(hs.handle());
-  const auto t1 = Clock::now();
-  if (comm.rank() == 0)
-    std::printf("host smoke: %d params, 5 replayed steps in %.3f ms, step count %lld\n", opt.num_params(),
-                std::chrono::duration<double, std::milli>(t1 - t0).count(),
-                static_cast<long long>(opt.read_scalars(hs.handle()).step));
+  for (ParamFormat format : {ParamFormat::Native, ParamFormat::Mxfp8}) {
+    HostStream hs;
+    auto specs = presets::transformer({64, 2, 128, 32, 100}, DType::bf16);
+    DistributedAdamOptions o = step_options();
+    if (format == ParamFormat::Mxfp8) {
+      o.param_dtype.reset();
+      o.param_format = ParamFormat::Mxfp8;
+    }
+    DistributedAdam opt(comm, specs, o);
+    if (format == ParamFormat::Mxfp8) {
+      opt.init_from_master(hs.handle());
+    } else {
+      opt.init_master(hs.handle());
+    }
+    StepGraph g(opt, [](Stream, bool) {});
+    g.capture(hs.handle());
+    const auto t0 = Clock::now();
+    for (int i = 0; i < 5; ++i) g.replay(hs.handle());
+    const auto t1 = Clock::now();
+    if (comm.rank() == 0)
+      std::printf("host smoke (%s params): %d params, 5 replayed steps in %.3f ms, step count %lld\n",
+                  format == ParamFormat::Mxfp8 ? "MXFP8" : "bf16", opt.num_params(),
+                  std::chrono::duration<double, std::milli>(t1 - t0).count(),
+                  static_cast<long long>(opt.read_scalars(hs.handle()).step));
+  }
 }
 
 }  // namespace

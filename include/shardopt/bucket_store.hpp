@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "shardopt/backend.hpp"
 #include "shardopt/communicator.hpp"
@@ -44,6 +45,18 @@ struct BucketStoreOptions {
   bool nccl_registered = true;
   /// Reduction of the gradient reduce-scatter.
   ReduceOp grad_reduce = ReduceOp::Average;
+  /// Per layout buffer (one entry per buffer, or empty): false gives that buffer no
+  /// parameter buffer (its params are in another format, e.g. MXFP8). A buffer has
+  /// parameters when with_params is true and its entry, if any, is true.
+  std::vector<bool> buffer_params;
+  /// Staged transport for buffers without parameters: start_param_gather of such a
+  /// bucket all-gathers, in place and as bytes, staged_gather_bytes * S bytes per rank
+  /// of the bucket's gradient region (S = bucket elements / world; rank r's piece at byte
+  /// r * staged_gather_bytes * S of the region). The region is free between the
+  /// optimizer step and the next backward; its owner writes the pieces and zeroes the
+  /// region afterwards. 0: such buckets have no parameter gather. Must be at most
+  /// size_of(grad_dtype) (the region's bytes per element), else Error(InvalidArgument).
+  int staged_gather_bytes = 0;
 };
 
 namespace detail {
@@ -67,7 +80,7 @@ class BucketStore {
   const BucketStoreOptions& options() const noexcept;
 
   /// Base of the flat parameter / gradient buffer of layout buffer `buffer` (nullptr for
-  /// params when with_params is false).
+  /// params when the buffer has none: with_params false, or buffer_params[buffer] false).
   void* param_buffer(int buffer) const;
   void* grad_buffer(int buffer) const;
   /// First element of parameter `param` in its buffer.
@@ -76,6 +89,8 @@ class BucketStore {
   /// Bytes of the params and of the grads (padding included), and what the allocator
   /// added on top of them (ncclMemAlloc's granularity; host: 256-byte rounding).
   std::size_t param_bytes() const noexcept;
+  /// True when layout buffer `buffer` has a parameter buffer.
+  bool has_params(int buffer) const;
   std::size_t grad_bytes() const noexcept;
   std::size_t allocator_overhead_bytes() const noexcept;
 
@@ -88,7 +103,9 @@ class BucketStore {
   /// pending). `stream` may differ from the one that started it.
   void wait_grad_reduce(int bucket, Stream stream);
   /// Starts the all-gather of bucket `bucket`'s parameters after the work queued so far
-  /// on `stream` (which wrote this rank's slice).
+  /// on `stream` (which wrote this rank's slice); for a buffer without parameters, the
+  /// staged all-gather of its gradient region (BucketStoreOptions::staged_gather_bytes;
+  /// Error(InvalidState) when that is 0).
   void start_param_gather(int bucket, Stream stream);
   /// Makes `stream` wait for the bucket's all-gather.
   void wait_param_gather(int bucket, Stream stream);

@@ -81,8 +81,9 @@ class Communicator {
   /// In place: this rank's slice at data + rank() * count_per_rank is sent; afterwards
   /// `data` holds every rank's slice. Any dtype (moved as bytes: fp8 and e8m0 too).
   void all_gather(void* data, std::int64_t count_per_rank, DType dtype, Stream stream) const;
-  /// In place over `count` elements: f32, bf16, f16 (Sum, Average, Max) or u32 (Sum,
-  /// Max: found-inf flags, ordered bit patterns of non-negative floats).
+  /// In place over `count` elements: f32, bf16, f16 (Sum, Average, Max), u32 (Sum,
+  /// Max: found-inf flags, ordered bit patterns of non-negative floats) or e8m0 (Max
+  /// only: byte-wise unsigned maximum of MXFP8 scale bytes, scheme A of mxfp8.hpp).
   void all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) const;
   /// Blocks the calling host thread until every rank has arrived. Not while the calling
   /// thread captures a CUDA stream (it synchronizes).

@@ -9,6 +9,8 @@
 //   global grad norm (shard partial sums + one all-reduce, on the device), found-inf
 //   across ranks, clipping, fused Adam on the shard writing master and param slices,
 //   then the per-bucket parameter all-gather (or deferred: wait_param before use).
+//   MXFP8 parameters (ParamFormat::Mxfp8): Adam writes only the master; each bucket is
+//   quantized from it and all-gathered through its own gradient region (docs/mxfp8.md).
 //
 // Nothing in a step reads device data on the host, allocates, or depends on a host
 // value that changes between steps: learning rate and loss scale come from pinned host
@@ -28,11 +30,46 @@
 #include "shardopt/layout.hpp"
 #include "shardopt/memory_report.hpp"
 #include "shardopt/microbatch.hpp"
+#include "shardopt/mxfp8.hpp"
 #include "shardopt/param_spec.hpp"
 #include "shardopt/schedule.hpp"
 #include "shardopt/views.hpp"
 
 namespace shardopt {
+
+/// How the model parameters are stored (DistributedAdamOptions::param_format).
+enum class ParamFormat {
+  /// Flat bf16 / f16 / f32 parameter buffers that Adam writes and the all-gather fills.
+  Native,
+  /// Every parameter of two or more dims (grouped ones: every member) is an MXFP8
+  /// parameter (shardopt/mxfp8.hpp; docs/mxfp8.md): no bf16 copy exists; after Adam each
+  /// rank quantizes its fp32 master shard (scheme A: partial scales, one e8m0 Max
+  /// all-reduce, data bytes), all-gathers the data bytes through the gradient buffer
+  /// (free between the step and the next backward) and lands them in persistent MXFP8
+  /// storage (mxfp8_param), then zeroes that gradient region. 1-D parameters (norm
+  /// weights, biases) stay native, in f32.
+  Mxfp8,
+};
+
+/// Where a bucket's parameter all-gather stands (DistributedAdam::gather_state). For an
+/// MXFP8 bucket the gather lands in its gradient region; the only legal sequence is
+/// Idle -> InFlight (quantized, all-gather dispatched) -> Landed (the caller's stream
+/// waited for it) -> Consumed (bytes copied into the MXFP8 storage and the region
+/// zeroed) -> Idle, and every path that could let a backward see the staging bytes
+/// drives the bucket to Idle first (docs/mxfp8.md). Native buckets report InFlight while
+/// a deferred all-gather is pending, else Idle.
+enum class GatherState { Idle, InFlight, Landed, Consumed };
+
+/// An MXFP8 parameter's persistent storage (never moves; valid for the optimizer's life).
+struct Mxfp8View {
+  Mxfp8Shape shape;  ///< G members of [rows, cols]
+  /// Rowwise and columnwise e4m3 data ([G, rows, cols] each) and their compact,
+  /// unswizzled e8m0 scales, in the backend's device memory.
+  Mxfp8Planes planes;
+  /// Device table of shape.members entries: member g's data and scales relative to
+  /// `planes` (contiguous members), for grouped GEMMs without host split sizes (seed 003).
+  const Mxfp8Member* members = nullptr;
+};
 
 /// Options of a DistributedAdam.
 struct DistributedAdamOptions {
@@ -81,6 +118,10 @@ struct DistributedAdamOptions {
   bool persistent_grad_copies = false;
   /// Microbatches per step (the size of the device microbatch counter).
   int microbatches = 1;
+  /// Native, or MXFP8 parameters (see ParamFormat). With Mxfp8, param_dtype must be unset
+  /// or f32 (the 1-D parameters' dtype), and the trainer seeds the parameters through
+  /// shard_master + init_from_master.
+  ParamFormat param_format = ParamFormat::Native;
 };
 
 /// Distributed Adam over a BucketStore. Move-only.
@@ -101,14 +142,22 @@ class DistributedAdam {
   int param_index(const std::string& name) const;
 
   /// Persistent views of the whole parameter / gradient (identical on every call).
+  /// param(i) of an MXFP8 parameter is Error(InvalidArgument): use mxfp8_param(i).
   ParamView param(int i) const;
   GradView grad(int i) const;
   /// Views of member m of a grouped parameter.
   ParamView member_param(int i, int m) const;
   GradView member_grad(int i, int m) const;
-  /// This rank's piece of parameter i in the param buffer / in the fp32 master.
+  /// This rank's piece of parameter i in the param buffer / in the fp32 master
+  /// (shard_param of an MXFP8 parameter is Error(InvalidArgument): it has no param buffer).
   ShardView shard_param(int i) const;
   ShardView shard_master(int i) const;
+  /// True when parameter i is stored as MXFP8 (param_format Mxfp8 and two or more dims).
+  bool is_mxfp8(int i) const;
+  /// The persistent MXFP8 storage of parameter i (Error(InvalidArgument) for a native one).
+  /// Its bytes are the step's result once the bucket is Idle (after step(), or after
+  /// wait_param in deferred mode).
+  Mxfp8View mxfp8_param(int i) const;
   /// This rank's piece of parameter i's Adam moments (moment_dtype), e.g. for checkpoints.
   ShardView shard_exp_avg(int i) const;
   ShardView shard_exp_avg_sq(int i) const;
@@ -120,9 +169,18 @@ class DistributedAdam {
 
   /// Seeds the fp32 master from this rank's param slices, then all-gathers the params so
   /// every rank holds the owners' values. Call once after writing initial params.
+  /// Error(InvalidState) with MXFP8 parameters (they have no param views): use
+  /// init_from_master.
   void init_master(Stream stream);
+  /// The other way round, for any format: the trainer writes initial fp32 values into its
+  /// shard_master(i) pieces, then this publishes them: native buffers get bf16/f16/f32
+  /// (master) in their slices and are all-gathered; MXFP8 parameters are quantized,
+  /// gathered, landed and their gradient regions zeroed. Collective; waits (also with
+  /// overlap_param_gather). Also the way to publish a master loaded from a checkpoint.
+  void init_from_master(Stream stream);
   /// Reports that param i's gradient is complete on `stream` (overlap with backward).
-  /// A no-op while grad sync is off or overlap_grad_reduce is false.
+  /// A no-op while grad sync is off or overlap_grad_reduce is false. Error(InvalidState)
+  /// naming wait_param while param i's MXFP8 bucket still has its gather in flight.
   void grad_ready(int i, Stream stream);
   /// Turns grad_ready() on or off (off for microbatches that only accumulate).
   void set_grad_sync(bool enabled) noexcept;
@@ -131,14 +189,29 @@ class DistributedAdam {
   /// A later step() then does not reduce again (until the next step or zero_grad).
   void reduce_grads(Stream stream);
   /// The whole optimizer step (see the file comment); it reduces the gradients first
-  /// unless reduce_grads() already did.
+  /// unless reduce_grads() already did. MXFP8 buckets leave it with their gradient
+  /// regions zero (the staging is zeroed on landing), or in flight (overlap_param_gather,
+  /// eager). reduce_grads() and step() are Error(InvalidState) while an MXFP8 bucket is
+  /// still in flight from the previous step (call wait_param or zero_grad first).
   void step(Stream stream);
   /// Starts every bucket's parameter all-gather; waits unless overlap_param_gather.
+  /// MXFP8 buckets are requantized from the master, gathered through their gradient
+  /// regions, landed and zeroed before it returns (a forced gather, e.g. before saving):
+  /// call it only while the gradient buffer holds nothing of value (after step() or
+  /// zero_grad(), before the next backward); Error(InvalidState) between grad_ready /
+  /// reduce_grads and step.
   void gather_params(Stream stream);
   /// Makes `stream` wait for bucket b's parameter all-gather (a no-op if none pending).
+  /// MXFP8 bucket: lands it (copies the bytes into the MXFP8 storage) and zeroes its
+  /// gradient region, on `stream`. With overlap_param_gather the forward must call it
+  /// before reading the bucket's weights, and before the backward writes its gradients.
   void wait_param(int bucket, Stream stream);
-  /// Zeroes every gradient view in place; releases cast copies unless persistent.
+  /// Zeroes every gradient view in place; releases cast copies unless persistent. Pending
+  /// MXFP8 gathers are landed and consumed first (their staging lives in the gradients).
   void zero_grad(Stream stream);
+  /// Debug query: where bucket b's parameter all-gather stands (host-side bookkeeping of
+  /// the calls made so far; Idle after every non-deferred or captured step).
+  GatherState gather_state(int bucket) const;
 
   /// Learning rate for LrSchedule::Kind::Host: written to a pinned host slot that every
   /// (replayed) step copies to the device.

@@ -132,18 +132,29 @@ const char* op_name(ReduceOp op) {
 }
 
 // The store options as one number, so that ranks can compare them in one all-gather:
-// bits 0-7 grad dtype, 8 with_params, 9 nccl_registered, 10-11 grad_reduce, 16 valid.
+// bits 0-7 grad dtype, 8 with_params, 9 nccl_registered, 10-11 grad_reduce, 16 valid,
+// 17-20 staged_gather_bytes, 24-31 buffer_params entries, 32-63 their values (a layout
+// has one buffer per parameter dtype, so a few entries; the constructor checks the count).
 std::uint64_t encode(const BucketStoreOptions& o, bool valid) {
+  std::uint64_t mask = 0;
+  for (std::size_t i = 0; i < o.buffer_params.size() && i < 32; ++i)
+    if (o.buffer_params[i]) mask |= 1ull << i;
+  const auto entries = static_cast<std::uint64_t>(std::min<std::size_t>(o.buffer_params.size(), 255));
+  const auto staged = static_cast<std::uint64_t>(std::clamp(o.staged_gather_bytes, 0, 15));
   return static_cast<std::uint64_t>(o.grad_dtype) | (o.with_params ? 1ull << 8 : 0) |
          (o.nccl_registered ? 1ull << 9 : 0) | (static_cast<std::uint64_t>(o.grad_reduce) << 10) |
-         (valid ? 1ull << 16 : 0);
+         (valid ? 1ull << 16 : 0) | (staged << 17) | (entries << 24) | (mask << 32);
 }
 
 std::string describe_options(std::uint64_t v) {
   const auto dtype = static_cast<DType>(v & 0xFF);
+  std::string params;
+  const auto entries = static_cast<int>((v >> 24) & 0xFF);
+  for (int i = 0; i < entries && i < 32; ++i) params += (v >> (32 + i)) & 1 ? '1' : '0';
   return std::string("grad_dtype=") + to_string(dtype) + " with_params=" + ((v >> 8) & 1 ? "true" : "false") +
          " nccl_registered=" + ((v >> 9) & 1 ? "true" : "false") +
-         " grad_reduce=" + op_name(static_cast<ReduceOp>((v >> 10) & 3));
+         " grad_reduce=" + op_name(static_cast<ReduceOp>((v >> 10) & 3)) +
+         " staged_gather_bytes=" + std::to_string((v >> 17) & 15) + " buffer_params=[" + params + "]";
 }
 
 }  // namespace
@@ -242,6 +253,12 @@ class BucketStoreImpl {
                          " is out of range [0, " + std::to_string(n) + ")");
   }
 
+  // Whether layout buffer `buffer` has a parameter buffer.
+  bool buffer_has_params(int buffer) const {
+    return options.with_params &&
+           (options.buffer_params.empty() || options.buffer_params[static_cast<std::size_t>(buffer)]);
+  }
+
   const ParamPlacement& param(int p, const char* call) const {
     const int n = static_cast<int>(layout.params().size());
     SHARDOPT_REQUIRE(p >= 0 && p < n, ErrorCode::OutOfRange,
@@ -301,24 +318,34 @@ class BucketStoreImpl {
   // comm stream, then each bucket's done event.
   void launch(const std::vector<int>& buckets, Stream caller, bool reduce) {
     const char* call = reduce ? "start_grad_reduce" : "start_param_gather";
-    SHARDOPT_REQUIRE(reduce || options.with_params, ErrorCode::InvalidState,
-                     "start_param_gather: this store has no parameter buffers (BucketStoreOptions::with_params "
-                     "is false)");
+    if (!reduce) {
+      for (int b : buckets) {
+        const int buf = layout.buckets()[static_cast<std::size_t>(b)].buffer;
+        SHARDOPT_REQUIRE(buffer_has_params(buf) || options.staged_gather_bytes > 0, ErrorCode::InvalidState,
+                         "start_param_gather(" + std::to_string(b) + "): layout buffer " + std::to_string(buf) +
+                             " has no parameter buffer (BucketStoreOptions::with_params / buffer_params) and "
+                             "staged_gather_bytes is 0, so the bucket has nothing to gather");
+      }
+    }
     require_comm(call);
     check_stream_device(backend, device, caller);
     if (buckets.empty()) return;
 
     auto run = [&](int b, Stream s) {
       const Bucket& bk = layout.buckets()[static_cast<std::size_t>(b)];
-      const DType dtype = reduce ? options.grad_dtype : layout.buffers()[static_cast<std::size_t>(bk.buffer)].dtype;
-      char* base = static_cast<char*>(reduce ? grads[static_cast<std::size_t>(bk.buffer)].data()
-                                             : params[static_cast<std::size_t>(bk.buffer)].data());
-      char* data = base + static_cast<std::size_t>(bk.range.begin) * size_of(dtype);
+      const auto buf = static_cast<std::size_t>(bk.buffer);
       const std::int64_t per_rank = bk.range.size() / comm.size();
-      if (reduce)
-        comm.reduce_scatter(data, per_rank, dtype, options.grad_reduce, s);
-      else
+      if (reduce) {
+        char* data = grads[buf].as<char>() + static_cast<std::size_t>(bk.range.begin) * size_of(options.grad_dtype);
+        comm.reduce_scatter(data, per_rank, options.grad_dtype, options.grad_reduce, s);
+      } else if (buffer_has_params(bk.buffer)) {
+        const DType dtype = layout.buffers()[buf].dtype;
+        char* data = params[buf].as<char>() + static_cast<std::size_t>(bk.range.begin) * size_of(dtype);
         comm.all_gather(data, per_rank, dtype, s);
+      } else {  // staged: bytes through the bucket's gradient region
+        char* data = grads[buf].as<char>() + static_cast<std::size_t>(bk.range.begin) * size_of(options.grad_dtype);
+        comm.all_gather(data, per_rank * options.staged_gather_bytes, DType::e4m3, s);
+      }
     };
     CommImpl& c = require_impl(comm.impl());
     if (backend == Backend::Host) {
@@ -419,6 +446,17 @@ class BucketStoreImpl {
       problem = std::string("grad_dtype ") + to_string(options.grad_dtype) + " is not a gradient type; use f32, bf16 or f16";
     else if (options.grad_reduce != ReduceOp::Sum && options.grad_reduce != ReduceOp::Average)
       problem = std::string("grad_reduce ") + op_name(options.grad_reduce) + " is not a gradient reduction; use Sum or Average";
+    else if (!options.buffer_params.empty() && options.buffer_params.size() != layout.buffers().size())
+      problem = "buffer_params has " + std::to_string(options.buffer_params.size()) + " entries but the layout has " +
+                std::to_string(layout.buffers().size()) + " buffers; give one entry per buffer (or none)";
+    else if (options.staged_gather_bytes < 0 ||
+             options.staged_gather_bytes > static_cast<int>(size_of(options.grad_dtype)))
+      problem = "staged_gather_bytes " + std::to_string(options.staged_gather_bytes) +
+                " does not fit the gradient buffer: a staged all-gather moves that many bytes per element through "
+                "the bucket's gradient region, which holds " + std::to_string(size_of(options.grad_dtype)) +
+                " bytes per element (grad_dtype " + to_string(options.grad_dtype) +
+                "); use a wider grad_dtype or fewer staged bytes (0 to " +
+                std::to_string(size_of(options.grad_dtype)) + ")";
     const std::vector<std::uint64_t> all = comm.all_gather_value(encode(options, problem.empty()));
     SHARDOPT_REQUIRE(problem.empty(), ErrorCode::InvalidArgument, "BucketStoreOptions: " + problem);
     bool equal = true, valid = true;
@@ -438,7 +476,9 @@ class BucketStoreImpl {
   void allocate(MemoryKind kind, Stream zero_stream) {
     const auto& buffers = layout.buffers();
     for (const BufferLayout& buf : buffers) {
-      const std::size_t pbytes = options.with_params ? static_cast<std::size_t>(buf.numel) * size_of(buf.dtype) : 0;
+      const int index = static_cast<int>(&buf - buffers.data());
+      const std::size_t pbytes =
+          buffer_has_params(index) ? static_cast<std::size_t>(buf.numel) * size_of(buf.dtype) : 0;
       const std::size_t gbytes = static_cast<std::size_t>(buf.numel) * size_of(options.grad_dtype);
       params.emplace_back(backend, pbytes, kind);
       grads.emplace_back(backend, gbytes, kind);
@@ -499,10 +539,12 @@ class BucketStoreImpl {
       const auto buf = static_cast<std::size_t>(bk.buffer);
       char* g = grads[buf].as<char>() + static_cast<std::size_t>(bk.range.begin) * size_of(options.grad_dtype);
       comm.reduce_scatter(g, per_rank, options.grad_dtype, options.grad_reduce, comm_stream());
-      if (options.with_params) {
+      if (buffer_has_params(bk.buffer)) {
         const DType pd = layout.buffers()[buf].dtype;
         char* p = params[buf].as<char>() + static_cast<std::size_t>(bk.range.begin) * size_of(pd);
         comm.all_gather(p, per_rank, pd, comm_stream());
+      } else if (options.staged_gather_bytes > 0) {
+        comm.all_gather(g, per_rank * options.staged_gather_bytes, DType::e4m3, comm_stream());
       } else {
         comm.all_gather(g, per_rank, options.grad_dtype, comm_stream());
       }
@@ -553,7 +595,7 @@ void* BucketStore::grad_buffer(int buffer) const {
 void* BucketStore::param_data(int param) const {
   auto& m = live(impl_);
   const ParamPlacement& p = m.param(param, "param_data");
-  if (!m.options.with_params) return nullptr;
+  if (!m.buffer_has_params(p.buffer)) return nullptr;
   const DType dt = m.layout.buffers()[static_cast<std::size_t>(p.buffer)].dtype;
   return m.params[static_cast<std::size_t>(p.buffer)].as<char>() + static_cast<std::size_t>(p.offset) * size_of(dt);
 }
@@ -566,6 +608,11 @@ void* BucketStore::grad_data(int param) const {
 }
 
 std::size_t BucketStore::param_bytes() const noexcept { return impl_ ? impl_->param_bytes : 0; }
+bool BucketStore::has_params(int buffer) const {
+  auto& m = live(impl_);
+  m.check_buffer(buffer, "has_params");
+  return m.buffer_has_params(buffer);
+}
 std::size_t BucketStore::grad_bytes() const noexcept { return impl_ ? impl_->grad_bytes : 0; }
 std::size_t BucketStore::allocator_overhead_bytes() const noexcept { return impl_ ? impl_->overhead_bytes : 0; }
 

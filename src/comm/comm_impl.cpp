@@ -179,13 +179,18 @@ void CommImpl::all_gather(void* data, std::int64_t count_per_rank, DType dtype, 
 void CommImpl::all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) {
   require_usable("all_reduce");
   guarded([&] {
-    SHARDOPT_REQUIRE(is_float_storage(dtype) || dtype == DType::u32, ErrorCode::InvalidArgument,
+    SHARDOPT_REQUIRE(is_float_storage(dtype) || dtype == DType::u32 || dtype == DType::e8m0,
+                     ErrorCode::InvalidArgument,
                      std::string("all_reduce: dtype ") + to_string(dtype) +
-                         " cannot be reduced; use f32, bf16, f16 or u32");
+                         " cannot be reduced; use f32, bf16, f16, u32 or e8m0 (Max only)");
     SHARDOPT_REQUIRE(known_op(op), ErrorCode::InvalidArgument, "all_reduce: unknown ReduceOp");
     SHARDOPT_REQUIRE(!(dtype == DType::u32 && op == ReduceOp::Average), ErrorCode::InvalidArgument,
                      std::string("all_reduce: ReduceOp::") + op_name(op) +
                          " is not defined for u32; use Sum or Max (or a float dtype)");
+    SHARDOPT_REQUIRE(!(dtype == DType::e8m0 && op != ReduceOp::Max), ErrorCode::InvalidArgument,
+                     std::string("all_reduce: ReduceOp::") + op_name(op) +
+                         " is not defined for e8m0 scale bytes; use Max (the byte-wise maximum of MXFP8 "
+                         "scales, 8-bit unsigned)");
     check_count(count, data, "all_reduce");
     check_stream_device(backend_, device_, stream);
     if (count == 0) return;

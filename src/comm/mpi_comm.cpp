@@ -3,7 +3,8 @@
 // are blocking inside the recorded operation.
 //
 // Numerics, chosen to mirror NCCL:
-//  * f32 and u32 use MPI's built-in MPI_SUM / MPI_MAX on MPI_FLOAT / MPI_UINT32_T.
+//  * f32 and u32 use MPI's built-in MPI_SUM / MPI_MAX on MPI_FLOAT / MPI_UINT32_T; e8m0
+//    (MXFP8 scale bytes, Max only) uses MPI_MAX on MPI_UINT8_T.
 //  * bf16 and f16 have no MPI type: they travel as a committed 2-byte contiguous type
 //    with user-defined operations that add in fp32 and round to the storage type at
 //    every combine (as NCCL does at every hop of its ring). The order of the combines is
@@ -76,6 +77,7 @@ MPI_Datatype reduce_type(DType t) {
   switch (t) {
     case DType::f32: return MPI_FLOAT;
     case DType::u32: return MPI_UINT32_T;
+    case DType::e8m0: return MPI_UINT8_T;  // Max only (checked by CommImpl)
     case DType::bf16: return half_types().bf16;
     case DType::f16: return half_types().f16;
     default: break;
@@ -88,7 +90,8 @@ MPI_Op reduce_op(DType t, ReduceOp op) {
   const bool max = op == ReduceOp::Max;
   switch (t) {
     case DType::f32:
-    case DType::u32: return max ? MPI_MAX : MPI_SUM;
+    case DType::u32:
+    case DType::e8m0: return max ? MPI_MAX : MPI_SUM;
     case DType::bf16: return max ? half_types().bf16_max : half_types().bf16_sum;
     case DType::f16: return max ? half_types().f16_max : half_types().f16_sum;
     default: break;

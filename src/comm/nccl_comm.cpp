@@ -42,6 +42,7 @@ ncclDataType_t reduce_type(DType t) {
     case DType::bf16: return ncclBfloat16;
     case DType::f16: return ncclFloat16;
     case DType::u32: return ncclUint32;
+    case DType::e8m0: return ncclUint8;  // Max only (checked by CommImpl): MXFP8 scale bytes
     default: break;
   }
   throw Error(ErrorCode::Internal, std::string("no NCCL reduction type for ") + to_string(t));

@@ -11,6 +11,7 @@
 #include "kernels/convert.hpp"
 #include "kernels/step_control.hpp"
 #include "shardopt/bucket_store.hpp"
+#include "optimizer/mxfp8_params.hpp"
 #include "optimizer/shard_state.hpp"
 #include "shardopt/error.hpp"
 
@@ -18,6 +19,18 @@ namespace shardopt {
 namespace {
 
 Layout make_layout(std::vector<ParamSpec> specs, int world, const DistributedAdamOptions& o) {
+  if (o.param_format == ParamFormat::Mxfp8) {
+    // MXFP8 parameters form the bf16 buffer (bf16(master) is what they quantize); the
+    // 1-D ones go to an f32 buffer of their own, so that the two never share a bucket.
+    SHARDOPT_REQUIRE(!o.param_dtype || *o.param_dtype == DType::f32, ErrorCode::InvalidArgument,
+                     std::string("param_format Mxfp8 keeps the 1-D parameters (norm weights, biases) in f32 and "
+                                 "quantizes the others; param_dtype ") +
+                         to_string(*o.param_dtype) + " cannot apply: leave it unset or set f32");
+    for (auto& s : specs) s.dtype = detail::is_mxfp8_spec(validated(s)) ? DType::bf16 : DType::f32;
+    LayoutOptions lo;
+    lo.bucket_numel = o.bucket_numel;
+    return Layout(std::move(specs), world, lo);
+  }
   if (o.param_dtype) {
     SHARDOPT_REQUIRE(is_float_storage(*o.param_dtype), ErrorCode::InvalidArgument,
                      std::string("param_dtype ") + to_string(*o.param_dtype) + " is not one of f32, bf16, f16");
@@ -53,6 +66,41 @@ TensorView make_view(void* data, const Shape& shape, DType dtype) {
   return v;
 }
 
+// Which layout buffers hold MXFP8 parameters: with ParamFormat::Mxfp8, the bf16 one.
+std::vector<bool> mxfp8_buffers(const Layout& L, const DistributedAdamOptions& o) {
+  std::vector<bool> mx(L.buffers().size(), false);
+  if (o.param_format != ParamFormat::Mxfp8) return mx;
+  for (std::size_t b = 0; b < mx.size(); ++b) mx[b] = L.buffers()[b].dtype == DType::bf16;
+  return mx;
+}
+
+BucketStoreOptions store_options(const Layout& L, const DistributedAdamOptions& o) {
+  BucketStoreOptions so;
+  so.grad_dtype = o.grad_dtype;
+  so.nccl_registered = o.nccl_registered;
+  so.grad_reduce = o.grad_reduce;
+  if (o.param_format == ParamFormat::Mxfp8) {
+    // The grad buffer carries the MXFP8 all-gather: 2 bytes per element of room.
+    SHARDOPT_REQUIRE(size_of(o.grad_dtype) >= static_cast<std::size_t>(detail::kMxfp8StagedBytes),
+                     ErrorCode::InvalidArgument,
+                     std::string("param_format Mxfp8 all-gathers the rowwise and columnwise bytes (2 per element) "
+                                 "through the gradient buffer; grad_dtype ") +
+                         to_string(o.grad_dtype) + " has " + std::to_string(size_of(o.grad_dtype)) +
+                         " bytes per element: use bf16, f16 or f32 gradients");
+    const std::vector<bool> mx = mxfp8_buffers(L, o);
+    so.buffer_params.assign(mx.size(), true);
+    for (std::size_t b = 0; b < mx.size(); ++b) so.buffer_params[b] = !mx[b];
+    so.staged_gather_bytes = detail::kMxfp8StagedBytes;
+  }
+  return so;
+}
+
+BucketStore make_store(const Communicator& comm, std::vector<ParamSpec> specs, const DistributedAdamOptions& o) {
+  Layout L = make_layout(std::move(specs), comm.size(), o);
+  BucketStoreOptions so = store_options(L, o);
+  return BucketStore(comm, std::move(L), std::move(so));
+}
+
 }  // namespace
 
 class DistributedAdam::Impl {
@@ -61,16 +109,64 @@ class DistributedAdam::Impl {
       : comm(std::move(c)),
         opt(std::move(o)),
         backend(comm.backend()),
-        store(comm, make_layout(std::move(specs), comm.size(), opt),
-              BucketStoreOptions{opt.grad_dtype, true, opt.nccl_registered, opt.grad_reduce}),
-        state(backend, store.layout(), comm.rank(), hyper_of(opt), /*shard_addressed=*/false) {
+        store(make_store(comm, std::move(specs), opt)),
+        state(backend, store.layout(), comm.rank(), hyper_of(opt), /*shard_addressed=*/false),
+        mx(backend, store.layout(), store, state, comm, mxfp8_buffers(store.layout(), opt)) {
     for (int b = 0; b < static_cast<int>(store.layout().buffers().size()); ++b)
-      state.bind(b, store.grad_buffer(b), store.param_buffer(b));
+      state.bind(b, store.grad_buffer(b), store.param_buffer(b));  // null params: MXFP8, master only
   }
 
+  int num_buckets() const { return static_cast<int>(store.layout().buckets().size()); }
+
+  // Native buckets whose deferred all-gather is pending: `stream` waits for them.
   void wait_pending_gathers(Stream stream) {
-    for (int b = 0; b < static_cast<int>(store.layout().buckets().size()); ++b)
-      if (store.param_gather_pending(b)) store.wait_param_gather(b, stream);
+    for (int b = 0; b < num_buckets(); ++b)
+      if (!mx.is_bucket(b) && store.param_gather_pending(b)) store.wait_param_gather(b, stream);
+  }
+
+  // Every bucket of [first, last) settled on `stream`: native all-gathers waited for,
+  // MXFP8 ones landed, copied into the storage and their gradient regions zeroed.
+  void settle(int first, int last, Stream stream) {
+    for (int b = first; b < last; ++b)
+      if (!mx.is_bucket(b) && store.param_gather_pending(b)) store.wait_param_gather(b, stream);
+    mx.consume(store, first, last, stream);
+  }
+
+  // Quantizes the MXFP8 buckets of [first, last) into their staging, then starts the
+  // all-gathers of every bucket of the range (after the work queued on `stream`).
+  void dispatch(int first, int last, Stream stream) {
+    mx.quantize(first, last, stream);
+    if (opt.grouped_collectives) {
+      store.start_param_gathers(first, last, stream);
+    } else {
+      for (int b = first; b < last; ++b) store.start_param_gather(b, stream);
+    }
+    mx.dispatched(first, last);
+  }
+
+  // Gradients are about to be written or read while an MXFP8 all-gather may still sit in
+  // the gradient buffer: refuse (the bytes of the gather and of the gradients would mix).
+  void require_mx_idle(int bucket, const std::string& call) const {
+    if (!mx.is_bucket(bucket) || mx.state(bucket) == GatherState::Idle) return;
+    throw Error(ErrorCode::InvalidState,
+                call + ": MXFP8 bucket " + std::to_string(bucket) +
+                    "'s parameter all-gather (overlap_param_gather) still occupies the bucket's gradient region, "
+                    "so its gradients would mix with the gathered bytes. Call wait_param(" +
+                    std::to_string(bucket) +
+                    ", stream) before the forward reads the bucket's weights (it lands the gather and zeroes the "
+                    "region), or zero_grad() before the backward");
+  }
+  void require_all_mx_idle(const std::string& call) const {
+    const int b = mx.first_pending();
+    if (b >= 0) require_mx_idle(b, call);
+  }
+
+  // The MXFP8 staging overwrites gradient regions: refuse while they hold live gradients.
+  void require_no_live_grads(const std::string& call) const {
+    if (!mx.any()) return;
+    SHARDOPT_REQUIRE(!grads_live, ErrorCode::InvalidState,
+                     call + " quantizes the MXFP8 parameters through the gradient buffer, which holds gradients "
+                            "that grad_ready / reduce_grads started to reduce; call it after step() or zero_grad()");
   }
 
   Communicator comm;
@@ -78,10 +174,12 @@ class DistributedAdam::Impl {
   Backend backend;
   BucketStore store;
   detail::ShardState state;
+  detail::Mxfp8Params mx;
   std::map<std::pair<int, DType>, DeviceBuffer> copies;
   bool copies_requested = false;
   bool grad_sync = true;
   bool grads_reduced = false;  // reduce_grads() ran since the last step / zero_grad
+  bool grads_live = false;     // grad_ready / reduce_grads since the last step / zero_grad
 };
 
 DistributedAdam::DistributedAdam(Communicator comm, std::vector<ParamSpec> specs, DistributedAdamOptions options) {
@@ -103,8 +201,16 @@ Backend DistributedAdam::backend() const noexcept { return impl_->backend; }
 int DistributedAdam::num_params() const noexcept { return static_cast<int>(layout().params().size()); }
 int DistributedAdam::param_index(const std::string& name) const { return layout().param_index(name); }
 
+namespace {
+std::string param_name(const Layout& L, int i) { return "'" + L.specs()[static_cast<std::size_t>(i)].name + "'"; }
+}  // namespace
+
 ParamView DistributedAdam::param(int i) const {
   (void)impl_->state.piece(i);
+  SHARDOPT_REQUIRE(!impl_->mx.is_param(i), ErrorCode::InvalidArgument,
+                   "param(" + param_name(layout(), i) +
+                       "): an MXFP8 parameter has no bf16 view (param_format Mxfp8); read its storage with "
+                       "mxfp8_param(i)");
   const auto& spec = layout().specs()[static_cast<std::size_t>(i)];
   const DType dt = layout().buffers()[static_cast<std::size_t>(layout().params()[static_cast<std::size_t>(i)].buffer)].dtype;
   return ParamView{make_view(impl_->store.param_data(i), spec.shape, dt)};
@@ -142,6 +248,10 @@ GradView DistributedAdam::member_grad(int i, int m) const {
 
 ShardView DistributedAdam::shard_param(int i) const {
   const detail::ParamPiece& ps = impl_->state.piece(i);
+  SHARDOPT_REQUIRE(!impl_->mx.is_param(i), ErrorCode::InvalidArgument,
+                   "shard_param(" + param_name(layout(), i) +
+                       "): an MXFP8 parameter has no param buffer; write its fp32 master through shard_master(i) and "
+                       "publish it with init_from_master or gather_params");
   const DType dt = layout().buffers()[static_cast<std::size_t>(ps.buffer)].dtype;
   ShardView v;
   v.dtype = dt;
@@ -155,6 +265,22 @@ ShardView DistributedAdam::shard_param(int i) const {
 }
 
 ShardView DistributedAdam::shard_master(int i) const { return impl_->state.master_view(i); }
+
+bool DistributedAdam::is_mxfp8(int i) const {
+  (void)impl_->state.piece(i);
+  return impl_->mx.is_param(i);
+}
+
+Mxfp8View DistributedAdam::mxfp8_param(int i) const {
+  (void)impl_->state.piece(i);
+  SHARDOPT_REQUIRE(impl_->mx.is_param(i), ErrorCode::InvalidArgument,
+                   "mxfp8_param(" + param_name(layout(), i) + "): not an MXFP8 parameter (" +
+                       (impl_->opt.param_format == ParamFormat::Mxfp8
+                            ? std::string("1-D parameters stay native in f32")
+                            : std::string("param_format is Native")) +
+                       "); use param(i)");
+  return impl_->mx.view(i);
+}
 ShardView DistributedAdam::shard_exp_avg(int i) const { return impl_->state.exp_avg_view(i); }
 ShardView DistributedAdam::shard_exp_avg_sq(int i) const { return impl_->state.exp_avg_sq_view(i); }
 
@@ -192,6 +318,9 @@ ShardView DistributedAdam::shard_grad(int i, DType dtype, Stream stream) {
 }
 
 void DistributedAdam::init_master(Stream stream) {
+  SHARDOPT_REQUIRE(!impl_->mx.any(), ErrorCode::InvalidState,
+                   "init_master seeds the master from the param views, which MXFP8 parameters do not have; write "
+                   "the initial values into shard_master(i) and call init_from_master(stream)");
   impl_->wait_pending_gathers(stream);
   impl_->state.init_master(stream);
   const int nb = static_cast<int>(layout().buckets().size());
@@ -199,9 +328,22 @@ void DistributedAdam::init_master(Stream stream) {
   for (int b = 0; b < nb; ++b) impl_->store.wait_param_gather(b, stream);
 }
 
+void DistributedAdam::init_from_master(Stream stream) {
+  Impl& m = *impl_;
+  const int nb = m.num_buckets();
+  m.settle(0, nb, stream);
+  m.require_no_live_grads("init_from_master");
+  m.state.publish_master(stream);
+  m.dispatch(0, nb, stream);
+  m.settle(0, nb, stream);
+}
+
 void DistributedAdam::grad_ready(int i, Stream stream) {
   (void)impl_->state.piece(i);
+  impl_->require_mx_idle(layout().params()[static_cast<std::size_t>(i)].bucket,
+                         "grad_ready(" + param_name(layout(), i) + ")");
   if (!impl_->grad_sync || !impl_->opt.overlap_grad_reduce) return;
+  impl_->grads_live = true;
   impl_->store.grad_ready(i, stream);
 }
 
@@ -209,6 +351,8 @@ void DistributedAdam::set_grad_sync(bool enabled) noexcept { impl_->grad_sync = 
 bool DistributedAdam::grad_sync() const noexcept { return impl_->grad_sync; }
 
 void DistributedAdam::reduce_grads(Stream stream) {
+  impl_->require_all_mx_idle("reduce_grads");
+  impl_->grads_live = true;
   const int nb = static_cast<int>(layout().buckets().size());
   if (impl_->opt.grouped_collectives) {
     impl_->store.start_grad_reduces(0, nb, stream);  // the buckets grad_ready did not start
@@ -222,13 +366,19 @@ void DistributedAdam::reduce_grads(Stream stream) {
 
 void DistributedAdam::step(Stream stream) {
   Impl& m = *impl_;
+  // An MXFP8 gather still in its gradient region means the gradients were written over
+  // it (no wait_param / zero_grad since the last step): refuse rather than mix them.
+  m.require_all_mx_idle("step");
   if (!m.grads_reduced) reduce_grads(stream);
   m.grads_reduced = false;
   // Adam writes the param slices: gathers of the previous step must be done with them.
   m.wait_pending_gathers(stream);
   m.state.begin_step(m.comm, stream);
   // Adam per group of buckets; each group's all-gather overlaps the next group's Adam.
-  const int nb = static_cast<int>(layout().buckets().size());
+  // MXFP8 buckets: Adam updates the master only, then the group is quantized into its
+  // gradient regions (scheme A) and all-gathered there. A step that found an Inf leaves
+  // the master as it was, so it requantizes the same bytes.
+  const int nb = m.num_buckets();
   const int groups = std::max(1, std::min(m.opt.gather_pipeline, nb));
   for (int g = 0; g < groups; ++g) {
     const int first = static_cast<int>(static_cast<std::int64_t>(nb) * g / groups);
@@ -237,40 +387,49 @@ void DistributedAdam::step(Stream stream) {
       const auto [c0, c1] = m.state.bucket_chunks(b);
       m.state.apply(layout().buckets()[static_cast<std::size_t>(b)].buffer, c0, c1, stream);
     }
-    if (m.opt.grouped_collectives) {
-      m.store.start_param_gathers(first, last, stream);
-    } else {
-      for (int b = first; b < last; ++b) m.store.start_param_gather(b, stream);
-    }
+    m.dispatch(first, last, stream);
   }
+  m.grads_live = false;  // consumed by Adam; MXFP8 regions now hold the staging
   const bool defer = m.opt.overlap_param_gather && !is_capturing(m.backend, stream);
-  if (!defer)
-    for (int b = 0; b < nb; ++b) m.store.wait_param_gather(b, stream);
+  if (!defer) m.settle(0, nb, stream);
 }
 
 void DistributedAdam::gather_params(Stream stream) {
-  const bool defer = impl_->opt.overlap_param_gather && !is_capturing(impl_->backend, stream);
-  impl_->wait_pending_gathers(stream);
-  const int nb = static_cast<int>(layout().buckets().size());
-  if (impl_->opt.grouped_collectives) {
-    impl_->store.start_param_gathers(0, nb, stream);
+  Impl& m = *impl_;
+  const bool defer = m.opt.overlap_param_gather && !is_capturing(m.backend, stream);
+  const int nb = m.num_buckets();
+  m.settle(0, nb, stream);
+  m.require_no_live_grads("gather_params");
+  m.dispatch(0, nb, stream);
+  if (!defer) {
+    m.settle(0, nb, stream);
   } else {
-    for (int b = 0; b < nb; ++b) impl_->store.start_param_gather(b, stream);
+    m.mx.consume(m.store, 0, nb, stream);  // MXFP8 buckets always land and zero (forced gather)
   }
-  if (!defer)
-    for (int b = 0; b < nb; ++b) impl_->store.wait_param_gather(b, stream);
 }
 
 void DistributedAdam::wait_param(int bucket, Stream stream) {
   SHARDOPT_REQUIRE(bucket >= 0 && bucket < static_cast<int>(layout().buckets().size()), ErrorCode::OutOfRange,
                    "bucket " + std::to_string(bucket) + " is out of range [0, " +
                        std::to_string(layout().buckets().size()) + ")");
-  if (impl_->store.param_gather_pending(bucket)) impl_->store.wait_param_gather(bucket, stream);
+  impl_->settle(bucket, bucket + 1, stream);
+}
+
+GatherState DistributedAdam::gather_state(int bucket) const {
+  SHARDOPT_REQUIRE(bucket >= 0 && bucket < static_cast<int>(layout().buckets().size()), ErrorCode::OutOfRange,
+                   "gather_state: bucket " + std::to_string(bucket) + " is out of range [0, " +
+                       std::to_string(layout().buckets().size()) + ")");
+  if (impl_->mx.is_bucket(bucket)) return impl_->mx.state(bucket);
+  return impl_->store.param_gather_pending(bucket) ? GatherState::InFlight : GatherState::Idle;
 }
 
 void DistributedAdam::zero_grad(Stream stream) {
   Impl& m = *impl_;
+  // Pending MXFP8 gathers sit in the gradient buffer: land them first, then zero (seed
+  // 001's bug was a zeroing that ran before the gather had landed).
+  m.mx.consume(m.store, 0, m.num_buckets(), stream);
   m.grads_reduced = false;
+  m.grads_live = false;
   for (std::size_t b = 0; b < layout().buffers().size(); ++b) {
     const std::size_t bytes = static_cast<std::size_t>(layout().buffers()[b].numel) * size_of(m.opt.grad_dtype);
     fill_zero_async(m.backend, m.store.grad_buffer(static_cast<int>(b)), bytes, stream);
@@ -296,13 +455,16 @@ MemoryReport DistributedAdam::memory() const {
   MemoryReport r;
   r.params = static_cast<std::int64_t>(m.store.param_bytes());
   r.grads = static_cast<std::int64_t>(m.store.grad_bytes());
+  r.mxfp8 = static_cast<std::int64_t>(m.mx.storage_bytes());
   r.nccl_overhead = static_cast<std::int64_t>(m.store.allocator_overhead_bytes());
   m.state.add_memory(r);
   for (const auto& [key, buf] : m.copies) r.copies += static_cast<std::int64_t>(buf.bytes());
-  for (const auto& buf : layout().buffers()) {
+  for (std::size_t b = 0; b < layout().buffers().size(); ++b) {
+    const BufferLayout& buf = layout().buffers()[b];
     std::int64_t real = 0;
     for (int p : buf.params) real += layout().params()[static_cast<std::size_t>(p)].numel;
-    r.padding += (buf.numel - real) * static_cast<std::int64_t>(size_of(buf.dtype) + size_of(m.opt.grad_dtype));
+    const std::size_t param_size = m.store.has_params(static_cast<int>(b)) ? size_of(buf.dtype) : 0;
+    r.padding += (buf.numel - real) * static_cast<std::int64_t>(param_size + size_of(m.opt.grad_dtype));
   }
   return r;
 }

@@ -101,8 +101,31 @@ ShardState::ShardState(Backend backend, const Layout& layout, int rank, const Ad
 
 void ShardState::bind(int buffer, const void* grads, void* params) {
   SHARDOPT_REQUIRE(buffer >= 0 && buffer < static_cast<int>(shards_.size()), ErrorCode::Internal, "bad buffer index");
-  shards_[static_cast<std::size_t>(buffer)].ptrs.grads = grads;
-  shards_[static_cast<std::size_t>(buffer)].ptrs.params = params;
+  BufferShard& sh = shards_[static_cast<std::size_t>(buffer)];
+  sh.ptrs.grads = grads;
+  sh.ptrs.params = params;
+  sh.config.write_params = params != nullptr;
+}
+
+float* ShardState::master(int buffer) const {
+  SHARDOPT_REQUIRE(buffer >= 0 && buffer < static_cast<int>(shards_.size()), ErrorCode::Internal, "bad buffer index");
+  return shards_[static_cast<std::size_t>(buffer)].master.as<float>();
+}
+
+void ShardState::publish_master(Stream stream) {
+  const Layout& L = layout_;
+  for (std::size_t b = 0; b < L.buffers().size(); ++b) {
+    if (shards_[b].ptrs.params == nullptr) continue;
+    const DType dt = L.buffers()[b].dtype;
+    auto* params = static_cast<char*>(shards_[b].ptrs.params);
+    for (int bk : L.buffers()[b].buckets) {
+      const Range own = L.shard_range(bk, rank_);
+      const std::int64_t shard_offset = L.buckets()[static_cast<std::size_t>(bk)].shard_offset;
+      const std::int64_t dst = shard_addressed_ ? shard_offset : own.begin;
+      kernels::convert(shards_[b].master.as<float>() + shard_offset, DType::f32,
+                       params + static_cast<std::size_t>(dst) * size_of(dt), dt, own.size(), backend_, stream);
+    }
+  }
 }
 
 void ShardState::init_master(Stream stream) {
@@ -110,6 +133,7 @@ void ShardState::init_master(Stream stream) {
   for (std::size_t b = 0; b < L.buffers().size(); ++b) {
     const DType dt = L.buffers()[b].dtype;
     const auto* params = static_cast<const char*>(shards_[b].ptrs.params);
+    if (params == nullptr) continue;
     for (int bk : L.buffers()[b].buckets) {
       const Range own = L.shard_range(bk, rank_);
       const std::int64_t shard_offset = L.buckets()[static_cast<std::size_t>(bk)].shard_offset;

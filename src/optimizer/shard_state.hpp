@@ -53,11 +53,18 @@ class ShardState {
   /// (FSDP); otherwise they are the full flat buffers (distributed Adam).
   ShardState(Backend backend, const Layout& layout, int rank, const AdamHyper& hyper, bool shard_addressed);
 
-  /// The gradient and parameter storage of layout buffer `buffer`.
+  /// The gradient and parameter storage of layout buffer `buffer`. `params` null: the
+  /// buffer's parameters live in another format (MXFP8); Adam updates only the master.
   void bind(int buffer, const void* grads, void* params);
 
-  /// master <- the bound params of this rank's slices (converted to fp32).
+  /// master <- the bound params of this rank's slices (converted to fp32); buffers bound
+  /// without params are left as they are.
   void init_master(Stream stream);
+  /// The reverse: the bound params of this rank's slices <- master (rounded to the param
+  /// dtype; padding included, where the master is zero). Buffers without params skipped.
+  void publish_master(Stream stream);
+  /// fp32 master of this rank's shard of buffer `buffer` (shard_numel elements).
+  float* master(int buffer) const;
   /// The device-side step: lr (slot or schedule), inverse loss scale, grad norm over the
   /// shard (one Sum all-reduce over `norm_comm` when it has several ranks), found-inf,
   /// clip coefficient, Adam on every buffer (prologue once).

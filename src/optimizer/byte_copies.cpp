@@ -1,0 +1,36 @@
+#include "optimizer/byte_copies.hpp"
+
+#include <cstring>
+
+#include "core/check.hpp"
+#include "shardopt/error.hpp"
+#include "shardopt/host_stream.hpp"
+
+namespace shardopt::detail {
+
+void split_copy(std::vector<BytePiece>& table, const std::uint8_t* src, std::uint8_t* dst, std::int64_t bytes) {
+  for (std::int64_t done = 0; done < bytes; done += kBytePieceMax) {
+    const std::int64_t n = bytes - done < kBytePieceMax ? bytes - done : kBytePieceMax;
+    table.push_back(BytePiece{src + done, dst + done, n});
+  }
+}
+
+void copy_pieces(const BytePiece* pieces, std::int64_t count, Backend backend, Stream stream) {
+  SHARDOPT_REQUIRE(count >= 0, ErrorCode::Internal, "copy_pieces: negative piece count");
+  if (count == 0) return;
+  SHARDOPT_REQUIRE(pieces != nullptr, ErrorCode::Internal, "copy_pieces: no piece table");
+  if (backend == Backend::Host) {
+    host_enqueue(stream, [pieces, count] {
+      for (std::int64_t i = 0; i < count; ++i)
+        std::memcpy(pieces[i].dst, pieces[i].src, static_cast<std::size_t>(pieces[i].bytes));
+    });
+    return;
+  }
+#if SHARDOPT_HAVE_CUDA
+  copy_pieces_cuda(pieces, count, stream);
+#else
+  SHARDOPT_REQUIRE(false, ErrorCode::Unsupported, "copy_pieces on Backend::Cuda: this build has no CUDA backend");
+#endif
+}
+
+}  // namespace shardopt::detail

@@ -1,0 +1,85 @@
+// byte_copies_cases.hpp - the landing copy table (src/optimizer/byte_copies.*): pieces of
+// at most kBytePieceMax bytes that cover every copy exactly, run in one launch on either
+// backend; the result is checked against plain memcpy into a host image. Shared by
+// test/unit (host twin) and test/gpu (the CUDA kernel, co-aligned and misaligned pieces).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/check.hpp"
+#include "core/memory.hpp"
+#include "optimizer/byte_copies.hpp"
+#include "shardopt/backend.hpp"
+#include "shardopt_config.h"
+
+#if SHARDOPT_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace shardopt::test {
+
+inline void bytes_to_device(Backend b, void* dst, const void* src, std::size_t n) {
+  if (b == Backend::Host) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+#if SHARDOPT_HAVE_CUDA
+  SHARDOPT_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
+#endif
+}
+inline void bytes_to_host(Backend b, void* dst, const void* src, std::size_t n) {
+  if (b == Backend::Host) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+#if SHARDOPT_HAVE_CUDA
+  SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());
+  SHARDOPT_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+#endif
+}
+
+/// Random non-overlapping copies from a source arena into a destination arena: lengths
+/// from 0 to several pieces, source and destination offsets with every alignment
+/// modulo 16 (equal and different); untouched destination bytes keep their sentinel.
+inline void case_copy_pieces_match_memcpy(Backend b, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  const std::size_t arena = std::size_t{3} << 20;
+  std::vector<std::uint8_t> src(arena), dst_want(arena, 0x5A);
+  for (auto& x : src) x = static_cast<std::uint8_t>(rng());
+  DeviceBuffer dsrc(b, arena), ddst(b, arena);
+  bytes_to_device(b, dsrc.data(), src.data(), arena);
+  bytes_to_device(b, ddst.data(), dst_want.data(), arena);
+  std::vector<detail::BytePiece> table;
+  std::size_t cursor_src = 0, cursor_dst = 0;
+  const std::int64_t lengths[] = {0, 1, 15, 16, 17, 31, 100, 4096, 65535, 65536, 65537, 200001};
+  for (int k = 0; cursor_src + 300000 < arena && cursor_dst + 300000 < arena; ++k) {
+    const std::int64_t n = lengths[static_cast<std::size_t>(k) % (sizeof lengths / sizeof lengths[0])];
+    // Even k: source and destination equal modulo 16 (the vector path); odd k: not.
+    const std::size_t s = cursor_src + rng() % 16;
+    const std::size_t shift = k % 2 == 0 ? 0 : 1 + rng() % 15;
+    const std::size_t d = (cursor_dst + 15) / 16 * 16 + (s + shift) % 16;
+    detail::split_copy(table, dsrc.as<std::uint8_t>() + s, ddst.as<std::uint8_t>() + d, n);
+    std::memcpy(dst_want.data() + d, src.data() + s, static_cast<std::size_t>(n));
+    cursor_src = s + static_cast<std::size_t>(n) + 1;
+    cursor_dst = d + static_cast<std::size_t>(n) + 1;
+  }
+  for (const auto& p : table) {
+    EXPECT_GT(p.bytes, 0);
+    EXPECT_LE(p.bytes, detail::kBytePieceMax);
+  }
+  DeviceBuffer dtable(b, table.size() * sizeof(detail::BytePiece));
+  bytes_to_device(b, dtable.data(), table.data(), dtable.bytes());
+  detail::copy_pieces(dtable.as<detail::BytePiece>(), static_cast<std::int64_t>(table.size()), b, nullptr);
+  std::vector<std::uint8_t> got(arena);
+  bytes_to_host(b, got.data(), ddst.data(), arena);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < arena; ++i) differ += got[i] != dst_want[i] ? 1 : 0;
+  EXPECT_EQ(differ, 0u) << table.size() << " pieces";
+}
+
+}  // namespace shardopt::test

@@ -1,0 +1,856 @@
+// mxfp8_params_cases.hpp - MXFP8 parameters inside DistributedAdam (issue 7), written
+// once and run on the host backend under mpiexec (test/mpi/test_mxfp8_params.cpp) and on
+// GPUs under mpirun (test/gpu/test_mxfp8_params_gpu.cpp).
+//
+// The expected MXFP8 bytes always come from the independent oracle of
+// test/unit/test_mxfp8_reference.hpp applied to bf16 of the full fp32 master, which the
+// test assembles from every rank's shard_master piece (MPI_Allgatherv). The path cases
+// (train -> eval -> train, forced gather, found-inf, deferred gathers) compare a variant
+// against plain train-only runs, bitwise; their trainers accumulate gradients (+=) and,
+// in the variants that do not call zero_grad, rely on the library's zeroing of the
+// gradient regions alone, so that staging bytes left in a region change the result.
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "common/dist_adam_cases.hpp"
+#include "shardopt/bucket_store.hpp"
+#include "shardopt/mxfp8.hpp"
+#include "unit/test_mxfp8_reference.hpp"
+
+namespace shardopt::test {
+
+// ------------------------------------------------------------------ helpers
+
+/// The shardopt::Error `f` throws, or nothing.
+template <class F>
+std::optional<Error> mx_error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e;
+  }
+  return std::nullopt;
+}
+
+inline void expect_error(const std::optional<Error>& e, ErrorCode code, const std::string& part) {
+  ASSERT_TRUE(e.has_value()) << "expected Error(" << static_cast<int>(code) << ") mentioning '" << part << "'";
+  EXPECT_EQ(e->code(), code) << e->what();
+  EXPECT_NE(std::string(e->what()).find(part), std::string::npos) << e->what();
+}
+
+/// MXFP8 weights with odd shapes (rows and cols not multiples of 32, so every rank
+/// boundary cuts blocks), a grouped parameter, two buckets of two params, and (unless
+/// `native` is false) two 1-D parameters, which stay native (f32). "tiny" is in the
+/// no_decay group, so both groups are used either way.
+inline std::vector<ParamSpec> mx_model(bool native = true) {
+  std::vector<ParamSpec> s = {
+      ParamSpec::tensor("embed", {37, 40}),
+      ParamSpec::tensor("norm1", {40}, DType::bf16, "no_decay"),
+      ParamSpec::tensor("w1", {45, 40}),
+      ParamSpec::grouped("experts", 3, {35, 24}),
+      ParamSpec::tensor("small", {5, 7}),
+      ParamSpec::tensor("bias1", {45}, DType::bf16, "no_decay"),
+      ParamSpec::tensor("w2", {40, 45}),
+      ParamSpec::tensor("tiny", {2, 33}, DType::bf16, "no_decay"),
+      ParamSpec::tensor("head", {37, 40}),
+  };
+  if (!native) s.erase(std::remove_if(s.begin(), s.end(), [](const ParamSpec& p) { return p.shape.size() < 2; }), s.end());
+  return s;
+}
+
+/// Options of the MXFP8 cases: buckets of about 2000 elements, clipping, a schedule.
+inline DistributedAdamOptions mx_options(DType grad_dtype = DType::bf16) {
+  DistributedAdamOptions o = base_options(grad_dtype);
+  o.param_format = ParamFormat::Mxfp8;
+  o.bucket_numel = 2000;
+  return o;
+}
+
+/// Initial master value of (id, element j of a row of `cols`): a hash-driven value of
+/// magnitude 2^-4..2^3 that changes scale from row to row (many scale bytes occur).
+inline float mx_init_value(int id, std::int64_t j, std::int64_t cols) {
+  const std::uint64_t h = mix64((static_cast<std::uint64_t>(id) << 40) ^ static_cast<std::uint64_t>(j) ^ 0x5bd1e995ull);
+  const int shift = static_cast<int>((static_cast<std::uint64_t>(j / cols) * 2654435761ull >> 7) % 8) - 4;
+  const float m = static_cast<float>(static_cast<int>(h % 2001u) - 1000) / 1000.0f;
+  return std::ldexp(m, shift);
+}
+
+/// Writes value(i, e) (e: element of the flattened parameter) into every rank's
+/// shard_master piece of every parameter.
+template <class F>
+void write_master(DistributedAdam& opt, F value) {
+  for (int i = 0; i < opt.num_params(); ++i) {
+    const ShardView m = opt.shard_master(i);
+    std::vector<float> v(static_cast<std::size_t>(m.numel()));
+    for (std::size_t k = 0; k < v.size(); ++k) v[k] = value(i, m.param_offset + static_cast<std::int64_t>(k));
+    from_host(opt.backend(), m.data, v);
+  }
+}
+
+/// The default initial master of the MXFP8 cases, then init_from_master.
+inline void mx_init(DistributedAdam& opt, Stream s) {
+  write_master(opt, [&opt](int i, std::int64_t e) {
+    return mx_init_value(i, e, opt.layout().specs()[static_cast<std::size_t>(i)].shape.back());
+  });
+  opt.init_from_master(s);
+}
+
+/// Parameter i's whole fp32 master, assembled from every rank's piece (collective over
+/// MPI_COMM_WORLD unless the optimizer runs on one rank).
+inline std::vector<float> full_master(const DistributedAdam& opt, int i) {
+  const ShardView m = opt.shard_master(i);
+  const std::vector<float> mine = read_f32(opt.backend(), m);
+  if (opt.comm().size() == 1) return mine;
+  const int world = world_size();
+  const long long meta[2] = {static_cast<long long>(m.param_offset), static_cast<long long>(mine.size())};
+  std::vector<long long> all(2 * static_cast<std::size_t>(world));
+  MPI_Allgather(meta, 2, MPI_LONG_LONG, all.data(), 2, MPI_LONG_LONG, MPI_COMM_WORLD);
+  std::vector<int> counts(static_cast<std::size_t>(world)), displs(static_cast<std::size_t>(world));
+  int total = 0;
+  for (int r = 0; r < world; ++r) {
+    counts[static_cast<std::size_t>(r)] = static_cast<int>(all[2 * static_cast<std::size_t>(r) + 1]);
+    displs[static_cast<std::size_t>(r)] = total;
+    total += counts[static_cast<std::size_t>(r)];
+  }
+  std::vector<float> pieces(static_cast<std::size_t>(total));
+  MPI_Allgatherv(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, pieces.data(), counts.data(), displs.data(),
+                 MPI_FLOAT, MPI_COMM_WORLD);
+  const std::int64_t n = numel(opt.layout().specs()[static_cast<std::size_t>(i)].shape);
+  std::vector<float> full(static_cast<std::size_t>(n), 0.0f);
+  std::vector<char> seen(static_cast<std::size_t>(n), 0);
+  for (int r = 0; r < world; ++r)
+    for (int k = 0; k < counts[static_cast<std::size_t>(r)]; ++k) {
+      const auto e = static_cast<std::size_t>(all[2 * static_cast<std::size_t>(r)] + k);
+      full[e] = pieces[static_cast<std::size_t>(displs[static_cast<std::size_t>(r)] + k)];
+      seen[e] = 1;
+    }
+  EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](char c) { return c != 0; }))
+      << "the ranks' master pieces do not cover parameter " << i;
+  return full;
+}
+
+/// The oracle: quantize(bf16(full master)) of MXFP8 parameter i (collective).
+inline mxfp8_ref::Quantized expected_mx(const DistributedAdam& opt, int i) {
+  const std::vector<float> master = full_master(opt, i);
+  std::vector<std::uint16_t> x(master.size());
+  for (std::size_t k = 0; k < x.size(); ++k) x[k] = mxfp8_ref::to_bf16(master[k]);
+  const Mxfp8Shape s = Mxfp8Shape::of(opt.layout().specs()[static_cast<std::size_t>(i)]);
+  return mxfp8_ref::quantize(s.members, s.rows, s.cols, x);
+}
+
+/// The four planes of MXFP8 parameter i's storage.
+inline mxfp8_ref::Quantized read_mx(const DistributedAdam& opt, int i) {
+  const Mxfp8View v = opt.mxfp8_param(i);
+  const Backend b = opt.backend();
+  mxfp8_ref::Quantized q;
+  q.data_row = to_host<std::uint8_t>(b, v.planes.data_row, static_cast<std::size_t>(v.shape.numel()));
+  q.data_col = to_host<std::uint8_t>(b, v.planes.data_col, static_cast<std::size_t>(v.shape.numel()));
+  q.scale_row = to_host<std::uint8_t>(b, v.planes.scale_row, static_cast<std::size_t>(v.shape.scale_row_numel()));
+  q.scale_col = to_host<std::uint8_t>(b, v.planes.scale_col, static_cast<std::size_t>(v.shape.scale_col_numel()));
+  return q;
+}
+
+inline std::string differing_planes(const mxfp8_ref::Quantized& got, const mxfp8_ref::Quantized& want) {
+  std::string s;
+  if (got.data_row != want.data_row) s += "data_row ";
+  if (got.data_col != want.data_col) s += "data_col ";
+  if (got.scale_row != want.scale_row) s += "scale_row ";
+  if (got.scale_col != want.scale_col) s += "scale_col ";
+  return s;
+}
+
+/// Every MXFP8 parameter's storage equals the oracle, every native parameter equals its
+/// f32 master, every bucket is Idle (collective).
+inline void expect_matches_oracle(const DistributedAdam& opt, const std::string& when) {
+  SCOPED_TRACE(when);
+  for (int b = 0; b < static_cast<int>(opt.layout().buckets().size()); ++b)
+    EXPECT_EQ(opt.gather_state(b), GatherState::Idle) << "bucket " << b;
+  for (int i = 0; i < opt.num_params(); ++i) {
+    const std::string& name = opt.layout().specs()[static_cast<std::size_t>(i)].name;
+    if (opt.is_mxfp8(i)) {
+      const mxfp8_ref::Quantized want = expected_mx(opt, i), got = read_mx(opt, i);
+      EXPECT_TRUE(got == want) << name << ": " << differing_planes(got, want);
+    } else {
+      // No ASSERT in a collective helper: a rank that returned early would leave the
+      // others waiting in the next all-gather.
+      const std::vector<float> master = full_master(opt, i);
+      const std::vector<float> p = read_f32(opt.backend(), opt.param(i));
+      std::size_t differ = p.size() == master.size() ? 0 : 1;
+      for (std::size_t k = 0; k < p.size() && k < master.size(); ++k)
+        differ += num::f32_bits(p[k]) != num::f32_bits(master[k]) ? 1 : 0;
+      EXPECT_EQ(differ, 0u) << name << ": native parameter elements that differ from the f32 master";
+    }
+  }
+}
+
+/// Storage, master and moments of two optimizers with the same specs, bitwise.
+inline void expect_same_mx_state(const DistributedAdam& a, const DistributedAdam& b) {
+  for (int i = 0; i < a.num_params(); ++i) {
+    SCOPED_TRACE(a.layout().specs()[static_cast<std::size_t>(i)].name);
+    if (a.is_mxfp8(i)) {
+      const auto x = read_mx(a, i), y = read_mx(b, i);
+      EXPECT_TRUE(x == y) << differing_planes(x, y);
+    } else {
+      EXPECT_EQ(read_bytes(a.backend(), a.param(i)), read_bytes(b.backend(), b.param(i)));
+    }
+    EXPECT_EQ(read_bytes(a.backend(), a.shard_master(i)), read_bytes(b.backend(), b.shard_master(i)));
+    EXPECT_EQ(read_bytes(a.backend(), a.shard_exp_avg(i)), read_bytes(b.backend(), b.shard_exp_avg(i)));
+    EXPECT_EQ(read_bytes(a.backend(), a.shard_exp_avg_sq(i)), read_bytes(b.backend(), b.shard_exp_avg_sq(i)));
+  }
+}
+
+/// Every gradient view of the MXFP8 parameters is zero.
+inline void expect_mx_grads_zero(const DistributedAdam& opt) {
+  for (int i = 0; i < opt.num_params(); ++i) {
+    if (!opt.is_mxfp8(i)) continue;
+    for (float x : read_f32(opt.backend(), opt.grad(i)))
+      ASSERT_EQ(num::f32_bits(x), 0u) << opt.layout().specs()[static_cast<std::size_t>(i)].name;
+  }
+}
+
+inline void wait_all(DistributedAdam& opt, Stream s) {
+  for (int k = 0; k < static_cast<int>(opt.layout().buckets().size()); ++k) opt.wait_param(k, s);
+}
+
+/// One backward: gradients accumulated (+=) into every grad view, then reported.
+inline void mx_backward(DistributedAdam& opt, Backend b, Stream s, GradKind kind, bool poison = false) {
+  GradStreamParams p;
+  p.kind = kind;
+  p.scale = 0.2f;
+  p.rank = world_rank();
+  p.scalars = opt.device_scalars();
+  p.microbatch = opt.device_microbatch();
+  if (poison && world_rank() == world_size() - 1) {  // an Inf in one rank's gradient of 'w1'
+    p.poison_param = opt.param_index("w1");
+    p.poison_element = 7;
+    p.poison_step = 4;
+  }
+  add_grads(b, s, p, grad_targets(opt));
+  report_all(opt, s);
+}
+
+// ------------------------------------------------------------------ communicator
+
+/// The 8-bit Max all-reduce of MXFP8 scale bytes (DType::e8m0): the byte-wise maximum
+/// over the ranks, every byte value included; other reductions of e8m0 are refused.
+inline void case_e8m0_all_reduce_max(Backend b) {
+  const int rank = world_rank(), world = world_size();
+  Communicator comm = make_comm(b);
+  TestStream s(b);
+  for (std::int64_t count : {1, 31, 4099}) {
+    auto byte = [](int r, std::int64_t j) {
+      return static_cast<std::uint8_t>(mix64((static_cast<std::uint64_t>(r) << 32) ^ static_cast<std::uint64_t>(j)));
+    };
+    std::vector<std::uint8_t> mine(static_cast<std::size_t>(count));
+    for (std::int64_t j = 0; j < count; ++j) mine[static_cast<std::size_t>(j)] = byte(rank, j);
+    if (count > 2) mine[2] = rank == world - 1 ? 0xFF : 0x00;  // NaN scale wins
+    DeviceBuffer buf(b, mine.size());
+    from_host(b, buf.data(), mine);
+    comm.all_reduce(buf.data(), count, DType::e8m0, ReduceOp::Max, s.get());
+    s.sync();
+    const auto got = to_host<std::uint8_t>(b, buf.data(), mine.size());
+    std::int64_t differ = 0;
+    for (std::int64_t j = 0; j < count; ++j) {
+      std::uint8_t want = 0;
+      for (int r = 0; r < world; ++r) want = std::max(want, byte(r, j));
+      if (j == 2) want = 0xFF;
+      differ += got[static_cast<std::size_t>(j)] != want ? 1 : 0;
+    }
+    EXPECT_EQ(differ, 0) << "count " << count << ": bytes that are not the maximum over the ranks";
+  }
+  // Sum of scale bytes means nothing: refused on every rank (the group is then failed,
+  // so a group of its own).
+  Communicator spare = make_comm(b);
+  DeviceBuffer one(b, 16);
+  expect_error(mx_error_of([&] { spare.all_reduce(one.data(), 16, DType::e8m0, ReduceOp::Sum, s.get()); }),
+               ErrorCode::InvalidArgument, "Max");
+}
+
+// ------------------------------------------------------------------ bucket store
+
+/// BucketStoreOptions::buffer_params and staged_gather_bytes: a buffer without a param
+/// buffer (none allocated, nullptr views) gathers staged bytes through its bucket's
+/// gradient region, in place, exactly 2S bytes per rank, leaving the rest of the region
+/// alone; the other buffer gathers its params as before; the checks say what to change.
+inline void case_store_staged_gather(Backend b) {
+  const int rank = world_rank(), world = world_size();
+  Communicator comm = make_comm(b);
+  const std::vector<ParamSpec> specs = {ParamSpec::tensor("a", {37, 11}), ParamSpec::tensor("n", {129}, DType::f32),
+                                        ParamSpec::tensor("b", {61, 7}), ParamSpec::tensor("c", {1000})};
+  LayoutOptions lo;
+  lo.bucket_numel = 700;
+  const Layout layout(specs, world, lo);
+  ASSERT_EQ(layout.buffers().size(), 2u);
+  const int staged_buffer = layout.buffers()[0].dtype == DType::bf16 ? 0 : 1;
+  BucketStoreOptions o;
+  o.grad_dtype = DType::f32;  // 4 bytes of room per element, 2 staged: half the region moves
+  o.nccl_registered = false;
+  o.buffer_params.assign(2, true);
+  o.buffer_params[static_cast<std::size_t>(staged_buffer)] = false;
+  o.staged_gather_bytes = 2;
+  BucketStore st(comm, layout, o);
+  EXPECT_EQ(st.param_buffer(staged_buffer), nullptr);
+  EXPECT_FALSE(st.has_params(staged_buffer));
+  EXPECT_TRUE(st.has_params(1 - staged_buffer));
+  EXPECT_EQ(st.param_bytes(), static_cast<std::size_t>(layout.buffers()[static_cast<std::size_t>(1 - staged_buffer)].numel) *
+                                  size_of(layout.buffers()[static_cast<std::size_t>(1 - staged_buffer)].dtype));
+  for (int p = 0; p < static_cast<int>(layout.params().size()); ++p)
+    if (layout.params()[static_cast<std::size_t>(p)].buffer == staged_buffer) EXPECT_EQ(st.param_data(p), nullptr);
+  TestStream s(b);
+  auto pattern = [](int r, int bk, std::int64_t j) { return static_cast<std::uint8_t>(r * 61 + bk * 17 + j * 3 + 5); };
+  for (bool grouped : {false, true}) {
+    // Staged pieces and sentinels in every bucket region of the staged buffer.
+    for (int bk : layout.buffers()[static_cast<std::size_t>(staged_buffer)].buckets) {
+      const Bucket& B = layout.buckets()[static_cast<std::size_t>(bk)];
+      const std::int64_t S = B.range.size() / world, bytes = B.range.size() * 4;
+      std::vector<std::uint8_t> region(static_cast<std::size_t>(bytes), 0xEE);
+      for (std::int64_t j = 0; j < 2 * S; ++j) region[static_cast<std::size_t>(rank * 2 * S + j)] = pattern(rank, bk, j);
+      from_host(b, static_cast<char*>(st.grad_buffer(staged_buffer)) + B.range.begin * 4, region);
+    }
+    const int nb = static_cast<int>(layout.buckets().size());
+    if (grouped) {
+      st.start_param_gathers(0, nb, s.get());
+    } else {
+      for (int bk = 0; bk < nb; ++bk) st.start_param_gather(bk, s.get());
+    }
+    for (int bk = 0; bk < nb; ++bk) st.wait_param_gather(bk, s.get());
+    s.sync();
+    for (int bk : layout.buffers()[static_cast<std::size_t>(staged_buffer)].buckets) {
+      const Bucket& B = layout.buckets()[static_cast<std::size_t>(bk)];
+      const std::int64_t S = B.range.size() / world, bytes = B.range.size() * 4;
+      const auto got = to_host<std::uint8_t>(b, static_cast<char*>(st.grad_buffer(staged_buffer)) + B.range.begin * 4,
+                                             static_cast<std::size_t>(bytes));
+      std::int64_t wrong_piece = 0, touched = 0;
+      for (int r = 0; r < world; ++r)
+        for (std::int64_t j = 0; j < 2 * S; ++j)
+          wrong_piece += got[static_cast<std::size_t>(r * 2 * S + j)] != pattern(r, bk, j) ? 1 : 0;
+      for (std::int64_t j = world * 2 * S; j < bytes; ++j) touched += got[static_cast<std::size_t>(j)] != 0xEE ? 1 : 0;
+      EXPECT_EQ(wrong_piece, 0) << "bucket " << bk << (grouped ? " (grouped)" : "") << ": staged bytes not gathered";
+      EXPECT_EQ(touched, 0) << "bucket " << bk << ": bytes beyond the staging changed";
+    }
+  }
+  // Gathering a bucket that has neither params nor staging is refused.
+  BucketStoreOptions none = o;
+  none.staged_gather_bytes = 0;
+  BucketStore plain(comm, layout, none);
+  const int first_staged = layout.buffers()[static_cast<std::size_t>(staged_buffer)].buckets.front();
+  expect_error(mx_error_of([&] { plain.start_param_gather(first_staged, s.get()); }), ErrorCode::InvalidState,
+               "staged_gather_bytes");
+  // More staged bytes than the gradient region holds: the construction error.
+  BucketStoreOptions wide = o;
+  wide.grad_dtype = DType::bf16;
+  wide.staged_gather_bytes = 4;
+  expect_error(mx_error_of([&] { BucketStore bad(comm, layout, wide); }), ErrorCode::InvalidArgument,
+               "staged_gather_bytes 4 does not fit the gradient buffer");
+  BucketStoreOptions miscount = o;
+  miscount.buffer_params = {false};
+  expect_error(mx_error_of([&] { BucketStore bad(comm, layout, miscount); }), ErrorCode::InvalidArgument,
+               "one entry per buffer");
+}
+
+// ------------------------------------------------------------------ oracle
+
+/// After init_from_master and after every step, every rank's MXFP8 storage equals the
+/// oracle's quantize(bf16(full master)) bitwise (shard boundaries mid-block, a grouped
+/// parameter, buckets of several params), the native 1-D params equal the master, the
+/// MXFP8 gradient regions are zero, and every bucket is Idle.
+inline void case_mx_matches_oracle(Backend b, DType grad_dtype, int microbatches, int steps, bool one_rank = false) {
+  DistributedAdamOptions o = mx_options(grad_dtype);
+  o.microbatches = microbatches;
+  DistributedAdam opt(one_rank ? Communicator::self(b) : make_comm(b), mx_model(), o);
+  TestStream s(b);
+  ASSERT_EQ(opt.layout().buffers().size(), 2u);
+  for (int i = 0; i < opt.num_params(); ++i)
+    EXPECT_EQ(opt.is_mxfp8(i), opt.layout().specs()[static_cast<std::size_t>(i)].shape.size() >= 2);
+  mx_init(opt, s.get());
+  s.sync();
+  expect_matches_oracle(opt, "after init_from_master");
+  // The device member table of the grouped parameter.
+  const int ex = opt.param_index("experts");
+  const Mxfp8View v = opt.mxfp8_param(ex);
+  EXPECT_EQ(v.shape.members, 3);
+  const auto table = to_host<Mxfp8Member>(b, v.members, 3);
+  const auto want_table = mxfp8_contiguous_members(v.shape);
+  for (std::size_t g = 0; g < 3; ++g) {
+    EXPECT_EQ(table[g].element_offset, want_table[g].element_offset);
+    EXPECT_EQ(table[g].scale_row_offset, want_table[g].scale_row_offset);
+    EXPECT_EQ(table[g].scale_col_offset, want_table[g].scale_col_offset);
+  }
+  for (int t = 0; t < steps; ++t) {
+    for (int mb = 0; mb < microbatches; ++mb) {
+      const bool last = mb == microbatches - 1;
+      opt.set_grad_sync(last);
+      GradStreamParams p;
+      p.kind = GradKind::Random;
+      p.scale = 0.2f;
+      p.rank = world_rank();
+      p.scalars = opt.device_scalars();
+      p.microbatch = opt.device_microbatch();
+      add_grads(b, s.get(), p, grad_targets(opt));
+      if (last) report_all(opt, s.get());
+      opt.set_grad_sync(true);
+      opt.advance_microbatch(s.get());
+    }
+    opt.step(s.get());
+    s.sync();
+    expect_mx_grads_zero(opt);
+    expect_matches_oracle(opt, "after step " + std::to_string(t + 1));
+    opt.zero_grad(s.get());
+  }
+  const StepScalars x = opt.read_scalars(s.get());
+  EXPECT_EQ(x.step, steps);
+  EXPECT_LT(x.clip_coef, 1.0f) << "clipping must be active";
+}
+
+/// Adam on the MXFP8 buffer (master only, write_params off) updates the master exactly
+/// as native f32 parameters do: grid gradients make the global norm independent of the
+/// two layouts' summation orders, so the full masters agree bitwise.
+inline void case_mx_master_equals_native(Backend b) {
+  DistributedAdamOptions om = mx_options(DType::bf16), on = base_options(DType::bf16);
+  on.param_dtype = DType::f32;
+  on.bucket_numel = 2000;
+  // Without clipping the norm (whose f32 sum depends on the layout when the world is not
+  // a power of two) does not enter the update.
+  om.clip_max_norm = on.clip_max_norm = 0.0f;
+  Communicator comm = make_comm(b);
+  DistributedAdam mx(comm, mx_model(), om), nat(comm, mx_model(), on);
+  TestStream s(b);
+  mx_init(mx, s.get());
+  mx_init(nat, s.get());
+  for (int t = 0; t < 4; ++t) {
+    for (DistributedAdam* opt : {&mx, &nat}) {
+      mx_backward(*opt, b, s.get(), GradKind::Grid);
+      opt->step(s.get());
+      opt->zero_grad(s.get());
+    }
+  }
+  s.sync();
+  for (int i = 0; i < mx.num_params(); ++i) {
+    const auto a = full_master(mx, i), c = full_master(nat, i);
+    for (std::size_t k = 0; k < a.size(); ++k)
+      ASSERT_EQ(num::f32_bits(a[k]), num::f32_bits(c[k])) << mx.layout().specs()[static_cast<std::size_t>(i)].name << " " << k;
+  }
+}
+
+// ------------------------------------------------------------------ paths
+
+/// The ways a training run can reach the next backward after a step.
+enum class MxPath {
+  TrainTrain,        ///< step, next backward
+  TrainEvalTrain,    ///< step, eval (forward-only reads of mxfp8_param), next backward
+  ForcedGather,      ///< step, gather_params (before "saving"), next backward
+  FoundInf,          ///< a step skipped by an Inf in the middle
+  Deferred,          ///< overlap_param_gather: the forward calls wait_param
+  DeferredEval,      ///< deferred; eval forward calls wait_param, the next forward again
+  DeferredZeroGrad,  ///< deferred; zero_grad right after the step (lands first)
+};
+
+inline const char* path_name(MxPath p) {
+  switch (p) {
+    case MxPath::TrainTrain: return "train-train";
+    case MxPath::TrainEvalTrain: return "train-eval-train";
+    case MxPath::ForcedGather: return "forced-gather";
+    case MxPath::FoundInf: return "found-inf";
+    case MxPath::Deferred: return "deferred";
+    case MxPath::DeferredEval: return "deferred-eval";
+    case MxPath::DeferredZeroGrad: return "deferred-zero-grad";
+  }
+  return "?";
+}
+
+/// A path variant trains exactly like plain train-only (non-deferred, zero_grad after
+/// every step): MXFP8 storage, master and moments bitwise equal after 6 steps.
+/// `variant_zero_grad` false: the variant never calls zero_grad (MXFP8-only model), so
+/// the only zeroing of its gradient regions is the library's landing; staging bytes left
+/// there would be accumulated into its next gradients and the states would differ.
+inline void case_mx_path(Backend b, MxPath path, bool variant_zero_grad) {
+  SCOPED_TRACE(std::string(path_name(path)) + (variant_zero_grad ? " with zero_grad" : " without zero_grad"));
+  const bool deferred = path == MxPath::Deferred || path == MxPath::DeferredEval || path == MxPath::DeferredZeroGrad;
+  const auto specs = mx_model(/*native=*/variant_zero_grad);
+  Communicator comm = make_comm(b);
+  DistributedAdamOptions o = mx_options(DType::bf16);
+  o.gather_pipeline = 2;
+  DistributedAdamOptions ov = o;
+  ov.overlap_param_gather = deferred;
+  DistributedAdam ref(comm, specs, o), var(comm, specs, ov);
+  TestStream s(b), sv(b);
+  mx_init(ref, s.get());
+  mx_init(var, sv.get());
+  const int nb = static_cast<int>(var.layout().buckets().size());
+  const bool poison_path = path == MxPath::FoundInf;
+  std::vector<mxfp8_ref::Quantized> before_inf;
+  for (int t = 0; t < 6; ++t) {
+    const bool poison = poison_path && t == 3;  // the 4th step finds an Inf
+    // Reference: plain.
+    mx_backward(ref, b, s.get(), GradKind::Random, poison);
+    ref.step(s.get());
+    ref.zero_grad(s.get());
+    // Variant.
+    if (deferred) wait_all(var, sv.get());  // the forward waits for (lands) its buckets
+    if (poison) {
+      sv.sync();
+      for (int i = 0; i < var.num_params(); ++i)
+        if (var.is_mxfp8(i)) before_inf.push_back(read_mx(var, i));
+    }
+    mx_backward(var, b, sv.get(), GradKind::Random, poison);
+    var.step(sv.get());
+    if (deferred) {
+      int in_flight = 0;
+      for (int k = 0; k < nb; ++k) in_flight += var.gather_state(k) == GatherState::InFlight ? 1 : 0;
+      EXPECT_GT(in_flight, 0) << "deferred: the step leaves the MXFP8 gathers in flight";
+    } else {
+      for (int k = 0; k < nb; ++k) EXPECT_EQ(var.gather_state(k), GatherState::Idle);
+    }
+    if (path == MxPath::DeferredZeroGrad || variant_zero_grad) var.zero_grad(sv.get());
+    if (path == MxPath::DeferredZeroGrad) {
+      for (int k = 0; k < nb; ++k)
+        if (var.is_mxfp8(var.layout().buckets()[static_cast<std::size_t>(k)].params.front()))
+          EXPECT_EQ(var.gather_state(k), GatherState::Idle) << "zero_grad lands MXFP8 bucket " << k << " first";
+    }
+    const bool odd = t % 2 == 1;
+    if (odd && (path == MxPath::TrainEvalTrain || path == MxPath::DeferredEval)) {
+      // Eval: a forward-only pass reads every weight (after wait_param when deferred).
+      if (path == MxPath::DeferredEval) wait_all(var, sv.get());
+      sv.sync();
+      expect_matches_oracle(var, "eval after step " + std::to_string(t + 1));
+    }
+    if (odd && path == MxPath::ForcedGather) {
+      var.gather_params(sv.get());  // e.g. before saving a checkpoint
+      for (int k = 0; k < nb; ++k) EXPECT_EQ(var.gather_state(k), GatherState::Idle);
+      sv.sync();
+      expect_matches_oracle(var, "saved after step " + std::to_string(t + 1));
+    }
+    if (poison) {
+      sv.sync();
+      const StepScalars x = var.read_scalars(sv.get());
+      EXPECT_EQ(x.found_inf, 1);
+      if (deferred) wait_all(var, sv.get());
+      sv.sync();
+      std::size_t k = 0;
+      for (int i = 0; i < var.num_params(); ++i)
+        if (var.is_mxfp8(i)) EXPECT_TRUE(read_mx(var, i) == before_inf[k++]) << "a skipped step rewrites the same bytes";
+    }
+  }
+  wait_all(var, sv.get());
+  s.sync();
+  sv.sync();
+  const StepScalars x = ref.read_scalars(s.get()), y = var.read_scalars(sv.get());
+  EXPECT_EQ(x.step, poison_path ? 5 : 6);
+  EXPECT_EQ(y.step, x.step);
+  EXPECT_EQ(num::f32_bits(x.grad_norm), num::f32_bits(y.grad_norm));
+  expect_same_mx_state(ref, var);
+  expect_matches_oracle(var, "end");
+}
+
+/// The state machine's refusals and queries: after a deferred step the MXFP8 buckets
+/// are InFlight; a backward (grad_ready), reduce_grads or step before wait_param is
+/// Error(InvalidState) naming the bucket and wait_param; wait_param(b) makes b Idle;
+/// zero_grad lands the rest; gather_params between grad_ready and step is refused; the
+/// views say where MXFP8 and native parameters live.
+inline void case_mx_state_machine(Backend b) {
+  DistributedAdamOptions o = mx_options(DType::bf16);
+  o.overlap_param_gather = true;
+  DistributedAdam opt(make_comm(b), mx_model(), o);
+  TestStream s(b);
+  mx_init(opt, s.get());
+  const int nb = static_cast<int>(opt.layout().buckets().size());
+  for (int k = 0; k < nb; ++k) EXPECT_EQ(opt.gather_state(k), GatherState::Idle);
+  mx_backward(opt, b, s.get(), GradKind::Random);
+  opt.step(s.get());
+  const int w1 = opt.param_index("w1"), norm = opt.param_index("norm1");
+  const int bw1 = opt.layout().params()[static_cast<std::size_t>(w1)].bucket;
+  for (int k = 0; k < nb; ++k) {
+    const bool mxb = opt.layout().buffers()[static_cast<std::size_t>(opt.layout().buckets()[static_cast<std::size_t>(k)].buffer)].dtype == DType::bf16;
+    EXPECT_EQ(opt.gather_state(k), GatherState::InFlight) << "bucket " << k << (mxb ? " (MXFP8)" : " (native)");
+  }
+  const std::string name = "bucket " + std::to_string(bw1);
+  expect_error(mx_error_of([&] { opt.grad_ready(w1, s.get()); }), ErrorCode::InvalidState, "wait_param(" + std::to_string(bw1));
+  expect_error(mx_error_of([&] { opt.reduce_grads(s.get()); }), ErrorCode::InvalidState, "wait_param(");
+  expect_error(mx_error_of([&] { opt.step(s.get()); }), ErrorCode::InvalidState, "wait_param(");
+  opt.wait_param(bw1, s.get());
+  EXPECT_EQ(opt.gather_state(bw1), GatherState::Idle);
+  opt.zero_grad(s.get());
+  for (int k = 0; k < nb; ++k) {
+    const bool mxb = opt.is_mxfp8(opt.layout().buckets()[static_cast<std::size_t>(k)].params.front());
+    if (mxb) EXPECT_EQ(opt.gather_state(k), GatherState::Idle) << "zero_grad landed bucket " << k;
+  }
+  wait_all(opt, s.get());
+  s.sync();
+  expect_matches_oracle(opt, "after the recoveries");
+  // Live gradients: a forced gather would stage over them.
+  GradStreamParams p;
+  p.rank = world_rank();
+  p.scalars = opt.device_scalars();
+  add_grads(b, s.get(), p, grad_targets(opt));
+  opt.grad_ready(w1, s.get());
+  expect_error(mx_error_of([&] { opt.gather_params(s.get()); }), ErrorCode::InvalidState, "gather_params");
+  opt.reduce_grads(s.get());  // ends the round grad_ready began
+  opt.zero_grad(s.get());     // and discards the gradients
+  // Views.
+  expect_error(mx_error_of([&] { (void)opt.param(w1); }), ErrorCode::InvalidArgument, "mxfp8_param");
+  expect_error(mx_error_of([&] { (void)opt.member_param(opt.param_index("experts"), 0); }), ErrorCode::InvalidArgument,
+               "mxfp8_param");
+  expect_error(mx_error_of([&] { (void)opt.shard_param(w1); }), ErrorCode::InvalidArgument, "shard_master");
+  expect_error(mx_error_of([&] { (void)opt.mxfp8_param(norm); }), ErrorCode::InvalidArgument, "1-D");
+  EXPECT_EQ(opt.param(norm).dtype, DType::f32);
+  expect_error(mx_error_of([&] { opt.init_master(s.get()); }), ErrorCode::InvalidState, "init_from_master");
+  DistributedAdamOptions bad = mx_options();
+  bad.param_dtype = DType::bf16;
+  expect_error(mx_error_of([&] { DistributedAdam x(make_comm(b), mx_model(), bad); }), ErrorCode::InvalidArgument,
+               "param_dtype");
+  // The optimizer still works: a plain step after all this.
+  wait_all(opt, s.get());
+  mx_backward(opt, b, s.get(), GradKind::Random);
+  opt.step(s.get());
+  wait_all(opt, s.get());
+  s.sync();
+  expect_matches_oracle(opt, "after a last step");
+}
+
+// ------------------------------------------------------------------ grouped vs discrete
+
+/// A grouped weight registered as one tensor and as G tensors: after 10 steps every
+/// member's MXFP8 data and scales are identical (blocks never straddle members), with
+/// and without gradient accumulation across microbatches. Grid gradients depend on a
+/// member id, not on the registration (clipping off: the norm's summation order follows
+/// the layout).
+inline void case_grouped_vs_discrete(Backend b, int microbatches) {
+  constexpr int G = 4;
+  const Shape member = {35, 24};
+  const std::vector<ParamSpec> grouped = {ParamSpec::tensor("embed", {37, 40}),
+                                          ParamSpec::tensor("norm", {40}, DType::bf16, "no_decay"),
+                                          ParamSpec::grouped("experts", G, member), ParamSpec::tensor("head", {37, 40})};
+  std::vector<ParamSpec> discrete = {ParamSpec::tensor("embed", {37, 40}),
+                                     ParamSpec::tensor("norm", {40}, DType::bf16, "no_decay")};
+  for (int m = 0; m < G; ++m) discrete.push_back(ParamSpec::tensor("experts." + std::to_string(m), member));
+  discrete.push_back(ParamSpec::tensor("head", {37, 40}));
+  DistributedAdamOptions o = mx_options(DType::bf16);
+  o.bucket_numel = 1000;
+  o.microbatches = microbatches;
+  o.clip_max_norm = 0.0f;  // the two layouts sum the norm in different orders
+  Communicator comm = make_comm(b);
+  DistributedAdam og(comm, grouped, o), od(comm, discrete, o);
+  TestStream sg(b), sd(b);
+  const std::int64_t mn = numel(member);
+  // Ids: embed 0, norm 1, head 2, expert m 100 + m.
+  auto id_of = [](const std::string& name, std::int64_t member_index) -> int {
+    if (name == "embed") return 0;
+    if (name == "norm") return 1;
+    if (name == "head") return 2;
+    if (name == "experts") return 100 + static_cast<int>(member_index);
+    return 100 + std::stoi(name.substr(8));
+  };
+  auto init = [&](DistributedAdam& opt) {
+    write_master(opt, [&](int i, std::int64_t e) {
+      const ParamSpec& sp = opt.layout().specs()[static_cast<std::size_t>(i)];
+      const bool grp = sp.name == "experts";
+      return mx_init_value(id_of(sp.name, grp ? e / mn : 0), grp ? e % mn : e, sp.shape.back());
+    });
+  };
+  init(og);
+  init(od);
+  og.init_from_master(sg.get());
+  od.init_from_master(sd.get());
+  auto targets = [&](DistributedAdam& opt) {
+    std::vector<GradTarget> t;
+    for (int i = 0; i < opt.num_params(); ++i) {
+      const std::string& name = opt.layout().specs()[static_cast<std::size_t>(i)].name;
+      if (name == "experts") {
+        for (int m = 0; m < G; ++m) {
+          const GradView g = opt.member_grad(i, m);
+          t.push_back(GradTarget{g.data, g.numel(), id_of(name, m), g.dtype});
+        }
+      } else {
+        const GradView g = opt.grad(i);
+        t.push_back(GradTarget{g.data, g.numel(), id_of(name, 0), g.dtype});
+      }
+    }
+    return t;
+  };
+  const auto tg = targets(og), td = targets(od);
+  for (int t = 0; t < 10; ++t) {
+    for (auto [opt, st, tt] : {std::make_tuple(&og, sg.get(), &tg), std::make_tuple(&od, sd.get(), &td)}) {
+      for (int mb = 0; mb < microbatches; ++mb) {
+        const bool last = mb == microbatches - 1;
+        opt->set_grad_sync(last);
+        GradStreamParams p;
+        p.kind = GradKind::Grid;
+        p.rank = world_rank();
+        p.scalars = opt->device_scalars();
+        p.microbatch = opt->device_microbatch();
+        add_grads(b, st, p, *tt);
+        if (last) report_all(*opt, st);
+        opt->set_grad_sync(true);
+        opt->advance_microbatch(st);
+      }
+      opt->step(st);
+      opt->zero_grad(st);
+    }
+  }
+  sg.sync();
+  sd.sync();
+  const Mxfp8View vg = og.mxfp8_param(og.param_index("experts"));
+  const auto qg = read_mx(og, og.param_index("experts"));
+  const Mxfp8Shape ms = Mxfp8Shape::of(member);
+  for (int m = 0; m < G; ++m) {
+    SCOPED_TRACE("member " + std::to_string(m));
+    const auto qd = read_mx(od, od.param_index("experts." + std::to_string(m)));
+    const auto slice = [](const std::vector<std::uint8_t>& v, std::int64_t off, std::int64_t n) {
+      return std::vector<std::uint8_t>(v.begin() + off, v.begin() + off + n);
+    };
+    EXPECT_EQ(slice(qg.data_row, m * mn, mn), qd.data_row);
+    EXPECT_EQ(slice(qg.data_col, m * mn, mn), qd.data_col);
+    EXPECT_EQ(slice(qg.scale_row, m * ms.scale_row_numel(), ms.scale_row_numel()), qd.scale_row);
+    EXPECT_EQ(slice(qg.scale_col, m * ms.scale_col_numel(), ms.scale_col_numel()), qd.scale_col);
+  }
+  EXPECT_EQ(vg.shape.members, G);
+  for (const char* name : {"embed", "head"}) EXPECT_TRUE(read_mx(og, og.param_index(name)) == read_mx(od, od.param_index(name))) << name;
+  EXPECT_EQ(read_bytes(b, og.param(og.param_index("norm"))), read_bytes(b, od.param(od.param_index("norm"))));
+  const StepScalars x = og.read_scalars(sg.get());
+  EXPECT_EQ(x.step, 10);
+  expect_matches_oracle(og, "grouped");
+}
+
+// ------------------------------------------------------------------ memory
+
+/// MXFP8 parameters have no param buffer: MemoryReport::params counts the native (f32)
+/// buffer only; MemoryReport::mxfp8 is 2 bytes per element plus the scale bytes (each
+/// piece rounded up to 16 bytes: exact for shapes whose sizes are multiples of 16).
+inline void case_mx_memory(Backend b) {
+  const int world = world_size();
+  auto piece = [](std::int64_t n) { return (n + 15) / 16 * 16; };
+  for (DType g : {DType::bf16, DType::f32}) {
+    for (bool round_shapes : {false, true}) {
+      std::vector<ParamSpec> specs = mx_model();
+      if (round_shapes)
+        specs = {ParamSpec::tensor("embed", {256, 128}), ParamSpec::tensor("norm", {128}, DType::bf16, "no_decay"),
+                 ParamSpec::grouped("experts", 4, {64, 96}), ParamSpec::tensor("head", {256, 128})};
+      DistributedAdamOptions o = mx_options(g);
+      o.nccl_registered = false;
+      DistributedAdam opt(make_comm(b), specs, o);
+      const Layout& L = opt.layout();
+      std::int64_t native_numel = 0, mx_bytes = 0, mx_exact = 0;
+      for (const auto& buf : L.buffers())
+        if (buf.dtype == DType::f32) native_numel += buf.numel;
+      for (int i = 0; i < opt.num_params(); ++i) {
+        if (!opt.is_mxfp8(i)) continue;
+        const Mxfp8Shape s = Mxfp8Shape::of(L.specs()[static_cast<std::size_t>(i)]);
+        mx_bytes += 2 * piece(s.numel()) + piece(s.scale_row_numel()) + piece(s.scale_col_numel());
+        mx_exact += 2 * s.numel() + s.scale_row_numel() + s.scale_col_numel();
+      }
+      const MemoryReport r = opt.memory();
+      const std::int64_t n = L.total_numel();
+      EXPECT_EQ(r.params, 4 * native_numel) << "no param allocation for the MXFP8 buffer";
+      EXPECT_EQ(r.mxfp8, mx_bytes);
+      if (round_shapes) EXPECT_EQ(r.mxfp8, mx_exact) << "2 bytes per element + scales";
+      EXPECT_EQ(r.grads, static_cast<std::int64_t>(size_of(g)) * n);
+      EXPECT_EQ(r.master, 4 * n / world);
+      EXPECT_EQ(r.moments, 8 * n / world);
+      EXPECT_EQ(r.total(), r.params + r.grads + r.master + r.moments + r.mxfp8 + r.nccl_overhead);
+    }
+  }
+}
+
+// ------------------------------------------------------------------ graph
+
+/// StepGraph capture + replay of iterations with MXFP8 parameters (Adam, phases 1-2, the
+/// scale all-reduce, the all-gather into the gradient buffer, landing and zeroing all
+/// inside the step graph) equals eager iterations bitwise; the captured step leaves
+/// every bucket Idle.
+inline void case_mx_graph_equals_eager(Backend b, int microbatches, int iterations, bool one_graph, bool deferred) {
+  const int rank = world_rank();
+  DistributedAdamOptions o = mx_options(DType::bf16);
+  o.microbatches = microbatches;
+  o.clip_max_norm = 0.05f;
+  o.overlap_param_gather = deferred;
+  o.gather_pipeline = 2;
+  Communicator comm = make_comm(b);
+  DistributedAdam eager(comm, mx_model(), o), graphed(comm, mx_model(), o);
+  TestStream se(b), sg(b);
+  mx_init(eager, se.get());
+  mx_init(graphed, sg.get());
+  auto make_fn = [rank, b](DistributedAdam& opt) {
+    auto targets = grad_targets(opt);
+    return [&opt, targets, rank, b](Stream s, bool last) {
+      wait_all(opt, s);  // the forward reads the weights
+      GradStreamParams p;
+      p.kind = GradKind::Random;
+      p.scale = 0.2f;
+      p.rank = rank;
+      p.scalars = opt.device_scalars();
+      p.microbatch = opt.device_microbatch();
+      add_grads(b, s, p, targets);
+      if (last) report_all(opt, s);
+    };
+  };
+  StepGraphOptions go;
+  go.warmup_iterations = 1;
+  go.one_graph = one_graph;
+  StepGraph ge(eager, make_fn(eager));
+  StepGraph gg(graphed, make_fn(graphed), go);
+  gg.capture(sg.get());
+  const int nb = static_cast<int>(graphed.layout().buckets().size());
+  for (int k = 0; k < nb; ++k) EXPECT_EQ(graphed.gather_state(k), GatherState::Idle) << "after capture, bucket " << k;
+  for (int it = 1; it < iterations; ++it) gg.replay(sg.get());
+  for (int it = 0; it < iterations; ++it) ge.run_eager(se.get());
+  wait_all(eager, se.get());
+  se.sync();
+  sg.sync();
+  const StepScalars x = graphed.read_scalars(sg.get()), y = eager.read_scalars(se.get());
+  EXPECT_EQ(x.step, iterations);
+  EXPECT_EQ(y.step, iterations);
+  EXPECT_LT(x.clip_coef, 1.0f) << "clipping must be active";
+  EXPECT_EQ(num::f32_bits(x.grad_norm), num::f32_bits(y.grad_norm));
+  expect_same_mx_state(eager, graphed);
+  expect_matches_oracle(graphed, "replayed");
+  expect_mx_grads_zero(graphed);
+}
+
+// ------------------------------------------------------------------ native init_from_master
+
+/// init_from_master in Native mode: params become the master rounded to their dtype,
+/// on every rank, and training from there equals training from init_params bitwise.
+inline void case_native_init_from_master(Backend b) {
+  DistributedAdamOptions o = base_options(DType::bf16);
+  Communicator comm = make_comm(b);
+  DistributedAdam a(comm, small_model(), o), c(comm, small_model(), o);
+  TestStream s(b), sc(b);
+  init_params(a, s.get());
+  write_master(c, [](int i, std::int64_t e) { return init_value(i, e); });
+  c.init_from_master(sc.get());
+  sc.sync();
+  for (int i = 0; i < c.num_params(); ++i) {
+    const ParamView v = c.param(i);
+    const auto got = read_bytes(b, v);
+    for (std::int64_t j = 0; j < v.numel(); ++j) {
+      const std::uint32_t want = num::encode(v.dtype, init_value(i, j));
+      std::uint32_t code = 0;
+      std::memcpy(&code, got.data() + static_cast<std::size_t>(j) * size_of(v.dtype), size_of(v.dtype));
+      ASSERT_EQ(code, want) << "param " << i << " element " << j;
+    }
+  }
+  for (int t = 0; t < 3; ++t)
+    for (auto [opt, st] : {std::make_pair(&a, s.get()), std::make_pair(&c, sc.get())}) {
+      GradStreamParams p;
+      p.kind = GradKind::Random;
+      p.rank = world_rank();
+      p.scalars = opt->device_scalars();
+      add_grads(b, st, p, grad_targets(*opt));
+      report_all(*opt, st);
+      opt->step(st);
+      opt->zero_grad(st);
+    }
+  expect_same_state(a, c, s.get(), sc.get());
+}
+
+}  // namespace shardopt::test
