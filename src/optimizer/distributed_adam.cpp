@@ -41,22 +41,6 @@ Layout make_layout(std::vector<ParamSpec> specs, int world, const DistributedAda
   return Layout(std::move(specs), world, lo);
 }
 
-detail::AdamHyper hyper_of(const DistributedAdamOptions& o) {
-  detail::AdamHyper h;
-  h.beta1 = o.beta1;
-  h.beta2 = o.beta2;
-  h.eps = o.eps;
-  h.decoupled_weight_decay = o.decoupled_weight_decay;
-  h.grad_dtype = o.grad_dtype;
-  h.moment_dtype = o.moment_dtype;
-  h.default_group = o.default_group;
-  h.groups = o.groups;
-  h.clip_max_norm = o.clip_max_norm;
-  h.lr_schedule = o.lr_schedule;
-  h.microbatches = o.microbatches;
-  return h;
-}
-
 TensorView make_view(void* data, const Shape& shape, DType dtype) {
   TensorView v;
   v.data = data;
@@ -110,7 +94,7 @@ class DistributedAdam::Impl {
         opt(std::move(o)),
         backend(comm.backend()),
         store(make_store(comm, std::move(specs), opt)),
-        state(backend, store.layout(), comm.rank(), hyper_of(opt), /*shard_addressed=*/false),
+        state(backend, store.layout(), comm.rank(), detail::hyper_of(opt), /*shard_addressed=*/false),
         mx(backend, store.layout(), store, state, comm, mxfp8_buffers(store.layout(), opt)) {
     for (int b = 0; b < static_cast<int>(store.layout().buffers().size()); ++b)
       state.bind(b, store.grad_buffer(b), store.param_buffer(b));  // null params: MXFP8, master only
@@ -184,7 +168,7 @@ class DistributedAdam::Impl {
 
 DistributedAdam::DistributedAdam(Communicator comm, std::vector<ParamSpec> specs, DistributedAdamOptions options) {
   SHARDOPT_REQUIRE(comm.valid(), ErrorCode::InvalidArgument, "DistributedAdam needs a valid Communicator");
-  detail::validate(hyper_of(options));
+  detail::validate(detail::hyper_of(options));
   SHARDOPT_REQUIRE(options.gather_pipeline >= 1, ErrorCode::InvalidArgument,
                    "gather_pipeline must be >= 1 (1 = no pipelining)");
   impl_ = std::make_unique<Impl>(std::move(comm), std::move(specs), std::move(options));

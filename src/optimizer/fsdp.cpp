@@ -15,22 +15,6 @@
 namespace shardopt {
 namespace {
 
-detail::AdamHyper hyper_of(const FsdpOptions& o) {
-  detail::AdamHyper h;
-  h.beta1 = o.beta1;
-  h.beta2 = o.beta2;
-  h.eps = o.eps;
-  h.decoupled_weight_decay = o.decoupled_weight_decay;
-  h.grad_dtype = o.grad_dtype;
-  h.moment_dtype = o.moment_dtype;
-  h.default_group = o.default_group;
-  h.groups = o.groups;
-  h.clip_max_norm = o.clip_max_norm;
-  h.lr_schedule = o.lr_schedule;
-  h.microbatches = o.microbatches;
-  return h;
-}
-
 int shard_size_of(const Communicator& comm, const FsdpOptions& o) {
   const int s = o.shard_group_size == 0 ? comm.size() : o.shard_group_size;
   SHARDOPT_REQUIRE(s >= 1 && comm.size() % s == 0, ErrorCode::InvalidArgument,
@@ -95,7 +79,7 @@ class Fsdp::Impl {
         psize(size_of(opt.param_dtype)),
         gsize(size_of(opt.grad_dtype)),
         slot_gsize(size_of(opt.slot_grad_dtype)),
-        state(backend, layout, shard_comm.rank(), hyper_of(opt), /*shard_addressed=*/true),
+        state(backend, layout, shard_comm.rank(), detail::hyper_of(opt), /*shard_addressed=*/true),
         gather_stream(backend),
         reduce_stream(backend),
         slot_ready{Event(backend), Event(backend)},
@@ -224,7 +208,7 @@ class Fsdp::Impl {
 
 Fsdp::Fsdp(Communicator comm, std::vector<ParamSpec> specs, std::vector<FsdpUnit> units, FsdpOptions options) {
   SHARDOPT_REQUIRE(comm.valid(), ErrorCode::InvalidArgument, "Fsdp needs a valid Communicator");
-  detail::validate(hyper_of(options));
+  detail::validate(detail::hyper_of(options));
   impl_ = std::make_unique<Impl>(std::move(comm), std::move(specs), std::move(units), std::move(options));
 }
 

@@ -35,6 +35,25 @@ struct AdamHyper {
   int microbatches = 1;
 };
 
+/// The Adam hyper-parameters of an optimizer's options (DistributedAdamOptions and
+/// FsdpOptions name them alike).
+template <class Options>
+AdamHyper hyper_of(const Options& o) {
+  AdamHyper h;
+  h.beta1 = o.beta1;
+  h.beta2 = o.beta2;
+  h.eps = o.eps;
+  h.decoupled_weight_decay = o.decoupled_weight_decay;
+  h.grad_dtype = o.grad_dtype;
+  h.moment_dtype = o.moment_dtype;
+  h.default_group = o.default_group;
+  h.groups = o.groups;
+  h.clip_max_norm = o.clip_max_norm;
+  h.lr_schedule = o.lr_schedule;
+  h.microbatches = o.microbatches;
+  return h;
+}
+
 /// Checks the hyper-parameters; throws Error(InvalidArgument) naming the bad one.
 void validate(const AdamHyper& h);
 
