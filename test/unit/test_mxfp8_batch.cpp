@@ -34,26 +34,6 @@ struct HostRun {
   }
 };
 
-// First differing byte of two arenas, for messages.
-std::string arena_diff(const Arenas& a, const Arenas& b) {
-  const std::pair<const char*, std::pair<const std::vector<std::uint8_t>*, const std::vector<std::uint8_t>*>> planes[] = {
-      {"data_row", {&a.data_row, &b.data_row}},
-      {"data_col", {&a.data_col, &b.data_col}},
-      {"scale_row", {&a.scale_row, &b.scale_row}},
-      {"scale_col", {&a.scale_col, &b.scale_col}}};
-  for (const auto& [name, v] : planes) {
-    if (v.first->size() != v.second->size()) return std::string(name) + ": sizes differ";
-    for (std::size_t i = 0; i < v.first->size(); ++i)
-      if ((*v.first)[i] != (*v.second)[i]) {
-        char buf[128];
-        std::snprintf(buf, sizeof buf, "%s: first difference at byte %zu: 0x%02x vs 0x%02x", name, i, (*v.first)[i],
-                      (*v.second)[i]);
-        return buf;
-      }
-  }
-  return "equal";
-}
-
 // One quantize_mxfp8 call per tensor of the list, on the host backend.
 Arenas per_tensor(const TensorList& list) {
   HostRun run(list);
@@ -68,9 +48,9 @@ Arenas batched(const TensorList& list, const std::int32_t* flag = nullptr) {
   return run.out;
 }
 
-TensorList mixed(std::uint64_t seed) {
+TensorList mixed(std::uint64_t seed, int small_tensors = 60) {
   std::vector<ListItem> items = mixed_list();
-  for (const ListItem& it : many_small_list(60, static_cast<std::uint32_t>(seed))) items.push_back(it);
+  for (const ListItem& it : many_small_list(small_tensors, static_cast<std::uint32_t>(seed))) items.push_back(it);
   TensorList list(items);
   list.fill_random(seed, 0.01);
   return list;
@@ -167,6 +147,46 @@ TEST(Mxfp8Batch, CapturedBatchReadsTheFlagAndTheSourcesAtReplay) {
   const Arenas second = list.oracle_arenas();
   EXPECT_FALSE(second == first);
   EXPECT_TRUE(run.out == second) << "replay, flag clear again: " << arena_diff(run.out, second);
+}
+
+// ------------------------------------------------------------------ the GPU suite's harness
+
+// test/gpu/test_mxfp8_batch_gpu.cpp runs these steps with Backend::Cuda (ListRun in
+// device memory, the batch kernel against host_twin); here the same harness runs on
+// the host backend, so its logic (placements, uploads, the threaded twin, in-place
+// poisoning that keeps a built batch valid) is proven without a GPU.
+TEST(Mxfp8Batch, GpuSuiteHarnessOnTheHostBackend) {
+  for (int small : {0, 300}) {
+    const TensorList list = mixed(static_cast<std::uint64_t>(40 + small), small);
+    const ListRun run(kHost, list);
+    const Mxfp8Batch batch(run.tensors(list), kHost);
+    quantize_mxfp8_batch(batch, nullptr, kHost, nullptr);
+    const Arenas got = run.get(list);
+    const Arenas twin = host_twin(list);
+    EXPECT_TRUE(got == twin) << arena_diff(got, twin);
+    const Arenas oracle = list.oracle_arenas();
+    EXPECT_TRUE(got == oracle) << arena_diff(got, oracle);
+    run.poison(list);
+    EXPECT_TRUE(run.get(list) == list.poisoned_arenas());
+    run.quantize_each(list);
+    EXPECT_TRUE(run.get(list) == oracle) << "per tensor: " << arena_diff(run.get(list), oracle);
+    run.poison(list);
+    const std::int32_t flag = 1;
+    quantize_mxfp8_batch(batch, &flag, kHost, nullptr);  // the batch still points at the poisoned buffers
+    EXPECT_TRUE(run.get(list) == list.poisoned_arenas());
+    quantize_mxfp8_batch(batch, nullptr, kHost, nullptr);
+    EXPECT_TRUE(run.get(list) == oracle);
+  }
+  // The model-list test's shape of work, on a small model.
+  TensorList model(model_list(presets::TransformerShape{128, 2, 384, 64, 700}));
+  model.fill_random(7, 0.0005);
+  const ListRun run(kHost, model);
+  const Mxfp8Batch batch(run.tensors(model), kHost);
+  EXPECT_EQ(batch.tiles(), model.tiles());
+  quantize_mxfp8_batch(batch, nullptr, kHost, nullptr);
+  const Arenas got = run.get(model);
+  EXPECT_TRUE(got == host_twin(model));
+  EXPECT_TRUE(got == model.oracle_arenas());
 }
 
 // ------------------------------------------------------------------ errors

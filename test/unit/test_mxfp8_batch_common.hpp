@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
@@ -220,6 +221,94 @@ struct TensorList {
     for (auto& t : pool) t.join();
   }
 };
+
+/// Which plane of two arenas differs first, and where ("equal" when none).
+inline std::string arena_diff(const Arenas& a, const Arenas& b) {
+  std::string out;
+  auto one = [&](const char* name, const std::vector<std::uint8_t>& x, const std::vector<std::uint8_t>& y) {
+    if (x.size() != y.size()) {
+      out += std::string(name) + " sizes differ; ";
+      return;
+    }
+    const auto m = std::mismatch(x.begin(), x.end(), y.begin());
+    if (m.first == x.end()) return;
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "%s differs first at byte %td (0x%02x vs 0x%02x); ", name, m.first - x.begin(),
+                  *m.first, *m.second);
+    out += buf;
+  };
+  one("data_row", a.data_row, b.data_row);
+  one("data_col", a.data_col, b.data_col);
+  one("scale_row", a.scale_row, b.scale_row);
+  one("scale_col", a.scale_col, b.scale_col);
+  return out.empty() ? "equal" : out;
+}
+
+/// A list's arenas in memory of backend `b`: sources and member tables uploaded,
+/// outputs poisoned. (Synchronous copies on the backend's default stream.)
+struct ListRun {
+  shardopt::Backend backend;
+  shardopt::DeviceBuffer src, data_row, data_col, scale_row, scale_col, members;
+  ListRun(shardopt::Backend b, const TensorList& list) : backend(b) {
+    src = upload(b, list.src);
+    members = upload(b, list.member_arena);
+    const Arenas p = list.poisoned_arenas();
+    data_row = upload(b, p.data_row);
+    data_col = upload(b, p.data_col);
+    scale_row = upload(b, p.scale_row);
+    scale_col = upload(b, p.scale_col);
+  }
+  /// Copies the list's source arena in again (the buffers stay where they are).
+  void upload_sources(const TensorList& list) const { put(src, list.src); }
+  /// Poisons the output arenas in place.
+  void poison(const TensorList& list) const {
+    const Arenas p = list.poisoned_arenas();
+    put(data_row, p.data_row);
+    put(data_col, p.data_col);
+    put(scale_row, p.scale_row);
+    put(scale_col, p.scale_col);
+  }
+  template <class T>
+  void put(const shardopt::DeviceBuffer& dst, const std::vector<T>& v) const {
+    shardopt::copy_async(backend, dst.data(), v.data(), v.size() * sizeof(T), nullptr);
+    shardopt::synchronize(backend, nullptr);
+  }
+  std::vector<shardopt::Mxfp8Tensor> tensors(const TensorList& list) const {
+    return list.tensors(src.as<std::uint16_t>(), data_row.as<std::uint8_t>(), data_col.as<std::uint8_t>(),
+                        scale_row.as<std::uint8_t>(), scale_col.as<std::uint8_t>(),
+                        members.as<shardopt::Mxfp8Member>());
+  }
+  /// The output arenas, after the work queued on the backend's default stream.
+  Arenas get(const TensorList& list) const {
+    return {download<std::uint8_t>(backend, data_row, static_cast<std::size_t>(list.data_bytes)),
+            download<std::uint8_t>(backend, data_col, static_cast<std::size_t>(list.data_bytes)),
+            download<std::uint8_t>(backend, scale_row, static_cast<std::size_t>(list.scale_row_bytes)),
+            download<std::uint8_t>(backend, scale_col, static_cast<std::size_t>(list.scale_col_bytes))};
+  }
+  /// One quantize_mxfp8 call per tensor.
+  void quantize_each(const TensorList& list, shardopt::Stream stream = nullptr) const {
+    for (const shardopt::Mxfp8Tensor& t : tensors(list))
+      shardopt::quantize_mxfp8(t.shape, t.src, t.out, nullptr, backend, stream, t.members);
+  }
+};
+
+/// The host twin of a batch over `list`, in host memory: quantize_mxfp8_batch on the
+/// host backend, the list split round-robin into one batch per thread (the tensors'
+/// outputs are disjoint, so the bytes are those of one batch of the whole list).
+inline Arenas host_twin(const TensorList& list) {
+  Arenas out = list.poisoned_arenas();
+  const auto tensors = list.tensors(list.src.data(), out.data_row.data(), out.data_col.data(), out.scale_row.data(),
+                                    out.scale_col.data(), list.member_arena.data());
+  const std::size_t parts =
+      std::max<std::size_t>(1, std::min<std::size_t>(tensors.size(), std::thread::hardware_concurrency()));
+  std::vector<std::vector<shardopt::Mxfp8Tensor>> sub(parts);
+  for (std::size_t i = 0; i < tensors.size(); ++i) sub[i % parts].push_back(tensors[i]);
+  TensorList::parallel_for(parts, [&](std::size_t k) {
+    const shardopt::Mxfp8Batch batch(sub[k], shardopt::Backend::Host);
+    shardopt::quantize_mxfp8_batch(batch, nullptr, shardopt::Backend::Host, nullptr);
+  });
+  return out;
+}
 
 /// The list of a model's 2-D weights (presets::transformer), plain tensors.
 inline std::vector<ListItem> model_list(const shardopt::presets::TransformerShape& shape) {
