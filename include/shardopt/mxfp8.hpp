@@ -186,7 +186,8 @@ struct Mxfp8Tensor {
 /// not while a stream of the device is being captured); quantize_mxfp8_batch then reads
 /// only device memory, so any number of captured or eager calls may follow. The
 /// pointers given are used as they are at every call (their memory must outlive the
-/// batch's use). Outputs of different tensors must not overlap. On CUDA the batch
+/// batch's use), and the batch must outlive every graph that captured a call (the graph
+/// reads its table). Outputs of different tensors must not overlap. On CUDA the batch
 /// belongs to the device that is current when it is built.
 class Mxfp8Batch {
  public:
@@ -207,7 +208,8 @@ class Mxfp8Batch {
   std::int64_t numel() const;
   /// Tiles of 32 x 128 elements of all tensors (the kernel's units of work).
   std::int64_t tiles() const;
-  /// Blocks the CUDA launch uses (one wave of resident blocks at most); 0 on the host.
+  /// Blocks of the CUDA launch (a persistent grid of one to four waves of resident
+  /// blocks, fixed when the batch is built); 0 on the host.
   int grid() const;
 
  private:

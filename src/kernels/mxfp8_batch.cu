@@ -3,9 +3,9 @@
 //
 // Work: tiles of 32 x 128 elements of one member (mxfp8_tile.cuh). The tensors' tiles
 // form one sequence (tensor after tensor, member after member, tile rows, tile columns);
-// a persistent grid of one wave of resident blocks walks it grid-stride, so every block
-// gets the same number of tiles (+-1) whatever the mix of shapes, and no tensor costs a
-// launch or a partial wave of its own. A tile's tensor comes from the entry table: the
+// a persistent grid of one to four waves of resident blocks (grid_for) walks it
+// grid-stride, so every block gets the same number of tiles (+-1) whatever the mix of
+// shapes, and no tensor costs a launch or a partial wave of its own. A tile's tensor comes from the entry table: the
 // same entry as the previous tile in the common case, else a binary search over the
 // entries' tile ranges (tiles only move forward).
 //
@@ -18,8 +18,8 @@
 // warp's 4 rows (xor 8, 16) and the 8 warps through shared memory; scale bytes; then both
 // e4m3 planes from fl32(x * 2^-e) and the hardware's RNE saturating f32x2 -> e4m3x2
 // conversion (equal to the host twin's num::f32_to_e4m3 for every input: checked in
-// test/gpu/test_mxfp8_convert.cu). The skip flag is read once at the start: when it is
-// nonzero every block leaves before writing anything.
+// test/gpu/test_mxfp8_convert.cu). The skip flag is read once, together with the first
+// tile: when it is nonzero every block leaves before writing anything.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -207,14 +207,17 @@ __device__ __forceinline__ void quantize_tile(const BatchEntry& t, const Spot& s
 template <class Table>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const Table table, const std::int64_t tiles,
                                                             const std::int32_t* skip_flag) {
-  if (skip_flag != nullptr && *skip_flag != 0) return;  // the whole grid leaves together
   __shared__ __align__(16) TileShared sh;
+  // The flag's load and the first tile's loads are in flight together; nothing is
+  // written before the flag is known.
+  const std::int32_t skip = skip_flag != nullptr ? *skip_flag : 0;
   std::int64_t t = blockIdx.x;
   if (t >= tiles) return;
   int e = table.find(t, 0);
   Spot spot = spot_of(table[e], t);
   std::uint32_t w[8];
   load_words(in_global(table[e].src) + spot.elem, spot.hi, w);
+  if (skip != 0) return;  // the whole grid leaves together
   for (;;) {
     const std::int64_t next = t + gridDim.x;
     const bool more = next < tiles;  // the same for the whole block
@@ -257,11 +260,20 @@ int resident_blocks() {
   return blocks;
 }
 
-// One wave of resident blocks at most, with the tiles spread evenly: ceil(tiles / grid)
-// tiles per block is the smallest possible maximum, and no block gets fewer than one
-// less than that.
-int even_grid(std::int64_t tiles, int resident) {
-  const std::int64_t per_block = (tiles + resident - 1) / resident;
+// Blocks of the grid: up to kMaxWaves waves of resident blocks, so that blocks held
+// back by other kernels running beside this one (NCCL's, in an optimizer step) are
+// taken up by whichever SM frees first instead of running after everything else; but
+// at least kMinTilesPerBlock tiles per block unless that leaves less than one wave
+// (the prefetch hides a load on every tile after a block's first). The tiles are then
+// spread evenly: every block gets ceil(tiles / grid) or one less.
+constexpr int kMaxWaves = 4;
+constexpr std::int64_t kMinTilesPerBlock = 8;
+
+int grid_for(std::int64_t tiles, int resident) {
+  std::int64_t blocks = (tiles + kMinTilesPerBlock - 1) / kMinTilesPerBlock;
+  blocks = std::clamp<std::int64_t>(blocks, resident, std::int64_t{resident} * kMaxWaves);
+  blocks = std::min(blocks, tiles);
+  const std::int64_t per_block = (tiles + blocks - 1) / blocks;
   return static_cast<int>((tiles + per_block - 1) / per_block);
 }
 
@@ -271,13 +283,13 @@ void launch_quantize(const Mxfp8Shape& shape, const std::uint16_t* src, const Mx
                      const std::int32_t* skip_flag, const Mxfp8Member* table, Stream stream) {
   const OneTensor one{make_batch_entry(shape, src, out, table, 0)};
   const std::int64_t tiles = one.entry.end_tile;
-  const int grid = even_grid(tiles, resident_blocks<OneTensor>());
+  const int grid = grid_for(tiles, resident_blocks<OneTensor>());
   quantize_kernel<OneTensor>
       <<<static_cast<unsigned>(grid), kThreads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(one, tiles, skip_flag);
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
 }
 
-int batch_grid(std::int64_t tiles) { return even_grid(tiles, resident_blocks<TensorList>()); }
+int batch_grid(std::int64_t tiles) { return grid_for(tiles, resident_blocks<TensorList>()); }
 
 void launch_quantize_batch(const BatchEntry* entries, int count, std::int64_t tiles, int grid,
                            const std::int32_t* skip_flag, Stream stream) {
