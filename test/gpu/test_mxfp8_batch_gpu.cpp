@@ -107,7 +107,8 @@ TEST(Mxfp8BatchGpu, MixedListsKernelEqualsHostTwinAndOracle) {
     run.poison(list);
     run.quantize_each(list);
     const Arenas per_tensor = run.get(list);
-    EXPECT_TRUE(per_tensor == oracle) << small << " small tensors, per-tensor vs oracle: " << arena_diff(per_tensor, oracle);
+    EXPECT_TRUE(per_tensor == oracle) << small << " small tensors, per-tensor vs oracle: "
+                                      << arena_diff(per_tensor, oracle);
   }
 }
 

@@ -195,7 +195,8 @@ TEST(Mxfp8Batch, BadListsSayWhatToChange) {
   const TensorList list = mixed(6);
   HostRun run(list);
   const auto good = run.tensors();
-  auto expect_error = [](const std::vector<Mxfp8Tensor>& tensors, ErrorCode code, const std::vector<std::string>& words) {
+  auto expect_error = [](const std::vector<Mxfp8Tensor>& tensors, ErrorCode code,
+                         const std::vector<std::string>& words) {
     try {
       const Mxfp8Batch batch(tensors, kHost);
       ADD_FAILURE() << "accepted a bad list";

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -342,8 +343,9 @@ inline std::vector<ListItem> many_small_list(int n, std::uint32_t seed) {
   std::vector<ListItem> out;
   for (int i = 0; i < n; ++i) {
     ListItem it;
-    it.shape = {1 + static_cast<std::int64_t>(rng() % 4 == 0 ? rng() % 3 : 0), 1 + static_cast<std::int64_t>(rng() % 40),
-                1 + static_cast<std::int64_t>(rng() % 200)};
+    const std::int64_t members = 1 + static_cast<std::int64_t>(rng() % 4 == 0 ? rng() % 3 : 0);
+    const std::int64_t rows = 1 + static_cast<std::int64_t>(rng() % 40);
+    it.shape = {members, rows, 1 + static_cast<std::int64_t>(rng() % 200)};
     it.scattered = it.shape.members > 1 && rng() % 2 == 0;
     it.src_shift = static_cast<int>(rng() % 4 == 0 ? rng() % 8 : 0);
     out.push_back(it);
