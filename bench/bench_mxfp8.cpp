@@ -3,8 +3,13 @@
 //
 // Configs:
 //   llama3.2-1b/2d-weights  all 114 matrices of Llama-3.2-1B, bf16 -> both e4m3 planes +
-//                           scales, one captured graph of 114 launches
-//   mlp-8192x2048, embed-128256x2048   single matrices, eager launches
+//                           scales, one captured graph of 114 launches (quantize_mxfp8)
+//   llama3.2-1b/2d-weights/batched   the same matrices and bytes in ONE launch
+//                           (quantize_mxfp8_batch, captured in a graph); the line also
+//                           carries the per-tensor graph's time of the same run and the
+//                           eager (uncaptured) time of the single launch
+//   mlp-8192x2048, embed-128256x2048, attn-q-2048x2048, attn-k-512x2048   single
+//                           matrices, eager launches
 //   shard-w4/scale-max, shard-w4/amax-max   the sharded path of rank 1 of 4 (Layout
 //                           segments, fp32 master shard): phase 1 + phase 2 of each
 //                           scheme for every segment, without the all-reduce
@@ -168,6 +173,7 @@ int main(int argc, char** argv) {
   }
   std::printf("device-to-device copy: %.1f GB/s (read + write)\n", copy_gbps);
 
+  std::map<std::string, double> extra;  // more numbers for the next report
   auto report = [&](const std::string& config, double ours_ms, double bytes, std::int64_t elements,
                     const std::string& what) {
     bench::Result r;
@@ -184,6 +190,7 @@ int main(int argc, char** argv) {
     r.numbers["elements"] = static_cast<double>(elements);
     r.numbers["gbps"] = bytes / (ours_ms * 1e6);
     r.numbers["copy_gbps"] = copy_gbps;
+    for (const auto& [k, v] : extra) r.numbers[k] = v;
     r.notes["what"] = what;
     r.command = command;
     bench::write(r, results_dir);
@@ -223,15 +230,38 @@ int main(int argc, char** argv) {
   auto whole_bytes = [](const Mxfp8Shape& s) {
     return 4.0 * static_cast<double>(s.numel()) + static_cast<double>(s.scale_row_numel() + s.scale_col_numel());
   };
+  double all_bytes = 0;
+  for (const auto& s : shapes) all_bytes += whole_bytes(s);
+  for (std::size_t i = 0; i < shapes.size(); ++i) quantize(i);  // warm-up outside any capture
+  SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  double per_tensor_ms = 0;
   {
     const Graph g(stream, [&] {
       for (std::size_t i = 0; i < shapes.size(); ++i) quantize(i);
     });
+    per_tensor_ms = time_ms(stream, [&] { g.launch(stream); });
+    report("llama3.2-1b/2d-weights", per_tensor_ms, all_bytes, elements,
+           std::to_string(shapes.size()) + " matrices bf16 -> rowwise+columnwise e4m3 + e8m0 scales, one graph of " +
+               std::to_string(shapes.size()) + " launches");
+  }
+  {
+    std::vector<Mxfp8Tensor> tensors;
+    for (std::size_t i = 0; i < shapes.size(); ++i)
+      tensors.push_back({shapes[i], src.as<std::uint16_t>() + offsets[i], planes(i), nullptr});
+    const Mxfp8Batch batch(tensors, kCuda);
+    const double eager_ms = time_ms(stream, [&] { quantize_mxfp8_batch(batch, nullptr, kCuda, st); });
+    const Graph g(stream, [&] { quantize_mxfp8_batch(batch, nullptr, kCuda, st); });
     const double ms = time_ms(stream, [&] { g.launch(stream); });
-    double bytes = 0;
-    for (const auto& s : shapes) bytes += whole_bytes(s);
-    report("llama3.2-1b/2d-weights", ms, bytes, elements,
-           std::to_string(shapes.size()) + " matrices bf16 -> rowwise+columnwise e4m3 + e8m0 scales, one graph");
+    extra["per_tensor_graph_ms"] = per_tensor_ms;
+    extra["speedup_vs_per_tensor_graph"] = per_tensor_ms / ms;
+    extra["eager_ms"] = eager_ms;
+    extra["launches"] = 1;
+    extra["grid_blocks"] = batch.grid();
+    extra["tiles"] = static_cast<double>(batch.tiles());
+    report("llama3.2-1b/2d-weights/batched", ms, all_bytes, elements,
+           std::to_string(shapes.size()) + " matrices bf16 -> rowwise+columnwise e4m3 + e8m0 scales, one "
+           "quantize_mxfp8_batch launch (persistent grid over all tiles) in a graph");
+    extra.clear();
   }
   auto index_of = [&](const std::string& name) {
     for (std::size_t i = 0; i < specs2d.size(); ++i)
@@ -239,7 +269,9 @@ int main(int argc, char** argv) {
     return std::size_t{0};
   };
   for (const auto& [config, name] : {std::pair<std::string, std::string>{"mlp-8192x2048", "layers.0.mlp.gate.weight"},
-                                     std::pair<std::string, std::string>{"embed-128256x2048", "embed.weight"}}) {
+                                     std::pair<std::string, std::string>{"embed-128256x2048", "embed.weight"},
+                                     std::pair<std::string, std::string>{"attn-q-2048x2048", "layers.0.attn.q.weight"},
+                                     std::pair<std::string, std::string>{"attn-k-512x2048", "layers.0.attn.k.weight"}}) {
     const std::size_t index = index_of(name);
     const Mxfp8Shape& s = shapes[index];
     const double ms = time_ms(stream, [&] { quantize(index); });

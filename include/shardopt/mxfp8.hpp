@@ -65,11 +65,20 @@
 // scale all-reduce is simpler and cheap. Every rank must make the phase-1 call (with
 // an empty range if it owns none of the tensor) so its zeros join the reduction.
 //
+// Multi-tensor quantization. quantize_mxfp8_batch quantizes a whole list of weights
+// (any shapes, grouped ones included, each with its own source and outputs) in ONE
+// launch: an Mxfp8Batch, built once, holds the list as a device-resident table, and a
+// persistent grid walks all the tensors' tiles as one sequence, so small matrices (the
+// k/v projections of a model) cost neither a launch nor a partly filled wave each. The
+// bytes are those of one quantize_mxfp8 call per tensor.
+//
 // Every entry point is stream-ordered and capturable: no host reads of device data,
 // no allocation; the host backend records the work on a capturing HostStream.
+// (Building an Mxfp8Batch allocates and copies: do it before capturing.)
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "shardopt/backend.hpp"
@@ -162,6 +171,60 @@ std::vector<Mxfp8Member> mxfp8_contiguous_members(const Mxfp8Shape& shape);
 void quantize_mxfp8(const Mxfp8Shape& shape, const std::uint16_t* src, const Mxfp8Planes& out,
                     const std::int32_t* skip_flag, Backend backend, Stream stream,
                     const Mxfp8Member* members = nullptr);
+
+/// One tensor of a multi-tensor quantization: the arguments of one quantize_mxfp8 call
+/// (device memory of the batch's backend).
+struct Mxfp8Tensor {
+  Mxfp8Shape shape;
+  const std::uint16_t* src = nullptr;    ///< bf16 bit patterns
+  Mxfp8Planes out;                       ///< the four outputs
+  const Mxfp8Member* members = nullptr;  ///< device member table (shape.members entries), or null
+};
+
+/// A list of tensors to quantize together, as a device-resident table (owned: RAII).
+/// Built once (it validates, allocates and uploads the table, then waits for the copy;
+/// not while a stream of the device is being captured); quantize_mxfp8_batch then reads
+/// only device memory, so any number of captured or eager calls may follow. The
+/// pointers given are used as they are at every call (their memory must outlive the
+/// batch's use), and the batch must outlive every graph that captured a call (the graph
+/// reads its table). Outputs of different tensors must not overlap. On CUDA the batch
+/// belongs to the device that is current when it is built.
+class Mxfp8Batch {
+ public:
+  /// Throws Error(InvalidArgument) for an empty list and, naming the tensor's index,
+  /// for a bad shape or a null source or output pointer (as quantize_mxfp8 would).
+  Mxfp8Batch(const std::vector<Mxfp8Tensor>& tensors, Backend backend);
+  ~Mxfp8Batch();
+  Mxfp8Batch(Mxfp8Batch&&) noexcept;
+  Mxfp8Batch& operator=(Mxfp8Batch&&) noexcept;
+  Mxfp8Batch(const Mxfp8Batch&) = delete;
+  Mxfp8Batch& operator=(const Mxfp8Batch&) = delete;
+
+  /// The backend whose memory holds the table.
+  Backend backend() const;
+  /// Number of tensors.
+  std::size_t size() const;
+  /// Elements of all tensors together (bytes read: 2 per element).
+  std::int64_t numel() const;
+  /// Tiles of 32 x 128 elements of all tensors (the kernel's units of work).
+  std::int64_t tiles() const;
+  /// Blocks of the CUDA launch (a persistent grid of one to four waves of resident
+  /// blocks, fixed when the batch is built); 0 on the host.
+  int grid() const;
+
+ private:
+  friend void quantize_mxfp8_batch(const Mxfp8Batch&, const std::int32_t*, Backend, Stream);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Quantizes every tensor of `batch`, bitwise as quantize_mxfp8 per tensor would, in
+/// one launch. `skip_flag` (device int32, may be null) is read by the kernel when it
+/// runs: when nonzero nothing is written (seed 000), as in quantize_mxfp8. Throws
+/// Error(InvalidArgument) when `backend` is not the batch's backend (or, on CUDA, the
+/// current device is not the batch's).
+void quantize_mxfp8_batch(const Mxfp8Batch& batch, const std::int32_t* skip_flag, Backend backend,
+                          Stream stream);
 
 /// Scheme (A), phase 1: writes to the full scale tensors the scale byte of this rank's
 /// partial amax of every block that `range` touches (bf16(master) over the block's

@@ -1,17 +1,13 @@
-// mxfp8.cu - MXFP8 quantization kernels.
+// mxfp8.cu - the kernels of the sharded MXFP8 path, and dequantize. (The whole-tensor
+// quantize, of one tensor or a list of them, is in mxfp8_batch.cu.)
 //
-// One thread block handles a tile of 32 rows x 128 columns of one member: exactly one
-// columnwise block per column and four rowwise blocks per row, so both amaxes come
-// from one read of the data. 256 threads; thread t works on row (t/32)*4 + (t%32)/8 of
-// the tile and 16 consecutive columns (two 16-byte bf16 loads, one 16-byte store per
-// e4m3 plane). Rowwise amax: the thread's 16 columns, then the neighbour lane (xor 1).
-// Columnwise amax: the warp's 4 rows by shuffles (xor 8, 16), the 8 warps through
-// shared memory. Amaxes are integer maxima of bf16 magnitudes (two per word with
-// __vmaxu2), which propagates NaN above Inf above finite values.
-//
-// The same tile walk serves the sharded path: PartialScales / PartialAmax compute the
-// amaxes of the elements inside the rank's range (others count as zero), ShardData
-// quantizes the elements of the range with the combined scales.
+// Tiles of 32 x 128 elements (mxfp8_tile.cuh). Rowwise amax: the thread's 16 columns,
+// then the neighbour lane (xor 1). Columnwise amax: the warp's 4 rows by shuffles
+// (xor 8, 16), the 8 warps through shared memory. Amaxes are integer maxima of bf16
+// magnitudes (two per word with __vmaxu2), which propagates NaN above Inf above finite
+// values. PartialScales / PartialAmax compute the amaxes of the elements inside the
+// rank's range (others count as zero), ShardData quantizes the elements of the range
+// with the combined scales.
 //
 // Element conversion: fl32(x * 2^-e) (an IEEE multiply, as in the host twin) and the
 // hardware's round-to-nearest-even saturating f32x2 -> e4m3x2 conversion
@@ -23,22 +19,21 @@
 #include <algorithm>
 
 #include "core/check.hpp"
-#include "kernels/mxfp8_device.cuh"
 #include "kernels/mxfp8_launch.hpp"
 #include "kernels/mxfp8_math.cuh"
+#include "kernels/mxfp8_tile.cuh"
 
 namespace shardopt::mxfp8 {
 namespace {
 
-constexpr int kTileRows = 32;   // one columnwise block
-constexpr int kTileCols = 128;  // four rowwise blocks
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kGroupCols = 16;  // columns per thread
-constexpr unsigned kFullMask = 0xFFFFFFFFu;
+using tile::aligned16;
+using tile::encode_and_store;
+using tile::kFullMask;
+using tile::kGroupCols;
+using tile::kThreads;
+using tile::kWarps;
 
 enum class Mode {
-  Quantize,       // whole tensor from bf16: scales and both data planes
   PartialScales,  // scale bytes of the range's partial amaxes
   PartialAmax,    // u32 amaxes of the range's partial amaxes
   ShardData,      // data bytes of the range from combined scales
@@ -49,62 +44,21 @@ struct TileArgs {
   std::int64_t row_tiles = 0, col_tiles = 0;    // tiles per member
   std::int64_t row_blocks = 0, col_blocks = 0;  // Mxfp8Shape::row_blocks / col_blocks
   std::int64_t first_tile = 0;                  // tile of blockIdx.x == 0
-  const Mxfp8Member* table = nullptr;           // Quantize: member offsets, or null
-  const std::uint16_t* src = nullptr;           // Quantize: bf16 source
-  const float* master = nullptr;                // shard modes: element i at master[i - begin]
-  std::int64_t begin = 0, end = 0;              // shard modes: the rank's element range
+  const float* master = nullptr;                // element i at master[i - begin]
+  std::int64_t begin = 0, end = 0;              // the rank's element range
   std::uint8_t* data_row = nullptr;
   std::uint8_t* data_col = nullptr;
-  std::uint8_t* scale_row = nullptr;            // written by Quantize / PartialScales
+  std::uint8_t* scale_row = nullptr;            // written by PartialScales
   std::uint8_t* scale_col = nullptr;
   const std::uint8_t* in_scale_row = nullptr;   // read by ShardData
   const std::uint8_t* in_scale_col = nullptr;
   std::uint32_t* amax_row = nullptr;            // written by PartialAmax
   std::uint32_t* amax_col = nullptr;
-  const std::int32_t* skip_flag = nullptr;      // Quantize: nonzero -> write nothing
 };
-
-__device__ __forceinline__ bool aligned16(const void* p) {
-  return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0;
-}
-
-// Quantizes the thread's 16 columns into both planes and stores columns [lo, hi).
-__device__ __forceinline__ void encode_and_store(const std::uint32_t (&w)[8], std::uint8_t row_scale,
-                                                 const float (&inv_col)[16], const std::uint32_t (&col_scale)[4],
-                                                 std::uint8_t* drow, std::uint8_t* dcol, int lo, int hi) {
-  const float inv_row = inverse_scale(row_scale);
-  const std::uint32_t row_scales = 0x01010101u * row_scale;
-  std::uint32_t qr[4], qc[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    qr[j] = encode_pair(w[2 * j], inv_row, inv_row) | (encode_pair(w[2 * j + 1], inv_row, inv_row) << 16);
-    qc[j] = encode_pair(w[2 * j], inv_col[4 * j], inv_col[4 * j + 1]) |
-            (encode_pair(w[2 * j + 1], inv_col[4 * j + 2], inv_col[4 * j + 3]) << 16);
-    qr[j] = nan_blocks(qr[j], row_scales);
-    qc[j] = nan_blocks(qc[j], col_scale[j]);
-  }
-  if (lo == 0 && hi == kGroupCols && aligned16(drow) && aligned16(dcol)) {
-    *reinterpret_cast<uint4*>(drow) = make_uint4(qr[0], qr[1], qr[2], qr[3]);
-    *reinterpret_cast<uint4*>(dcol) = make_uint4(qc[0], qc[1], qc[2], qc[3]);
-    return;
-  }
-#pragma unroll
-  for (int k = 0; k < kGroupCols; ++k) {
-    if (k >= lo && k < hi) {
-      drow[k] = static_cast<std::uint8_t>(qr[k / 4] >> (8 * (k % 4)));
-      dcol[k] = static_cast<std::uint8_t>(qc[k / 4] >> (8 * (k % 4)));
-    }
-  }
-}
 
 template <Mode M>
 __global__ void __launch_bounds__(kThreads) tile_kernel(const TileArgs a) {
-  if constexpr (M == Mode::Quantize) {
-    if (a.skip_flag != nullptr && *a.skip_flag != 0) return;  // the whole block leaves together
-  }
   __shared__ __align__(16) std::uint32_t col_partial[kWarps][kTileCols / 2];
-  __shared__ __align__(16) float col_inv[kTileCols];
-  __shared__ __align__(16) std::uint8_t col_scale[kTileCols];
 
   // Which tile, which member (tile counts fit in 32 bits: checked at launch).
   const std::uint32_t tile = static_cast<std::uint32_t>(a.first_tile) + blockIdx.x;
@@ -115,15 +69,9 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const TileArgs a) {
   const std::uint32_t rt32 = in_member / col_tiles;
   const std::int64_t g = g32, rt = rt32, ct = in_member - rt32 * col_tiles;
 
-  std::int64_t elem_base = g * a.rows * a.cols;
-  std::int64_t srow_base = g * a.rows * a.row_blocks;
-  std::int64_t scol_base = g * a.col_blocks * a.cols;
-  if (M == Mode::Quantize && a.table != nullptr) {
-    const Mxfp8Member m = a.table[g];
-    elem_base = m.element_offset;
-    srow_base = m.scale_row_offset;
-    scol_base = m.scale_col_offset;
-  }
+  const std::int64_t elem_base = g * a.rows * a.cols;
+  const std::int64_t srow_base = g * a.rows * a.row_blocks;
+  const std::int64_t scol_base = g * a.col_blocks * a.cols;
 
   // This thread's row and 16 columns; valid columns [lo, hi) of the 16.
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = lane & 7;
@@ -134,34 +82,17 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const TileArgs a) {
   int lo = 0, hi = 0;
   if (in_tensor) {
     std::int64_t h = std::min<std::int64_t>(kGroupCols, a.cols - c0);
-    if constexpr (M != Mode::Quantize) {
-      const std::int64_t l = std::clamp<std::int64_t>(a.begin - i0, 0, kGroupCols);
-      h = std::min(h, std::clamp<std::int64_t>(a.end - i0, 0, kGroupCols));
-      lo = static_cast<int>(l);
-      h = std::max(h, l);
-    }
+    const std::int64_t l = std::clamp<std::int64_t>(a.begin - i0, 0, kGroupCols);
+    h = std::min(h, std::clamp<std::int64_t>(a.end - i0, 0, kGroupCols));
+    lo = static_cast<int>(l);
+    h = std::max(h, l);
     hi = static_cast<int>(h);
   }
   const bool full = lo == 0 && hi == kGroupCols;
 
-  // Load the 16 values as bf16 pairs (zero where not valid).
+  // Load the 16 values as bf16(master) pairs (zero where not valid).
   std::uint32_t w[8];
-  if constexpr (M == Mode::Quantize) {
-    const std::uint16_t* p = a.src + i0;
-    if (full && aligned16(p)) {
-      const uint4 v0 = __ldg(reinterpret_cast<const uint4*>(p));
-      const uint4 v1 = __ldg(reinterpret_cast<const uint4*>(p) + 1);
-      w[0] = v0.x; w[1] = v0.y; w[2] = v0.z; w[3] = v0.w;
-      w[4] = v1.x; w[5] = v1.y; w[6] = v1.z; w[7] = v1.w;
-    } else {
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const std::uint32_t x0 = (2 * k >= lo && 2 * k < hi) ? p[2 * k] : 0u;
-        const std::uint32_t x1 = (2 * k + 1 >= lo && 2 * k + 1 < hi) ? p[2 * k + 1] : 0u;
-        w[k] = x0 | (x1 << 16);
-      }
-    }
-  } else {
+  {
     const float* p = a.master + (i0 - a.begin);
     float f[16];
     if (full && aligned16(p)) {
@@ -236,12 +167,6 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const TileArgs a) {
         const std::uint8_t s_lo = scale_from_magnitude(amax_lo), s_hi = scale_from_magnitude(amax_hi);
         if (c < a.cols) a.scale_col[k] = s_lo;
         if (c + 1 < a.cols) a.scale_col[k + 1] = s_hi;
-        if constexpr (M == Mode::Quantize) {
-          col_scale[2 * j] = s_lo;
-          col_scale[2 * j + 1] = s_hi;
-          col_inv[2 * j] = inverse_scale(s_lo);
-          col_inv[2 * j + 1] = inverse_scale(s_hi);
-        }
       }
     }
     const std::int64_t row_scale_index = srow_base + r * a.row_blocks + c0 / kBlock;
@@ -251,20 +176,6 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const TileArgs a) {
       } else {
         a.scale_row[row_scale_index] = scale_from_magnitude(row_max);
       }
-    }
-    if constexpr (M == Mode::Quantize) {
-      __syncthreads();
-      if (!in_tensor) return;
-      const uint4 cs4 = *reinterpret_cast<const uint4*>(&col_scale[group * kGroupCols]);
-      const std::uint32_t cs[4] = {cs4.x, cs4.y, cs4.z, cs4.w};
-      float inv[16];
-      const float4* ci = reinterpret_cast<const float4*>(&col_inv[group * kGroupCols]);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float4 v = ci[q];
-        inv[4 * q] = v.x; inv[4 * q + 1] = v.y; inv[4 * q + 2] = v.z; inv[4 * q + 3] = v.w;
-      }
-      encode_and_store(w, scale_from_magnitude(row_max), inv, cs, a.data_row + i0, a.data_col + i0, lo, hi);
     }
   }
 }
@@ -339,19 +250,6 @@ int elementwise_blocks(std::int64_t n) {
 }
 
 }  // namespace
-
-void launch_quantize(const Mxfp8Shape& shape, const std::uint16_t* src, const Mxfp8Planes& out,
-                     const std::int32_t* skip_flag, const Mxfp8Member* table, Stream stream) {
-  TileArgs a = geometry(shape);
-  a.table = table;
-  a.src = src;
-  a.data_row = out.data_row;
-  a.data_col = out.data_col;
-  a.scale_row = out.scale_row;
-  a.scale_col = out.scale_col;
-  a.skip_flag = skip_flag;
-  launch_tiles<Mode::Quantize>(a, shape.members * a.row_tiles * a.col_tiles, stream);
-}
 
 void launch_partial_scales(const Mxfp8Shape& shape, Range range, const float* master, std::uint8_t* scale_row,
                            std::uint8_t* scale_col, Stream stream) {

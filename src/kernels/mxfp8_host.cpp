@@ -73,6 +73,10 @@ void host_quantize(const Mxfp8Shape& s, const std::uint16_t* src, const Mxfp8Pla
   }
 }
 
+void host_quantize_batch(const BatchEntry* entries, int count) {
+  for (int i = 0; i < count; ++i) host_quantize(entries[i].shape, entries[i].src, entries[i].out, entries[i].members);
+}
+
 void host_partial_scales(const Mxfp8Shape& s, Range range, const float* master, std::uint8_t* scale_row,
                          std::uint8_t* scale_col) {
   std::memset(scale_row, 0, static_cast<std::size_t>(s.scale_row_numel()));

@@ -11,11 +11,47 @@
 
 namespace shardopt::mxfp8 {
 
-// ------------------------------------------------------------------ CUDA (mxfp8.cu)
+/// Tiles of 32 rows x 128 columns (of one member) are the kernels' unit of work.
+inline constexpr int kTileRows = 32;
+inline constexpr int kTileCols = 128;
 
-/// Whole-tensor quantize; `table` may be null (contiguous members).
+/// One tensor of a whole-tensor quantization as the kernel and the host twin read it:
+/// the arguments of a quantize_mxfp8 call and where its tiles sit in the batch's tile
+/// sequence. Mxfp8Batch uploads a table of these; quantize_mxfp8 passes one by value.
+struct BatchEntry {
+  Mxfp8Shape shape;
+  const std::uint16_t* src = nullptr;
+  Mxfp8Planes out;
+  const Mxfp8Member* members = nullptr;  ///< device member table, or null (contiguous)
+  std::int64_t first_tile = 0;           ///< index of the tensor's first tile in the batch
+  std::int64_t end_tile = 0;             ///< one past its last tile
+  std::int64_t row_blocks = 0;           ///< shape.row_blocks()
+  std::int64_t col_blocks = 0;           ///< shape.col_blocks()
+  std::uint32_t col_tiles = 0;           ///< tiles across a member's columns
+  std::uint32_t member_tiles = 0;        ///< tiles of one member
+};
+
+/// The entry of one tensor whose first tile is `first_tile`. Throws
+/// Error(InvalidArgument) when the tensor has more than 2^31 - 1 tiles (the kernel
+/// indexes a tensor's tiles with 32-bit integers). The shape must be valid.
+BatchEntry make_batch_entry(const Mxfp8Shape& shape, const std::uint16_t* src, const Mxfp8Planes& out,
+                            const Mxfp8Member* members, std::int64_t first_tile);
+
+// ------------------------------------------------------------------ CUDA (mxfp8_batch.cu)
+
+/// Whole-tensor quantize of one tensor; `table` may be null (contiguous members).
 void launch_quantize(const Mxfp8Shape& shape, const std::uint16_t* src, const Mxfp8Planes& out,
                      const std::int32_t* skip_flag, const Mxfp8Member* table, Stream stream);
+/// Blocks of the batch kernel's persistent grid (one to four waves) for `tiles` tiles
+/// on the current device (host queries only; call it when building a batch).
+int batch_grid(std::int64_t tiles);
+/// Whole-tensor quantize of the `count` tensors of the device table `entries` (tiles:
+/// the last entry's end_tile) with `grid` blocks, in one launch.
+void launch_quantize_batch(const BatchEntry* entries, int count, std::int64_t tiles, int grid,
+                           const std::int32_t* skip_flag, Stream stream);
+
+// ------------------------------------------------------------------ CUDA (mxfp8.cu)
+
 /// Partial scale bytes of the blocks `range` touches (the caller zeroed the scales).
 void launch_partial_scales(const Mxfp8Shape& shape, Range range, const float* master,
                            std::uint8_t* scale_row, std::uint8_t* scale_col, Stream stream);
@@ -39,6 +75,8 @@ void launch_dequantize(const Mxfp8Shape& shape, Mxfp8Plane plane, const std::uin
 
 void host_quantize(const Mxfp8Shape& shape, const std::uint16_t* src, const Mxfp8Planes& out,
                    const Mxfp8Member* table);
+/// host_quantize of each of the `count` entries, in order.
+void host_quantize_batch(const BatchEntry* entries, int count);
 void host_partial_scales(const Mxfp8Shape& shape, Range range, const float* master,
                          std::uint8_t* scale_row, std::uint8_t* scale_col);
 void host_partial_amax(const Mxfp8Shape& shape, Range range, const float* master,

@@ -1,0 +1,158 @@
+// mxfp8_batch.cpp - multi-tensor MXFP8 quantization: the Mxfp8Batch table (checks,
+// upload) and quantize_mxfp8_batch (the CUDA launch or the host twin, enqueued on the
+// HostStream so that it joins captures).
+#include <string>
+#include <utility>
+
+#include "core/memory.hpp"
+#include "kernels/mxfp8_launch.hpp"
+#include "shardopt/error.hpp"
+#include "shardopt/host_stream.hpp"
+#include "shardopt/mxfp8.hpp"
+#include "shardopt_config.h"
+
+#if SHARDOPT_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "core/check.hpp"
+#endif
+
+namespace shardopt {
+
+namespace mxfp8 {
+
+BatchEntry make_batch_entry(const Mxfp8Shape& shape, const std::uint16_t* src, const Mxfp8Planes& out,
+                            const Mxfp8Member* members, std::int64_t first_tile) {
+  const std::int64_t row_tiles = (shape.rows + kTileRows - 1) / kTileRows;
+  const std::int64_t col_tiles = (shape.cols + kTileCols - 1) / kTileCols;
+  const std::int64_t member_tiles = row_tiles * col_tiles;
+  SHARDOPT_REQUIRE(member_tiles <= 0x7FFFFFFF / shape.members, ErrorCode::InvalidArgument,
+                   "MXFP8 tensor of more than 2^31 - 1 tiles of 32 x 128 elements; split it into smaller tensors");
+  BatchEntry e;
+  e.shape = shape;
+  e.src = src;
+  e.out = out;
+  e.members = members;
+  e.first_tile = first_tile;
+  e.end_tile = first_tile + shape.members * member_tiles;
+  e.row_blocks = shape.row_blocks();
+  e.col_blocks = shape.col_blocks();
+  e.col_tiles = static_cast<std::uint32_t>(col_tiles);
+  e.member_tiles = static_cast<std::uint32_t>(member_tiles);
+  return e;
+}
+
+}  // namespace mxfp8
+
+struct Mxfp8Batch::Impl {
+  Backend backend = Backend::Host;
+  DeviceBuffer table;  // the BatchEntry of every tensor, in order
+  int count = 0;
+  std::int64_t numel = 0;
+  std::int64_t tiles = 0;
+  int grid = 0;    // CUDA: blocks of the launch
+  int device = 0;  // CUDA: the device the table lives on
+};
+
+namespace {
+
+void require_ptr(const void* p, std::size_t i, const char* what) {
+  SHARDOPT_REQUIRE(p != nullptr, ErrorCode::InvalidArgument,
+                   "Mxfp8Batch tensor " + std::to_string(i) + ": " + what +
+                       " is null; pass device memory of the right size");
+}
+
+// The batch's state; a moved-from batch has none. (A template: it never names the
+// private Impl.)
+template <class ImplPtr>
+const auto& live(const ImplPtr& impl) {
+  SHARDOPT_REQUIRE(impl != nullptr, ErrorCode::InvalidState,
+                   "this Mxfp8Batch was moved from; use the batch it was moved to");
+  return *impl;
+}
+
+}  // namespace
+
+Mxfp8Batch::Mxfp8Batch(const std::vector<Mxfp8Tensor>& tensors, Backend backend) : impl_(std::make_unique<Impl>()) {
+  SHARDOPT_REQUIRE(!tensors.empty(), ErrorCode::InvalidArgument,
+                   "Mxfp8Batch of an empty tensor list; give it at least one tensor to quantize");
+  SHARDOPT_REQUIRE(tensors.size() <= 0x7FFFFFFF, ErrorCode::InvalidArgument,
+                   "Mxfp8Batch of more than 2^31 - 1 tensors; split the list into several batches");
+#if !SHARDOPT_HAVE_CUDA
+  SHARDOPT_REQUIRE(backend == Backend::Host, ErrorCode::Unsupported,
+                   "Mxfp8Batch on Backend::Cuda needs a build with CUDA; rebuild with -Dcuda=enabled or use "
+                   "Backend::Host");
+#endif
+  std::vector<mxfp8::BatchEntry> entries;
+  entries.reserve(tensors.size());
+  std::int64_t tiles = 0, numel = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const Mxfp8Tensor& t = tensors[i];
+    try {
+      validate(t.shape);
+      entries.push_back(mxfp8::make_batch_entry(t.shape, t.src, t.out, t.members, tiles));
+    } catch (const Error& e) {
+      throw Error(e.code(), "Mxfp8Batch tensor " + std::to_string(i) + ": " + e.what());
+    }
+    require_ptr(t.src, i, "the bf16 source");
+    require_ptr(t.out.data_row, i, "out.data_row");
+    require_ptr(t.out.scale_row, i, "out.scale_row");
+    require_ptr(t.out.data_col, i, "out.data_col");
+    require_ptr(t.out.scale_col, i, "out.scale_col");
+    tiles = entries.back().end_tile;
+    numel += t.shape.numel();
+  }
+  Impl& im = *impl_;
+  im.backend = backend;
+  im.count = static_cast<int>(entries.size());
+  im.numel = numel;
+  im.tiles = tiles;
+  const std::size_t bytes = entries.size() * sizeof(mxfp8::BatchEntry);
+  im.table = DeviceBuffer(backend, bytes);
+  copy_async(backend, im.table.data(), entries.data(), bytes, nullptr);
+  synchronize(backend, nullptr);
+#if SHARDOPT_HAVE_CUDA
+  if (backend == Backend::Cuda) {
+    SHARDOPT_CUDA_CHECK(cudaGetDevice(&im.device));
+    im.grid = mxfp8::batch_grid(tiles);
+  }
+#endif
+}
+
+Mxfp8Batch::~Mxfp8Batch() = default;
+Mxfp8Batch::Mxfp8Batch(Mxfp8Batch&&) noexcept = default;
+Mxfp8Batch& Mxfp8Batch::operator=(Mxfp8Batch&&) noexcept = default;
+
+Backend Mxfp8Batch::backend() const { return live(impl_).backend; }
+std::size_t Mxfp8Batch::size() const { return static_cast<std::size_t>(live(impl_).count); }
+std::int64_t Mxfp8Batch::numel() const { return live(impl_).numel; }
+std::int64_t Mxfp8Batch::tiles() const { return live(impl_).tiles; }
+int Mxfp8Batch::grid() const { return live(impl_).grid; }
+
+void quantize_mxfp8_batch(const Mxfp8Batch& batch, const std::int32_t* skip_flag, Backend backend, Stream stream) {
+  const Mxfp8Batch::Impl& im = live(batch.impl_);
+  SHARDOPT_REQUIRE(backend == im.backend, ErrorCode::InvalidArgument,
+                   std::string("quantize_mxfp8_batch: the batch was built for Backend::") + to_string(im.backend) +
+                       " and is called with Backend::" + to_string(backend) + "; build it for the backend you run on");
+  const auto* entries = im.table.as<const mxfp8::BatchEntry>();
+  const int count = im.count;
+  if (backend == Backend::Host) {
+    // The flag and the table are read when the work runs (a replay reads their values then).
+    host_enqueue(stream, [entries, count, skip_flag] {
+      if (skip_flag != nullptr && *skip_flag != 0) return;
+      mxfp8::host_quantize_batch(entries, count);
+    });
+    return;
+  }
+#if SHARDOPT_HAVE_CUDA
+  int device = 0;
+  SHARDOPT_CUDA_CHECK(cudaGetDevice(&device));
+  SHARDOPT_REQUIRE(device == im.device, ErrorCode::InvalidArgument,
+                   "quantize_mxfp8_batch: the batch was built on CUDA device " + std::to_string(im.device) +
+                       " but device " + std::to_string(device) + " is current; make device " +
+                       std::to_string(im.device) + " current (cudaSetDevice) or build a batch on this one");
+  mxfp8::launch_quantize_batch(entries, count, im.tiles, im.grid, skip_flag, stream);
+#endif
+}
+
+}  // namespace shardopt
