@@ -19,6 +19,7 @@
 #   dist          bench_dist_adam + peer (all GPUs, and 2)
 #   fsdp          bench_fsdp + peer (all GPUs)
 #   trainer       trainer benchmark (all GPUs)
+#   main          the README's main command (trainer on 2 GPUs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/shardopt-out}"
@@ -70,7 +71,7 @@ phase_adam() {
 
 phase_mxfp8() {
   log "== mxfp8"
-  "$BUILD/bench/bench_mxfp8" --results bench/results >/tmp/b.log 2>&1; cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+  timeout 180 "$BUILD/bench/bench_mxfp8" --results bench/results >/tmp/b.log 2>&1; cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
 }
 
 phase_comm() {
@@ -101,6 +102,12 @@ phase_trainer() {
   log "== trainer ($GPUS ranks)"
   timeout 240 $MPIRUN -n "$GPUS" "$BUILD/examples/trainer/bench_trainer" --results bench/results >/tmp/b.log 2>&1
   cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+}
+
+phase_main() {
+  log "== README main command on GPUs (2 ranks)"
+  BUILD_DIR="$BUILD" timeout 120 bash scripts/run_main.sh >/tmp/b.log 2>&1
+  cat /tmp/b.log >>"$OUT/bench.log"; grep -E "step|loss" /tmp/b.log | tail -4 | tee -a "$SUMMARY"
 }
 
 phases=("$@")
