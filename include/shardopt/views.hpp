@@ -31,6 +31,9 @@ struct TensorView {
 /// Row-major strides of a shape.
 std::vector<std::int64_t> row_major_strides(const Shape& shape);
 
+/// A contiguous row-major view of `shape` elements of `dtype` at `data`.
+TensorView contiguous_view(void* data, const Shape& shape, DType dtype);
+
 /// A view of a full model parameter (what the forward reads).
 struct ParamView : TensorView {};
 /// A view of a parameter's full gradient (what the backward writes or accumulates into).

@@ -41,15 +41,6 @@ Layout make_layout(std::vector<ParamSpec> specs, int world, const DistributedAda
   return Layout(std::move(specs), world, lo);
 }
 
-TensorView make_view(void* data, const Shape& shape, DType dtype) {
-  TensorView v;
-  v.data = data;
-  v.shape = shape;
-  v.strides = row_major_strides(shape);
-  v.dtype = dtype;
-  return v;
-}
-
 // Which layout buffers hold MXFP8 parameters: with ParamFormat::Mxfp8, the bf16 one.
 std::vector<bool> mxfp8_buffers(const Layout& L, const DistributedAdamOptions& o) {
   std::vector<bool> mx(L.buffers().size(), false);
@@ -197,13 +188,13 @@ ParamView DistributedAdam::param(int i) const {
                        "mxfp8_param(i)");
   const auto& spec = layout().specs()[static_cast<std::size_t>(i)];
   const DType dt = layout().buffers()[static_cast<std::size_t>(layout().params()[static_cast<std::size_t>(i)].buffer)].dtype;
-  return ParamView{make_view(impl_->store.param_data(i), spec.shape, dt)};
+  return ParamView{contiguous_view(impl_->store.param_data(i), spec.shape, dt)};
 }
 
 GradView DistributedAdam::grad(int i) const {
   (void)impl_->state.piece(i);
   const auto& spec = layout().specs()[static_cast<std::size_t>(i)];
-  return GradView{make_view(impl_->store.grad_data(i), spec.shape, impl_->opt.grad_dtype)};
+  return GradView{contiguous_view(impl_->store.grad_data(i), spec.shape, impl_->opt.grad_dtype)};
 }
 
 namespace {
@@ -220,13 +211,13 @@ void* member_base(const Layout& L, int i, int m, void* whole, DType dt) {
 
 ParamView DistributedAdam::member_param(int i, int m) const {
   const ParamView whole = param(i);
-  return ParamView{make_view(member_base(layout(), i, m, whole.data, whole.dtype),
+  return ParamView{contiguous_view(member_base(layout(), i, m, whole.data, whole.dtype),
                              member_shape_of(layout().specs()[static_cast<std::size_t>(i)]), whole.dtype)};
 }
 
 GradView DistributedAdam::member_grad(int i, int m) const {
   const GradView whole = grad(i);
-  return GradView{make_view(member_base(layout(), i, m, whole.data, whole.dtype),
+  return GradView{contiguous_view(member_base(layout(), i, m, whole.data, whole.dtype),
                             member_shape_of(layout().specs()[static_cast<std::size_t>(i)]), whole.dtype)};
 }
 

@@ -47,15 +47,6 @@ std::vector<int> unit_ids(const std::vector<FsdpUnit>& units, std::size_t params
   return ids;
 }
 
-TensorView view_of(void* data, const Shape& shape, DType dtype) {
-  TensorView v;
-  v.data = data;
-  v.shape = shape;
-  v.strides = row_major_strides(shape);
-  v.dtype = dtype;
-  return v;
-}
-
 }  // namespace
 
 class Fsdp::Impl {
@@ -168,7 +159,7 @@ class Fsdp::Impl {
     const std::int64_t begin = info[static_cast<std::size_t>(u)].begin;
     for (int p = unit.first; p < unit.first + unit.count; ++p) {
       const auto& pl = layout.params()[static_cast<std::size_t>(p)];
-      out.push_back(View{view_of(static_cast<char*>(base) + static_cast<std::size_t>(pl.offset - begin) * size_of(dtype),
+      out.push_back(View{contiguous_view(static_cast<char*>(base) + static_cast<std::size_t>(pl.offset - begin) * size_of(dtype),
                                  layout.specs()[static_cast<std::size_t>(p)].shape, dtype)});
     }
     return out;

@@ -11,6 +11,15 @@ std::vector<std::int64_t> row_major_strides(const Shape& shape) {
   return s;
 }
 
+TensorView contiguous_view(void* data, const Shape& shape, DType dtype) {
+  TensorView v;
+  v.data = data;
+  v.shape = shape;
+  v.strides = row_major_strides(shape);
+  v.dtype = dtype;
+  return v;
+}
+
 bool TensorView::contiguous() const noexcept { return strides == row_major_strides(shape); }
 
 std::string MemoryReport::to_string() const {
