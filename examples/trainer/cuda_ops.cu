@@ -12,8 +12,10 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -99,11 +101,12 @@ __device__ float block_max(float v, float* shared) {
 
 // ---------------------------------------------------------------- kernels
 
-__global__ void k_init_param(bf16* out, InitArgs a, i64 n) {
+template <class P>
+__global__ void k_init_param(P* out, InitArgs a, i64 n) {
   for (i64 e = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; e < n; e += static_cast<i64>(gridDim.x) * blockDim.x) {
     const i64 q = a.offset + e;
     const float v = a.is_constant ? a.constant : math::init_uniform(a.keys[q / a.member_numel], q % a.member_numel, a.bound);
-    out[e] = math::to_bf16(v);
+    st(out, e, v);
   }
 }
 
@@ -162,7 +165,8 @@ __global__ void k_embed_backward(const float* dout, const std::int32_t* tokens, 
   }
 }
 
-__global__ void k_rmsnorm_forward(const float* x, const bf16* w, bf16* y, float* rstd, i64 T, i64 H, float eps) {
+template <class W>
+__global__ void k_rmsnorm_forward(const float* x, const W* w, bf16* y, float* rstd, i64 T, i64 H, float eps) {
   __shared__ float shared[32];
   for (i64 t = blockIdx.x; t < T; t += gridDim.x) {
     const float* row = x + t * H;
@@ -171,21 +175,22 @@ __global__ void k_rmsnorm_forward(const float* x, const bf16* w, bf16* y, float*
     ss = block_sum(ss, shared);
     const float r = 1.0f / sqrtf(ss / static_cast<float>(H) + eps);
     if (threadIdx.x == 0) rstd[t] = r;
-    for (i64 h = threadIdx.x; h < H; h += blockDim.x) y[t * H + h] = math::to_bf16(row[h] * r * math::from_bf16(w[h]));
+    for (i64 h = threadIdx.x; h < H; h += blockDim.x) y[t * H + h] = math::to_bf16(row[h] * r * ld(w, h));
   }
 }
 
-__global__ void k_rmsnorm_backward_dx(const float* dy, const float* x, const bf16* w, const float* rstd, float* dx,
+template <class W>
+__global__ void k_rmsnorm_backward_dx(const float* dy, const float* x, const W* w, const float* rstd, float* dx,
                                       i64 T, i64 H) {
   __shared__ float shared[32];
   for (i64 t = blockIdx.x; t < T; t += gridDim.x) {
     const float r = rstd[t];
     float dot = 0.0f;
-    for (i64 h = threadIdx.x; h < H; h += blockDim.x) dot += dy[t * H + h] * math::from_bf16(w[h]) * x[t * H + h];
+    for (i64 h = threadIdx.x; h < H; h += blockDim.x) dot += dy[t * H + h] * ld(w, h) * x[t * H + h];
     dot = block_sum(dot, shared);
     const float c = dot * r * r * r / static_cast<float>(H);
     for (i64 h = threadIdx.x; h < H; h += blockDim.x)
-      dx[t * H + h] += r * (dy[t * H + h] * math::from_bf16(w[h])) - x[t * H + h] * c;
+      dx[t * H + h] += r * (dy[t * H + h] * ld(w, h)) - x[t * H + h] * c;
   }
 }
 
@@ -380,6 +385,62 @@ __global__ void k_pack(PackArgs a, bf16* dst, const shardopt::MicrobatchState* s
   }
 }
 
+struct DequantArgs {
+  const std::uint8_t* data[kMaxExperts];
+  const std::uint8_t* scale[kMaxExperts];
+  const shardopt::Mxfp8Member* members[kMaxExperts];  // device tables, or null (contiguous)
+  i64 groups[kMaxExperts];      // G of each source
+  i64 rows[kMaxExperts];
+  i64 cols[kMaxExperts];
+  i64 out_offset[kMaxExperts];  // first output element of each source
+  int count = 0;
+};
+
+// dst = bf16 of the sources' rowwise planes (blockIdx.y = source), unless the device says
+// the weights are current. A thread decodes a run of 8 elements of one row when the row
+// length is a multiple of 8 (one scale byte: a run never crosses a 32-element block; an
+// 8-byte load and a 16-byte store where aligned), else one element.
+__global__ void k_dequantize_mxfp8(DequantArgs a, bf16* dst, const shardopt::MicrobatchState* skip) {
+  if (skip != nullptr && skip->skip_weight_update != 0) return;
+  const int s = blockIdx.y;
+  const i64 rows = a.rows[s], cols = a.cols[s], member_numel = rows * cols;
+  const i64 row_blocks = (cols + shardopt::kMxfp8Block - 1) / shardopt::kMxfp8Block;
+  const shardopt::Mxfp8Member* table = a.members[s];
+  const std::uint8_t* data = a.data[s];
+  const std::uint8_t* scale = a.scale[s];
+  const int run = cols % 8 == 0 ? 8 : 1;
+  const i64 runs = a.groups[s] * member_numel / run;
+  bf16* out = dst + a.out_offset[s];
+  for (i64 k = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; k < runs; k += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 e = k * run;  // element of this source's output: member g, row r, column c
+    const i64 g = e / member_numel, rem = e % member_numel, r = rem / cols, c = rem % cols;
+    const i64 data_at = table != nullptr ? table[g].element_offset : g * member_numel;
+    const i64 scale_at = table != nullptr ? table[g].scale_row_offset : g * rows * row_blocks;
+    const std::uint8_t* in = data + data_at + r * cols + c;
+    const std::uint8_t sc = scale[scale_at + r * row_blocks + c / shardopt::kMxfp8Block];
+    if (run == 1) {
+      out[e] = math::mxfp8_to_bf16(in[0], sc);
+      continue;
+    }
+    std::uint8_t b[8];
+    if (reinterpret_cast<std::uintptr_t>(in) % 8 == 0) {
+      const uint2 v = *reinterpret_cast<const uint2*>(in);
+      memcpy(b, &v, 8);
+    } else {
+      for (int j = 0; j < 8; ++j) b[j] = in[j];
+    }
+    bf16 o[8];
+    for (int j = 0; j < 8; ++j) o[j] = math::mxfp8_to_bf16(b[j], sc);
+    if (reinterpret_cast<std::uintptr_t>(out + e) % 16 == 0) {
+      uint4 v;
+      memcpy(&v, o, 16);
+      *reinterpret_cast<uint4*>(out + e) = v;
+    } else {
+      for (int j = 0; j < 8; ++j) out[e + j] = o[j];
+    }
+  }
+}
+
 template <class D>
 __global__ void k_sumsq_partial(const D* x, i64 n, double* partial) {
   __shared__ double shared[32];
@@ -504,8 +565,12 @@ class CudaOps final : public Ops {
   }
 
   void init_param(const Tensor& t, const InitArgs& a, Stream s) override {
-    if (t.elem != Elem::bf16) throw std::invalid_argument("cuda ops: init_param takes bf16 parameters");
-    k_init_param<<<blocks_for(t.numel), kThreads, 0, cu(s)>>>(t.as<bf16>(), a, t.numel);
+    if (t.elem == Elem::bf16)
+      k_init_param<<<blocks_for(t.numel), kThreads, 0, cu(s)>>>(t.as<bf16>(), a, t.numel);
+    else if (t.elem == Elem::f32)
+      k_init_param<<<blocks_for(t.numel), kThreads, 0, cu(s)>>>(t.as<float>(), a, t.numel);
+    else
+      throw std::invalid_argument("cuda ops: init_param takes bf16 parameters or f32 master pieces");
     TRAINER_LAUNCHED();
   }
 
@@ -590,15 +655,23 @@ class CudaOps final : public Ops {
 
   void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, std::int64_t T,
                        std::int64_t H, float eps, Stream s) override {
-    k_rmsnorm_forward<<<blocks_for(T, 1), kThreads, 0, cu(s)>>>(x.as<float>(), w.as<bf16>(), y.as<bf16>(),
-                                                                 rstd.as<float>(), T, H, eps);
+    if (w.elem == Elem::f32)
+      k_rmsnorm_forward<<<blocks_for(T, 1), kThreads, 0, cu(s)>>>(x.as<float>(), w.as<float>(), y.as<bf16>(),
+                                                                   rstd.as<float>(), T, H, eps);
+    else
+      k_rmsnorm_forward<<<blocks_for(T, 1), kThreads, 0, cu(s)>>>(x.as<float>(), w.as<bf16>(), y.as<bf16>(),
+                                                                   rstd.as<float>(), T, H, eps);
     TRAINER_LAUNCHED();
   }
 
   void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
                         const Tensor& dw, const Tensor& partial, std::int64_t T, std::int64_t H, Stream s) override {
-    k_rmsnorm_backward_dx<<<blocks_for(T, 1), kThreads, 0, cu(s)>>>(dy.as<float>(), x.as<float>(), w.as<bf16>(),
-                                                                     rstd.as<float>(), dx.as<float>(), T, H);
+    if (w.elem == Elem::f32)
+      k_rmsnorm_backward_dx<<<blocks_for(T, 1), kThreads, 0, cu(s)>>>(dy.as<float>(), x.as<float>(), w.as<float>(),
+                                                                       rstd.as<float>(), dx.as<float>(), T, H);
+    else
+      k_rmsnorm_backward_dx<<<blocks_for(T, 1), kThreads, 0, cu(s)>>>(dy.as<float>(), x.as<float>(), w.as<bf16>(),
+                                                                       rstd.as<float>(), dx.as<float>(), T, H);
     TRAINER_LAUNCHED();
     const i64 chunks = rmsnorm_partial_size(T, H) / H;
     const dim3 grid(blocks_for(H), static_cast<unsigned>(chunks));
@@ -702,6 +775,29 @@ class CudaOps final : public Ops {
     if (!aligned && a.numel % 8 == 0)
       throw std::invalid_argument("pack: expert weights must start on 16-byte boundaries");
     k_pack<<<blocks_for(a.numel * a.count / 8 + 1), kThreads, 0, cu(s)>>>(a, dst.as<bf16>(), skip);
+    TRAINER_LAUNCHED();
+  }
+
+  void dequantize_mxfp8(const std::vector<Mxfp8Source>& src, const Tensor& dst, const shardopt::MicrobatchState* skip,
+                        Stream s) override {
+    check_mxfp8_sources(src, dst);
+    DequantArgs a;
+    a.count = static_cast<int>(src.size());
+    i64 offset = 0, most = 1;
+    for (int i = 0; i < a.count; ++i) {
+      const Mxfp8Source& x = src[static_cast<std::size_t>(i)];
+      a.data[i] = x.data;
+      a.scale[i] = x.scale;
+      a.members[i] = x.members;
+      a.groups[i] = x.shape.members;
+      a.rows[i] = x.shape.rows;
+      a.cols[i] = x.shape.cols;
+      a.out_offset[i] = offset;
+      offset += x.shape.numel();
+      most = std::max<i64>(most, x.shape.numel() / (x.shape.cols % 8 == 0 ? 8 : 1));
+    }
+    const dim3 grid(blocks_for(most), static_cast<unsigned>(a.count));
+    k_dequantize_mxfp8<<<grid, kThreads, 0, cu(s)>>>(a, dst.as<bf16>(), skip);
     TRAINER_LAUNCHED();
   }
 

@@ -21,6 +21,7 @@ const char* to_string(Elem e) noexcept {
     case Elem::bf16: return "bf16";
     case Elem::f64: return "f64";
     case Elem::i32: return "i32";
+    case Elem::u8: return "u8";
   }
   return "?";
 }
@@ -39,6 +40,23 @@ Tensor from_view(const shardopt::TensorView& v) {
 }
 
 std::int64_t rmsnorm_partial_size(std::int64_t T, std::int64_t H) { return std::min<std::int64_t>(T, 64) * H; }
+
+void check_mxfp8_sources(const std::vector<Mxfp8Source>& src, const Tensor& dst) {
+  if (src.empty() || src.size() > static_cast<std::size_t>(kMaxExperts))
+    throw std::invalid_argument("dequantize_mxfp8: 1.." + std::to_string(kMaxExperts) + " sources, not " +
+                                std::to_string(src.size()));
+  if (dst.elem != Elem::bf16) throw std::invalid_argument("dequantize_mxfp8: the output is bf16");
+  std::int64_t total = 0;
+  for (const Mxfp8Source& x : src) {
+    shardopt::validate(x.shape);
+    if (x.data == nullptr || x.scale == nullptr)
+      throw std::invalid_argument("dequantize_mxfp8: a source without its rowwise data or scales");
+    total += x.shape.numel();
+  }
+  if (total != dst.numel)
+    throw std::invalid_argument("dequantize_mxfp8: the sources hold " + std::to_string(total) +
+                                " elements, the output " + std::to_string(dst.numel));
+}
 
 namespace {
 
@@ -86,7 +104,8 @@ class HostOps final : public Ops {
   std::string device_name() const override { return "host"; }
 
   void init_param(const Tensor& t, const InitArgs& a, Stream s) override {
-    if (t.elem != (mixed() ? Elem::bf16 : Elem::f64)) bad_types("init_param", {t.elem});
+    const bool ok = mixed() ? (t.elem == Elem::bf16 || t.elem == Elem::f32) : t.elem == Elem::f64;
+    if (!ok) bad_types("init_param", {t.elem});
     shardopt::host_enqueue(s, [t, a] {
       for (std::int64_t e = 0; e < t.numel; ++e) {
         const std::int64_t q = a.offset + e;
@@ -95,6 +114,8 @@ class HostOps final : public Ops {
                                                            q % a.member_numel, a.bound);
         if (t.elem == Elem::f64)
           t.as<double>()[e] = v;
+        else if (t.elem == Elem::f32)
+          t.as<float>()[e] = v;
         else
           t.as<std::uint16_t>()[e] = math::to_bf16(v);
       }
@@ -159,7 +180,9 @@ class HostOps final : public Ops {
   void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, std::int64_t T,
                        std::int64_t H, float eps, Stream s) override {
     shardopt::host_enqueue(s, [=, this] {
-      if (mixed())
+      if (mixed() && w.elem == Elem::f32)
+        host::rmsnorm_forward(x.as<float>(), w.as<float>(), y.as<Bf16>(), rstd.as<float>(), T, H, eps);
+      else if (mixed())
         host::rmsnorm_forward(x.as<float>(), w.as<Bf16>(), y.as<Bf16>(), rstd.as<float>(), T, H, eps);
       else
         host::rmsnorm_forward(x.as<double>(), w.as<double>(), y.as<double>(), rstd.as<double>(), T, H, eps);
@@ -173,6 +196,12 @@ class HostOps final : public Ops {
       if (!mixed())
         host::rmsnorm_backward(dy.as<double>(), x.as<double>(), w.as<double>(), rstd.as<double>(), dx.as<double>(),
                                dw.as<double>(), T, H);
+      else if (w.elem == Elem::f32 && dw.elem == Elem::f32)
+        host::rmsnorm_backward(dy.as<float>(), x.as<float>(), w.as<float>(), rstd.as<float>(), dx.as<float>(),
+                               dw.as<float>(), T, H);
+      else if (w.elem == Elem::f32)
+        host::rmsnorm_backward(dy.as<float>(), x.as<float>(), w.as<float>(), rstd.as<float>(), dx.as<float>(),
+                               dw.as<Bf16>(), T, H);
       else if (dw.elem == Elem::f32)
         host::rmsnorm_backward(dy.as<float>(), x.as<float>(), w.as<Bf16>(), rstd.as<float>(), dx.as<float>(),
                                dw.as<float>(), T, H);
@@ -306,6 +335,31 @@ class HostOps final : public Ops {
       for (const Tensor& t : src) {
         std::memcpy(out, t.data, t.bytes());
         out += t.bytes();
+      }
+    });
+  }
+
+  void dequantize_mxfp8(const std::vector<Mxfp8Source>& src, const Tensor& dst, const shardopt::MicrobatchState* skip,
+                        Stream s) override {
+    if (!mixed()) throw std::invalid_argument("host ops: dequantize_mxfp8 is a mixed-precision op");
+    check_mxfp8_sources(src, dst);
+    shardopt::host_enqueue(s, [src, dst, skip] {
+      if (skip != nullptr && skip->skip_weight_update != 0) return;
+      std::uint16_t* out = dst.as<std::uint16_t>();
+      for (const Mxfp8Source& x : src) {
+        const shardopt::Mxfp8Shape& sh = x.shape;
+        for (std::int64_t g = 0; g < sh.members; ++g) {
+          // The member table is read when the op runs, as the kernel reads it.
+          const std::int64_t data_at = x.members != nullptr ? x.members[g].element_offset : g * sh.member_numel();
+          const std::int64_t scale_at =
+              x.members != nullptr ? x.members[g].scale_row_offset : g * sh.rows * sh.row_blocks();
+          for (std::int64_t r = 0; r < sh.rows; ++r)
+            for (std::int64_t c = 0; c < sh.cols; ++c)
+              out[g * sh.member_numel() + r * sh.cols + c] =
+                  math::mxfp8_to_bf16(x.data[data_at + r * sh.cols + c],
+                                      x.scale[scale_at + r * sh.row_blocks() + c / shardopt::kMxfp8Block]);
+        }
+        out += sh.numel();
       }
     });
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 
 #include "op_math.hpp"
 
@@ -49,6 +50,20 @@ Model::Model(const ModelSpec& spec, Ops& ops, ModelOptions options)
   if (spec.discrete_experts() && opt_.gathered_weights) {
     shared_up_ = make(low, G * E * H);
     shared_down_ = make(low, G * H * E);
+  }
+  if (opt_.mxfp8_params) {
+    if (opt_.gathered_weights)
+      throw std::invalid_argument("ModelOptions: MXFP8 parameters are persistent (DistributedAdam), not gathered per use");
+    if (ops.precision() != Precision::Mixed) throw std::invalid_argument("ModelOptions: MXFP8 parameters need mixed precision");
+    // One bf16 compute buffer per MXFP8 parameter; discrete experts decode into the
+    // per-layer packed buffers instead.
+    compute_.resize(static_cast<std::size_t>(spec.num_params()));
+    for (int i = 0; i < spec.num_params(); ++i) {
+      const ParamInfo& p = spec.params()[static_cast<std::size_t>(i)];
+      const bool discrete_expert = p.expert >= 0;
+      if (decoded(i) && !discrete_expert)
+        compute_[static_cast<std::size_t>(i)] = make(low, shardopt::numel(p.shape) * p.members);
+    }
   }
   xf_ = make(low, T * H);
   rstdf_ = make(act, T);
@@ -104,26 +119,70 @@ float Model::wgrad_beta() const noexcept {
   return host_microbatch_ % opt_.microbatches == 0 ? 0.0f : 1.0f;
 }
 
-Tensor Model::compute_weight(Weights& w, int i) {
-  // bf16 parameters are read as they are. An MXFP8 parameter format would return its
-  // quantized data here (and its scales with it) -- see main.cpp's --params.
-  return w.param(i);
+bool Model::decoded(int i) const {
+  return opt_.mxfp8_params && spec_.params()[static_cast<std::size_t>(i)].shape.size() >= 2;
 }
 
-Tensor Model::compute_experts(Weights& w, const std::vector<int>& idx, const Buffer& packed, Stream s) {
-  if (!spec_.discrete_experts()) return w.param(idx.front());  // the grouped tensor, contiguous
+namespace {
+
+void check_format(Weights& w, int i, bool decoded, const ModelSpec& spec) {
+  if (w.is_mxfp8(i) != decoded)
+    throw std::logic_error("'" + spec.params()[static_cast<std::size_t>(i)].name + "' is " +
+                           (w.is_mxfp8(i) ? "" : "not ") + "MXFP8 in the optimizer but the model was built " +
+                           (decoded ? "with" : "without") + " ModelOptions::mxfp8_params");
+}
+
+}  // namespace
+
+Tensor Model::compute_weight(Weights& w, int i, Stream s, bool refresh) {
+  check_format(w, i, decoded(i), spec_);
+  if (!decoded(i)) return w.param(i);  // bf16 parameters are read as they are
+  // MXFP8: Hopper has no MXFP8 GEMM, so the rowwise plane is decoded to bf16 once per step
+  // (the weights change only at the step): on the first microbatch, decided on the device
+  // (skip_weight_update), never by a host flag frozen at capture (seed 000).
+  const Tensor& dst = compute_[static_cast<std::size_t>(i)].get();
+  if (refresh) ops_.dequantize_mxfp8({w.mxfp8(i)}, dst, opt_.microbatch, s);
+  return dst;
+}
+
+Tensor Model::compute_experts(Weights& w, const std::vector<int>& idx, const Buffer& packed, Stream s, bool refresh) {
+  for (int i : idx) check_format(w, i, decoded(i), spec_);
+  if (!spec_.discrete_experts()) return compute_weight(w, idx.front(), s, refresh);  // the grouped tensor
   if (w.persistent() == opt_.gathered_weights)
     throw std::logic_error(opt_.gathered_weights ? "ModelOptions::gathered_weights is set, but these weights persist"
                                                  : "these weights are gathered per use (FSDP): set "
                                                    "ModelOptions::gathered_weights");
+  const Tensor& dst = packed.get();
+  if (!refresh && !opt_.gathered_weights) return dst;  // packed by this step's first forward
+  // Persistent weights change only at the step: pack (or decode) on the first microbatch,
+  // reuse on the others, deciding on the device (skip_weight_update), never by a host flag
+  // frozen at capture. Gathered weights are packed on every use.
+  if (opt_.mxfp8_params) {
+    std::vector<Mxfp8Source> src;
+    for (int i : idx) src.push_back(w.mxfp8(i));
+    ops_.dequantize_mxfp8(src, dst, opt_.microbatch, s);
+    return dst;
+  }
   std::vector<Tensor> src;
   for (int i : idx) src.push_back(w.param(i));
-  // Persistent weights change only at the step: pack on the first microbatch, reuse on the
-  // others, deciding on the device (skip_weight_update), never by a host flag frozen at
-  // capture. Gathered weights are packed on every use.
-  const Tensor& dst = packed.get();
   ops_.pack(src, dst, opt_.gathered_weights ? nullptr : opt_.microbatch, s);
   return dst;
+}
+
+Tensor Model::compute_buffer(int i, int member) const {
+  if (!decoded(i)) throw std::logic_error("compute_buffer: parameter " + std::to_string(i) + " is not decoded from MXFP8");
+  const ParamInfo& p = spec_.params()[static_cast<std::size_t>(i)];
+  const std::int64_t n = shardopt::numel(p.shape);
+  if (p.expert >= 0) {  // a discrete expert: its slice of the layer's packed buffer
+    if (member > 0) throw std::out_of_range("compute_buffer: a discrete expert has no members");
+    const Layer& L = layers_[static_cast<std::size_t>(p.layer)];
+    const Buffer& packed = p.kind == ParamKind::ExpertUp ? L.packed_up : L.packed_down;
+    return packed.get().slice(p.expert * n, n);
+  }
+  const Tensor whole = compute_[static_cast<std::size_t>(i)].get();
+  if (member < 0) return whole;
+  if (member >= p.members) throw std::out_of_range("compute_buffer: no member " + std::to_string(member));
+  return whole.slice(member * n, n);
 }
 
 std::vector<Tensor> Model::expert_grads(Weights& w, const std::vector<int>& idx) {
@@ -223,33 +282,33 @@ void Model::forward(Weights& w, Stream s) {
   const int G = c_.experts, N = c_.layers;
   const float eps = math::kNormEps;
   w.forward_unit(0, s);
-  ops_.embed_forward(compute_weight(w, spec_.embed()), tokens_, h_[0], T, H, s);
+  ops_.embed_forward(compute_weight(w, spec_.embed(), s, true), tokens_, h_[0], T, H, s);
   for (int l = 0; l < N; ++l) {
     const BlockParams& b = spec_.blocks()[static_cast<std::size_t>(l)];
     Layer& L = layers_[static_cast<std::size_t>(l)];
     w.forward_unit(l + 1, s);
     // Dense branch: h_mid = h + down(silu(up(norm1(h)))).
     ops_.rmsnorm_forward(h_[static_cast<std::size_t>(l)], w.param(b.norm1), L.xn, L.rstd1, T, H, eps, s);
-    linear_forward(L.xn, compute_weight(w, b.up), L.u, T, H, F, 0.0f, s);
+    linear_forward(L.xn, compute_weight(w, b.up, s, true), L.u, T, H, F, 0.0f, s);
     ops_.silu_forward(L.u, L.a, T * F, s);
     ops_.copy(L.h_mid, h_[static_cast<std::size_t>(l)], s);
-    linear_forward(L.a, compute_weight(w, b.down), L.h_mid, T, F, H, 1.0f, s);
+    linear_forward(L.a, compute_weight(w, b.down, s, true), L.h_mid, T, F, H, 1.0f, s);
     // MoE branch: h_out = h_mid + gate * expert(norm2(h_mid)), top-1, fixed capacity.
     ops_.rmsnorm_forward(L.h_mid, w.param(b.norm2), L.xm, L.rstd2, T, H, eps, s);
-    linear_forward(L.xm, compute_weight(w, b.router), L.rlogits, T, H, G, 0.0f, s);
+    linear_forward(L.xm, compute_weight(w, b.router, s, true), L.rlogits, T, H, G, 0.0f, s);
     ops_.router_forward(L.rlogits, L.probs, L.expert, L.gate, T, G, s);
     ops_.dispatch(L.expert, L.xm, L.slot, L.row_token, L.xe, T, H, G, C_, s);
-    const Tensor wu = compute_experts(w, b.expert_up, opt_.gathered_weights ? shared_up_ : L.packed_up, s);
+    const Tensor wu = compute_experts(w, b.expert_up, opt_.gathered_weights ? shared_up_ : L.packed_up, s, true);
     experts_forward(L.xe, wu, L.ue, H, E, s);
     ops_.silu_forward(L.ue, L.ae, G * C_ * E, s);
-    const Tensor wd = compute_experts(w, b.expert_down, opt_.gathered_weights ? shared_down_ : L.packed_down, s);
+    const Tensor wd = compute_experts(w, b.expert_down, opt_.gathered_weights ? shared_down_ : L.packed_down, s, true);
     experts_forward(L.ae, wd, L.ye, E, H, s);
     ops_.copy(h_[static_cast<std::size_t>(l) + 1], L.h_mid, s);
     ops_.combine_forward(L.ye, L.expert, L.slot, L.gate, h_[static_cast<std::size_t>(l) + 1], T, H, C_, s);
   }
   w.forward_unit(N + 1, s);
   ops_.rmsnorm_forward(h_[static_cast<std::size_t>(N)], w.param(spec_.final_norm()), xf_, rstdf_, T, H, eps, s);
-  linear_forward(xf_, compute_weight(w, spec_.head()), logits_, T, H, V, 0.0f, s);
+  linear_forward(xf_, compute_weight(w, spec_.head(), s, true), logits_, T, H, V, 0.0f, s);
   const float scale = 1.0f / static_cast<float>(T * opt_.microbatches);
   ops_.cross_entropy(logits_, targets_buf_, dlogits_, token_loss_, loss_slots_, opt_.microbatch, scale, T, V, s);
 }
@@ -261,7 +320,7 @@ void Model::backward(Weights& w, Stream s) {
   w.backward_unit(N + 1, true, s);
   linear_wgrad(dlogits_, xf_, w.grad(spec_.head()), T, H, V, s);
   stats_and_ready(w, spec_.head(), s);
-  linear_dgrad(dlogits_, compute_weight(w, spec_.head()), dx_, T, H, V, 0.0f, s);
+  linear_dgrad(dlogits_, compute_weight(w, spec_.head(), s, false), dx_, T, H, V, 0.0f, s);
   ops_.zero(dh_, s);
   ops_.rmsnorm_backward(dx_, h_[static_cast<std::size_t>(N)], w.param(spec_.final_norm()), rstdf_, dh_,
                         w.grad(spec_.final_norm()), partial_, T, H, s);
@@ -274,34 +333,34 @@ void Model::backward(Weights& w, Stream s) {
     w.backward_unit(l + 1, true, s);
     // MoE branch (dh holds the gradient of the block's output).
     ops_.combine_backward(dh_, L.ye, L.expert, L.slot, L.gate, L.row_token, dye_, dgate_, T, H, G, C_, s);
-    const Tensor wd = opt_.gathered_weights || !spec_.discrete_experts()
-                          ? compute_experts(w, b.expert_down, shared_down_, s)
-                          : L.packed_down.get();  // packed by this step's first forward
+    // Gathered weights are packed again (the shared buffer served other layers since);
+    // persistent ones are what this step's first forward prepared.
+    const Tensor wd = compute_experts(w, b.expert_down, opt_.gathered_weights ? shared_down_ : L.packed_down, s,
+                                      opt_.gathered_weights);
     experts_wgrad(dye_, L.ae, expert_grads(w, b.expert_down), E, H, s);
     experts_dgrad(dye_, wd, dae_, E, H, s);
     for (int i : b.expert_down) stats_and_ready(w, i, s);
     ops_.silu_backward(dae_, L.ue, due_, G * C_ * E, s);
-    const Tensor wu = opt_.gathered_weights || !spec_.discrete_experts()
-                          ? compute_experts(w, b.expert_up, shared_up_, s)
-                          : L.packed_up.get();
+    const Tensor wu = compute_experts(w, b.expert_up, opt_.gathered_weights ? shared_up_ : L.packed_up, s,
+                                      opt_.gathered_weights);
     experts_wgrad(due_, L.xe, expert_grads(w, b.expert_up), H, E, s);
     experts_dgrad(due_, wu, dxe_, H, E, s);
     for (int i : b.expert_up) stats_and_ready(w, i, s);
     ops_.dispatch_backward(dxe_, L.expert, L.slot, dx_, T, H, C_, s);
     ops_.router_backward(dgate_, L.probs, L.expert, dlr_, T, G, s);
     linear_wgrad(dlr_, L.xm, w.grad(b.router), T, H, G, s);
-    linear_dgrad(dlr_, compute_weight(w, b.router), dx_, T, H, G, 1.0f, s);
+    linear_dgrad(dlr_, compute_weight(w, b.router, s, false), dx_, T, H, G, 1.0f, s);
     stats_and_ready(w, b.router, s);
     ops_.rmsnorm_backward(dx_, L.h_mid, w.param(b.norm2), L.rstd2, dh_, w.grad(b.norm2), partial_, T, H, s);
     stats_and_ready(w, b.norm2, s);
     // Dense branch.
     ops_.to_low(dh_, dy_low_, T * H, s);
     linear_wgrad(dy_low_, L.a, w.grad(b.down), T, F, H, s);
-    linear_dgrad(dy_low_, compute_weight(w, b.down), dF_, T, F, H, 0.0f, s);
+    linear_dgrad(dy_low_, compute_weight(w, b.down, s, false), dF_, T, F, H, 0.0f, s);
     stats_and_ready(w, b.down, s);
     ops_.silu_backward(dF_, L.u, dF_low_, T * F, s);
     linear_wgrad(dF_low_, L.xn, w.grad(b.up), T, H, F, s);
-    linear_dgrad(dF_low_, compute_weight(w, b.up), dx_, T, H, F, 0.0f, s);
+    linear_dgrad(dF_low_, compute_weight(w, b.up, s, false), dx_, T, H, F, 0.0f, s);
     stats_and_ready(w, b.up, s);
     ops_.rmsnorm_backward(dx_, h_[static_cast<std::size_t>(l)], w.param(b.norm1), L.rstd1, dh_, w.grad(b.norm1),
                           partial_, T, H, s);

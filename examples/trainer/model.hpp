@@ -8,6 +8,12 @@
 // skip-weight-update flag of the weights prepared for compute (seed 000), and when the
 // per-parameter gradient statistics are taken.
 //
+// Weights prepared for compute: discrete expert weights are packed into one [G, ...]
+// tensor per layer, and MXFP8 weights (ModelOptions::mxfp8_params) are decoded from their
+// rowwise planes into persistent bf16 compute buffers -- Hopper has no MXFP8 GEMM. Both
+// happen in the forward of the first microbatch of a step only (the device flag
+// skip_weight_update), and the backward reads what the forward prepared.
+//
 // Shapes are static for a config: buffers are allocated once, so every pointer a
 // captured graph holds stays valid.
 #pragma once
@@ -40,6 +46,11 @@ struct ModelOptions {
   bool gathered_weights = false;
   /// Per-parameter gradient sums of squares on the device (group norms).
   bool grad_stats = true;
+  /// Every parameter of two or more dimensions is MXFP8 (Weights::is_mxfp8; norm weights
+  /// stay native): the GEMMs and the embedding read bf16 copies decoded from the rowwise
+  /// planes once per step into persistent compute buffers (discrete experts: into the
+  /// per-layer packed buffers). Persistent weights only (not with gathered_weights).
+  bool mxfp8_params = false;
   /// DELIBERATELY WRONG, for the regression test's negative control only: weight-gradient
   /// GEMMs overwrite (beta = 0) on the first microbatch, decided by a host counter at
   /// enqueue time. Eager runs are still right; a graph that reuses one captured
@@ -70,6 +81,11 @@ class Model {
   const Tensor& grad_sumsq() const noexcept { return grad_sumsq_; }
   const Tensor& tokens() const noexcept { return tokens_; }
   const Tensor& logits() const noexcept { return logits_; }
+  /// The bf16 weights the GEMMs read for MXFP8 parameter i (member `member` of a grouped
+  /// one; -1: whole), as the last refresh left them: its compute buffer, or the slice of
+  /// its layer's packed buffer for a discrete expert. std::logic_error without mxfp8_params
+  /// or for a native parameter.
+  Tensor compute_buffer(int i, int member = -1) const;
   /// Bytes of activations and scratch this model allocated.
   std::int64_t workspace_bytes() const noexcept { return workspace_bytes_; }
   const ModelSpec& spec() const noexcept { return spec_; }
@@ -82,12 +98,16 @@ class Model {
   };
 
   Buffer make(Elem e, std::int64_t n);
-  /// The weights a GEMM reads for parameter i (the one place a parameter format other
-  /// than bf16, e.g. MXFP8, would plug in).
-  Tensor compute_weight(Weights& w, int i);
+  /// True when parameter i is read through a compute buffer (mxfp8_params and 2-D).
+  bool decoded(int i) const;
+  /// The weights a GEMM reads for parameter i: the bf16 view, or (MXFP8) its compute
+  /// buffer, refreshed on `s` when `refresh` (the forward's use; the device flag still
+  /// decides) and as the forward left it otherwise (the backward's use).
+  Tensor compute_weight(Weights& w, int i, Stream s, bool refresh);
   /// The G expert matrices of `idx` as one contiguous [G, ...] tensor: the grouped
-  /// tensor itself, or the discrete tensors packed (once per step when persistent).
-  Tensor compute_experts(Weights& w, const std::vector<int>& idx, const Buffer& packed, Stream s);
+  /// tensor itself, the discrete tensors packed, or (MXFP8) the members decoded -- once
+  /// per step when persistent; `refresh` as in compute_weight.
+  Tensor compute_experts(Weights& w, const std::vector<int>& idx, const Buffer& packed, Stream s, bool refresh);
   /// The G member gradients of an expert weight.
   std::vector<Tensor> expert_grads(Weights& w, const std::vector<int>& idx);
   void stats_and_ready(Weights& w, int i, Stream s);
@@ -118,6 +138,7 @@ class Model {
   Buffer xf_, rstdf_, logits_buf_, dlogits_, token_loss_, loss_buf_, sumsq_buf_;
   Buffer dh_, dx_, dy_low_, dF_, dF_low_, dye_, dae_, due_, dxe_, dgate_, dlr_, partial_;
   Buffer shared_up_, shared_down_;  // discrete experts with gathered (FSDP) weights
+  std::vector<Buffer> compute_;      // per parameter: MXFP8 compute buffers (bf16), else empty
   Tensor tokens_, logits_, loss_slots_, grad_sumsq_;
 };
 

@@ -55,6 +55,17 @@ SHARDOPT_HD float silu_grad(float u) {
 SHARDOPT_HD std::uint16_t to_bf16(float f) { return shardopt::num::f32_to_bf16(f); }
 SHARDOPT_HD float from_bf16(std::uint16_t b) { return shardopt::num::bf16_to_f32(b); }
 
+/// The bf16 compute value of one MXFP8 element: bf16(fl32(e4m3(data) * 2^(scale - 127))),
+/// i.e. shardopt::dequantize_mxfp8's f32 value (the same expression) rounded to bf16. The
+/// f32 product is exact (at most 4 significant bits, at least 2^-136) unless it overflows
+/// to Inf, and bf16 keeps it exactly unless it is a bf16 subnormal (below 2^-126). NaN
+/// elements (0x7F, 0xFF) and NaN scales (0xFF) give the one canonical NaN 0x7FC0: a GPU
+/// multiply returns its own NaN payload, and the two backends must agree bitwise.
+SHARDOPT_HD std::uint16_t mxfp8_to_bf16(std::uint8_t data, std::uint8_t scale) {
+  if ((data & 0x7Fu) == 0x7Fu || scale == 0xFFu) return 0x7FC0u;
+  return to_bf16(shardopt::num::e4m3_to_f32(data) * shardopt::num::e8m0_to_f32(scale));
+}
+
 /// The RMSNorm epsilon of the model.
 inline constexpr float kNormEps = 1e-5f;
 

@@ -8,8 +8,9 @@
 //
 // Conventions. Matrices are row-major; a weight of a linear layer is [out, in] and the
 // layer computes y = x W^T. Tensors named "act" are f32 (f64 in double precision),
-// "low" are the GEMM inputs (bf16 bits; f64), "param" are parameter views (bf16; f64),
-// "grad" are gradient views (f32 or bf16; f64). Ops that accumulate say so: every
+// "low" are the GEMM inputs (bf16 bits; f64), "param" are parameter views (bf16; f64;
+// norm weights may be f32: the 1-D parameters of an MXFP8 run stay native f32), "grad"
+// are gradient views (f32 or bf16; f64). Ops that accumulate say so: every
 // weight gradient is accumulated (D += ...), never overwritten, so one captured
 // iteration serves every microbatch (seed 002). Per-microbatch and per-step values are
 // read from the device (step counter, microbatch state) when the op runs, never frozen
@@ -26,6 +27,7 @@
 #include <shardopt/backend.hpp>
 #include <shardopt/fused_adam.hpp>
 #include <shardopt/microbatch.hpp>
+#include <shardopt/mxfp8.hpp>
 
 #include "config.hpp"
 #include "tensor.hpp"
@@ -92,6 +94,21 @@ struct InitArgs {
   bool is_constant = false;
 };
 
+/// One MXFP8 weight to decode for compute: its rowwise plane (shardopt::Mxfp8View:
+/// planes.data_row and planes.scale_row) and where its members lie.
+struct Mxfp8Source {
+  shardopt::Mxfp8Shape shape;            ///< G members of [rows, cols]
+  const std::uint8_t* data = nullptr;    ///< rowwise e4m3 data (device memory)
+  const std::uint8_t* scale = nullptr;   ///< rowwise e8m0 scales, compact [G*rows, ceil(cols/32)]
+  /// Device table of shape.members entries (Mxfp8View::members), read on the device when
+  /// the op runs (never on the host, seed 003); null: contiguous members.
+  const shardopt::Mxfp8Member* members = nullptr;
+};
+
+/// Throws std::invalid_argument unless `src` (1..kMaxExperts sources, valid shapes,
+/// non-null planes) fills the bf16 tensor `dst` exactly.
+void check_mxfp8_sources(const std::vector<Mxfp8Source>& src, const Tensor& dst);
+
 /// When param_sumsq writes its slot.
 enum class SumsqWhen {
   LastMicrobatch,        ///< slot = sum(x^2) on the last microbatch (accumulated grads)
@@ -132,7 +149,9 @@ class Ops {
   /// The device's name as the driver reports it ("host" on the host backend).
   virtual std::string device_name() const = 0;
 
-  /// Initial parameter values (see InitArgs), written on `stream`.
+  /// Initial parameter values (see InitArgs), written on `stream`: into a bf16 (f64)
+  /// parameter, or into an f32 tensor (an fp32 master piece: MXFP8 runs seed the master).
+  /// The f32 values are those the bf16 ones are rounded from.
   virtual void init_param(const Tensor& t, const InitArgs& args, Stream stream) = 0;
 
   // ---- data
@@ -152,7 +171,8 @@ class Ops {
   /// scratch of T elements.
   virtual void embed_backward(const Tensor& dout, const Tensor& tokens, const Tensor& links, const Tensor& dtable,
                               std::int64_t T, std::int64_t H, Stream stream) = 0;
-  /// y = x * rstd * w with rstd[t] = 1 / sqrt(mean(x[t,:]^2) + eps) (act, param -> low, act).
+  /// y = x * rstd * w with rstd[t] = 1 / sqrt(mean(x[t,:]^2) + eps) (act, param -> low, act;
+  /// w bf16 or f32 in mixed precision, likewise in rmsnorm_backward).
   virtual void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, std::int64_t T,
                                std::int64_t H, float eps, Stream stream) = 0;
   /// dx += d(rmsnorm)/dx given dy (the gradient of y), and dw += sum_t dy * x * rstd.
@@ -205,6 +225,13 @@ class Ops {
   /// non-null and skip->skip_weight_update is set on the device when the op runs.
   virtual void pack(const std::vector<Tensor>& src, const Tensor& dst, const shardopt::MicrobatchState* skip,
                     Stream stream) = 0;
+  /// dst (bf16) = the rowwise planes of `src` decoded (math::mxfp8_to_bf16: bitwise bf16 of
+  /// shardopt::dequantize_mxfp8's f32 values), member after member, source after source,
+  /// unless `skip` is non-null and skip->skip_weight_update is set on the device when the
+  /// op runs (seed 000: one captured op serves every microbatch; it decodes on the first).
+  /// One launch; mixed precision only (check_mxfp8_sources says what it takes).
+  virtual void dequantize_mxfp8(const std::vector<Mxfp8Source>& src, const Tensor& dst,
+                                const shardopt::MicrobatchState* skip, Stream stream) = 0;
   /// slot[0] (act) = sum of squares of x (accumulated in f32/f64 in a fixed order), written
   /// as `when` says from the device microbatch state (null: always overwrite).
   virtual void sumsq(const Tensor& x, const Tensor& slot, const shardopt::MicrobatchState* microbatch, SumsqWhen when,

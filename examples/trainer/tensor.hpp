@@ -21,6 +21,7 @@ enum class Elem : std::uint8_t {
   bf16,  ///< bfloat16 bits: GEMM inputs, parameters, bf16 gradients
   f64,   ///< double: every tensor of the double-precision model (gradient checks)
   i32,   ///< token ids, expert choices, slots
+  u8,    ///< raw bytes (MXFP8 data and scales, for copies and downloads only)
 };
 
 constexpr std::size_t elem_size(Elem e) noexcept {
@@ -29,6 +30,7 @@ constexpr std::size_t elem_size(Elem e) noexcept {
     case Elem::i32: return 4;
     case Elem::bf16: return 2;
     case Elem::f64: return 8;
+    case Elem::u8: return 1;
   }
   return 0;
 }

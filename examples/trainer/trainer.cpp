@@ -36,11 +36,11 @@ float default_lr(const std::string& size) {
 }  // namespace
 
 void check_supported(const TrainOptions& o) {
-  if (o.params == "mxfp8")
+  if (o.params == "mxfp8" && o.mode == "fsdp")
     throw std::runtime_error(
-        "--params mxfp8 is not built yet: shardopt's MXFP8 parameter path (E4M3 data with E8M0 block scales, "
-        "DESIGN.md 'MXFP8') is being integrated into the library; once it lands, the trainer takes the quantized "
-        "weights in Model::compute_weight. Use --params bf16.");
+        "--params mxfp8 --mode fsdp: shardopt has no MXFP8 parameters in FSDP (ZeRO-3); its MXFP8 parameter path "
+        "(ParamFormat::Mxfp8, docs/mxfp8.md) is DistributedAdam's. Use --mode dist-adam with --params mxfp8, or "
+        "--params bf16 with --mode fsdp.");
 }
 
 Trainer::Trainer(const TrainOptions& options, shardopt::Communicator comm, TrainerTestHooks hooks)
@@ -58,7 +58,10 @@ Trainer::Trainer(const TrainOptions& options, shardopt::Communicator comm, Train
   const shardopt::StepScalars* scalars = nullptr;
   if (options_.mode == "dist-adam") {
     shardopt::DistributedAdamOptions o;
-    o.param_dtype = shardopt::DType::bf16;
+    if (mxfp8())
+      o.param_format = shardopt::ParamFormat::Mxfp8;  // 2-D weights MXFP8, 1-D ones native f32
+    else
+      o.param_dtype = shardopt::DType::bf16;
     o.grad_dtype = grad_dtype;
     if (hooks_.bucket_numel > 0) o.bucket_numel = hooks_.bucket_numel;
     o.clip_max_norm = options_.clip;
@@ -99,6 +102,7 @@ Trainer::Trainer(const TrainOptions& options, shardopt::Communicator comm, Train
   mo.microbatch = microbatch;
   mo.grad_stats = options_.group_norms;
   mo.gathered_weights = fsdp_ != nullptr;
+  mo.mxfp8_params = mxfp8();
   mo.seed000_host_flag = hooks_.seed000_host_flag;
   model_ = std::make_unique<Model>(*spec_, *ops_, mo);
 
@@ -121,6 +125,21 @@ Trainer::~Trainer() {
 
 void Trainer::init_params() {
   const shardopt::Stream s = ops_->stream();
+  if (adam_ && mxfp8()) {
+    // MXFP8 parameters have no param views: every rank writes the fp32 initial values of its
+    // own master pieces, and init_from_master quantizes, gathers and lands them (the 1-D
+    // parameters, native f32, are published as they are).
+    for (int i = 0; i < spec_->num_params(); ++i) {
+      const shardopt::ShardView piece = adam_->shard_master(i);
+      if (piece.numel() == 0) continue;
+      InitArgs a = spec_->init_args(i);
+      a.offset = piece.param_offset;
+      ops_->init_param(from_view(piece), a, s);
+    }
+    adam_->init_from_master(s);
+    ops_->synchronize();
+    return;
+  }
   for (int i = 0; i < spec_->num_params(); ++i) {
     InitArgs a = spec_->init_args(i);
     if (adam_) {
@@ -217,6 +236,7 @@ std::int64_t Trainer::tokens_per_step() const noexcept {
 }
 
 std::vector<std::uint8_t> Trainer::param_bytes(int i, int member) const {
+  if (adam_ && adam_->is_mxfp8(i)) return mxfp8_bytes(i, member);
   Tensor t;
   if (adam_) {
     t = from_view(member < 0 ? shardopt::TensorView(adam_->param(i)) : shardopt::TensorView(adam_->member_param(i, member)));
@@ -226,6 +246,31 @@ std::vector<std::uint8_t> Trainer::param_bytes(int i, int member) const {
   }
   std::vector<std::uint8_t> out(t.bytes());
   if (!out.empty()) ops_->download(out.data(), t);
+  return out;
+}
+
+std::vector<std::uint8_t> Trainer::mxfp8_bytes(int i, int member) const {
+  const shardopt::Mxfp8View v = adam_->mxfp8_param(i);
+  const shardopt::Mxfp8Shape& sh = v.shape;
+  // The member table says where each member's bytes are (read here, outside any step).
+  std::vector<shardopt::Mxfp8Member> table(static_cast<std::size_t>(sh.members));
+  ops_->download(table.data(), Tensor{const_cast<shardopt::Mxfp8Member*>(v.members), Elem::u8,
+                                      static_cast<std::int64_t>(table.size() * sizeof(shardopt::Mxfp8Member))});
+  const std::int64_t first = member < 0 ? 0 : member, count = member < 0 ? sh.members : 1;
+  if (member >= sh.members) throw std::out_of_range("mxfp8_bytes: no member " + std::to_string(member));
+  std::vector<std::uint8_t> out;
+  auto append = [&](const std::uint8_t* base, std::int64_t offset, std::int64_t n) {
+    const std::size_t at = out.size();
+    out.resize(at + static_cast<std::size_t>(n));
+    ops_->download(out.data() + at, Tensor{const_cast<std::uint8_t*>(base) + offset, Elem::u8, n});
+  };
+  for (std::int64_t g = first; g < first + count; ++g) {
+    const shardopt::Mxfp8Member& m = table[static_cast<std::size_t>(g)];
+    append(v.planes.data_row, m.element_offset, sh.member_numel());
+    append(v.planes.scale_row, m.scale_row_offset, sh.rows * sh.row_blocks());
+    append(v.planes.data_col, m.element_offset, sh.member_numel());
+    append(v.planes.scale_col, m.scale_col_offset, sh.col_blocks() * sh.cols);
+  }
   return out;
 }
 

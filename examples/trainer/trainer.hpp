@@ -90,11 +90,16 @@ class Trainer {
   shardopt::DistributedAdam* dist_adam() const noexcept { return adam_.get(); }
   shardopt::Fsdp* fsdp() const noexcept { return fsdp_.get(); }
   /// The bytes of parameter i (member `member` of a grouped tensor, -1: whole) as this
-  /// rank holds them: the full view (dist-adam) or this rank's shard piece (fsdp).
+  /// rank holds them: the full view (dist-adam) or this rank's shard piece (fsdp). An MXFP8
+  /// parameter gives, member after member, its rowwise data, rowwise scales, columnwise
+  /// data and columnwise scales.
   std::vector<std::uint8_t> param_bytes(int i, int member = -1) const;
+  /// True for --params mxfp8.
+  bool mxfp8() const noexcept { return options_.params == "mxfp8"; }
 
  private:
   void init_params();
+  std::vector<std::uint8_t> mxfp8_bytes(int i, int member) const;
 
   TrainOptions options_;
   TrainerTestHooks hooks_;
@@ -109,8 +114,9 @@ class Trainer {
   int iterations_ = 0;
 };
 
-/// Throws std::runtime_error for options whose library part is not built yet (--params
-/// mxfp8), saying where it will come from. The Trainer constructor calls it too.
+/// Throws std::runtime_error for option combinations the library does not offer (--params
+/// mxfp8 with --mode fsdp: MXFP8 parameters are DistributedAdam's), saying what to use.
+/// The Trainer constructor calls it too.
 void check_supported(const TrainOptions& options);
 
 /// The backend a run uses: --backend, or CUDA when this trainer has its CUDA ops, the

@@ -25,7 +25,18 @@ class DistAdamWeights final : public Weights {
     if (opt.num_params() != spec.num_params())
       throw std::invalid_argument("the optimizer was built from another parameter list");
     for (int i = 0; i < spec.num_params(); ++i) {
-      params_.push_back(from_view(opt.param(i)));
+      const bool mx = opt.is_mxfp8(i);
+      mxfp8_.push_back(mx);
+      params_.push_back(mx ? Tensor{} : from_view(opt.param(i)));
+      Mxfp8Source src;
+      if (mx) {
+        const shardopt::Mxfp8View v = opt.mxfp8_param(i);
+        src.shape = v.shape;
+        src.data = v.planes.data_row;
+        src.scale = v.planes.scale_row;
+        src.members = v.members;
+      }
+      sources_.push_back(src);
       grads_.push_back(from_view(opt.grad(i)));
     }
   }
@@ -33,8 +44,18 @@ class DistAdamWeights final : public Weights {
   void backward_unit(int, bool, Stream) override {}
   void backward_unit_done(int, Stream) override {}
   void grad_done(int i, Stream s) override { opt_.grad_ready(i, s); }
-  Tensor param(int i, int m) override { return member_tensor(params_.at(static_cast<std::size_t>(i)), info(i), m); }
+  Tensor param(int i, int m) override {
+    if (is_mxfp8(i))
+      throw std::logic_error("'" + info(i).name + "' is an MXFP8 parameter: the model reads it through mxfp8() "
+                             "into a bf16 compute buffer");
+    return member_tensor(params_.at(static_cast<std::size_t>(i)), info(i), m);
+  }
   Tensor grad(int i, int m) override { return member_tensor(grads_.at(static_cast<std::size_t>(i)), info(i), m); }
+  bool is_mxfp8(int i) const override { return mxfp8_.at(static_cast<std::size_t>(i)); }
+  Mxfp8Source mxfp8(int i) const override {
+    if (!is_mxfp8(i)) return Weights::mxfp8(i);  // the error
+    return sources_[static_cast<std::size_t>(i)];
+  }
   bool persistent() const noexcept override { return true; }
   SumsqWhen sumsq_when() const noexcept override { return SumsqWhen::LastMicrobatch; }
 
@@ -43,6 +64,8 @@ class DistAdamWeights final : public Weights {
   shardopt::DistributedAdam& opt_;
   const ModelSpec& spec_;
   std::vector<Tensor> params_, grads_;
+  std::vector<bool> mxfp8_;
+  std::vector<Mxfp8Source> sources_;
 };
 
 class FsdpWeights final : public Weights {
@@ -94,6 +117,10 @@ class FsdpWeights final : public Weights {
 };
 
 }  // namespace
+
+Mxfp8Source Weights::mxfp8(int i) const {
+  throw std::logic_error("parameter " + std::to_string(i) + " is not an MXFP8 parameter: read param()");
+}
 
 std::unique_ptr<Weights> make_dist_adam_weights(shardopt::DistributedAdam& opt, const ModelSpec& spec) {
   return std::make_unique<DistAdamWeights>(opt, spec);

@@ -40,6 +40,30 @@ TEST(TrainerGpu, SingleEqualsDiscrete) {
   case_single_equals_discrete(kCuda, "fsdp", "bf16", true);
 }
 
+// ---- --params mxfp8 (dist-adam): the host suite's MXFP8 cases on the CUDA backend
+
+TEST(TrainerGpu, LossBelowThresholdMxfp8) { case_loss_below_threshold(kCuda, "dist-adam", "single", "fp32", "mxfp8"); }
+TEST(TrainerGpu, LossBelowThresholdMxfp8DiscreteBf16Grads) {
+  case_loss_below_threshold(kCuda, "dist-adam", "discrete", "bf16", "mxfp8");
+}
+TEST(TrainerGpu, GraphEqualsEagerMxfp8OneGraph) {
+  compare_graph_and_eager(kCuda, "dist-adam", "single", /*one_graph=*/true, false, 10, 4, true, "mxfp8");
+}
+TEST(TrainerGpu, GraphEqualsEagerMxfp8SplitGraphsDiscrete) {
+  compare_graph_and_eager(kCuda, "dist-adam", "discrete", /*one_graph=*/false, false, 10, 4, true, "mxfp8");
+}
+TEST(TrainerGpu, SingleEqualsDiscreteMxfp8) {
+  if (world_size() > 2) GTEST_SKIP() << "bitwise only where the reduction order cannot differ (<= 2 ranks)";
+  case_single_equals_discrete(kCuda, "dist-adam", "fp32", true, "mxfp8");
+  case_single_equals_discrete(kCuda, "dist-adam", "bf16", false, "mxfp8");
+}
+TEST(TrainerGpu, Mxfp8ComputeWeightsAreCurrent) {
+  case_mxfp8_compute_weights_are_current(kCuda, "single", /*graph=*/true, /*one_graph=*/true);
+  case_mxfp8_compute_weights_are_current(kCuda, "discrete", /*graph=*/true, /*one_graph=*/false);
+  case_mxfp8_compute_weights_are_current(kCuda, "single", /*graph=*/true, /*one_graph=*/false);
+  case_mxfp8_compute_weights_are_current(kCuda, "discrete", /*graph=*/false, /*one_graph=*/true);
+}
+
 TEST(TrainerGpu, SmallModelLearns) {
   // --size small (V=4096, H=256, N=4, F=1024, G=8, Fe=256, T=1024), 40 steps: the loss must
   // fall below half of its start (ln 4096 = 8.3; the host backend at T=256 on one rank

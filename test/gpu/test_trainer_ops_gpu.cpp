@@ -2,16 +2,21 @@
 // model, itself checked against finite differences in test/unit/test_trainer_ops.cpp):
 // bitwise where both compute the same fp32 expression in the same order, within stated
 // tolerances where a reduction order or a library exp() differs. Then determinism and
-// graph capture of whole microbatches, and the device skip flag under graph replay.
+// graph capture of whole microbatches, and the device skip flag under graph replay (the
+// discrete-expert pack and the MXFP8 decode for compute).
 // Exits 77 (skipped) without a GPU (test/common/gpu_main.cpp).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <vector>
+
+#include <shardopt/mxfp8.hpp>
 
 #include "model.hpp"
 #include "model_spec.hpp"
@@ -379,6 +384,172 @@ TEST_F(OpsPair, CrossEntropyPackAndSumsq) {
   EXPECT_NEAR(added - 7.0f, 100000.0f, 2000.0f) << "not the first microbatch: added";
   gpu->sumsq(x.g, out.g, nullptr, SumsqWhen::LastMicrobatch, gs());
   EXPECT_NEAR(rg<float>(out)[0], added - 7.0f, 1e-3 * added);
+}
+
+// ---------------------------------------------------------------- MXFP8 weights for compute
+
+/// Bytes of any trivially copyable vector.
+template <class T>
+std::vector<std::uint8_t> bytes_of(const std::vector<T>& v) {
+  std::vector<std::uint8_t> b(v.size() * sizeof(T));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+/// Random MXFP8 planes: every data byte occurs; scales mostly 0x70..0x87, and every fifth
+/// anything (0x00 = 2^-127, 0xFE, 0xFF = NaN included).
+struct RandomMxfp8 {
+  shardopt::Mxfp8Shape shape;
+  std::vector<std::uint8_t> data, scale;
+  RandomMxfp8(std::int64_t G, std::int64_t rows, std::int64_t cols, std::uint32_t seed) : shape{G, rows, cols} {
+    std::mt19937 gen(seed);
+    data.resize(static_cast<std::size_t>(shape.numel()));
+    scale.resize(static_cast<std::size_t>(shape.scale_row_numel()));
+    for (auto& b : data) b = static_cast<std::uint8_t>(gen());
+    for (std::size_t k = 0; k < scale.size(); ++k)
+      scale[k] = k % 5 == 0 ? static_cast<std::uint8_t>(gen()) : static_cast<std::uint8_t>(0x70 + gen() % 24);
+  }
+};
+
+TEST_F(OpsPair, DequantizeMxfp8IsBitwiseTheHostOpAndTheLibrary) {
+  // Sources: rows of 40 (runs of 8, a partial 32-block), rows of 7 (single elements), a
+  // grouped weight whose members sit in reverse order behind a device member table, and
+  // a source whose data starts 3 bytes into its buffer (unaligned loads); the outputs of
+  // the last two start off a 16-byte boundary (unaligned stores).
+  const RandomMxfp8 a(1, 5, 40, 1), b(3, 4, 7, 2), c(2, 3, 64, 3), d(1, 3, 16, 4);
+  Twin ad = from(Elem::u8, a.data), as = from(Elem::u8, a.scale), bd = from(Elem::u8, b.data),
+       bs = from(Elem::u8, b.scale), cd = from(Elem::u8, c.data), cs_ = from(Elem::u8, c.scale);
+  std::vector<std::uint8_t> shifted(3 + d.data.size(), 0xAA);
+  std::copy(d.data.begin(), d.data.end(), shifted.begin() + 3);
+  Twin dd = from(Elem::u8, shifted), ds = from(Elem::u8, d.scale);
+  std::vector<shardopt::Mxfp8Member> table;
+  for (std::int64_t g = 0; g < 2; ++g)
+    table.push_back({(1 - g) * c.shape.member_numel(), (1 - g) * c.shape.rows * c.shape.row_blocks(), 0});
+  Twin tab = from(Elem::u8, bytes_of(table));
+  auto sources = [&](bool gpu_side) {
+    auto p = [&](const Twin& t) { return (gpu_side ? t.g : t.c).as<std::uint8_t>(); };
+    return std::vector<Mxfp8Source>{
+        {a.shape, p(ad), p(as), nullptr},
+        {b.shape, p(bd), p(bs), nullptr},
+        {c.shape, p(cd), p(cs_), (gpu_side ? tab.g : tab.c).as<shardopt::Mxfp8Member>()},
+        {d.shape, p(dd) + 3, p(ds), nullptr}};
+  };
+  const std::int64_t total = a.shape.numel() + b.shape.numel() + c.shape.numel() + d.shape.numel();
+  Twin out = make(Elem::bf16, total);
+  gpu->dequantize_mxfp8(sources(true), out.g, nullptr, gs());
+  cpu->dequantize_mxfp8(sources(false), out.c, nullptr, cs());
+  const auto got = rg<u16>(out), want = rc<u16>(out);
+  ASSERT_EQ(got, want) << "the kernel and its host twin decode bitwise alike";
+  int nan = 0;
+  for (u16 v : want) nan += (v & 0x7FFFu) > 0x7F80u;
+  EXPECT_GT(nan, 0) << "the case holds NaN elements";
+
+  // Against the library's decode (shardopt::dequantize_mxfp8 on the GPU, then bf16), for
+  // the contiguous sources; NaNs compare as NaNs (the library keeps the hardware's payload).
+  std::int64_t at = 0;
+  for (const auto* src : {&a, &b}) {
+    const Twin& data = src == &a ? ad : bd;
+    const Twin& scale = src == &a ? as : bs;
+    Buffer f = gpu->alloc(Elem::f32, src->shape.numel());
+    shardopt::dequantize_mxfp8(src->shape, shardopt::Mxfp8Plane::Rowwise, data.g.as<std::uint8_t>(),
+                               scale.g.as<std::uint8_t>(), f.as<float>(), shardopt::Backend::Cuda, gs());
+    const auto lib = read<float>(f, *gpu);
+    for (std::size_t k = 0; k < lib.size(); ++k, ++at) {
+      const u16 mine = got[static_cast<std::size_t>(at)];
+      if (std::isnan(lib[k]))
+        ASSERT_GT(mine & 0x7FFFu, 0x7F80u) << "element " << at;
+      else
+        ASSERT_EQ(mine, math::to_bf16(lib[k])) << "element " << at;
+    }
+  }
+
+  Twin wrong = make(Elem::bf16, total - 1);
+  EXPECT_THROW(gpu->dequantize_mxfp8(sources(true), wrong.g, nullptr, gs()), std::invalid_argument);
+}
+
+TEST(GpuDequantizeUnderReplay, SkipFlagIsReadWhenTheGraphRuns) {
+  // Seed 000 for the MXFP8 compute buffers: one captured decode serves every microbatch; it
+  // decodes when the device flag says the weights changed and keeps this step's copy otherwise.
+  auto ops = make_cuda_ops();
+  const shardopt::Mxfp8Shape shape{1, 2, 32};
+  const std::int64_t n = shape.numel();
+  Buffer data = ops->alloc(Elem::u8, n), scale = ops->alloc(Elem::u8, shape.scale_row_numel()),
+         dst = ops->alloc(Elem::bf16, n);
+  const std::vector<std::uint8_t> unit(static_cast<std::size_t>(shape.scale_row_numel()), 0x7F);  // 2^0
+  ops->upload(scale, unit.data());
+  shardopt::MicrobatchState state{};
+  std::vector<i32> sv((sizeof state + 3) / 4);
+  Buffer mb = ops->alloc(Elem::i32, static_cast<std::int64_t>(sv.size()));
+  auto set_skip = [&](int skip) {
+    state.skip_weight_update = skip;
+    std::memcpy(sv.data(), &state, sizeof state);
+    ops->upload(mb, sv.data());
+  };
+  const cudaStream_t s = reinterpret_cast<cudaStream_t>(ops->stream());
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  set_skip(0);
+  const Mxfp8Source src{shape, data.as<std::uint8_t>(), scale.as<std::uint8_t>(), nullptr};
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  ops->dequantize_mxfp8({src}, dst, mb.as<shardopt::MicrobatchState>(), ops->stream());
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  auto replay_with = [&](std::uint8_t byte, int skip) {
+    const std::vector<std::uint8_t> bytes(static_cast<std::size_t>(n), byte);
+    ops->upload(data, bytes.data());
+    set_skip(skip);
+    EXPECT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    std::vector<u16> out(static_cast<std::size_t>(n));
+    ops->synchronize();
+    ops->download(out.data(), dst);
+    return out;
+  };
+  const std::vector<u16> one(static_cast<std::size_t>(n), math::to_bf16(1.0f)),
+      two(static_cast<std::size_t>(n), math::to_bf16(2.0f));
+  EXPECT_EQ(replay_with(0x38, 0), one) << "first microbatch: decoded (e4m3 0x38 = 1.0)";
+  EXPECT_EQ(replay_with(0x40, 1), one) << "later microbatch: this step's copy is kept";
+  EXPECT_EQ(replay_with(0x40, 0), two) << "next step's first microbatch: decoded again (0x40 = 2.0)";
+  (void)cudaGraphExecDestroy(exec);
+  (void)cudaGraphDestroy(graph);
+}
+
+TEST_F(OpsPair, F32NormWeightsAndF32InitAreBitwiseTheirBf16Twins) {
+  // MXFP8 runs keep norm weights in f32 (the library's native 1-D parameters) and seed the
+  // fp32 master with init_param: the f32 paths compute exactly the bf16 paths' expressions.
+  const std::int64_t T = 70, H = 300;
+  const std::vector<u16> wb = randb(H, 31);
+  std::vector<float> wf;
+  for (u16 v : wb) wf.push_back(math::from_bf16(v));
+  Twin x = from(Elem::f32, randf(T * H, 32)), w16 = from(Elem::bf16, wb), w32 = from(Elem::f32, wf);
+  Twin y16 = make(Elem::bf16, T * H), y32 = make(Elem::bf16, T * H), r16 = make(Elem::f32, T), r32 = make(Elem::f32, T);
+  gpu->rmsnorm_forward(x.g, w16.g, y16.g, r16.g, T, H, math::kNormEps, gs());
+  gpu->rmsnorm_forward(x.g, w32.g, y32.g, r32.g, T, H, math::kNormEps, gs());
+  EXPECT_EQ(rg<u16>(y32), rg<u16>(y16));
+  EXPECT_EQ(rg<float>(r32), rg<float>(r16));
+  cpu->rmsnorm_forward(x.c, w32.c, y32.c, r32.c, T, H, math::kNormEps, cs());
+  expect_close_bf16(rg<u16>(y32), rc<u16>(y32), 1e-6, "rmsnorm y, f32 weights, GPU vs host");
+  Twin dy = from(Elem::f32, randf(T * H, 33)), dx16 = make(Elem::f32, T * H), dx32 = make(Elem::f32, T * H),
+       dw16 = make(Elem::f32, H), dw32 = make(Elem::f32, H), part = make(Elem::f32, rmsnorm_partial_size(T, H));
+  gpu->rmsnorm_backward(dy.g, x.g, w16.g, r16.g, dx16.g, dw16.g, part.g, T, H, gs());
+  gpu->rmsnorm_backward(dy.g, x.g, w32.g, r16.g, dx32.g, dw32.g, part.g, T, H, gs());
+  EXPECT_EQ(rg<float>(dx32), rg<float>(dx16));
+  EXPECT_EQ(rg<float>(dw32), rg<float>(dw16));
+  Twin dwb = make(Elem::bf16, H);
+  gpu->rmsnorm_backward(dy.g, x.g, w32.g, r16.g, dx32.g, dwb.g, part.g, T, H, gs());  // bf16 grads, f32 weights
+  cpu->rmsnorm_backward(dy.c, x.c, w32.c, r16.c, dx32.c, dwb.c, part.c, T, H, cs());
+  expect_close_bf16(rg<u16>(dwb), rc<u16>(dwb), 1e-3, "rmsnorm dw (bf16), f32 weights");
+
+  ModelSpec spec(ModelConfig{50, 16, 1, 24, 3, 8, 1.0, 8}, false);
+  for (int i = 0; i < spec.num_params(); ++i) {
+    InitArgs ia = spec.init_args(i);
+    ia.offset = 7;
+    const std::int64_t n = shardopt::numel(spec.params()[static_cast<std::size_t>(i)].shape) *
+                               spec.params()[static_cast<std::size_t>(i)].members - 7;
+    Twin p = make(Elem::f32, n);
+    gpu->init_param(p.g, ia, gs());
+    cpu->init_param(p.c, ia, cs());
+    EXPECT_EQ(rg<float>(p), rc<float>(p)) << spec.params()[static_cast<std::size_t>(i)].name;
+  }
 }
 
 // ---------------------------------------------------------------- whole microbatches

@@ -9,7 +9,11 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <stdexcept>
 #include <vector>
+
+#include <shardopt/host_stream.hpp>
+#include <shardopt/mxfp8.hpp>
 
 #include "host_ops.hpp"
 #include "model.hpp"
@@ -332,6 +336,301 @@ TEST(TrainerModel, MixedPrecisionHostModelTracksTheDoubleModel) {
     }
     EXPECT_LT(std::sqrt(num), 0.05 * std::sqrt(den) + 1e-6) << spec.params()[static_cast<std::size_t>(i)].name;
   }
+}
+
+// ---------------------------------------------------------------- MXFP8 weights for compute
+
+/// e4m3 byte -> value, from the format's definition (sign, 4 exponent bits with bias 7,
+/// 3 mantissa bits; exponent 0 is subnormal; S.1111.111 is NaN; no infinities).
+double e4m3_value(std::uint8_t b) {
+  if ((b & 0x7F) == 0x7F) return std::nan("");
+  const double sign = (b & 0x80) != 0 ? -1.0 : 1.0;
+  const int e = (b >> 3) & 0xF, m = b & 7;
+  return sign * (e == 0 ? std::ldexp(m, -9) : std::ldexp(8 + m, e - 10));
+}
+
+/// A value -> bf16 bits, round to nearest even, with bf16 subnormals (spacing 2^-133) and
+/// overflow to Inf; NaN -> 0x7FC0.
+std::uint16_t bf16_bits_of(double v) {
+  if (std::isnan(v)) return 0x7FC0;
+  const std::uint16_t sign = std::signbit(v) ? 0x8000 : 0;
+  const double a = std::fabs(v);
+  int e = 0;
+  std::frexp(a, &e);  // a in [2^(e-1), 2^e)
+  const int q = std::max(e - 1 - 7, -133);
+  const double r = std::ldexp(std::nearbyint(std::ldexp(a, -q)), q);  // ties to even
+  if (r >= 0x1p128) return sign | 0x7F80;
+  const float f = static_cast<float>(r);  // exact: at most 8 significant bits
+  std::uint32_t u = 0;
+  std::memcpy(&u, &f, sizeof u);
+  return static_cast<std::uint16_t>(sign | (u >> 16));
+}
+
+/// The expected bf16 compute value of an MXFP8 element (data byte, scale byte).
+std::uint16_t expected_bf16(std::uint8_t d, std::uint8_t s) {
+  if (s == 0xFF) return 0x7FC0;
+  return bf16_bits_of(e4m3_value(d) * std::ldexp(1.0, static_cast<int>(s) - 127));
+}
+
+/// One MXFP8 source in host memory: random data bytes (every code), scale bytes over the
+/// whole range (0x00 = 2^-127, 0xFE, 0xFF = NaN included), members stored in reverse order
+/// behind a member table when `permuted`.
+struct HostMxfp8 {
+  shardopt::Mxfp8Shape shape;
+  std::vector<std::uint8_t> data, scale;
+  std::vector<shardopt::Mxfp8Member> table;
+  HostMxfp8(std::int64_t G, std::int64_t rows, std::int64_t cols, bool permuted, std::uint32_t seed)
+      : shape{G, rows, cols} {
+    std::mt19937 gen(seed);
+    data.resize(static_cast<std::size_t>(shape.numel()));
+    scale.resize(static_cast<std::size_t>(shape.scale_row_numel()));
+    for (auto& b : data) b = static_cast<std::uint8_t>(gen());
+    for (std::size_t k = 0; k < scale.size(); ++k)
+      scale[k] = k % 5 == 0 ? static_cast<std::uint8_t>(gen()) : static_cast<std::uint8_t>(0x70 + gen() % 24);
+    if (permuted)
+      for (std::int64_t g = 0; g < G; ++g)
+        table.push_back({(G - 1 - g) * shape.member_numel(), (G - 1 - g) * rows * shape.row_blocks(), 0});
+  }
+  Mxfp8Source source() const { return {shape, data.data(), scale.data(), table.empty() ? nullptr : table.data()}; }
+  /// Element (g, r, c) decoded by the independent rule above.
+  std::uint16_t expected(std::int64_t g, std::int64_t r, std::int64_t c) const {
+    const std::int64_t slot = table.empty() ? g : shape.members - 1 - g;
+    const std::uint8_t d = data[static_cast<std::size_t>(slot * shape.member_numel() + r * shape.cols + c)];
+    const std::uint8_t s = scale[static_cast<std::size_t>(slot * shape.rows * shape.row_blocks() + r * shape.row_blocks() +
+                                                          c / 32)];
+    return expected_bf16(d, s);
+  }
+};
+
+TEST(TrainerOps, DequantizeMxfp8MatchesAnIndependentDecode) {
+  // Exhaustive over the element byte for a few scales first (the rule itself).
+  for (int s : {0x00, 0x01, 0x40, 0x70, 0x7F, 0x86, 0xF0, 0xFE, 0xFF})
+    for (int d = 0; d < 256; ++d)
+      ASSERT_EQ(math::mxfp8_to_bf16(static_cast<std::uint8_t>(d), static_cast<std::uint8_t>(s)),
+                expected_bf16(static_cast<std::uint8_t>(d), static_cast<std::uint8_t>(s)))
+          << "data 0x" << std::hex << d << " scale 0x" << s;
+  // The op: several sources into one output, rows of 40 (runs of 8, a partial 32-block),
+  // of 7 (single elements), grouped members behind a permuted member table.
+  auto ops = make_host_ops(Precision::Mixed);
+  const std::vector<HostMxfp8> src = {HostMxfp8(1, 5, 40, false, 1), HostMxfp8(3, 4, 7, false, 2),
+                                      HostMxfp8(2, 3, 64, true, 3)};
+  std::vector<Mxfp8Source> sources;
+  std::int64_t total = 0;
+  for (const HostMxfp8& h : src) {
+    sources.push_back(h.source());
+    total += h.shape.numel();
+  }
+  Buffer out = ops->alloc(Elem::bf16, total);
+  ops->dequantize_mxfp8(sources, out, nullptr, ops->stream());
+  ops->synchronize();
+  const std::uint16_t* got = out.as<std::uint16_t>();
+  std::int64_t at = 0;
+  for (std::size_t k = 0; k < src.size(); ++k) {
+    const auto& sh = src[k].shape;
+    for (std::int64_t g = 0; g < sh.members; ++g)
+      for (std::int64_t r = 0; r < sh.rows; ++r)
+        for (std::int64_t c = 0; c < sh.cols; ++c, ++at)
+          ASSERT_EQ(got[at], src[k].expected(g, r, c)) << "source " << k << " (" << g << ", " << r << ", " << c << ")";
+  }
+  Buffer wrong = ops->alloc(Elem::bf16, total - 1);
+  EXPECT_THROW(ops->dequantize_mxfp8(sources, wrong, nullptr, ops->stream()), std::invalid_argument);
+  Buffer f32 = ops->alloc(Elem::f32, total);
+  EXPECT_THROW(ops->dequantize_mxfp8(sources, f32, nullptr, ops->stream()), std::invalid_argument);
+}
+
+TEST(TrainerOps, DequantizeMxfp8ReadsTheSkipFlagWhenTheCaptureRuns) {
+  // Seed 000 at the op level on the host backend: one captured op serves every microbatch;
+  // it decodes when the flag (read at replay) says the weights changed, else keeps the copy.
+  auto ops = make_host_ops(Precision::Mixed);
+  HostMxfp8 w(1, 2, 32, false, 4);
+  for (auto& s : w.scale) s = 0x7F;  // 2^0: finite values
+  Buffer out = ops->alloc(Elem::bf16, w.shape.numel());
+  shardopt::MicrobatchState state{};
+  shardopt::HostStream* hs = shardopt::HostStream::from(ops->stream());
+  ASSERT_NE(hs, nullptr);
+  hs->begin_capture();
+  ops->dequantize_mxfp8({w.source()}, out, &state, ops->stream());
+  const shardopt::HostGraph graph = hs->end_capture();
+  auto replay = [&](std::uint8_t fill, int skip) {
+    std::fill(w.data.begin(), w.data.end(), fill);
+    state.skip_weight_update = skip;
+    graph.replay();
+    return std::vector<std::uint16_t>(out.as<std::uint16_t>(), out.as<std::uint16_t>() + w.shape.numel());
+  };
+  const std::vector<std::uint16_t> one(static_cast<std::size_t>(w.shape.numel()), math::to_bf16(1.0f)),
+      two(static_cast<std::size_t>(w.shape.numel()), math::to_bf16(2.0f));
+  EXPECT_EQ(replay(0x38, 0), one) << "first microbatch: decoded (0x38 = 1.0)";
+  EXPECT_EQ(replay(0x40, 1), one) << "later microbatch: this step's copy is kept";
+  EXPECT_EQ(replay(0x40, 0), two) << "next step's first microbatch: decoded again (0x40 = 2.0)";
+}
+
+TEST(TrainerOps, InitParamWritesTheF32ValuesTheBf16OnesRoundFrom) {
+  auto ops = make_host_ops(Precision::Mixed);
+  ModelSpec spec(check_config(), false);
+  for (int i = 0; i < spec.num_params(); ++i) {
+    InitArgs a = spec.init_args(i);
+    a.offset = 3;  // a master piece starting inside the tensor
+    const std::int64_t n = 20;
+    Buffer f = ops->alloc(Elem::f32, n), b = ops->alloc(Elem::bf16, n);
+    ops->init_param(f, a, ops->stream());
+    ops->init_param(b, a, ops->stream());
+    ops->synchronize();
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::int64_t q = 3 + j;
+      const ParamInfo& p = spec.params()[static_cast<std::size_t>(i)];
+      const std::int64_t mn = shardopt::numel(p.shape);
+      ASSERT_EQ(f.as<float>()[j], spec.init_value(i, p.members > 1 ? static_cast<int>(q / mn) : -1, q % mn)) << p.name;
+      ASSERT_EQ(b.as<std::uint16_t>()[j], math::to_bf16(f.as<float>()[j])) << p.name;
+    }
+  }
+}
+
+/// MXFP8 weights for a host model: the 2-D parameters of `ref` quantized with the library
+/// (quantize_mxfp8 of their bf16 values; grouped ones through a member table), the 1-D ones
+/// as f32 (the library keeps them native f32), gradients of their own. `ref`'s 2-D
+/// parameters are then overwritten with bf16(dequantize_mxfp8(rowwise plane)): the bf16
+/// model that the MXFP8 model must equal bitwise.
+class Mxfp8ArrayWeights final : public Weights {
+ public:
+  Mxfp8ArrayWeights(Ops& ops, const ModelSpec& spec, ArrayWeights& ref) : spec_(spec), grads_(ops, spec) {
+    const shardopt::Stream s = ops.stream();
+    for (int i = 0; i < spec.num_params(); ++i) {
+      const ParamInfo& p = spec.params()[static_cast<std::size_t>(i)];
+      const Tensor r = ref.param(i);
+      Entry e;
+      if (p.shape.size() < 2) {
+        e.f32 = ops.alloc(Elem::f32, r.numel);
+        for (std::int64_t j = 0; j < r.numel; ++j) e.f32.as<float>()[j] = math::from_bf16(r.as<std::uint16_t>()[j]);
+        entries_.push_back(std::move(e));
+        continue;
+      }
+      shardopt::Shape whole = p.shape;
+      if (p.members > 1) whole.insert(whole.begin(), p.members);
+      e.shape = shardopt::Mxfp8Shape::of(whole, p.members);
+      e.data_row = ops.alloc(Elem::u8, e.shape.numel());
+      e.data_col = ops.alloc(Elem::u8, e.shape.numel());
+      e.scale_row = ops.alloc(Elem::u8, e.shape.scale_row_numel());
+      e.scale_col = ops.alloc(Elem::u8, e.shape.scale_col_numel());
+      const shardopt::Mxfp8Planes planes{e.data_row.as<std::uint8_t>(), e.scale_row.as<std::uint8_t>(),
+                                         e.data_col.as<std::uint8_t>(), e.scale_col.as<std::uint8_t>()};
+      shardopt::quantize_mxfp8(e.shape, r.as<std::uint16_t>(), planes, nullptr, shardopt::Backend::Host, s);
+      if (p.members > 1) e.table = shardopt::mxfp8_contiguous_members(e.shape);
+      Buffer decoded = ops.alloc(Elem::f32, r.numel);
+      shardopt::dequantize_mxfp8(e.shape, shardopt::Mxfp8Plane::Rowwise, planes.data_row, planes.scale_row,
+                                 decoded.as<float>(), shardopt::Backend::Host, s);
+      ops.synchronize();
+      for (std::int64_t j = 0; j < r.numel; ++j) r.as<std::uint16_t>()[j] = math::to_bf16(decoded.as<float>()[j]);
+      entries_.push_back(std::move(e));
+    }
+  }
+  void forward_unit(int, Stream) override {}
+  void backward_unit(int, bool, Stream) override {}
+  void backward_unit_done(int, Stream) override {}
+  void grad_done(int, Stream) override {}
+  Tensor param(int i, int member = -1) override {
+    if (is_mxfp8(i)) throw std::logic_error("MXFP8 parameter read as bf16");
+    EXPECT_LT(member, 0);
+    return entries_[static_cast<std::size_t>(i)].f32.get();
+  }
+  Tensor grad(int i, int member = -1) override { return grads_.grad(i, member); }
+  bool is_mxfp8(int i) const override { return entries_[static_cast<std::size_t>(i)].f32.get().data == nullptr; }
+  Mxfp8Source mxfp8(int i) const override {
+    const Entry& e = entries_[static_cast<std::size_t>(i)];
+    return {e.shape, e.data_row.as<std::uint8_t>(), e.scale_row.as<std::uint8_t>(),
+            e.table.empty() ? nullptr : e.table.data()};
+  }
+  bool persistent() const noexcept override { return true; }
+  SumsqWhen sumsq_when() const noexcept override { return SumsqWhen::LastMicrobatch; }
+  /// Scrambles every MXFP8 weight (so a decode that should have been skipped shows).
+  void scramble() {
+    for (Entry& e : entries_)
+      if (e.f32.get().data == nullptr) std::memset(e.data_row.get().data, 0x41, e.data_row.get().bytes());
+  }
+
+ private:
+  struct Entry {
+    Buffer f32;  // 1-D parameters
+    shardopt::Mxfp8Shape shape;
+    Buffer data_row, scale_row, data_col, scale_col;
+    std::vector<shardopt::Mxfp8Member> table;
+  };
+  const ModelSpec& spec_;
+  ArrayWeights grads_;
+  std::vector<Entry> entries_;
+};
+
+class Mxfp8Model : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Mxfp8Model, EqualsTheBf16ModelOfTheDecodedWeightsBitwise) {
+  // The model with MXFP8 weights (ModelOptions::mxfp8_params) computes exactly what the bf16
+  // model computes with bf16(dequantize(rowwise plane)) as its weights and the norm weights
+  // in f32 instead of bf16 (the same values): every GEMM, the embedding and both norms read
+  // the decoded weights, forward and backward. Loss and every gradient, bitwise.
+  const bool discrete = GetParam();
+  auto ops = make_host_ops(Precision::Mixed);
+  ModelSpec spec(check_config(), discrete);
+  ArrayWeights ref(*ops, spec);
+  Mxfp8ArrayWeights mx(*ops, spec, ref);
+  shardopt::MicrobatchState state{};  // the first microbatch of a step: decode
+  ModelOptions mo;
+  mo.generate_batch = false;
+  Model mref(spec, *ops, mo);
+  mo.mxfp8_params = true;
+  mo.microbatch = &state;
+  Model mmx(spec, *ops, mo);
+  mref.set_batch(check_tokens(), check_targets());
+  mmx.set_batch(check_tokens(), check_targets());
+  mref.microbatch(ref, ops->stream());
+  mmx.microbatch(mx, ops->stream());
+  ops->synchronize();
+  EXPECT_EQ(mref.loss_slots().as<float>()[0], mmx.loss_slots().as<float>()[0]);
+  for (int i = 0; i < spec.num_params(); ++i) {
+    const Tensor a = ref.grad(i), b = mx.grad(i);
+    ASSERT_EQ(0, std::memcmp(a.data, b.data, a.bytes())) << spec.params()[static_cast<std::size_t>(i)].name;
+    if (mx.is_mxfp8(i)) {
+      const Tensor c = mmx.compute_buffer(i), r = ref.param(i);
+      ASSERT_EQ(0, std::memcmp(c.data, r.data, r.bytes())) << "compute buffer of " << spec.params()[static_cast<std::size_t>(i)].name;
+    }
+  }
+  // A later microbatch (skip_weight_update = 1) keeps the step's decoded weights even if the
+  // MXFP8 bytes changed: the gradients accumulate to exactly twice.
+  state.first = 0;
+  state.skip_weight_update = 1;
+  mx.scramble();
+  mmx.microbatch(mx, ops->stream());
+  ops->synchronize();
+  for (int i = 0; i < spec.num_params(); ++i) {
+    const Tensor a = ref.grad(i), b = mx.grad(i);
+    for (std::int64_t j = 0; j < a.numel; ++j)
+      ASSERT_EQ(2.0f * a.as<float>()[j], b.as<float>()[j]) << spec.params()[static_cast<std::size_t>(i)].name << " " << j;
+  }
+  // The next step's first microbatch decodes again (the scrambled bytes now show).
+  state.first = 1;
+  state.skip_weight_update = 0;
+  mmx.microbatch(mx, ops->stream());
+  ops->synchronize();
+  EXPECT_EQ(mmx.compute_buffer(spec.head()).as<std::uint16_t>()[0], math::mxfp8_to_bf16(0x41, mx.mxfp8(spec.head()).scale[0]));
+}
+
+INSTANTIATE_TEST_SUITE_P(Experts, Mxfp8Model, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "discrete" : "single"; });
+
+TEST(TrainerModel, Mxfp8ParametersNeedPersistentMixedPrecisionWeights) {
+  auto ops = make_host_ops(Precision::Mixed);
+  ModelSpec spec(check_config(), true);
+  ModelOptions mo;
+  mo.mxfp8_params = true;
+  mo.gathered_weights = true;
+  EXPECT_THROW(Model(spec, *ops, mo), std::invalid_argument);
+  auto dops = make_host_ops(Precision::Double);
+  mo.gathered_weights = false;
+  EXPECT_THROW(Model(spec, *dops, mo), std::invalid_argument);
+  // Bf16 weights given to a model built for MXFP8 (or the other way round) are refused.
+  ArrayWeights w(*ops, spec);
+  mo.generate_batch = false;
+  Model m(spec, *ops, mo);
+  m.set_batch(check_tokens(), check_targets());
+  EXPECT_THROW(m.forward(w, ops->stream()), std::logic_error);
 }
 
 TEST(TrainerConfig, SizesAndOptions) {
