@@ -101,6 +101,7 @@ phase_trainer() {
   [ -x "$BUILD/examples/trainer/bench_trainer" ] || return 0
   log "== trainer ($GPUS ranks)"
   timeout 240 $MPIRUN -n "$GPUS" "$BUILD/examples/trainer/bench_trainer" --results bench/results >/tmp/b.log 2>&1
+  timeout 240 $MPIRUN -n "$GPUS" "$BUILD/examples/trainer/bench_trainer" --params mxfp8 --graphs on --results bench/results >>/tmp/b.log 2>&1
   cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
 }
 
