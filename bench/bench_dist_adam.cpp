@@ -274,13 +274,7 @@ void full_step(const Communicator& comm, Stream s, const Args& a, const std::str
   r.device = device;
   r.ours_ms = ours;
   r.limit_ms = rs + ag + adam;
-  if (!a.peer.empty()) {
-    const auto peers = bench::read_peer_file(a.peer);
-    if (auto it = peers.find(config); it != peers.end()) {
-      r.peer = it->second.description;
-      r.peer_ms = it->second.ms;
-    }
-  }
+  bench::apply_peer(r, a.peer);
   r.numbers["unpipelined_ms"] = plain;
   r.numbers["gather_pipeline"] = step_options().gather_pipeline;
   r.numbers["reduce_scatter_ms"] = rs;
@@ -307,13 +301,7 @@ void full_step(const Communicator& comm, Stream s, const Args& a, const std::str
   x.device = device;
   x.ours_ms = mx_ms;
   x.limit_ms = rs + ag + adam;
-  if (!a.peer.empty()) {
-    const auto peers = bench::read_peer_file(a.peer);
-    if (auto it = peers.find(mx_config); it != peers.end()) {
-      x.peer = it->second.description;
-      x.peer_ms = it->second.ms;
-    }
-  }
+  bench::apply_peer(x, a.peer);
   // The traffic of the MXFP8 layout (1-D params in an f32 buffer of their own).
   std::vector<ParamSpec> mx_specs = presets::transformer(presets::kLlama32_1B, DType::bf16);
   for (auto& sp : mx_specs) sp.dtype = sp.shape.size() >= 2 ? DType::bf16 : DType::f32;

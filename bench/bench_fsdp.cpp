@@ -269,13 +269,7 @@ int main(int argc, char** argv) {
         r.device = bench::device_name();
         r.ours_ms = on;
         r.limit_ms = std::max(compute, comm_and_step - step) + step;
-        if (!a.peer.empty()) {
-          const auto peers = bench::read_peer_file(a.peer);
-          if (auto it = peers.find(config); it != peers.end()) {
-            r.peer = it->second.description;
-            r.peer_ms = it->second.ms;
-          }
-        }
+        bench::apply_peer(r, a.peer);
         r.numbers["prefetch_off_ms"] = off;
         r.numbers["compute_only_ms"] = compute;
         r.numbers["comm_and_step_ms"] = comm_and_step;

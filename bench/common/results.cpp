@@ -110,6 +110,15 @@ std::map<std::string, PeerTiming> read_peer_file(const std::string& path) {
   return out;
 }
 
+void apply_peer(Result& r, const std::string& path) {
+  if (path.empty()) return;
+  const auto peers = read_peer_file(path);
+  if (auto it = peers.find(r.config); it != peers.end()) {
+    r.peer = it->second.description;
+    r.peer_ms = it->second.ms;
+  }
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return NAN;
   std::sort(v.begin(), v.end());

@@ -48,6 +48,10 @@ struct PeerTiming {
 /// "config<TAB>ms<TAB>description". Missing file -> empty map.
 std::map<std::string, PeerTiming> read_peer_file(const std::string& path);
 
+/// Fills r.peer and r.peer_ms from the peer file at `path` when it has r.config (an
+/// empty path or a missing config leaves them unset, i.e. null).
+void apply_peer(Result& r, const std::string& path);
+
 /// Median of a sample (the sample is copied).
 double median(std::vector<double> v);
 
