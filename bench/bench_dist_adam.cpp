@@ -16,9 +16,11 @@
 // On the host backend (no GPU) it runs a tiny smoke configuration and writes nothing.
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,7 @@ struct Args {
   std::string results;
   std::string peer;
   int iters = 30;
+  bool host_cpu_only = false;  // --host-cpu-only: skip the full-step rows
 };
 
 Args parse(int argc, char** argv) {
@@ -56,6 +59,7 @@ Args parse(int argc, char** argv) {
     if (k == "--results") a.results = next();
     else if (k == "--peer") a.peer = next();
     else if (k == "--iters") a.iters = std::atoi(next().c_str());
+    else if (k == "--host-cpu-only") a.host_cpu_only = true;
     else {
       std::fprintf(stderr, "unknown argument %s\n", k.c_str());
       std::exit(2);
@@ -129,49 +133,111 @@ void* buffer_base(const DistributedAdam& opt, View (DistributedAdam::*get)(int) 
   return nullptr;
 }
 
-double median_host_us(const std::vector<double>& v) { return bench::median(v); }
+// Host microseconds of `iters` calls of `launch`, each followed (untimed) by a
+// synchronize of `s`, so that every call finds the device idle: the median and the 90th
+// percentile (host timings are noisy: other processes, frequency changes).
+struct HostTimes {
+  double median = 0, p90 = 0;
+};
+template <class Fn>
+HostTimes host_us(Stream s, int iters, Fn&& launch) {
+  std::vector<double> t;
+  for (int it = 0; it < iters; ++it) {
+    const auto t0 = Clock::now();
+    launch();
+    const auto t1 = Clock::now();
+    SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)));
+    t.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  HostTimes h;
+  h.median = bench::median(t);
+  std::sort(t.begin(), t.end());
+  h.p90 = t[static_cast<std::size_t>(0.9 * static_cast<double>(t.size() - 1))];
+  return h;
+}
+
+// Node count of a captured graph by kind, into r.numbers["nodes_<kind>"].
+void add_node_counts(bench::Result& r, cudaGraph_t graph) {
+  std::size_t n = 0;
+  SHARDOPT_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  SHARDOPT_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  std::map<std::string, double> count;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType t{};
+    SHARDOPT_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
+    switch (t) {
+      case cudaGraphNodeTypeKernel: count["kernel"] += 1; break;
+      case cudaGraphNodeTypeMemcpy: count["memcpy"] += 1; break;
+      case cudaGraphNodeTypeMemset: count["memset"] += 1; break;
+      case cudaGraphNodeTypeHost: count["host"] += 1; break;
+      case cudaGraphNodeTypeEmpty: count["empty"] += 1; break;
+      case cudaGraphNodeTypeWaitEvent: count["event_wait"] += 1; break;
+      case cudaGraphNodeTypeEventRecord: count["event_record"] += 1; break;
+      default: count["other"] += 1; break;
+    }
+  }
+  r.numbers["nodes_total"] = static_cast<double>(n);
+  for (const auto& [kind, c] : count) r.numbers["nodes_" + kind] = c;
+}
 
 void host_cpu_sweep(const Communicator& comm, Stream s, const Args& a, const std::string& device,
                     const std::string& cmd) {
+  // Floors measured in the same process: a graph of one 4-byte all-reduce and a graph
+  // of 16 empty kernels (what any graph launch with NCCL in it costs here).
+  DeviceBuffer one(Backend::Cuda, 4);
+  SHARDOPT_CUDA_CHECK(cudaMemsetAsync(one.data(), 0, 4, reinterpret_cast<cudaStream_t>(s)));
+  comm.all_reduce(one.data(), 1, DType::f32, ReduceOp::Sum, s);
+  Captured nccl_one(s, [&] { comm.all_reduce(one.data(), 1, DType::f32, ReduceOp::Sum, s); });
+  nccl_one.launch(s);
+  const int host_iters = std::max(a.iters, 300);  // host timings are cheap and noisy
+  const double nccl_floor = host_us(s, host_iters, [&] { nccl_one.launch(s); }).median;
+  Captured empties(s, [&] {
+    for (int i = 0; i < 16; ++i) SHARDOPT_CUDA_CHECK(cudaMemsetAsync(one.data(), 0, 4, reinterpret_cast<cudaStream_t>(s)));
+  });
+  empties.launch(s);
+  const double memset_floor = host_us(s, host_iters, [&] { empties.launch(s); }).median;
   const std::int64_t total = 64LL << 20;
   for (int k : {1, 10, 100, 1000}) {
-    std::vector<ParamSpec> specs;
-    for (int i = 0; i < k; ++i)
-      specs.push_back(ParamSpec::tensor("t" + std::to_string(i), {total / k}, DType::bf16, "decay"));
-    DistributedAdamOptions o = step_options();
-    o.groups.erase("no_decay");  // these tensors are all in "decay"
-    DistributedAdam opt(comm, specs, o);
-    fill_model(opt, s);
-    opt.step(s);  // warm-up: lazy module loads, NCCL connections of every collective
-    SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)));
-    std::vector<double> eager, replay;
-    for (int it = 0; it < a.iters; ++it) {
-      const auto t0 = Clock::now();
-      opt.step(s);
-      const auto t1 = Clock::now();
+    for (int pipeline : {4, 1}) {
+      std::vector<ParamSpec> specs;
+      for (int i = 0; i < k; ++i)
+        specs.push_back(ParamSpec::tensor("t" + std::to_string(i), {total / k}, DType::bf16, "decay"));
+      DistributedAdamOptions o = step_options();
+      o.groups.erase("no_decay");  // these tensors are all in "decay"
+      o.gather_pipeline = pipeline;
+      DistributedAdam opt(comm, specs, o);
+      fill_model(opt, s);
+      opt.step(s);  // warm-up: lazy module loads, NCCL connections of every collective
       SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)));
-      eager.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-    }
-    Captured g(s, [&] { opt.step(s); });
-    g.launch(s);
-    SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)));
-    for (int it = 0; it < a.iters; ++it) {
-      const auto t0 = Clock::now();
+      const HostTimes eager = host_us(s, host_iters, [&] { opt.step(s); });
+      Captured g(s, [&] { opt.step(s); });
       g.launch(s);
-      const auto t1 = Clock::now();
       SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)));
-      replay.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-    }
-    if (comm.rank() == 0) {
-      bench::Result r;
-      r.bench = "dist_adam_host_cpu";
-      r.config = "tensors=" + std::to_string(k) + "/64M/n" + std::to_string(comm.size());
-      r.device = device;
-      r.numbers["eager_host_us"] = median_host_us(eager);
-      r.numbers["replay_host_us"] = median_host_us(replay);
-      r.notes["what"] = "host CPU time to enqueue one step: eager step() vs cudaGraphLaunch of the captured step";
-      r.command = cmd;
-      bench::write(r, a.results);
+      const HostTimes replay = host_us(s, host_iters, [&] { g.launch(s); });
+      if (comm.rank() == 0) {
+        bench::Result r;
+        r.bench = "dist_adam_host_cpu";
+        r.config = "tensors=" + std::to_string(k) + "/64M/n" + std::to_string(comm.size());
+        if (pipeline == 1) r.config += "/pipeline1";
+        const char* mixing = std::getenv("NCCL_GRAPH_MIXING_SUPPORT");
+        if (mixing != nullptr && std::string(mixing) == "0") r.config += "/nccl-mixing0";
+        r.device = device;
+        r.numbers["eager_host_us"] = eager.median;
+        r.numbers["replay_host_us"] = replay.median;
+        r.numbers["eager_host_us_p90"] = eager.p90;
+        r.numbers["replay_host_us_p90"] = replay.p90;
+        r.numbers["host_samples"] = host_iters;
+        r.notes["NCCL_GRAPH_MIXING_SUPPORT"] = mixing != nullptr ? mixing : "unset (NCCL default 1)";
+        r.numbers["buckets"] = static_cast<double>(opt.layout().buckets().size());
+        r.numbers["gather_pipeline"] = pipeline;
+        r.numbers["floor_one_allreduce_graph_us"] = nccl_floor;
+        r.numbers["floor_16_memset_graph_us"] = memset_floor;
+        add_node_counts(r, g.graph);
+        r.notes["what"] = "host CPU time to enqueue one step: eager step() vs cudaGraphLaunch of the captured step";
+        r.command = cmd;
+        bench::write(r, a.results);
+      }
     }
   }
 }
@@ -366,7 +432,7 @@ int main(int argc, char** argv) {
       SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
       const Stream s = reinterpret_cast<Stream>(cs);
       const std::string device = bench::device_name();
-      full_step(comm, s, a, device, bench::command_line(argc, argv));
+      if (!a.host_cpu_only) full_step(comm, s, a, device, bench::command_line(argc, argv));
       host_cpu_sweep(comm, s, a, device, bench::command_line(argc, argv));
       SHARDOPT_CUDA_CHECK(cudaStreamDestroy(cs));
 #endif

@@ -17,6 +17,7 @@
 #   mxfp8         bench_mxfp8
 #   comm          bench_comm (all GPUs)
 #   dist          bench_dist_adam + peer (all GPUs, and 2)
+#   hostcpu       bench_dist_adam --host-cpu-only (all GPUs, 2, 1): host CPU per step
 #   fsdp          bench_fsdp + peer (all GPUs)
 #   trainer       trainer benchmark (all GPUs)
 #   main          the README's main command (trainer on 2 GPUs)
@@ -86,6 +87,19 @@ phase_dist() {
     timeout 150 $TORCHRUN --nproc_per_node "$n" bench/peers/dist_adam_peer.py --out /tmp/peer_dist.tsv >>"$OUT/bench.log" 2>&1 || log "dist peer failed"
     timeout 150 $MPIRUN -n "$n" "$BUILD/bench/bench_dist_adam" --peer /tmp/peer_dist.tsv --results bench/results >/tmp/b.log 2>&1
     cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+  done
+}
+
+phase_hostcpu() {
+  for n in "$GPUS" 2 1; do
+    [ "$n" -le "$GPUS" ] || continue
+    for mixing in default 0; do  # NCCL's graph-mixing support adds event nodes per NCCL launch
+      [ "$n" -gt 1 ] || [ "$mixing" = default ] || continue
+      log "== host CPU per step ($n ranks, NCCL_GRAPH_MIXING_SUPPORT $mixing)"
+      if [ "$mixing" = 0 ]; then env=(NCCL_GRAPH_MIXING_SUPPORT=0); else env=(); fi
+      timeout 120 env "${env[@]}" $MPIRUN -n "$n" "$BUILD/bench/bench_dist_adam" --host-cpu-only --results bench/results >/tmp/b.log 2>&1
+      cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+    done
   done
 }
 
