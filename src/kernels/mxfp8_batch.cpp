@@ -28,6 +28,8 @@ BatchEntry make_batch_entry(const Mxfp8Shape& shape, const std::uint16_t* src, c
   const std::int64_t member_tiles = row_tiles * col_tiles;
   SHARDOPT_REQUIRE(member_tiles <= 0x7FFFFFFF / shape.members, ErrorCode::InvalidArgument,
                    "MXFP8 tensor of more than 2^31 - 1 tiles of 32 x 128 elements; split it into smaller tensors");
+  SHARDOPT_REQUIRE(shape.cols <= 0x7FFFFFFF, ErrorCode::InvalidArgument,
+                   "MXFP8 tensor of more than 2^31 - 1 columns; reshape it with fewer columns per row");
   BatchEntry e;
   e.shape = shape;
   e.src = src;
@@ -38,6 +40,7 @@ BatchEntry make_batch_entry(const Mxfp8Shape& shape, const std::uint16_t* src, c
   e.row_blocks = shape.row_blocks();
   e.col_blocks = shape.col_blocks();
   e.col_tiles = static_cast<std::uint32_t>(col_tiles);
+  e.row_tiles = static_cast<std::uint32_t>(row_tiles);
   e.member_tiles = static_cast<std::uint32_t>(member_tiles);
   return e;
 }

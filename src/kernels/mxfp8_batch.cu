@@ -3,23 +3,25 @@
 //
 // Work: tiles of 32 x 128 elements of one member (mxfp8_tile.cuh). The tensors' tiles
 // form one sequence (tensor after tensor, member after member, tile rows, tile columns);
-// a persistent grid of one to four waves of resident blocks (grid_for) walks it
-// grid-stride, so every block gets the same number of tiles (+-1) whatever the mix of
-// shapes, and no tensor costs a launch or a partial wave of its own. A tile's tensor comes from the entry table: the
-// same entry as the previous tile in the common case, else a binary search over the
-// entries' tile ranges (tiles only move forward).
+// a persistent grid of one to four waves of resident blocks (grid_for) cuts it into
+// equal contiguous runs, so every block gets the same number of tiles whatever the mix
+// of shapes, and no tensor costs a launch or a partial wave of its own. A block finds
+// its first tile's tensor, member and tile coordinates once (a binary search over the
+// entries' tile ranges, two divisions) and then steps from tile to tile (Cursor).
 //
 // Software pipeline: a block issues the loads of its next tile before it quantizes the
 // current one, so a tile's DRAM latency overlaps the previous tile's shuffles, barriers
 // and stores, and a block's last tile needs no fresh load.
 //
-// Per tile (as the former one-tile-per-block kernel, byte for byte): rowwise amax over
-// the thread's 16 columns and the neighbour lane (xor 1); columnwise amax over the
-// warp's 4 rows (xor 8, 16) and the 8 warps through shared memory; scale bytes; then both
-// e4m3 planes from fl32(x * 2^-e) and the hardware's RNE saturating f32x2 -> e4m3x2
-// conversion (equal to the host twin's num::f32_to_e4m3 for every input: checked in
-// test/gpu/test_mxfp8_convert.cu). The skip flag is read once, together with the first
-// tile: when it is nonzero every block leaves before writing anything.
+// Per tile: each thread holds two chunks of 8 columns of one row (Spot), loaded and
+// stored with full-sector accesses. Rowwise amax over each chunk, then the 4 lanes of
+// the 32-column block (xor 1, 2); columnwise amax over the warp's 4 rows (xor 8, 16)
+// and the 8 warps through shared memory; scale bytes; then both e4m3 planes from
+// fl32(x * 2^-e) and the hardware's RNE saturating f32x2 -> e4m3x2 conversion (equal to
+// the host twin's num::f32_to_e4m3 for every input: checked in
+// test/gpu/test_mxfp8_convert.cu). NaN blocks are patched to 0x7F only in tiles that
+// hold a NaN (one __syncthreads_or tells). The skip flag is read once, together with the
+// first tile: when it is nonzero every block leaves before writing anything.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -36,7 +38,6 @@ namespace {
 
 using tile::aligned16;
 using tile::kFullMask;
-using tile::kGroupCols;
 using tile::kThreads;
 using tile::kWarps;
 
@@ -78,68 +79,172 @@ __device__ __forceinline__ T* in_global(T* p) {
   return p;
 }
 
-// What a thread needs of its part of a tile.
-struct Spot {
-  std::int64_t elem;       // flat index of its first element (source and both planes)
-  std::int64_t row_scale;  // index of its rowwise scale
-  std::int64_t col_scale;  // index of the columnwise scale of the tile's first column
-  int hi;                  // valid columns [0, hi) of its 16; 0 outside the tensor
-  int col_room;            // valid columns of the tile, capped at 128
+// Where a block is in the tile sequence: entry e, member g, tile row rt, tile column
+// ct. A block walks a contiguous run of tiles, so only its first tile needs divisions
+// (cursor_at); every later one is a step (advance).
+struct Cursor {
+  int e;
+  std::uint32_t g, rt, ct;
 };
 
-__device__ __forceinline__ Spot spot_of(const BatchEntry& t, std::int64_t tile_index) {
+template <class Table>
+__device__ __forceinline__ Cursor cursor_at(const Table& table, std::int64_t t) {
+  Cursor c;
+  c.e = table.find(t, 0);
+  const BatchEntry& en = table[c.e];
   // Tile counts of one tensor fit in 32 bits (make_batch_entry checks).
-  const std::uint32_t local = static_cast<std::uint32_t>(tile_index - t.first_tile);
-  const std::uint32_t g32 = local / t.member_tiles;
-  const std::uint32_t in_member = local - g32 * t.member_tiles;
-  const std::uint32_t rt32 = in_member / t.col_tiles;
-  const std::int64_t g = g32, rt = rt32, ct = in_member - rt32 * t.col_tiles;
+  const std::uint32_t local = static_cast<std::uint32_t>(t - en.first_tile);
+  c.g = local / en.member_tiles;
+  const std::uint32_t in_member = local - c.g * en.member_tiles;
+  c.rt = in_member / en.col_tiles;
+  c.ct = in_member - c.rt * en.col_tiles;
+  return c;
+}
+
+// c, at tile next - 1, moved to tile `next`.
+template <class Table>
+__device__ __forceinline__ void advance(const Table& table, Cursor& c, std::int64_t next) {
+  const BatchEntry& en = table[c.e];
+  if (next >= en.end_tile) {  // the next tensor's first tile
+    c.e = table.find(next, c.e);
+    c.g = c.rt = c.ct = 0;
+    return;
+  }
+  if (++c.ct < en.col_tiles) return;
+  c.ct = 0;
+  if (++c.rt < en.row_tiles) return;
+  c.rt = 0;
+  ++c.g;
+}
+
+// What a thread needs of its part of a tile. Thread (warp w, lane l) works on tile row
+// 4w + l/8 and, with q = l % 8, on two chunks of 8 columns: chunk 0 at columns
+// [8q, 8q + 8) and chunk 1 at [64 + 8q, 64 + 8q + 8). Each 16-byte load or store of a
+// chunk by the 8 lanes of a row covers 128 contiguous bytes (full sectors), and the 4
+// lanes q = 0..3 (4..7) of a row hold rowwise blocks 0 and 2 (1 and 3) of the tile.
+struct Spot {
+  std::int64_t elem;       // flat index of chunk 0's first element (chunk 1: + 64)
+  std::int64_t row_scale;  // index of chunk 0's rowwise scale (chunk 1's: + 2)
+  std::int64_t col_scale;  // index of the columnwise scale of the tile's first column
+  int cols_left;           // columns from the tile's first one to the end of the row
+  bool row_ok;             // the thread's row lies inside the member
+};
+
+// Valid columns of a tile (capped at 128), and of the thread's chunks: [0, hi0) of
+// chunk 0 and [0, hi1) of chunk 1, 0 outside the member.
+struct Room {
+  int tile, hi0, hi1;
+};
+__device__ __forceinline__ Room room_of(const Spot& s) {
+  const int tile = min(s.cols_left, kTileCols);
+  const int first = (threadIdx.x & 7) * 8;  // chunk 0's first column in the tile
+  return Room{tile, s.row_ok ? min(max(tile - first, 0), 8) : 0, s.row_ok ? min(max(tile - 64 - first, 0), 8) : 0};
+}
+
+__device__ __forceinline__ Spot spot_of(const BatchEntry& t, const Cursor& c) {
   const std::int64_t rows = t.shape.rows, cols = t.shape.cols;
   std::int64_t elem_base, srow_base, scol_base;
   if (t.members != nullptr) {
-    const Mxfp8Member m = in_global(t.members)[g];
+    const Mxfp8Member m = in_global(t.members)[c.g];
     elem_base = m.element_offset;
     srow_base = m.scale_row_offset;
     scol_base = m.scale_col_offset;
   } else {
+    const std::int64_t g = c.g;
     elem_base = g * rows * cols;
     srow_base = g * rows * t.row_blocks;
     scol_base = g * t.col_blocks * cols;
   }
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = lane & 7;
-  const std::int64_t r = rt * kTileRows + warp * 4 + (lane >> 3);
-  const std::int64_t c0 = ct * kTileCols + group * kGroupCols;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = lane & 7;
+  const std::int64_t r = static_cast<std::int64_t>(c.rt) * kTileRows + warp * 4 + (lane >> 3);
+  const std::int64_t tile_col = static_cast<std::int64_t>(c.ct) * kTileCols;
   Spot s;
-  s.elem = elem_base + r * cols + c0;
-  s.row_scale = srow_base + r * t.row_blocks + c0 / kBlock;
-  s.col_scale = scol_base + rt * cols + ct * kTileCols;
-  s.hi = (r < rows && c0 < cols) ? static_cast<int>(std::min<std::int64_t>(kGroupCols, cols - c0)) : 0;
-  s.col_room = static_cast<int>(std::min<std::int64_t>(kTileCols, cols - ct * kTileCols));
+  s.elem = elem_base + r * cols + tile_col + q * 8;
+  s.row_scale = srow_base + r * t.row_blocks + static_cast<std::int64_t>(c.ct) * 4 + (q >> 2);
+  s.col_scale = scol_base + static_cast<std::int64_t>(c.rt) * cols + tile_col;
+  s.cols_left = static_cast<int>(cols - tile_col);  // cols < 2^31: make_batch_entry checks
+  s.row_ok = r < rows;
   return s;
 }
 
-// The thread's 16 bf16 values as pairs (zero past hi).
-__device__ __forceinline__ void load_words(const std::uint16_t* p, int hi, std::uint32_t (&w)[8]) {
-  if (hi == kGroupCols && aligned16(p)) {
-    const uint4 v0 = __ldg(reinterpret_cast<const uint4*>(p));
-    const uint4 v1 = __ldg(reinterpret_cast<const uint4*>(p) + 1);
-    w[0] = v0.x; w[1] = v0.y; w[2] = v0.z; w[3] = v0.w;
-    w[4] = v1.x; w[5] = v1.y; w[6] = v1.z; w[7] = v1.w;
+// c and s, at tile next - 1, moved to tile `next`: one tile to the right along the tile
+// row (a few additions: the common case), else a fresh start (next tile row, member or
+// tensor).
+template <class Table>
+__device__ __forceinline__ void step(const Table& table, Cursor& c, Spot& s, std::int64_t next) {
+  if (c.ct + 1 < table[c.e].col_tiles) {
+    ++c.ct;
+    s.elem += kTileCols;
+    s.row_scale += kTileCols / kBlock;
+    s.col_scale += kTileCols;
+    s.cols_left -= kTileCols;
+    return;
+  }
+  advance(table, c, next);
+  s = spot_of(table[c.e], c);
+}
+
+// 8 bf16 of a chunk as 4 pairs (zero past hi).
+__device__ __forceinline__ void load_chunk(const std::uint16_t* p, int hi, std::uint32_t* w) {
+  if (hi == 8 && aligned16(p)) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
     return;
   }
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
+  for (int k = 0; k < 4; ++k) {
     const std::uint32_t x0 = 2 * k < hi ? p[2 * k] : 0u;
     const std::uint32_t x1 = 2 * k + 1 < hi ? p[2 * k + 1] : 0u;
     w[k] = x0 | (x1 << 16);
   }
 }
 
+__device__ __forceinline__ void load_words(const std::uint16_t* src, const Spot& s, std::uint32_t (&w)[8]) {
+  const Room room = room_of(s);
+  load_chunk(src + s.elem, room.hi0, w);
+  load_chunk(src + s.elem + 64, room.hi1, w + 4);
+}
+
+// Shared column data of a tile. col_inv is padded (column c at c + 4 * (c / 32)) so that
+// the 8 lanes of a row reading their chunks' 16-byte groups hit 8 different bank groups.
+inline constexpr int kInvPad = kTileCols + kTileCols / 8;
+__device__ __forceinline__ int inv_slot(int c) { return c + 4 * (c >> 5); }
+
 struct TileShared {
   std::uint32_t col_partial[kWarps][kTileCols / 2];  // per warp: column amaxes, two per word
-  float col_inv[kTileCols];                          // 2^-e of each column's scale
+  float col_inv[kInvPad];                            // 2^-e of each column's scale (padded)
   std::uint8_t col_scale[kTileCols];                 // each column's scale byte
 };
+
+// The 8 elements of a chunk (words w[0..3]) in both planes, 4 bytes a word: rowwise with
+// the chunk's block multiplier `inv_row`, columnwise with one multiplier per column.
+// NaN blocks get 0x7F when the tile has a NaN anywhere (`any_nan`, rare).
+__device__ __forceinline__ void encode_chunk(const std::uint32_t* w, float inv_row, std::uint8_t row_scale,
+                                             const float4& ic0, const float4& ic1, const uint2& cs, bool any_nan,
+                                             std::uint32_t (&qr)[2], std::uint32_t (&qc)[2]) {
+  qr[0] = encode_pair(w[0], inv_row, inv_row) | (encode_pair(w[1], inv_row, inv_row) << 16);
+  qr[1] = encode_pair(w[2], inv_row, inv_row) | (encode_pair(w[3], inv_row, inv_row) << 16);
+  qc[0] = encode_pair(w[0], ic0.x, ic0.y) | (encode_pair(w[1], ic0.z, ic0.w) << 16);
+  qc[1] = encode_pair(w[2], ic1.x, ic1.y) | (encode_pair(w[3], ic1.z, ic1.w) << 16);
+  if (any_nan) {
+    const std::uint32_t row_scales = 0x01010101u * row_scale;
+    qr[0] = nan_blocks(qr[0], row_scales);
+    qr[1] = nan_blocks(qr[1], row_scales);
+    qc[0] = nan_blocks(qc[0], cs.x);
+    qc[1] = nan_blocks(qc[1], cs.y);
+  }
+}
+
+// Stores the first `hi` bytes of a chunk's 8 (one 8-byte store when whole and aligned).
+__device__ __forceinline__ void store_chunk(std::uint8_t* dst, const std::uint32_t (&q)[2], int hi) {
+  if (hi == 8 && (reinterpret_cast<std::uintptr_t>(dst) & 7u) == 0) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(q[0], q[1]);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+    if (k < hi) dst[k] = static_cast<std::uint8_t>(q[k / 4] >> (8 * (k % 4)));
+}
 
 // Quantizes one tile whose values this thread holds in `w`. Every thread of the block
 // calls it (two barriers). Shared memory reuse across calls is safe: col_partial is read
@@ -147,17 +252,20 @@ struct TileShared {
 // thread's next write of each comes after a barrier that follows all those reads.
 __device__ __forceinline__ void quantize_tile(const BatchEntry& t, const Spot& s, const std::uint32_t (&w)[8],
                                               TileShared& sh) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = lane & 7;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = lane & 7;
+  const Room room = room_of(s);
 
-  // Rowwise amax of the 32-column block shared with the neighbour lane.
+  // Rowwise amax: each chunk's 8 values, packed (chunk 0 low, chunk 1 high), then the 4
+  // lanes that share the two 32-column blocks (xor 1, 2).
   std::uint32_t mag[8];
 #pragma unroll
   for (int k = 0; k < 8; ++k) mag[k] = w[k] & 0x7FFF7FFFu;
-  std::uint32_t row_max = mag[0];
-#pragma unroll
-  for (int k = 1; k < 8; ++k) row_max = __vmaxu2(row_max, mag[k]);
-  row_max = max(row_max & 0xFFFFu, row_max >> 16);
-  row_max = max(row_max, __shfl_xor_sync(kFullMask, row_max, 1));
+  std::uint32_t m0 = __vmaxu2(__vmaxu2(mag[0], mag[1]), __vmaxu2(mag[2], mag[3]));
+  std::uint32_t m1 = __vmaxu2(__vmaxu2(mag[4], mag[5]), __vmaxu2(mag[6], mag[7]));
+  std::uint32_t row_max = __byte_perm(m0, m1, 0x5410);  // low halves: chunk 0 | chunk 1
+  row_max = __vmaxu2(row_max, __byte_perm(m0, m1, 0x7632));  // with the high halves
+  row_max = __vmaxu2(row_max, __shfl_xor_sync(kFullMask, row_max, 1));
+  row_max = __vmaxu2(row_max, __shfl_xor_sync(kFullMask, row_max, 2));
 
   // Columnwise amax: the warp's 4 rows, then the 8 warps.
 #pragma unroll
@@ -165,84 +273,93 @@ __device__ __forceinline__ void quantize_tile(const BatchEntry& t, const Spot& s
     mag[k] = __vmaxu2(mag[k], __shfl_xor_sync(kFullMask, mag[k], 8));
     mag[k] = __vmaxu2(mag[k], __shfl_xor_sync(kFullMask, mag[k], 16));
   }
-  if (lane < 8) {
-    uint4* dst = reinterpret_cast<uint4*>(&sh.col_partial[warp][lane * 8]);
-    dst[0] = make_uint4(mag[0], mag[1], mag[2], mag[3]);
-    dst[1] = make_uint4(mag[4], mag[5], mag[6], mag[7]);
+  if (lane < 8) {  // column pairs 4q.. (chunk 0) and 32 + 4q.. (chunk 1)
+    *reinterpret_cast<uint4*>(&sh.col_partial[warp][4 * lane]) = make_uint4(mag[0], mag[1], mag[2], mag[3]);
+    *reinterpret_cast<uint4*>(&sh.col_partial[warp][32 + 4 * lane]) = make_uint4(mag[4], mag[5], mag[6], mag[7]);
   }
   __syncthreads();
+  const std::uint32_t amax0 = row_max & 0xFFFFu, amax1 = row_max >> 16;
+  bool nan = amax0 > 0x7F80u || amax1 > 0x7F80u;
   if (threadIdx.x < kTileCols / 2) {
     const int j = threadIdx.x;  // tile columns 2j and 2j + 1
     std::uint32_t v = sh.col_partial[0][j];
 #pragma unroll
-    for (int q = 1; q < kWarps; ++q) v = __vmaxu2(v, sh.col_partial[q][j]);
-    const std::uint8_t s_lo = scale_from_magnitude(v & 0xFFFFu), s_hi = scale_from_magnitude(v >> 16);
+    for (int k = 1; k < kWarps; ++k) v = __vmaxu2(v, sh.col_partial[k][j]);
+    const std::uint32_t amax_lo = v & 0xFFFFu, amax_hi = v >> 16;
+    nan = nan || amax_lo > 0x7F80u || amax_hi > 0x7F80u;
+    const std::uint8_t s_lo = scale_from_magnitude(amax_lo), s_hi = scale_from_magnitude(amax_hi);
     std::uint8_t* scale_col = in_global(t.out.scale_col) + s.col_scale + 2 * j;
-    if (2 * j < s.col_room) scale_col[0] = s_lo;
-    if (2 * j + 1 < s.col_room) scale_col[1] = s_hi;
-    sh.col_scale[2 * j] = s_lo;
-    sh.col_scale[2 * j + 1] = s_hi;
-    sh.col_inv[2 * j] = inverse_scale(s_lo);
-    sh.col_inv[2 * j + 1] = inverse_scale(s_hi);
+    if (2 * j < room.tile) scale_col[0] = s_lo;
+    if (2 * j + 1 < room.tile) scale_col[1] = s_hi;
+    *reinterpret_cast<std::uint16_t*>(&sh.col_scale[2 * j]) = static_cast<std::uint16_t>(s_lo | (s_hi << 8));
+    *reinterpret_cast<float2*>(&sh.col_inv[inv_slot(2 * j)]) = make_float2(inverse_scale(s_lo), inverse_scale(s_hi));
   }
-  const std::uint8_t row_scale = scale_from_magnitude(row_max);
-  if ((group & 1) == 0 && s.hi > 0) in_global(t.out.scale_row)[s.row_scale] = row_scale;
-  __syncthreads();
-  if (s.hi == 0) return;
-  const uint4 cs4 = *reinterpret_cast<const uint4*>(&sh.col_scale[group * kGroupCols]);
-  const std::uint32_t cs[4] = {cs4.x, cs4.y, cs4.z, cs4.w};
-  float inv[16];
-  const float4* ci = reinterpret_cast<const float4*>(&sh.col_inv[group * kGroupCols]);
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const float4 v = ci[q];
-    inv[4 * q] = v.x; inv[4 * q + 1] = v.y; inv[4 * q + 2] = v.z; inv[4 * q + 3] = v.w;
+  const std::uint8_t rs0 = scale_from_magnitude(amax0), rs1 = scale_from_magnitude(amax1);
+  if ((q & 3) == 0) {  // one lane of each block writes its scale
+    std::uint8_t* scale_row = in_global(t.out.scale_row) + s.row_scale;
+    if (room.hi0 > 0) scale_row[0] = rs0;
+    if (room.hi1 > 0) scale_row[2] = rs1;
   }
-  tile::encode_and_store(w, row_scale, inv, cs, in_global(t.out.data_row) + s.elem, in_global(t.out.data_col) + s.elem,
-                         0, s.hi);
+  const bool any_nan = __syncthreads_or(nan) != 0;
+  if (room.hi0 == 0) return;  // (hi1 > 0 only when chunk 0 is whole)
+
+  std::uint32_t qr[2], qc[2];
+  std::uint8_t* data_row = in_global(t.out.data_row) + s.elem;
+  std::uint8_t* data_col = in_global(t.out.data_col) + s.elem;
+  {
+    const uint2 cs = *reinterpret_cast<const uint2*>(&sh.col_scale[8 * q]);
+    const float4* ic = reinterpret_cast<const float4*>(&sh.col_inv[inv_slot(8 * q)]);
+    encode_chunk(w, inverse_scale(rs0), rs0, ic[0], ic[1], cs, any_nan, qr, qc);
+    store_chunk(data_row, qr, room.hi0);
+    store_chunk(data_col, qc, room.hi0);
+  }
+  if (room.hi1 == 0) return;
+  {
+    const uint2 cs = *reinterpret_cast<const uint2*>(&sh.col_scale[64 + 8 * q]);
+    const float4* ic = reinterpret_cast<const float4*>(&sh.col_inv[inv_slot(64 + 8 * q)]);
+    encode_chunk(w + 4, inverse_scale(rs1), rs1, ic[0], ic[1], cs, any_nan, qr, qc);
+    store_chunk(data_row + 64, qr, room.hi1);
+    store_chunk(data_col + 64, qc, room.hi1);
+  }
 }
 
-// Grid-stride over the `tiles` tiles of `table`, loading tile i + 1 while tile i is
-// quantized.
 // Resident blocks per SM the grid is sized for. The launch bounds keep the kernel
-// within 64 registers a thread (sm_90, nvcc 13.0: 62 and 64, no spills, per
-// cuobjdump --dump-resource-usage; capping at 48 for 5 blocks spills), which lets 4
-// blocks of 256 threads share an SM's 64K registers; shared memory (2.7 KB a block)
-// is no limit.
+// within 64 registers a thread (checked with -Xptxas -v: no spills), which lets 4
+// blocks of 256 threads share an SM's 64K registers; shared memory (2.9 KB a block) is
+// no limit.
 constexpr int kBlocksPerSm = 4;
 
+// Block b quantizes tiles [b * per_block, (b + 1) * per_block) of the `tiles` tiles of
+// `table`, loading tile i + 1 while tile i is quantized.
 template <class Table>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm) quantize_kernel(const Table table, const std::int64_t tiles,
-                                                            const std::int32_t* skip_flag) {
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+    quantize_kernel(const Table table, const std::int64_t tiles, const std::int64_t per_block,
+                    const std::int32_t* skip_flag) {
   __shared__ __align__(16) TileShared sh;
   // The flag's load and the first tile's loads are in flight together; nothing is
   // written before the flag is known.
   const std::int32_t skip = skip_flag != nullptr ? *skip_flag : 0;
-  std::int64_t t = blockIdx.x;
-  if (t >= tiles) return;
-  int e = table.find(t, 0);
-  Spot spot = spot_of(table[e], t);
+  std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * per_block;
+  const std::int64_t end = std::min(tiles, t + per_block);
+  if (t >= end) return;
+  Cursor c = cursor_at(table, t);
+  Spot spot = spot_of(table[c.e], c);
   std::uint32_t w[8];
-  load_words(in_global(table[e].src) + spot.elem, spot.hi, w);
+  load_words(in_global(table[c.e].src), spot, w);
   if (skip != 0) return;  // the whole grid leaves together
   for (;;) {
-    const std::int64_t next = t + gridDim.x;
-    const bool more = next < tiles;  // the same for the whole block
-    int e_next = e;
+    const bool more = t + 1 < end;  // the same for the whole block
+    Cursor c_next = c;
     Spot spot_next = spot;
     std::uint32_t w_next[8];
     if (more) {
-      e_next = table.find(next, e);
-      spot_next = spot_of(table[e_next], next);
-      load_words(in_global(table[e_next].src) + spot_next.elem, spot_next.hi, w_next);
-    } else {
-#pragma unroll
-      for (int k = 0; k < 8; ++k) w_next[k] = 0;
+      step(table, c_next, spot_next, t + 1);
+      load_words(in_global(table[c_next.e].src), spot_next, w_next);
     }
-    quantize_tile(table[e], spot, w, sh);
+    quantize_tile(table[c.e], spot, w, sh);
     if (!more) return;
-    t = next;
-    e = e_next;
+    ++t;
+    c = c_next;
     spot = spot_next;
 #pragma unroll
     for (int k = 0; k < 8; ++k) w[k] = w_next[k];
@@ -273,7 +390,8 @@ int resident_blocks() {
 // taken up by whichever SM frees first instead of running after everything else; but
 // at least kMinTilesPerBlock tiles per block unless that leaves less than one wave
 // (the prefetch hides a load on every tile after a block's first). The tiles are then
-// spread evenly: every block gets ceil(tiles / grid) or one less.
+// spread evenly: every block gets a run of tiles_per_block(tiles, grid) tiles, the last
+// one possibly fewer, none zero.
 constexpr int kMaxWaves = 4;
 constexpr std::int64_t kMinTilesPerBlock = 8;
 
@@ -285,6 +403,8 @@ int grid_for(std::int64_t tiles, int resident) {
   return static_cast<int>((tiles + per_block - 1) / per_block);
 }
 
+std::int64_t tiles_per_block(std::int64_t tiles, int grid) { return (tiles + grid - 1) / grid; }
+
 }  // namespace
 
 void launch_quantize(const Mxfp8Shape& shape, const std::uint16_t* src, const Mxfp8Planes& out,
@@ -293,7 +413,8 @@ void launch_quantize(const Mxfp8Shape& shape, const std::uint16_t* src, const Mx
   const std::int64_t tiles = one.entry.end_tile;
   const int grid = grid_for(tiles, resident_blocks());
   quantize_kernel<OneTensor>
-      <<<static_cast<unsigned>(grid), kThreads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(one, tiles, skip_flag);
+      <<<static_cast<unsigned>(grid), kThreads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
+          one, tiles, tiles_per_block(tiles, grid), skip_flag);
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -302,7 +423,7 @@ int batch_grid(std::int64_t tiles) { return grid_for(tiles, resident_blocks()); 
 void launch_quantize_batch(const BatchEntry* entries, int count, std::int64_t tiles, int grid,
                            const std::int32_t* skip_flag, Stream stream) {
   quantize_kernel<TensorList><<<static_cast<unsigned>(grid), kThreads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
-      TensorList{entries, count}, tiles, skip_flag);
+      TensorList{entries, count}, tiles, tiles_per_block(tiles, grid), skip_flag);
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
 }
 

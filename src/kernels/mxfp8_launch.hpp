@@ -28,6 +28,7 @@ struct BatchEntry {
   std::int64_t row_blocks = 0;           ///< shape.row_blocks()
   std::int64_t col_blocks = 0;           ///< shape.col_blocks()
   std::uint32_t col_tiles = 0;           ///< tiles across a member's columns
+  std::uint32_t row_tiles = 0;           ///< tiles down a member's rows
   std::uint32_t member_tiles = 0;        ///< tiles of one member
 };
 

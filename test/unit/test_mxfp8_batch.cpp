@@ -218,6 +218,15 @@ TEST(Mxfp8Batch, BadListsSayWhatToChange) {
   bad = good;
   bad[3].shape.members = -2;
   expect_error(bad, ErrorCode::InvalidArgument, {"tensor 3"});
+  // Shapes past the kernels' 32-bit tile and column counters (checked before any access).
+  bad = good;
+  bad[0].shape.members = 1;
+  bad[0].shape.rows = 1;
+  bad[0].shape.cols = std::int64_t{1} << 31;
+  expect_error(bad, ErrorCode::InvalidArgument, {"2^31 - 1 columns"});
+  bad[0].shape.rows = std::int64_t{1} << 36;  // 2^31 tile rows of one 128-column tile
+  bad[0].shape.cols = 128;
+  expect_error(bad, ErrorCode::InvalidArgument, {"2^31 - 1 tiles"});
   // A batch runs on the backend it was built for.
   const Mxfp8Batch batch(good, kHost);
   try {
