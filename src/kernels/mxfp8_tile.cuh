@@ -4,8 +4,9 @@
 //
 // A tile is 32 rows x 128 columns of one member: exactly one columnwise block per
 // column and four rowwise blocks per row, so both amaxes come from one read of the
-// data. 256 threads; thread t works on row (t/32)*4 + (t%32)/8 of the tile and 16
-// consecutive columns (two 16-byte bf16 loads, one 16-byte store per e4m3 plane).
+// data. 256 threads. In mxfp8.cu thread t works on row (t/32)*4 + (t%32)/8 of the tile
+// and 16 consecutive columns (encode_and_store); mxfp8_batch.cu gives each thread two
+// chunks of 8 columns, 64 apart, so that its loads and stores cover full sectors.
 #pragma once
 
 #include <cuda_runtime.h>
