@@ -183,8 +183,8 @@ void add_node_counts(bench::Result& r, cudaGraph_t graph) {
 
 void host_cpu_sweep(const Communicator& comm, Stream s, const Args& a, const std::string& device,
                     const std::string& cmd) {
-  // Floors measured in the same process: a graph of one 4-byte all-reduce and a graph
-  // of 16 empty kernels (what any graph launch with NCCL in it costs here).
+  // Floors measured in the same process: a graph of one 4-byte all-reduce (what any
+  // graph launch with NCCL in it costs here) and a graph of 16 4-byte memsets.
   DeviceBuffer one(Backend::Cuda, 4);
   SHARDOPT_CUDA_CHECK(cudaMemsetAsync(one.data(), 0, 4, reinterpret_cast<cudaStream_t>(s)));
   comm.all_reduce(one.data(), 1, DType::f32, ReduceOp::Sum, s);
@@ -197,6 +197,8 @@ void host_cpu_sweep(const Communicator& comm, Stream s, const Args& a, const std
   });
   empties.launch(s);
   const double memset_floor = host_us(s, host_iters, [&] { empties.launch(s); }).median;
+  const char* mixing = std::getenv("NCCL_GRAPH_MIXING_SUPPORT");
+  const bool mixing_off = mixing != nullptr && std::string(mixing) == "0";
   const std::int64_t total = 64LL << 20;
   for (int k : {1, 10, 100, 1000}) {
     for (int pipeline : {4, 1}) {
@@ -220,8 +222,7 @@ void host_cpu_sweep(const Communicator& comm, Stream s, const Args& a, const std
         r.bench = "dist_adam_host_cpu";
         r.config = "tensors=" + std::to_string(k) + "/64M/n" + std::to_string(comm.size());
         if (pipeline == 1) r.config += "/pipeline1";
-        const char* mixing = std::getenv("NCCL_GRAPH_MIXING_SUPPORT");
-        if (mixing != nullptr && std::string(mixing) == "0") r.config += "/nccl-mixing0";
+        if (mixing_off) r.config += "/nccl-mixing0";
         r.device = device;
         r.numbers["eager_host_us"] = eager.median;
         r.numbers["replay_host_us"] = replay.median;

@@ -81,7 +81,7 @@ __device__ __forceinline__ T* in_global(T* p) {
 
 // Where a block is in the tile sequence: entry e, member g, tile row rt, tile column
 // ct. A block walks a contiguous run of tiles, so only its first tile needs divisions
-// (cursor_at); every later one is a step (advance).
+// (cursor_at); every later one is a step (step()).
 struct Cursor {
   int e;
   std::uint32_t g, rt, ct;
@@ -99,22 +99,6 @@ __device__ __forceinline__ Cursor cursor_at(const Table& table, std::int64_t t) 
   c.rt = in_member / en.col_tiles;
   c.ct = in_member - c.rt * en.col_tiles;
   return c;
-}
-
-// c, at tile next - 1, moved to tile `next`.
-template <class Table>
-__device__ __forceinline__ void advance(const Table& table, Cursor& c, std::int64_t next) {
-  const BatchEntry& en = table[c.e];
-  if (next >= en.end_tile) {  // the next tensor's first tile
-    c.e = table.find(next, c.e);
-    c.g = c.rt = c.ct = 0;
-    return;
-  }
-  if (++c.ct < en.col_tiles) return;
-  c.ct = 0;
-  if (++c.rt < en.row_tiles) return;
-  c.rt = 0;
-  ++c.g;
 }
 
 // What a thread needs of its part of a tile. Thread (warp w, lane l) works on tile row
@@ -168,11 +152,12 @@ __device__ __forceinline__ Spot spot_of(const BatchEntry& t, const Cursor& c) {
 }
 
 // c and s, at tile next - 1, moved to tile `next`: one tile to the right along the tile
-// row (a few additions: the common case), else a fresh start (next tile row, member or
-// tensor).
+// row (a few additions: the common case), else a fresh start at the next tile row,
+// member or tensor.
 template <class Table>
 __device__ __forceinline__ void step(const Table& table, Cursor& c, Spot& s, std::int64_t next) {
-  if (c.ct + 1 < table[c.e].col_tiles) {
+  const BatchEntry& en = table[c.e];
+  if (c.ct + 1 < en.col_tiles) {
     ++c.ct;
     s.elem += kTileCols;
     s.row_scale += kTileCols / kBlock;
@@ -180,7 +165,14 @@ __device__ __forceinline__ void step(const Table& table, Cursor& c, Spot& s, std
     s.cols_left -= kTileCols;
     return;
   }
-  advance(table, c, next);
+  if (next >= en.end_tile) {  // the next tensor's first tile
+    c.e = table.find(next, c.e);
+    c.g = c.rt = 0;
+  } else if (++c.rt == en.row_tiles) {  // the next member's first tile row
+    c.rt = 0;
+    ++c.g;
+  }
+  c.ct = 0;
   s = spot_of(table[c.e], c);
 }
 
@@ -301,25 +293,22 @@ __device__ __forceinline__ void quantize_tile(const BatchEntry& t, const Spot& s
     if (room.hi1 > 0) scale_row[2] = rs1;
   }
   const bool any_nan = __syncthreads_or(nan) != 0;
-  if (room.hi0 == 0) return;  // (hi1 > 0 only when chunk 0 is whole)
 
-  std::uint32_t qr[2], qc[2];
+  // Chunk h: columns 64h + 8q of the tile, row scale rs_h.
   std::uint8_t* data_row = in_global(t.out.data_row) + s.elem;
   std::uint8_t* data_col = in_global(t.out.data_col) + s.elem;
-  {
-    const uint2 cs = *reinterpret_cast<const uint2*>(&sh.col_scale[8 * q]);
-    const float4* ic = reinterpret_cast<const float4*>(&sh.col_inv[inv_slot(8 * q)]);
-    encode_chunk(w, inverse_scale(rs0), rs0, ic[0], ic[1], cs, any_nan, qr, qc);
-    store_chunk(data_row, qr, room.hi0);
-    store_chunk(data_col, qc, room.hi0);
-  }
-  if (room.hi1 == 0) return;
-  {
-    const uint2 cs = *reinterpret_cast<const uint2*>(&sh.col_scale[64 + 8 * q]);
-    const float4* ic = reinterpret_cast<const float4*>(&sh.col_inv[inv_slot(64 + 8 * q)]);
-    encode_chunk(w + 4, inverse_scale(rs1), rs1, ic[0], ic[1], cs, any_nan, qr, qc);
-    store_chunk(data_row + 64, qr, room.hi1);
-    store_chunk(data_col + 64, qc, room.hi1);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int hi = h == 0 ? room.hi0 : room.hi1;
+    if (hi == 0) return;  // (chunk 1 has columns only when chunk 0 is whole)
+    const int col = 64 * h + 8 * q;
+    const std::uint8_t rs = h == 0 ? rs0 : rs1;
+    const uint2 cs = *reinterpret_cast<const uint2*>(&sh.col_scale[col]);
+    const float4* ic = reinterpret_cast<const float4*>(&sh.col_inv[inv_slot(col)]);
+    std::uint32_t qr[2], qc[2];
+    encode_chunk(w + 4 * h, inverse_scale(rs), rs, ic[0], ic[1], cs, any_nan, qr, qc);
+    store_chunk(data_row + 64 * h, qr, hi);
+    store_chunk(data_col + 64 * h, qc, hi);
   }
 }
 
