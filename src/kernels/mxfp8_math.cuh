@@ -24,12 +24,13 @@ SHARDOPT_HD std::uint32_t magnitude(std::uint16_t bf16) { return bf16 & 0x7FFFu;
 /// amax = M * 2^E with M in [1, 2): the smallest e with 448 * 2^e >= amax is E - 8 when
 /// M <= 1.75 (mantissa field <= 0x60) and E - 7 otherwise; byte = e + 127 clamped at
 /// 0 (bf16 subnormals and zero land there). Finite amaxes give at most 0xF7.
+/// Branch-free (selects): adding 0x1F to the 7 mantissa bits carries into the exponent
+/// field exactly when the mantissa exceeds 0x60, so (amax + 0x1F) >> 7 is E + 127 + 1
+/// or E + 127 as the rule says.
 SHARDOPT_HD std::uint8_t scale_from_magnitude(std::uint32_t amax) {
-  if (amax > 0x7F80u) return kScaleNaN;
-  if (amax == 0x7F80u) return kScaleInf;
-  const int biased = static_cast<int>(amax >> 7);  // E + 127; 0 for zero and subnormals
-  const int byte = biased - 8 + ((amax & 0x7Fu) > 0x60u ? 1 : 0);
-  return static_cast<std::uint8_t>(byte < 0 ? 0 : byte);
+  const std::uint32_t biased = (amax + 0x1Fu) >> 7;  // e + 127 + 8, for finite amaxes
+  const std::uint32_t finite = biased > 8u ? biased - 8u : 0u;
+  return static_cast<std::uint8_t>(amax > 0x7F80u ? kScaleNaN : amax == 0x7F80u ? kScaleInf : finite);
 }
 
 /// Exchanged u32 amax of a block: the f32 bit pattern of the (bf16-valued) amax, NaN
@@ -44,11 +45,10 @@ SHARDOPT_HD std::uint8_t scale_from_amax_bits(std::uint32_t bits) {
 }
 
 /// The multiplier 2^-e = 2^(127 - byte) of a scale byte: 2^127 for 0x00, 2^-127 (an f32
-/// subnormal) for the Inf scale 0xFE, NaN for 0xFF.
+/// subnormal) for the Inf scale 0xFE, NaN for 0xFF. Branch-free (selects).
 SHARDOPT_HD float inverse_scale(std::uint8_t scale) {
-  if (scale == kScaleNaN) return num::f32_from_bits(kAmaxNaN);
-  if (scale == kScaleInf) return num::f32_from_bits(0x00400000u);
-  return num::f32_from_bits((254u - scale) << 23);
+  const std::uint32_t finite = (254u - scale) << 23;
+  return num::f32_from_bits(scale == kScaleNaN ? kAmaxNaN : scale == kScaleInf ? 0x00400000u : finite);
 }
 
 /// One e4m3 element: RNE, saturating, of fl32(x * 2^-e); 0x7F in a NaN block. x is

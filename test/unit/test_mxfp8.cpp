@@ -74,6 +74,16 @@ TEST(Mxfp8Scale, ExactRuleEqualsTeRceilAndOracleForEveryBf16Amax) {
   std::printf("scale rule: exact bf16 rule == TE RCEIL model == oracle for all 32768 non-negative bf16 amaxes\n");
 }
 
+TEST(Mxfp8Scale, InverseScaleIsTwoToThe127MinusByteForEveryByte) {
+  // 2^(127 - byte) in double (exact in f32 for every byte but the NaN scale: 2^127 down
+  // to the subnormal 2^-127 of the Inf scale 0xFE); NaN for 0xFF.
+  for (int s = 0; s < 0xFF; ++s) {
+    const float want = static_cast<float>(std::ldexp(1.0, 127 - s));
+    ASSERT_EQ(mxfp8::inverse_scale(static_cast<std::uint8_t>(s)), want) << "scale byte " << s;
+  }
+  EXPECT_TRUE(std::isnan(mxfp8::inverse_scale(0xFF)));
+}
+
 TEST(Mxfp8Scale, ExchangedAmaxBitsOrderNaNAboveInfAboveFinite) {
   EXPECT_EQ(mxfp8::amax_bits(0x7FC1), mxfp8::kAmaxNaN);
   EXPECT_EQ(mxfp8::amax_bits(0x7F80), 0x7F800000u);
