@@ -1,6 +1,7 @@
 // mxfp8_batch.cpp - multi-tensor MXFP8 quantization: the Mxfp8Batch table (checks,
 // upload) and quantize_mxfp8_batch (the CUDA launch or the host twin, enqueued on the
 // HostStream so that it joins captures).
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -42,6 +43,14 @@ BatchEntry make_batch_entry(const Mxfp8Shape& shape, const std::uint16_t* src, c
   e.col_tiles = static_cast<std::uint32_t>(col_tiles);
   e.row_tiles = static_cast<std::uint32_t>(row_tiles);
   e.member_tiles = static_cast<std::uint32_t>(member_tiles);
+  // Every row starts 16-byte aligned in the source and 8-byte aligned in the data
+  // planes when the bases are and cols is a multiple of 8 (member bases: the kernel
+  // checks each member's offset).
+  const auto address = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
+  const bool aligned = shape.cols % 8 == 0 && address(src) % 16 == 0 && address(out.data_row) % 8 == 0 &&
+                       address(out.data_col) % 8 == 0;
+  e.full_row_tiles = static_cast<std::uint32_t>(shape.rows / kTileRows);
+  e.full_col_tiles = aligned ? static_cast<std::uint32_t>(shape.cols / kTileCols) : 0u;
   return e;
 }
 

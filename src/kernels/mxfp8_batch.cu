@@ -112,6 +112,7 @@ struct Spot {
   std::int64_t col_scale;  // index of the columnwise scale of the tile's first column
   int cols_left;           // columns from the tile's first one to the end of the row
   bool row_ok;             // the thread's row lies inside the member
+  bool full;               // the whole tile lies inside the member, every access aligned
 };
 
 // Valid columns of a tile (capped at 128), and of the thread's chunks: [0, hi0) of
@@ -119,7 +120,9 @@ struct Spot {
 struct Room {
   int tile, hi0, hi1;
 };
+template <bool kFull>
 __device__ __forceinline__ Room room_of(const Spot& s) {
+  if constexpr (kFull) return Room{kTileCols, 8, 8};
   const int tile = min(s.cols_left, kTileCols);
   const int first = (threadIdx.x & 7) * 8;  // chunk 0's first column in the tile
   return Room{tile, s.row_ok ? min(max(tile - first, 0), 8) : 0, s.row_ok ? min(max(tile - 64 - first, 0), 8) : 0};
@@ -148,6 +151,7 @@ __device__ __forceinline__ Spot spot_of(const BatchEntry& t, const Cursor& c) {
   s.col_scale = scol_base + static_cast<std::int64_t>(c.rt) * cols + tile_col;
   s.cols_left = static_cast<int>(cols - tile_col);  // cols < 2^31: make_batch_entry checks
   s.row_ok = r < rows;
+  s.full = c.rt < t.full_row_tiles && c.ct < t.full_col_tiles && (elem_base & 7) == 0;
   return s;
 }
 
@@ -163,6 +167,7 @@ __device__ __forceinline__ void step(const Table& table, Cursor& c, Spot& s, std
     s.row_scale += kTileCols / kBlock;
     s.col_scale += kTileCols;
     s.cols_left -= kTileCols;
+    s.full = s.full && c.ct < en.full_col_tiles;
     return;
   }
   if (next >= en.end_tile) {  // the next tensor's first tile
@@ -177,8 +182,9 @@ __device__ __forceinline__ void step(const Table& table, Cursor& c, Spot& s, std
 }
 
 // 8 bf16 of a chunk as 4 pairs (zero past hi).
+template <bool kFull>
 __device__ __forceinline__ void load_chunk(const std::uint16_t* p, int hi, std::uint32_t* w) {
-  if (hi == 8 && aligned16(p)) {
+  if (kFull || (hi == 8 && aligned16(p))) {
     const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
     w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
     return;
@@ -192,9 +198,14 @@ __device__ __forceinline__ void load_chunk(const std::uint16_t* p, int hi, std::
 }
 
 __device__ __forceinline__ void load_words(const std::uint16_t* src, const Spot& s, std::uint32_t (&w)[8]) {
-  const Room room = room_of(s);
-  load_chunk(src + s.elem, room.hi0, w);
-  load_chunk(src + s.elem + 64, room.hi1, w + 4);
+  if (s.full) {  // block-uniform
+    load_chunk<true>(src + s.elem, 8, w);
+    load_chunk<true>(src + s.elem + 64, 8, w + 4);
+    return;
+  }
+  const Room room = room_of<false>(s);
+  load_chunk<false>(src + s.elem, room.hi0, w);
+  load_chunk<false>(src + s.elem + 64, room.hi1, w + 4);
 }
 
 // Shared column data of a tile. col_inv is padded (column c at c + 4 * (c / 32)) so that
@@ -228,8 +239,9 @@ __device__ __forceinline__ void encode_chunk(const std::uint32_t* w, float inv_r
 }
 
 // Stores the first `hi` bytes of a chunk's 8 (one 8-byte store when whole and aligned).
+template <bool kFull>
 __device__ __forceinline__ void store_chunk(std::uint8_t* dst, const std::uint32_t (&q)[2], int hi) {
-  if (hi == 8 && (reinterpret_cast<std::uintptr_t>(dst) & 7u) == 0) {
+  if (kFull || (hi == 8 && (reinterpret_cast<std::uintptr_t>(dst) & 7u) == 0)) {
     *reinterpret_cast<uint2*>(dst) = make_uint2(q[0], q[1]);
     return;
   }
@@ -242,10 +254,11 @@ __device__ __forceinline__ void store_chunk(std::uint8_t* dst, const std::uint32
 // calls it (two barriers). Shared memory reuse across calls is safe: col_partial is read
 // only between the two barriers, col_inv / col_scale only after the second, and a
 // thread's next write of each comes after a barrier that follows all those reads.
+template <bool kFull>
 __device__ __forceinline__ void quantize_tile(const BatchEntry& t, const Spot& s, const std::uint32_t (&w)[8],
                                               TileShared& sh) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = lane & 7;
-  const Room room = room_of(s);
+  const Room room = room_of<kFull>(s);
 
   // Rowwise amax: each chunk's 8 values, packed (chunk 0 low, chunk 1 high), then the 4
   // lanes that share the two 32-column blocks (xor 1, 2).
@@ -307,8 +320,8 @@ __device__ __forceinline__ void quantize_tile(const BatchEntry& t, const Spot& s
     const float4* ic = reinterpret_cast<const float4*>(&sh.col_inv[inv_slot(col)]);
     std::uint32_t qr[2], qc[2];
     encode_chunk(w + 4 * h, inverse_scale(rs), rs, ic[0], ic[1], cs, any_nan, qr, qc);
-    store_chunk(data_row + 64 * h, qr, hi);
-    store_chunk(data_col + 64 * h, qc, hi);
+    store_chunk<kFull>(data_row + 64 * h, qr, hi);
+    store_chunk<kFull>(data_col + 64 * h, qc, hi);
   }
 }
 
@@ -345,7 +358,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       step(table, c_next, spot_next, t + 1);
       load_words(in_global(table[c_next.e].src), spot_next, w_next);
     }
-    quantize_tile(table[c.e], spot, w, sh);
+    if (spot.full) {  // block-uniform: no bounds or alignment checks
+      quantize_tile<true>(table[c.e], spot, w, sh);
+    } else {
+      quantize_tile<false>(table[c.e], spot, w, sh);
+    }
     if (!more) return;
     ++t;
     c = c_next;

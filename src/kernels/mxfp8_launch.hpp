@@ -30,6 +30,11 @@ struct BatchEntry {
   std::uint32_t col_tiles = 0;           ///< tiles across a member's columns
   std::uint32_t row_tiles = 0;           ///< tiles down a member's rows
   std::uint32_t member_tiles = 0;        ///< tiles of one member
+  /// Tile rows and columns of a member whose tiles are whole (rows / 32, cols / 128);
+  /// 0 columns when the source or the data planes are not aligned for 16- and 8-byte
+  /// accesses on every row (the kernel then checks each access).
+  std::uint32_t full_row_tiles = 0;
+  std::uint32_t full_col_tiles = 0;
 };
 
 /// The entry of one tensor whose first tile is `first_tile`. Throws
