@@ -20,8 +20,10 @@
 // fl32(x * 2^-e) and the hardware's RNE saturating f32x2 -> e4m3x2 conversion (equal to
 // the host twin's num::f32_to_e4m3 for every input: checked in
 // test/gpu/test_mxfp8_convert.cu). NaN blocks are patched to 0x7F only in tiles that
-// hold a NaN (one __syncthreads_or tells). The skip flag is read once, together with the
-// first tile: when it is nonzero every block leaves before writing anything.
+// hold a NaN (one __syncthreads_or tells). Whole tiles of aligned tensors (Spot::full,
+// block-uniform) take a copy of the path with every bounds and alignment check compiled
+// out. The skip flag is read once, together with the first tile: when it is nonzero
+// every block leaves before writing anything.
 #include <cuda_runtime.h>
 
 #include <algorithm>
