@@ -43,6 +43,8 @@ BatchEntry make_batch_entry(const Mxfp8Shape& shape, const std::uint16_t* src, c
   e.col_tiles = static_cast<std::uint32_t>(col_tiles);
   e.row_tiles = static_cast<std::uint32_t>(row_tiles);
   e.member_tiles = static_cast<std::uint32_t>(member_tiles);
+  e.col_div = make_divider(e.col_tiles);
+  e.member_div = make_divider(e.member_tiles);
   // Every row starts 16-byte aligned in the source and 8-byte aligned in the data
   // planes when the bases are and cols is a multiple of 8 (member bases: the kernel
   // checks each member's offset).

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "kernels/fast_divide.hpp"
 #include "shardopt/backend.hpp"
 #include "shardopt/layout.hpp"
 #include "shardopt/mxfp8.hpp"
@@ -30,6 +31,8 @@ struct BatchEntry {
   std::uint32_t col_tiles = 0;           ///< tiles across a member's columns
   std::uint32_t row_tiles = 0;           ///< tiles down a member's rows
   std::uint32_t member_tiles = 0;        ///< tiles of one member
+  FastDivider col_div;                   ///< divides by col_tiles
+  FastDivider member_div;                ///< divides by member_tiles
   /// Tile rows and columns of a member whose tiles are whole (rows / 32, cols / 128);
   /// 0 columns when the source or the data planes are not aligned for 16- and 8-byte
   /// accesses on every row (the kernel then checks each access).
