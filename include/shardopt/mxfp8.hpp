@@ -208,7 +208,7 @@ class Mxfp8Batch {
   std::int64_t numel() const;
   /// Tiles of 32 x 128 elements of all tensors (the kernel's units of work).
   std::int64_t tiles() const;
-  /// Blocks of the CUDA launch (a persistent grid of one to four waves of resident
+  /// Blocks of the CUDA launch (a persistent grid of at most one wave of resident
   /// blocks, fixed when the batch is built); 0 on the host.
   int grid() const;
 

@@ -2,24 +2,27 @@
 // list of tensors of any shapes (quantize_mxfp8_batch), each in ONE launch.
 //
 // Work: tiles of 32 x 128 elements of one member (mxfp8_tile.cuh). The tensors' tiles
-// form one sequence (tensor after tensor, member after member, tile rows, tile columns)
-// that a persistent grid walks in one of two orders (Walk):
-// - one tensor (quantize_mxfp8): one wave of resident blocks with a grid stride, block
-//   b taking tiles b, b + G, b + 2G, ... The blocks running at any moment then work on
-//   G neighbouring tiles, so the 16 tiles across a 2048-column row are read at nearly
-//   the same time, which DRAM serves better than each block walking rows on its own
-//   (H200, 128256 x 2048 embedding: 81.7% -> 86% of copy bandwidth). Each tile's
-//   member and tile coordinates take two multiply-shift divisions (FastDivider) with
-//   the entry in the kernel's parameters.
-// - a list of tensors (quantize_mxfp8_batch): one to four waves of resident blocks
-//   (grid_for) cut the sequence into equal contiguous runs. A block finds its first
-//   tile's tensor, member and tile coordinates once (a binary search over the entries'
-//   tile ranges, two divisions) and then steps from tile to tile (step()), which reads
-//   two fields of the entry table instead of a dozen: the grid stride measured 1.8%
-//   slower here (the entry table lives in global memory; staging it in shared memory
-//   did not help).
-// Either way every block gets the same number of tiles (to one) whatever the mix of
-// shapes, and no tensor costs a launch or a partial wave of its own.
+// form one sequence (tensor after tensor, member after member, tile rows, tile columns).
+// One wave of resident blocks walks it in interleaved runs (Walk): block b takes runs
+// b, b + G, b + 2G, ... (G blocks) of R consecutive tiles (R a power of two). The blocks
+// running at any moment then work on G * R neighbouring tiles, which DRAM serves better
+// than blocks walking distant parts of the sequence: every block getting one contiguous
+// share gave 81.7% of copy bandwidth on the H200 embedding and 82.1% on the batch.
+// Within a run a block steps from tile to tile (step(): a few additions along a tile
+// row); the first tile of a run takes the tensor's entry (its current one, the next,
+// else a binary search over the entries' tile ranges) and two multiply-shift divisions
+// (FastDivider). Measured on H200 (decisions.md, "the order of tiles"):
+// - one tensor (quantize_mxfp8, entry in the kernel's parameters, so a fresh start is
+//   cheap): R = 1, a plain grid stride: 128256 x 2048 embedding 86%, 114 launches in a
+//   graph 79%; R = 4 and 16 gave 86.7% and 82.5% on the embedding, 78.3% and 77.2% in
+//   the graph.
+// - a list of tensors (quantize_mxfp8_batch, entries in global memory): R = 16, 85%;
+//   R = 1, 4, 64, 256 gave 77.4%, 82.6%, 82.9%, 79.5%.
+// R shrinks for small sequences so that every resident block gets a run. Every block
+// gets the same number of tiles (to one run) whatever the mix of shapes, and no tensor
+// costs a launch or a partial wave of its own. The price of one wave: a block that
+// cannot be resident at launch (another kernel holding its SM) runs its whole share
+// after the others finish.
 //
 // Software pipeline: a block issues the loads of its next tile before it quantizes the
 // current one, so a tile's DRAM latency overlaps the previous tile's shuffles, barriers
@@ -58,7 +61,7 @@ using tile::kWarps;
 // The entry table of quantize_mxfp8: one tensor, passed by value in the kernel's
 // parameters.
 struct OneTensor {
-  static constexpr bool kGridStride = true;
+  static constexpr int kMaxRun = 1;  // tiles per run of the walk (header comment)
   BatchEntry entry;
   __device__ const BatchEntry& operator[](int) const { return entry; }
   __device__ int find(std::int64_t, int) const { return 0; }
@@ -67,7 +70,7 @@ struct OneTensor {
 // The entry table of quantize_mxfp8_batch: `count` entries in device memory whose tile
 // ranges [first_tile, end_tile) follow each other from 0.
 struct TensorList {
-  static constexpr bool kGridStride = false;
+  static constexpr int kMaxRun = 16;  // tiles per run of the walk (header comment)
   const BatchEntry* entries;
   int count;
   __device__ const BatchEntry& operator[](int e) const { return entries[e]; }
@@ -170,12 +173,12 @@ __device__ __forceinline__ Spot spot_of(const BatchEntry& t, const Cursor& c) {
   return s;
 }
 
-// c and s moved to tile `next` (Walk): for a contiguous run (next follows c), one tile
-// to the right along the tile row (a few additions: the common case), else a fresh
-// start at the next tile row, member or tensor; for a grid stride, a fresh start.
+// c and s moved to tile `next`: within a run (next follows c), one tile to the right
+// along the tile row (a few additions: the common case), else a fresh start at the next
+// tile row, member or tensor; at the start of a run (`jump`), a fresh start.
 template <class Table>
-__device__ __forceinline__ void step(const Table& table, Cursor& c, Spot& s, std::int64_t next) {
-  if constexpr (Table::kGridStride) {
+__device__ __forceinline__ void step(const Table& table, Cursor& c, Spot& s, std::int64_t next, bool jump) {
+  if (jump) {
     c = cursor_at(table, next, c.e);
     s = spot_of(table[c.e], c);
     return;
@@ -351,35 +354,33 @@ __device__ __forceinline__ void quantize_tile(const BatchEntry& t, const Spot& s
 // no limit.
 constexpr int kBlocksPerSm = 4;
 
-// The tiles of block b (of G), out of `tiles`: b, b + G, b + 2G, ... for a grid stride;
-// [b * per_block, (b + 1) * per_block) for contiguous runs.
+// The tiles of block b of G: runs b, b + G, b + 2G, ... of `run` consecutive tiles (a
+// power of two, at most Table::kMaxRun: a plain grid stride when that is 1), up to
+// `tiles`.
 template <class Table>
 struct Walk {
-  std::int64_t first, end, stride;
-  __device__ Walk(std::int64_t tiles, std::int64_t per_block) {
-    if constexpr (Table::kGridStride) {
-      first = blockIdx.x;
-      end = tiles;
-      stride = gridDim.x;
-    } else {
-      first = static_cast<std::int64_t>(blockIdx.x) * per_block;
-      end = min(tiles, first + per_block);
-      stride = 1;
-    }
-  }
+  std::int64_t first, end, jump;
+  std::int64_t run;
+  __device__ Walk(std::int64_t tiles, int run_tiles)
+      : first(static_cast<std::int64_t>(blockIdx.x) * run_tiles),
+        end(tiles),
+        jump(1 + (static_cast<std::int64_t>(gridDim.x) - 1) * run_tiles),
+        run(run_tiles) {}
+  // Whether tile t ends its run (the next tile is a jump away).
+  __device__ bool ends_run(std::int64_t t) const { return Table::kMaxRun == 1 || ((t + 1) & (run - 1)) == 0; }
+  __device__ std::int64_t after(std::int64_t t) const { return ends_run(t) ? t + jump : t + 1; }
 };
 
 // Block b quantizes its tiles (Walk) of the `tiles` tiles of `table`, loading each tile
 // while it quantizes the one before.
 template <class Table>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
-    quantize_kernel(const Table table, const std::int64_t tiles, const std::int64_t per_block,
-                    const std::int32_t* skip_flag) {
+    quantize_kernel(const Table table, const std::int64_t tiles, const int run, const std::int32_t* skip_flag) {
   __shared__ __align__(16) TileShared sh;
   // The flag's load and the first tile's loads are in flight together; nothing is
   // written before the flag is known.
   const std::int32_t skip = skip_flag != nullptr ? *skip_flag : 0;
-  const Walk<Table> walk(tiles, per_block);
+  const Walk<Table> walk(tiles, run);
   std::int64_t t = walk.first;
   if (t >= walk.end) return;
   Cursor c = cursor_at(table, t, 0);
@@ -388,13 +389,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   load_words(in_global(table[c.e].src), spot, w);
   if (skip != 0) return;  // the whole grid leaves together
   for (;;) {
-    const std::int64_t next = t + walk.stride;
+    const bool jump = walk.ends_run(t);
+    const std::int64_t next = walk.after(t);
     const bool more = next < walk.end;  // the same for the whole block
     Cursor c_next = c;
     Spot spot_next = spot;
     std::uint32_t w_next[8];
     if (more) {
-      step(table, c_next, spot_next, next);
+      step(table, c_next, spot_next, next, jump);
       load_words(in_global(table[c_next.e].src), spot_next, w_next);
     }
     if (spot.full) {  // block-uniform: no bounds or alignment checks
@@ -430,25 +432,18 @@ int resident_blocks() {
   return blocks;
 }
 
-// Blocks of a contiguous-run grid: up to kMaxWaves waves of resident blocks, so that
-// blocks held back by other kernels running beside this one (NCCL's, in an optimizer
-// step) are taken up by whichever SM frees first instead of running after everything
-// else; but at least kMinTilesPerBlock tiles per block unless that leaves less than one
-// wave (the prefetch hides a load on every tile after a block's first). The tiles are
-// then spread evenly: every block gets a run of tiles_per_block(tiles, grid) tiles, the
-// last one possibly fewer, none zero.
-constexpr int kMaxWaves = 4;
-constexpr std::int64_t kMinTilesPerBlock = 8;
-
-int grid_for(std::int64_t tiles, int resident) {
-  std::int64_t blocks = (tiles + kMinTilesPerBlock - 1) / kMinTilesPerBlock;
-  blocks = std::clamp<std::int64_t>(blocks, resident, std::int64_t{resident} * kMaxWaves);
-  blocks = std::min(blocks, tiles);
-  const std::int64_t per_block = (tiles + blocks - 1) / blocks;
-  return static_cast<int>((tiles + per_block - 1) / per_block);
+// The walk of `tiles` tiles for a table whose runs are at most max_run tiles: one wave
+// of resident blocks, runs as long as max_run allows while every block still gets one.
+struct WalkPlan {
+  int grid;
+  int run;
+};
+WalkPlan plan_walk(std::int64_t tiles, int max_run) {
+  const int resident = resident_blocks();
+  int run = 1;
+  while (run * 2 <= max_run && std::int64_t{run} * 2 * resident <= tiles) run *= 2;
+  return WalkPlan{static_cast<int>(std::min<std::int64_t>((tiles + run - 1) / run, resident)), run};
 }
-
-std::int64_t tiles_per_block(std::int64_t tiles, int grid) { return (tiles + grid - 1) / grid; }
 
 }  // namespace
 
@@ -456,22 +451,22 @@ void launch_quantize(const Mxfp8Shape& shape, const std::uint16_t* src, const Mx
                      const std::int32_t* skip_flag, const Mxfp8Member* table, Stream stream) {
   const OneTensor one{make_batch_entry(shape, src, out, table, 0)};
   const std::int64_t tiles = one.entry.end_tile;
-  // Grid stride: one wave. (A block that cannot be resident at launch, beside another
-  // kernel, runs its whole share after the first blocks finish: the price of the
-  // neighbouring reads, which contiguous runs over four waves would not pay.)
-  const int grid = static_cast<int>(std::min<std::int64_t>(tiles, resident_blocks()));
+  const WalkPlan walk = plan_walk(tiles, OneTensor::kMaxRun);
   quantize_kernel<OneTensor>
-      <<<static_cast<unsigned>(grid), kThreads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
-          one, tiles, tiles_per_block(tiles, grid), skip_flag);
+      <<<static_cast<unsigned>(walk.grid), kThreads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
+          one, tiles, walk.run, skip_flag);
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
 }
 
-int batch_grid(std::int64_t tiles) { return grid_for(tiles, resident_blocks()); }
+int batch_grid(std::int64_t tiles) { return plan_walk(tiles, TensorList::kMaxRun).grid; }
 
 void launch_quantize_batch(const BatchEntry* entries, int count, std::int64_t tiles, int grid,
                            const std::int32_t* skip_flag, Stream stream) {
+  // Any grid covers every run (Walk); batch_grid's, planned with the same run, is the
+  // one that gives each resident block the same share.
+  const WalkPlan walk = plan_walk(tiles, TensorList::kMaxRun);
   quantize_kernel<TensorList><<<static_cast<unsigned>(grid), kThreads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
-      TensorList{entries, count}, tiles, tiles_per_block(tiles, grid), skip_flag);
+      TensorList{entries, count}, tiles, walk.run, skip_flag);
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
 }
 

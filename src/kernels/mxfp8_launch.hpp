@@ -51,8 +51,9 @@ BatchEntry make_batch_entry(const Mxfp8Shape& shape, const std::uint16_t* src, c
 /// Whole-tensor quantize of one tensor; `table` may be null (contiguous members).
 void launch_quantize(const Mxfp8Shape& shape, const std::uint16_t* src, const Mxfp8Planes& out,
                      const std::int32_t* skip_flag, const Mxfp8Member* table, Stream stream);
-/// Blocks of the batch kernel's persistent grid (one to four waves) for `tiles` tiles
-/// on the current device (host queries only; call it when building a batch).
+/// Blocks of the batch kernel's persistent grid (at most one wave of resident blocks)
+/// for `tiles` tiles on the current device (host queries only; call it when building
+/// a batch).
 int batch_grid(std::int64_t tiles);
 /// Whole-tensor quantize of the `count` tensors of the device table `entries` (tiles:
 /// the last entry's end_tile) with `grid` blocks, in one launch.
