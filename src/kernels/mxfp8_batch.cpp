@@ -165,7 +165,7 @@ void quantize_mxfp8_batch(const Mxfp8Batch& batch, const std::int32_t* skip_flag
                    "quantize_mxfp8_batch: the batch was built on CUDA device " + std::to_string(im.device) +
                        " but device " + std::to_string(device) + " is current; make device " +
                        std::to_string(im.device) + " current (cudaSetDevice) or build a batch on this one");
-  mxfp8::launch_quantize_batch(entries, count, im.tiles, im.grid, skip_flag, stream);
+  mxfp8::launch_quantize_batch(entries, count, im.tiles, skip_flag, stream);
 #endif
 }
 

@@ -173,34 +173,24 @@ __device__ __forceinline__ Spot spot_of(const BatchEntry& t, const Cursor& c) {
   return s;
 }
 
-// c and s moved to tile `next`: within a run (next follows c), one tile to the right
-// along the tile row (a few additions: the common case), else a fresh start at the next
-// tile row, member or tensor; at the start of a run (`jump`), a fresh start.
+// c and s moved to tile `next`: one tile to the right when next follows c along its tile
+// row (a few additions: the common case), else a fresh start (cursor_at, spot_of) - at
+// the start of a run (`run_starts`), or at the next tile row, member or tensor.
 template <class Table>
-__device__ __forceinline__ void step(const Table& table, Cursor& c, Spot& s, std::int64_t next, bool jump) {
-  if (jump) {
-    c = cursor_at(table, next, c.e);
-    s = spot_of(table[c.e], c);
-    return;
+__device__ __forceinline__ void step(const Table& table, Cursor& c, Spot& s, std::int64_t next, bool run_starts) {
+  if (!run_starts) {
+    const BatchEntry& en = table[c.e];
+    if (c.ct + 1 < en.col_tiles) {
+      ++c.ct;
+      s.elem += kTileCols;
+      s.row_scale += kTileCols / kBlock;
+      s.col_scale += kTileCols;
+      s.cols_left -= kTileCols;
+      s.full = s.full && c.ct < en.full_col_tiles;
+      return;
+    }
   }
-  const BatchEntry& en = table[c.e];
-  if (c.ct + 1 < en.col_tiles) {
-    ++c.ct;
-    s.elem += kTileCols;
-    s.row_scale += kTileCols / kBlock;
-    s.col_scale += kTileCols;
-    s.cols_left -= kTileCols;
-    s.full = s.full && c.ct < en.full_col_tiles;
-    return;
-  }
-  if (next >= en.end_tile) {  // the next tensor's first tile
-    c.e = table.find(next, c.e);
-    c.g = c.rt = 0;
-  } else if (++c.rt == en.row_tiles) {  // the next member's first tile row
-    c.rt = 0;
-    ++c.g;
-  }
-  c.ct = 0;
+  c = cursor_at(table, next, c.e);
   s = spot_of(table[c.e], c);
 }
 
@@ -359,16 +349,15 @@ constexpr int kBlocksPerSm = 4;
 // `tiles`.
 template <class Table>
 struct Walk {
-  std::int64_t first, end, jump;
+  std::int64_t first;  // the block's first tile
+  std::int64_t gap;    // from the last tile of a run to the first of the block's next
   std::int64_t run;
-  __device__ Walk(std::int64_t tiles, int run_tiles)
+  __device__ explicit Walk(int run_tiles)
       : first(static_cast<std::int64_t>(blockIdx.x) * run_tiles),
-        end(tiles),
-        jump(1 + (static_cast<std::int64_t>(gridDim.x) - 1) * run_tiles),
+        gap(1 + (static_cast<std::int64_t>(gridDim.x) - 1) * run_tiles),
         run(run_tiles) {}
-  // Whether tile t ends its run (the next tile is a jump away).
+  // Whether tile t is the last of its run.
   __device__ bool ends_run(std::int64_t t) const { return Table::kMaxRun == 1 || ((t + 1) & (run - 1)) == 0; }
-  __device__ std::int64_t after(std::int64_t t) const { return ends_run(t) ? t + jump : t + 1; }
 };
 
 // Block b quantizes its tiles (Walk) of the `tiles` tiles of `table`, loading each tile
@@ -380,23 +369,23 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   // The flag's load and the first tile's loads are in flight together; nothing is
   // written before the flag is known.
   const std::int32_t skip = skip_flag != nullptr ? *skip_flag : 0;
-  const Walk<Table> walk(tiles, run);
+  const Walk<Table> walk(run);
   std::int64_t t = walk.first;
-  if (t >= walk.end) return;
+  if (t >= tiles) return;
   Cursor c = cursor_at(table, t, 0);
   Spot spot = spot_of(table[c.e], c);
   std::uint32_t w[8];
   load_words(in_global(table[c.e].src), spot, w);
   if (skip != 0) return;  // the whole grid leaves together
   for (;;) {
-    const bool jump = walk.ends_run(t);
-    const std::int64_t next = walk.after(t);
-    const bool more = next < walk.end;  // the same for the whole block
+    const bool run_ends = walk.ends_run(t);
+    const std::int64_t next = run_ends ? t + walk.gap : t + 1;
+    const bool more = next < tiles;  // the same for the whole block
     Cursor c_next = c;
     Spot spot_next = spot;
     std::uint32_t w_next[8];
     if (more) {
-      step(table, c_next, spot_next, next, jump);
+      step(table, c_next, spot_next, next, run_ends);
       load_words(in_global(table[c_next.e].src), spot_next, w_next);
     }
     if (spot.full) {  // block-uniform: no bounds or alignment checks
@@ -460,12 +449,10 @@ void launch_quantize(const Mxfp8Shape& shape, const std::uint16_t* src, const Mx
 
 int batch_grid(std::int64_t tiles) { return plan_walk(tiles, TensorList::kMaxRun).grid; }
 
-void launch_quantize_batch(const BatchEntry* entries, int count, std::int64_t tiles, int grid,
-                           const std::int32_t* skip_flag, Stream stream) {
-  // Any grid covers every run (Walk); batch_grid's, planned with the same run, is the
-  // one that gives each resident block the same share.
+void launch_quantize_batch(const BatchEntry* entries, int count, std::int64_t tiles, const std::int32_t* skip_flag,
+                           Stream stream) {
   const WalkPlan walk = plan_walk(tiles, TensorList::kMaxRun);
-  quantize_kernel<TensorList><<<static_cast<unsigned>(grid), kThreads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
+  quantize_kernel<TensorList><<<static_cast<unsigned>(walk.grid), kThreads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
       TensorList{entries, count}, tiles, walk.run, skip_flag);
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
 }

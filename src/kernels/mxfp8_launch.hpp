@@ -56,9 +56,9 @@ void launch_quantize(const Mxfp8Shape& shape, const std::uint16_t* src, const Mx
 /// a batch).
 int batch_grid(std::int64_t tiles);
 /// Whole-tensor quantize of the `count` tensors of the device table `entries` (tiles:
-/// the last entry's end_tile) with `grid` blocks, in one launch.
-void launch_quantize_batch(const BatchEntry* entries, int count, std::int64_t tiles, int grid,
-                           const std::int32_t* skip_flag, Stream stream);
+/// the last entry's end_tile) with batch_grid(tiles) blocks, in one launch.
+void launch_quantize_batch(const BatchEntry* entries, int count, std::int64_t tiles, const std::int32_t* skip_flag,
+                           Stream stream);
 
 // ------------------------------------------------------------------ CUDA (mxfp8.cu)
 
