@@ -13,6 +13,8 @@
 //   shard-w4/scale-max, shard-w4/amax-max   the sharded path of rank 1 of 4 (Layout
 //                           segments, fp32 master shard): phase 1 + phase 2 of each
 //                           scheme for every segment, without the all-reduce
+//   shard-w4/batched        scheme (A) for all those segments through one
+//                           Mxfp8ShardBatch: one memset + two launches
 // Bytes: whole tensor = 2 (read bf16) + 2 (two e4m3 planes) + 1/16 (scales) per element;
 // the sharded rows count what their kernels and memsets move (below). limit_ms =
 // bytes / copy bandwidth (copy bandwidth = (read + written bytes) / time of a 1 GiB
@@ -329,6 +331,41 @@ int main(int argc, char** argv) {
                  (scheme == 0 ? "partial scales, shard data" : "partial u32 amax, scales of all blocks + shard data") +
                  "), all-reduce excluded; exchange bytes per rank " +
                  std::to_string(static_cast<long long>(scheme == 0 ? full_blocks : 4 * full_blocks)));
+    }
+    // Scheme (A) through one Mxfp8ShardBatch (the optimizer's path): the scales of the
+    // touched params back to back (one memset), phase 1 and phase 2 one launch each.
+    {
+      DeviceBuffer scales(kCuda, static_cast<std::size_t>(full_blocks));
+      std::vector<Mxfp8ShardTensor> tensors;
+      std::int64_t s_off = 0;
+      for (const Segment& sg : segments) {
+        const auto p = static_cast<std::size_t>(sg.param);
+        const Mxfp8Shape& s = shapes[p];
+        Mxfp8ShardTensor t;
+        t.shape = s;
+        t.range = Range{sg.param_offset, sg.param_offset + sg.length};
+        t.master = master.as<float>() + sg.shard_offset;
+        t.out = planes(p);
+        t.out.scale_row = scales.as<std::uint8_t>() + s_off;
+        t.out.scale_col = t.out.scale_row + s.scale_row_numel();
+        s_off += s.scale_row_numel() + s.scale_col_numel();
+        tensors.push_back(t);
+      }
+      const Mxfp8ShardBatch batch(tensors, kCuda);
+      const Graph g(stream, [&] {
+        mxfp8_partial_scales_batch(batch, kCuda, st);
+        quantize_mxfp8_shard_data_batch(batch, kCuda, st);
+      });
+      const double ms = time_ms(stream, [&] { g.launch(stream); });
+      const double shard = static_cast<double>(shard_elems), blocks = static_cast<double>(full_blocks);
+      extra["grid_blocks"] = batch.grid();
+      extra["tiles"] = static_cast<double>(batch.tiles());
+      extra["memsets"] = static_cast<double>(batch.scale_spans());
+      report("shard-w4/batched", ms, shard * (4 + 4 + 2) + blocks + shard / 16 * 2, shard_elems,
+             "rank 1 of 4: " + std::to_string(segments.size()) +
+                 " segments in one Mxfp8ShardBatch, fp32 master -> mxfp8_partial_scales_batch + "
+                 "quantize_mxfp8_shard_data_batch (scheme A, bytes as shard-w4/scale-max), all-reduce excluded");
+      extra.clear();
     }
   }
   SHARDOPT_CUDA_CHECK(cudaStreamDestroy(stream));

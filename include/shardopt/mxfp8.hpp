@@ -70,11 +70,14 @@
 // launch: an Mxfp8Batch, built once, holds the list as a device-resident table, and a
 // persistent grid walks all the tensors' tiles as one sequence, so small matrices (the
 // k/v projections of a model) cost neither a launch nor a partly filled wave each. The
-// bytes are those of one quantize_mxfp8 call per tensor.
+// bytes are those of one quantize_mxfp8 call per tensor. Mxfp8ShardBatch does the same
+// for the two phases of a rank's sharded quantization (scheme A) over many tensors:
+// mxfp8_partial_scales_batch and quantize_mxfp8_shard_data_batch, one launch each.
 //
 // Every entry point is stream-ordered and capturable: no host reads of device data,
 // no allocation; the host backend records the work on a capturing HostStream.
-// (Building an Mxfp8Batch allocates and copies: do it before capturing.)
+// (Building an Mxfp8Batch or Mxfp8ShardBatch allocates and copies: do it before
+// capturing.)
 #pragma once
 
 #include <cstdint>
@@ -258,6 +261,76 @@ void mxfp8_partial_amax(const Mxfp8Shape& shape, Range range, const float* maste
 void quantize_mxfp8_shard(const Mxfp8Shape& shape, Range range, const float* master,
                           const std::uint32_t* amax_row, const std::uint32_t* amax_col,
                           const Mxfp8Planes& out, Backend backend, Stream stream);
+
+/// One tensor of a multi-tensor sharded quantization (scheme A): the arguments of one
+/// mxfp8_partial_scales + quantize_mxfp8_shard_data pair (device memory of the batch's
+/// backend). The tensor's members are contiguous. `out.data_row` and `out.data_col`
+/// receive element i at [i] for i in `range` only, so they may point before the memory
+/// they write (a staging slice of the rank's range: pass its address minus
+/// range.begin); the scale tensors are whole.
+struct Mxfp8ShardTensor {
+  Mxfp8Shape shape;
+  Range range;                   ///< this rank's flat element range [begin, end) (may be empty)
+  const float* master = nullptr;  ///< element i at master[i - range.begin]; null if range is empty
+  Mxfp8Planes out;               ///< full scale tensors (exchanged), data written in range only
+};
+
+/// The tensors of one rank's sharded quantization as a device-resident table (owned:
+/// RAII), for phase 1 and phase 2 of scheme (A) over all of them in ONE launch each: a
+/// persistent grid walks the tiles of every tensor's range as one sequence, so neither
+/// a small tensor nor a rank's small piece of a large one costs a launch or a partly
+/// filled wave. Built once (it validates, allocates, uploads and waits; not while a
+/// stream of the device is being captured); then any number of captured or eager calls.
+/// Pointers are used as given at every call; the batch must outlive the graphs that
+/// captured a call. On CUDA it belongs to the device current when it is built.
+class Mxfp8ShardBatch {
+ public:
+  /// Throws, naming the tensor's index, Error(OutOfRange) for a range outside the tensor
+  /// (as the per-tensor calls do) and Error(InvalidArgument) for an empty list, a bad
+  /// shape, a null scale pointer (or a null master or data pointer for a non-empty
+  /// range), and for outputs that overlap (scale tensors, or the data bytes of the
+  /// ranges; of two tensors or of one).
+  Mxfp8ShardBatch(const std::vector<Mxfp8ShardTensor>& tensors, Backend backend);
+  ~Mxfp8ShardBatch();
+  Mxfp8ShardBatch(Mxfp8ShardBatch&&) noexcept;
+  Mxfp8ShardBatch& operator=(Mxfp8ShardBatch&&) noexcept;
+  Mxfp8ShardBatch(const Mxfp8ShardBatch&) = delete;
+  Mxfp8ShardBatch& operator=(const Mxfp8ShardBatch&) = delete;
+
+  /// The backend whose memory holds the table.
+  Backend backend() const;
+  /// Number of tensors.
+  std::size_t size() const;
+  /// Elements of all ranges together (master values read by each phase).
+  std::int64_t numel() const;
+  /// The kernels' units of work: the tiles of 32 x 128 elements (of one member) of every
+  /// tile row that holds an element of a range, all column tiles of such a row.
+  std::int64_t tiles() const;
+  /// Blocks of each CUDA launch (at most one wave of resident blocks); 0 on the host.
+  int grid() const;
+  /// Contiguous runs of scale memory that phase 1 zero-fills (adjacent scale tensors
+  /// merge: 1 when every tensor's scales lie back to back, in any order).
+  std::size_t scale_spans() const;
+
+ private:
+  friend void mxfp8_partial_scales_batch(const Mxfp8ShardBatch&, Backend, Stream);
+  friend void quantize_mxfp8_shard_data_batch(const Mxfp8ShardBatch&, Backend, Stream);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// mxfp8_partial_scales of every tensor of `batch`, bitwise: zero-fills every scale
+/// tensor (one memset per scale span), then writes the partial scales of all tensors in
+/// one launch. Next, all-reduce the scale tensors with Max (they are the exchange
+/// buffers; lay them out back to back to reduce them in one call). Throws
+/// Error(InvalidArgument) when `backend` is not the batch's backend (or, on CUDA, the
+/// current device is not the batch's).
+void mxfp8_partial_scales_batch(const Mxfp8ShardBatch& batch, Backend backend, Stream stream);
+
+/// quantize_mxfp8_shard_data of every tensor of `batch`, bitwise, in one launch: the
+/// data bytes of each range from the combined scales. Same errors as
+/// mxfp8_partial_scales_batch.
+void quantize_mxfp8_shard_data_batch(const Mxfp8ShardBatch& batch, Backend backend, Stream stream);
 
 /// Decodes one plane to f32 (contiguous members): out[i] = fl32(e4m3(data[i]) *
 /// 2^(scale - 127)) with scale 0x00 -> 2^-127 and 0xFF -> NaN (correctly rounded; exact

@@ -6,17 +6,12 @@
 #include <utility>
 
 #include "core/memory.hpp"
+#include "kernels/entry_table.hpp"
 #include "kernels/mxfp8_launch.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/host_stream.hpp"
 #include "shardopt/mxfp8.hpp"
 #include "shardopt_config.h"
-
-#if SHARDOPT_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "core/check.hpp"
-#endif
 
 namespace shardopt {
 
@@ -59,13 +54,10 @@ BatchEntry make_batch_entry(const Mxfp8Shape& shape, const std::uint16_t* src, c
 }  // namespace mxfp8
 
 struct Mxfp8Batch::Impl {
-  Backend backend = Backend::Host;
-  DeviceBuffer table;  // the BatchEntry of every tensor, in order
-  int count = 0;
+  detail::EntryTable table;  // the BatchEntry of every tensor, in order
   std::int64_t numel = 0;
   std::int64_t tiles = 0;
-  int grid = 0;    // CUDA: blocks of the launch
-  int device = 0;  // CUDA: the device the table lives on
+  int grid = 0;  // CUDA: blocks of the launch
 };
 
 namespace {
@@ -117,19 +109,11 @@ Mxfp8Batch::Mxfp8Batch(const std::vector<Mxfp8Tensor>& tensors, Backend backend)
     numel += t.shape.numel();
   }
   Impl& im = *impl_;
-  im.backend = backend;
-  im.count = static_cast<int>(entries.size());
   im.numel = numel;
   im.tiles = tiles;
-  const std::size_t bytes = entries.size() * sizeof(mxfp8::BatchEntry);
-  im.table = DeviceBuffer(backend, bytes);
-  copy_async(backend, im.table.data(), entries.data(), bytes, nullptr);
-  synchronize(backend, nullptr);
+  im.table = detail::EntryTable(backend, entries);
 #if SHARDOPT_HAVE_CUDA
-  if (backend == Backend::Cuda) {
-    SHARDOPT_CUDA_CHECK(cudaGetDevice(&im.device));
-    im.grid = mxfp8::batch_grid(tiles);
-  }
+  if (backend == Backend::Cuda) im.grid = mxfp8::batch_grid(tiles);
 #endif
 }
 
@@ -137,19 +121,17 @@ Mxfp8Batch::~Mxfp8Batch() = default;
 Mxfp8Batch::Mxfp8Batch(Mxfp8Batch&&) noexcept = default;
 Mxfp8Batch& Mxfp8Batch::operator=(Mxfp8Batch&&) noexcept = default;
 
-Backend Mxfp8Batch::backend() const { return live(impl_).backend; }
-std::size_t Mxfp8Batch::size() const { return static_cast<std::size_t>(live(impl_).count); }
+Backend Mxfp8Batch::backend() const { return live(impl_).table.backend(); }
+std::size_t Mxfp8Batch::size() const { return static_cast<std::size_t>(live(impl_).table.count()); }
 std::int64_t Mxfp8Batch::numel() const { return live(impl_).numel; }
 std::int64_t Mxfp8Batch::tiles() const { return live(impl_).tiles; }
 int Mxfp8Batch::grid() const { return live(impl_).grid; }
 
 void quantize_mxfp8_batch(const Mxfp8Batch& batch, const std::int32_t* skip_flag, Backend backend, Stream stream) {
   const Mxfp8Batch::Impl& im = live(batch.impl_);
-  SHARDOPT_REQUIRE(backend == im.backend, ErrorCode::InvalidArgument,
-                   std::string("quantize_mxfp8_batch: the batch was built for Backend::") + to_string(im.backend) +
-                       " and is called with Backend::" + to_string(backend) + "; build it for the backend you run on");
-  const auto* entries = im.table.as<const mxfp8::BatchEntry>();
-  const int count = im.count;
+  im.table.require_call(backend, "quantize_mxfp8_batch");
+  const auto* entries = im.table.entries<mxfp8::BatchEntry>();
+  const int count = im.table.count();
   if (backend == Backend::Host) {
     // The flag and the table are read when the work runs (a replay reads their values then).
     host_enqueue(stream, [entries, count, skip_flag] {
@@ -159,12 +141,6 @@ void quantize_mxfp8_batch(const Mxfp8Batch& batch, const std::int32_t* skip_flag
     return;
   }
 #if SHARDOPT_HAVE_CUDA
-  int device = 0;
-  SHARDOPT_CUDA_CHECK(cudaGetDevice(&device));
-  SHARDOPT_REQUIRE(device == im.device, ErrorCode::InvalidArgument,
-                   "quantize_mxfp8_batch: the batch was built on CUDA device " + std::to_string(im.device) +
-                       " but device " + std::to_string(device) + " is current; make device " +
-                       std::to_string(im.device) + " current (cudaSetDevice) or build a batch on this one");
   mxfp8::launch_quantize_batch(entries, count, im.tiles, skip_flag, stream);
 #endif
 }

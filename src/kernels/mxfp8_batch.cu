@@ -42,13 +42,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <array>
-#include <atomic>
 
 #include "core/check.hpp"
 #include "kernels/mxfp8_launch.hpp"
 #include "kernels/mxfp8_math.cuh"
 #include "kernels/mxfp8_tile.cuh"
+#include "kernels/mxfp8_walk.cuh"
 
 namespace shardopt::mxfp8 {
 namespace {
@@ -74,29 +73,8 @@ struct TensorList {
   const BatchEntry* entries;
   int count;
   __device__ const BatchEntry& operator[](int e) const { return entries[e]; }
-  // The entry of tile `t`, at or after entry `from` (which starts at or before t).
-  __device__ int find(std::int64_t t, int from) const {
-    if (t < entries[from].end_tile) return from;
-    int lo = from + 1, hi = count - 1;  // the first entry whose end_tile > t
-    while (lo < hi) {
-      const int mid = lo + (hi - lo) / 2;
-      if (entries[mid].end_tile > t) {
-        hi = mid;
-      } else {
-        lo = mid + 1;
-      }
-    }
-    return lo;
-  }
+  __device__ int find(std::int64_t t, int from) const { return find_entry(entries, count, t, from); }
 };
-
-// `p`, which points to global memory: lets the compiler emit global (not generic)
-// stores through pointers it read from the entry table.
-template <class T>
-__device__ __forceinline__ T* in_global(T* p) {
-  __builtin_assume(__isGlobal(p));
-  return p;
-}
 
 // Where a tile is in the tile sequence: entry e, member g, tile row rt, tile column ct.
 struct Cursor {
@@ -273,36 +251,14 @@ __device__ __forceinline__ void quantize_tile(const BatchEntry& t, const Spot& s
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = lane & 7;
   const Room room = room_of<kFull>(s);
 
-  // Rowwise amax: each chunk's 8 values, packed (chunk 0 low, chunk 1 high), then the 4
-  // lanes that share the two 32-column blocks (xor 1, 2).
-  std::uint32_t mag[8];
-#pragma unroll
-  for (int k = 0; k < 8; ++k) mag[k] = w[k] & 0x7FFF7FFFu;
-  std::uint32_t m0 = __vmaxu2(__vmaxu2(mag[0], mag[1]), __vmaxu2(mag[2], mag[3]));
-  std::uint32_t m1 = __vmaxu2(__vmaxu2(mag[4], mag[5]), __vmaxu2(mag[6], mag[7]));
-  std::uint32_t row_max = __byte_perm(m0, m1, 0x5410);  // low halves: chunk 0 | chunk 1
-  row_max = __vmaxu2(row_max, __byte_perm(m0, m1, 0x7632));  // with the high halves
-  row_max = __vmaxu2(row_max, __shfl_xor_sync(kFullMask, row_max, 1));
-  row_max = __vmaxu2(row_max, __shfl_xor_sync(kFullMask, row_max, 2));
-
-  // Columnwise amax: the warp's 4 rows, then the 8 warps.
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    mag[k] = __vmaxu2(mag[k], __shfl_xor_sync(kFullMask, mag[k], 8));
-    mag[k] = __vmaxu2(mag[k], __shfl_xor_sync(kFullMask, mag[k], 16));
-  }
-  if (lane < 8) {  // column pairs 4q.. (chunk 0) and 32 + 4q.. (chunk 1)
-    *reinterpret_cast<uint4*>(&sh.col_partial[warp][4 * lane]) = make_uint4(mag[0], mag[1], mag[2], mag[3]);
-    *reinterpret_cast<uint4*>(&sh.col_partial[warp][32 + 4 * lane]) = make_uint4(mag[4], mag[5], mag[6], mag[7]);
-  }
+  // Rowwise amaxes of the thread's two blocks, columnwise partials of the warp.
+  const std::uint32_t row_max = tile::tile_amaxes(w, sh.col_partial);
   __syncthreads();
   const std::uint32_t amax0 = row_max & 0xFFFFu, amax1 = row_max >> 16;
   bool nan = amax0 > 0x7F80u || amax1 > 0x7F80u;
   if (threadIdx.x < kTileCols / 2) {
     const int j = threadIdx.x;  // tile columns 2j and 2j + 1
-    std::uint32_t v = sh.col_partial[0][j];
-#pragma unroll
-    for (int k = 1; k < kWarps; ++k) v = __vmaxu2(v, sh.col_partial[k][j]);
+    const std::uint32_t v = tile::column_amax_pair(sh.col_partial, j);
     const std::uint32_t amax_lo = v & 0xFFFFu, amax_hi = v >> 16;
     nan = nan || amax_lo > 0x7F80u || amax_hi > 0x7F80u;
     const std::uint8_t s_lo = scale_from_magnitude(amax_lo), s_hi = scale_from_magnitude(amax_hi);
@@ -338,28 +294,6 @@ __device__ __forceinline__ void quantize_tile(const BatchEntry& t, const Spot& s
   }
 }
 
-// Resident blocks per SM the grid is sized for. The launch bounds keep the kernel
-// within 64 registers a thread (checked with -Xptxas -v: no spills), which lets 4
-// blocks of 256 threads share an SM's 64K registers; shared memory (2.9 KB a block) is
-// no limit.
-constexpr int kBlocksPerSm = 4;
-
-// The tiles of block b of G: runs b, b + G, b + 2G, ... of `run` consecutive tiles (a
-// power of two, at most Table::kMaxRun: a plain grid stride when that is 1), up to
-// `tiles`.
-template <class Table>
-struct Walk {
-  std::int64_t first;  // the block's first tile
-  std::int64_t gap;    // from the last tile of a run to the first of the block's next
-  std::int64_t run;
-  __device__ explicit Walk(int run_tiles)
-      : first(static_cast<std::int64_t>(blockIdx.x) * run_tiles),
-        gap(1 + (static_cast<std::int64_t>(gridDim.x) - 1) * run_tiles),
-        run(run_tiles) {}
-  // Whether tile t is the last of its run.
-  __device__ bool ends_run(std::int64_t t) const { return Table::kMaxRun == 1 || ((t + 1) & (run - 1)) == 0; }
-};
-
 // Block b quantizes its tiles (Walk) of the `tiles` tiles of `table`, loading each tile
 // while it quantizes the one before.
 template <class Table>
@@ -369,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   // The flag's load and the first tile's loads are in flight together; nothing is
   // written before the flag is known.
   const std::int32_t skip = skip_flag != nullptr ? *skip_flag : 0;
-  const Walk<Table> walk(run);
+  const Walk<Table::kMaxRun> walk(run);
   std::int64_t t = walk.first;
   if (t >= tiles) return;
   Cursor c = cursor_at(table, t, 0);
@@ -400,38 +334,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 #pragma unroll
     for (int k = 0; k < 8; ++k) w[k] = w_next[k];
   }
-}
-
-// Resident blocks on the current device (kBlocksPerSm on every SM). Only a device
-// attribute is queried (cached per device), nothing that a stream capture could object
-// to, so a first launch inside a capture is fine.
-int resident_blocks() {
-  static std::array<std::atomic<int>, 64> cache{};
-  int device = 0;
-  SHARDOPT_CUDA_CHECK(cudaGetDevice(&device));
-  const bool cached = device >= 0 && device < static_cast<int>(cache.size());
-  if (cached) {
-    const int known = cache[static_cast<std::size_t>(device)].load(std::memory_order_relaxed);
-    if (known > 0) return known;
-  }
-  int sms = 0;
-  SHARDOPT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int blocks = std::max(1, sms) * kBlocksPerSm;
-  if (cached) cache[static_cast<std::size_t>(device)].store(blocks, std::memory_order_relaxed);
-  return blocks;
-}
-
-// The walk of `tiles` tiles for a table whose runs are at most max_run tiles: one wave
-// of resident blocks, runs as long as max_run allows while every block still gets one.
-struct WalkPlan {
-  int grid;
-  int run;
-};
-WalkPlan plan_walk(std::int64_t tiles, int max_run) {
-  const int resident = resident_blocks();
-  int run = 1;
-  while (run * 2 <= max_run && std::int64_t{run} * 2 * resident <= tiles) run *= 2;
-  return WalkPlan{static_cast<int>(std::min<std::int64_t>((tiles + run - 1) / run, resident)), run};
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// mxfp8_device.cuh - device-only MXFP8 helpers of the kernels in mxfp8.cu, in a header
-// so that test/gpu/test_mxfp8_convert.cu can check them against the host twin's
-// element math (mxfp8_math.cuh) for every input.
+// mxfp8_device.cuh - device-only MXFP8 helpers of the kernels (mxfp8_batch.cu,
+// mxfp8_shard.cu), in a header so that test/gpu/test_mxfp8_convert.cu can check them
+// against the host twin's element math (mxfp8_math.cuh) for every input.
 #pragma once
 
 #include <cuda_fp8.h>

@@ -129,6 +129,21 @@ void host_shard_data(const Mxfp8Shape& s, Range range, const float* master, cons
   });
 }
 
+void host_partial_scales_batch(const ShardEntry* entries, int count) {
+  for (int k = 0; k < count; ++k) {
+    const ShardEntry& e = entries[k];
+    host_partial_scales(e.shape, e.range, e.master, e.out.scale_row, e.out.scale_col);
+  }
+}
+
+void host_shard_data_batch(const ShardEntry* entries, int count) {
+  for (int k = 0; k < count; ++k) {
+    const ShardEntry& e = entries[k];
+    if (e.range.size() == 0) continue;
+    host_shard_data(e.shape, e.range, e.master, e.out.scale_row, e.out.scale_col, e.out.data_row, e.out.data_col);
+  }
+}
+
 void host_dequantize(const Mxfp8Shape& s, Mxfp8Plane plane, const std::uint8_t* data, const std::uint8_t* scale,
                      float* out) {
   for (std::int64_t g = 0; g < s.members; ++g)

@@ -1,4 +1,4 @@
-// mxfp8_launch.hpp - internal: the CUDA launch wrappers (mxfp8.cu) and the host twins
+// mxfp8_launch.hpp - internal: the CUDA launch wrappers (mxfp8*.cu) and the host twins
 // (mxfp8_host.cpp) behind the entry points of shardopt/mxfp8.hpp. Arguments are
 // validated by the dispatcher (mxfp8.cpp) before they get here.
 #pragma once
@@ -46,6 +46,44 @@ struct BatchEntry {
 BatchEntry make_batch_entry(const Mxfp8Shape& shape, const std::uint16_t* src, const Mxfp8Planes& out,
                             const Mxfp8Member* members, std::int64_t first_tile);
 
+/// One tensor of a rank's sharded quantization as the kernels of mxfp8_shard.cu and the
+/// host twins read it: the arguments of the per-tensor calls and where the tiles its
+/// range touches sit in the batch's tile sequence. The tiles are those of every tile
+/// row (member-major: member g's tile row rt is global tile row g * row_tiles + rt)
+/// holding an element of the range, across all column tiles. Mxfp8ShardBatch uploads a
+/// table of these; the per-tensor calls pass one by value.
+struct ShardEntry {
+  Mxfp8Shape shape;                     ///< contiguous members
+  Range range;                          ///< the rank's flat elements [begin, end)
+  const float* master = nullptr;        ///< element i at master[i - range.begin]
+  Mxfp8Planes out;                      ///< scales (phase 1 writes, phase 2 reads), data
+  std::uint32_t* amax_row = nullptr;    ///< scheme (B) phase 1 writes these instead
+  std::uint32_t* amax_col = nullptr;
+  std::int64_t first_tile = 0;          ///< index of the entry's first tile in the batch
+  std::int64_t end_tile = 0;            ///< one past its last tile
+  std::int64_t row_blocks = 0;          ///< shape.row_blocks()
+  std::uint32_t col_tiles = 0;          ///< tiles across a member's columns
+  std::uint32_t row_tiles = 0;          ///< tile rows of a member (= shape.col_blocks())
+  std::uint32_t first_tile_row = 0;     ///< global tile row of range.begin
+  FastDivider col_div;                  ///< divides by col_tiles
+  FastDivider row_div;                  ///< divides by row_tiles
+  /// Whole tiles: global tile rows [full_rows_begin, full_rows_end) lie inside the
+  /// range entirely, tile rows below full_row_tiles of a member have 32 rows, and
+  /// column tiles below full_col_tiles_{scales,data} have 128 columns and every access
+  /// of that phase aligned (0 when some row is not: the kernel then checks each one).
+  std::uint32_t full_rows_begin = 0;
+  std::uint32_t full_rows_end = 0;
+  std::uint32_t full_row_tiles = 0;
+  std::uint32_t full_col_tiles_scales = 0;  ///< phase 1: 16-byte master loads
+  std::uint32_t full_col_tiles_data = 0;    ///< phase 2: and 8-byte data / scale accesses
+};
+
+/// The entry of one tensor's range whose first tile is `first_tile` (amax_row/col
+/// stay null). Throws Error(InvalidArgument) when the tensor has more than 2^31 - 1
+/// tiles or columns. The shape and the range must be valid.
+ShardEntry make_shard_entry(const Mxfp8Shape& shape, Range range, const float* master, const Mxfp8Planes& out,
+                            std::int64_t first_tile);
+
 // ------------------------------------------------------------------ CUDA (mxfp8_batch.cu)
 
 /// Whole-tensor quantize of one tensor; `table` may be null (contiguous members).
@@ -60,7 +98,7 @@ int batch_grid(std::int64_t tiles);
 void launch_quantize_batch(const BatchEntry* entries, int count, std::int64_t tiles, const std::int32_t* skip_flag,
                            Stream stream);
 
-// ------------------------------------------------------------------ CUDA (mxfp8.cu)
+// ------------------------------------------------------------------ CUDA (mxfp8_shard.cu)
 
 /// Partial scale bytes of the blocks `range` touches (the caller zeroed the scales).
 void launch_partial_scales(const Mxfp8Shape& shape, Range range, const float* master,
@@ -68,14 +106,24 @@ void launch_partial_scales(const Mxfp8Shape& shape, Range range, const float* ma
 /// Partial u32 amaxes of the blocks `range` touches (the caller zeroed the buffers).
 void launch_partial_amax(const Mxfp8Shape& shape, Range range, const float* master,
                          std::uint32_t* amax_row, std::uint32_t* amax_col, Stream stream);
-/// Scale bytes of every block from combined u32 amaxes.
-void launch_scales_from_amax(const Mxfp8Shape& shape, const std::uint32_t* amax_row,
-                             const std::uint32_t* amax_col, std::uint8_t* scale_row,
-                             std::uint8_t* scale_col, Stream stream);
 /// Data bytes of the elements of `range` from the combined scales.
 void launch_shard_data(const Mxfp8Shape& shape, Range range, const float* master,
                        const std::uint8_t* scale_row, const std::uint8_t* scale_col,
                        std::uint8_t* data_row, std::uint8_t* data_col, Stream stream);
+/// Blocks of the sharded kernels' persistent grid for `tiles` tiles of a batch.
+int shard_batch_grid(std::int64_t tiles);
+/// Phase 1 (partial scales; the caller zeroed the scales) or phase 2 (data) of the
+/// `count` entries of the device table `entries` (tiles: the last entry's end_tile), in
+/// one launch.
+void launch_partial_scales_batch(const ShardEntry* entries, int count, std::int64_t tiles, Stream stream);
+void launch_shard_data_batch(const ShardEntry* entries, int count, std::int64_t tiles, Stream stream);
+
+// ------------------------------------------------------------------ CUDA (mxfp8.cu)
+
+/// Scale bytes of every block from combined u32 amaxes.
+void launch_scales_from_amax(const Mxfp8Shape& shape, const std::uint32_t* amax_row,
+                             const std::uint32_t* amax_col, std::uint8_t* scale_row,
+                             std::uint8_t* scale_col, Stream stream);
 /// One plane to f32.
 void launch_dequantize(const Mxfp8Shape& shape, Mxfp8Plane plane, const std::uint8_t* data,
                        const std::uint8_t* scale, float* out, Stream stream);
@@ -97,6 +145,10 @@ void host_scales_from_amax(const Mxfp8Shape& shape, const std::uint32_t* amax_ro
 void host_shard_data(const Mxfp8Shape& shape, Range range, const float* master,
                      const std::uint8_t* scale_row, const std::uint8_t* scale_col,
                      std::uint8_t* data_row, std::uint8_t* data_col);
+/// host_partial_scales (scales zeroed first) / host_shard_data of each of the `count`
+/// entries, in order.
+void host_partial_scales_batch(const ShardEntry* entries, int count);
+void host_shard_data_batch(const ShardEntry* entries, int count);
 void host_dequantize(const Mxfp8Shape& shape, Mxfp8Plane plane, const std::uint8_t* data,
                      const std::uint8_t* scale, float* out);
 

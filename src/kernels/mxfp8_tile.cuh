@@ -1,12 +1,11 @@
 // mxfp8_tile.cuh - the tile geometry and device helpers shared by the MXFP8 kernels of
-// mxfp8.cu (sharded path) and mxfp8_batch.cu (whole-tensor quantize, one tensor or a
-// list of them).
+// mxfp8_batch.cu (whole-tensor quantize, one tensor or a list of them) and
+// mxfp8_shard.cu (a rank's ranges).
 //
 // A tile is 32 rows x 128 columns of one member: exactly one columnwise block per
 // column and four rowwise blocks per row, so both amaxes come from one read of the
-// data. 256 threads. In mxfp8.cu thread t works on row (t/32)*4 + (t%32)/8 of the tile
-// and 16 consecutive columns (encode_and_store); mxfp8_batch.cu gives each thread two
-// chunks of 8 columns, 64 apart, so that its loads and stores cover full sectors.
+// data. 256 threads; each holds two chunks of 8 columns of one row, 64 apart, so that
+// its loads and stores cover full sectors.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,40 +22,49 @@ inline constexpr int kRows = kTileRows;  // 32: one columnwise block
 inline constexpr int kCols = kTileCols;  // 128: four rowwise blocks
 inline constexpr int kThreads = 256;
 inline constexpr int kWarps = kThreads / 32;
-inline constexpr int kGroupCols = 16;  // columns per thread
 inline constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
 __device__ __forceinline__ bool aligned16(const void* p) {
   return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0;
 }
 
-// Quantizes the thread's 16 columns into both planes and stores columns [lo, hi).
-__device__ __forceinline__ void encode_and_store(const std::uint32_t (&w)[8], std::uint8_t row_scale,
-                                                 const float (&inv_col)[16], const std::uint32_t (&col_scale)[4],
-                                                 std::uint8_t* drow, std::uint8_t* dcol, int lo, int hi) {
-  const float inv_row = inverse_scale(row_scale);
-  const std::uint32_t row_scales = 0x01010101u * row_scale;
-  std::uint32_t qr[4], qc[4];
+// Amaxes of a tile, part one (every thread of the block calls it). From the thread's 8
+// words (bf16 pairs: w[0..3] its chunk 0, w[4..7] its chunk 1) it returns the rowwise
+// amax magnitudes of its two chunks' 32-column blocks (chunk 0 low half, chunk 1 high;
+// reduced over the 4 lanes of each block, xor 1 and 2) and writes the warp's columnwise
+// partial amaxes (its 4 rows, xor 8 and 16; two columns per word) to
+// col_partial[warp]. The caller then syncs the block and reduces the warps' partials
+// (column_amax_pair).
+__device__ __forceinline__ std::uint32_t tile_amaxes(const std::uint32_t (&w)[8],
+                                                     std::uint32_t (*col_partial)[kCols / 2]) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  std::uint32_t mag[8];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    qr[j] = encode_pair(w[2 * j], inv_row, inv_row) | (encode_pair(w[2 * j + 1], inv_row, inv_row) << 16);
-    qc[j] = encode_pair(w[2 * j], inv_col[4 * j], inv_col[4 * j + 1]) |
-            (encode_pair(w[2 * j + 1], inv_col[4 * j + 2], inv_col[4 * j + 3]) << 16);
-    qr[j] = nan_blocks(qr[j], row_scales);
-    qc[j] = nan_blocks(qc[j], col_scale[j]);
-  }
-  if (lo == 0 && hi == kGroupCols && aligned16(drow) && aligned16(dcol)) {
-    *reinterpret_cast<uint4*>(drow) = make_uint4(qr[0], qr[1], qr[2], qr[3]);
-    *reinterpret_cast<uint4*>(dcol) = make_uint4(qc[0], qc[1], qc[2], qc[3]);
-    return;
-  }
+  for (int k = 0; k < 8; ++k) mag[k] = w[k] & 0x7FFF7FFFu;
+  const std::uint32_t m0 = __vmaxu2(__vmaxu2(mag[0], mag[1]), __vmaxu2(mag[2], mag[3]));
+  const std::uint32_t m1 = __vmaxu2(__vmaxu2(mag[4], mag[5]), __vmaxu2(mag[6], mag[7]));
+  std::uint32_t row_max = __vmaxu2(__byte_perm(m0, m1, 0x5410), __byte_perm(m0, m1, 0x7632));
+  row_max = __vmaxu2(row_max, __shfl_xor_sync(kFullMask, row_max, 1));
+  row_max = __vmaxu2(row_max, __shfl_xor_sync(kFullMask, row_max, 2));
 #pragma unroll
-  for (int k = 0; k < kGroupCols; ++k) {
-    if (k >= lo && k < hi) {
-      drow[k] = static_cast<std::uint8_t>(qr[k / 4] >> (8 * (k % 4)));
-      dcol[k] = static_cast<std::uint8_t>(qc[k / 4] >> (8 * (k % 4)));
-    }
+  for (int k = 0; k < 8; ++k) {
+    mag[k] = __vmaxu2(mag[k], __shfl_xor_sync(kFullMask, mag[k], 8));
+    mag[k] = __vmaxu2(mag[k], __shfl_xor_sync(kFullMask, mag[k], 16));
   }
+  if (lane < 8) {  // column pairs 4q.. (chunk 0) and 32 + 4q.. (chunk 1)
+    *reinterpret_cast<uint4*>(&col_partial[warp][4 * lane]) = make_uint4(mag[0], mag[1], mag[2], mag[3]);
+    *reinterpret_cast<uint4*>(&col_partial[warp][32 + 4 * lane]) = make_uint4(mag[4], mag[5], mag[6], mag[7]);
+  }
+  return row_max;
+}
+
+// Amaxes of a tile, part two (after the barrier): the columnwise amax magnitudes of tile
+// columns 2j (low half) and 2j + 1 (high half) over the 8 warps' partials.
+__device__ __forceinline__ std::uint32_t column_amax_pair(const std::uint32_t (*col_partial)[kCols / 2], int j) {
+  std::uint32_t v = col_partial[0][j];
+#pragma unroll
+  for (int k = 1; k < kWarps; ++k) v = __vmaxu2(v, col_partial[k][j]);
+  return v;
 }
 
 }  // namespace shardopt::mxfp8::tile

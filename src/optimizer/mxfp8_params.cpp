@@ -114,6 +114,27 @@ Mxfp8Params::Mxfp8Params(Backend backend, const Layout& L, const BucketStore& st
     pi.staged_row = base + static_cast<std::uintptr_t>(rank * 2 * S + k0) - static_cast<std::uintptr_t>(piece.param_offset);
     pi.staged_col = pi.staged_row + static_cast<std::uintptr_t>(S);
   }
+  // Per bucket, one table of this rank's ranges of its params (an empty range where the
+  // rank owns none of a param: phase 1 still zero-fills its scales for the Max).
+  for (std::size_t b = 0; b < L.buckets().size(); ++b) {
+    BucketInfo& bi = bucket_[b];
+    if (!bi.mx) continue;
+    std::vector<Mxfp8ShardTensor> tensors;
+    for (int p : L.buckets()[b].params) {
+      const ParamInfo& pi = param_[static_cast<std::size_t>(p)];
+      Mxfp8ShardTensor t;
+      t.shape = pi.shape;
+      t.range = pi.range;
+      t.master = pi.master;
+      t.out.scale_row = at(pi.scale_row);
+      t.out.scale_col = at(pi.scale_col);
+      t.out.data_row = reinterpret_cast<std::uint8_t*>(pi.staged_row);
+      t.out.data_col = reinterpret_cast<std::uint8_t*>(pi.staged_col);
+      tensors.push_back(t);
+    }
+    bi.batch = static_cast<int>(batches_.size());
+    batches_.emplace_back(tensors, backend_);
+  }
   std::vector<std::vector<Segment>> per_bucket(L.buckets().size());
   std::vector<std::vector<int>> seg_rank(L.buckets().size());
   for (std::size_t buf = 0; buf < L.buffers().size(); ++buf) {
@@ -223,11 +244,8 @@ void Mxfp8Params::quantize(int first, int last, Stream stream) {
     SHARDOPT_REQUIRE(bi.state == GatherState::Idle, ErrorCode::Internal,
                      "MXFP8 bucket " + std::to_string(b) + " is quantized while its gather is " + state_name(bi.state));
     // Phase 1 on every param of the bucket, an empty range where this rank owns none of
-    // it: its zeros join the Max.
-    for (int p : layout_.buckets()[static_cast<std::size_t>(b)].params) {
-      const ParamInfo& pi = param_[static_cast<std::size_t>(p)];
-      mxfp8_partial_scales(pi.shape, pi.range, pi.master, at(pi.scale_row), at(pi.scale_col), backend_, stream);
-    }
+    // it: its zeros join the Max. One memset and one launch for the bucket.
+    mxfp8_partial_scales_batch(batches_[static_cast<std::size_t>(bi.batch)], backend_, stream);
     if (!have) span_begin = bi.scale_begin;
     span_end = bi.scale_end;
     have = true;
@@ -235,14 +253,9 @@ void Mxfp8Params::quantize(int first, int last, Stream stream) {
   if (!have) return;
   reduce_scales(span_begin, span_end, stream);
   for (int b = first; b < last; ++b) {
-    if (!bucket_[static_cast<std::size_t>(b)].mx) continue;
-    for (int p : layout_.buckets()[static_cast<std::size_t>(b)].params) {
-      const ParamInfo& pi = param_[static_cast<std::size_t>(p)];
-      if (pi.range.size() == 0) continue;
-      quantize_mxfp8_shard_data(pi.shape, pi.range, pi.master, at(pi.scale_row), at(pi.scale_col),
-                                reinterpret_cast<std::uint8_t*>(pi.staged_row),
-                                reinterpret_cast<std::uint8_t*>(pi.staged_col), backend_, stream);
-    }
+    const BucketInfo& bi = bucket_[static_cast<std::size_t>(b)];
+    if (!bi.mx) continue;
+    quantize_mxfp8_shard_data_batch(batches_[static_cast<std::size_t>(bi.batch)], backend_, stream);
   }
 }
 

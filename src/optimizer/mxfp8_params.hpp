@@ -89,6 +89,7 @@ class Mxfp8Params {
     std::int64_t pieces_begin = 0, pieces_end = 0;  // its byte copies in pieces_
     std::uint8_t* region = nullptr;   // its gradient region
     std::size_t region_bytes = 0;
+    int batch = -1;                   // its params' ranges in batches_ (phase 1 and 2)
   };
 
   void warm_up();
@@ -106,6 +107,7 @@ class Mxfp8Params {
   DeviceBuffer storage_;
   DeviceBuffer members_;  // Mxfp8Member tables of every MXFP8 param
   DeviceBuffer pieces_;   // BytePiece table of every MXFP8 bucket's landing
+  std::vector<Mxfp8ShardBatch> batches_;  // per MXFP8 bucket: this rank's ranges of its params
   Event reduce_start_, reduce_done_;
 };
 

@@ -1,0 +1,42 @@
+// entry_table.hpp - internal: the device-resident table of a multi-tensor kernel
+// (Mxfp8Batch, Mxfp8ShardBatch): its entries uploaded once, the backend and the CUDA
+// device it belongs to, and the check every call makes against them.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/memory.hpp"
+#include "shardopt/backend.hpp"
+
+namespace shardopt::detail {
+
+/// `count` entries in the memory of `backend` (on CUDA: of the device current when it
+/// was built). Owned (RAII); the upload is complete when the constructor returns.
+class EntryTable {
+ public:
+  EntryTable() = default;
+  /// Uploads `bytes` bytes of host entries and waits for the copy.
+  EntryTable(Backend backend, const void* entries, std::size_t bytes, int count);
+  template <class Entry>
+  EntryTable(Backend backend, const std::vector<Entry>& entries)
+      : EntryTable(backend, entries.data(), entries.size() * sizeof(Entry), static_cast<int>(entries.size())) {}
+
+  Backend backend() const noexcept { return backend_; }
+  int count() const noexcept { return count_; }
+  template <class Entry>
+  const Entry* entries() const {
+    return table_.as<const Entry>();
+  }
+  /// Throws Error(InvalidArgument) naming `call` when `backend` is not the table's or,
+  /// on CUDA, the current device is not the one it was built on.
+  void require_call(Backend backend, const char* call) const;
+
+ private:
+  Backend backend_ = Backend::Host;
+  DeviceBuffer table_;
+  int count_ = 0;
+  int device_ = 0;  // CUDA: the device the table lives on
+};
+
+}  // namespace shardopt::detail

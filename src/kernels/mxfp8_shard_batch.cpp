@@ -1,0 +1,247 @@
+// mxfp8_shard_batch.cpp - a rank's sharded MXFP8 quantization over many tensors: the
+// ShardEntry of one range (make_shard_entry), the Mxfp8ShardBatch table (checks, scale
+// spans, upload) and the two phase calls (the CUDA launches or the host twins, enqueued
+// on the HostStream so that they join captures).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/memory.hpp"
+#include "kernels/entry_table.hpp"
+#include "kernels/mxfp8_launch.hpp"
+#include "shardopt/error.hpp"
+#include "shardopt/host_stream.hpp"
+#include "shardopt/mxfp8.hpp"
+#include "shardopt_config.h"
+
+namespace shardopt {
+
+namespace mxfp8 {
+
+ShardEntry make_shard_entry(const Mxfp8Shape& shape, Range range, const float* master, const Mxfp8Planes& out,
+                            std::int64_t first_tile) {
+  const std::int64_t row_tiles = (shape.rows + kTileRows - 1) / kTileRows;
+  const std::int64_t col_tiles = (shape.cols + kTileCols - 1) / kTileCols;
+  SHARDOPT_REQUIRE(row_tiles * col_tiles <= 0x7FFFFFFF / shape.members, ErrorCode::InvalidArgument,
+                   "MXFP8 tensor of more than 2^31 - 1 tiles of 32 x 128 elements; split it into smaller tensors");
+  SHARDOPT_REQUIRE(shape.cols <= 0x7FFFFFFF, ErrorCode::InvalidArgument,
+                   "MXFP8 tensor of more than 2^31 - 1 columns; reshape it with fewer columns per row");
+  ShardEntry e;
+  e.shape = shape;
+  e.range = range;
+  e.master = master;
+  e.out = out;
+  e.first_tile = first_tile;
+  e.end_tile = first_tile;
+  e.row_blocks = shape.row_blocks();
+  e.col_tiles = static_cast<std::uint32_t>(col_tiles);
+  e.row_tiles = static_cast<std::uint32_t>(row_tiles);
+  e.col_div = make_divider(e.col_tiles);
+  e.row_div = make_divider(e.row_tiles);
+  e.full_row_tiles = static_cast<std::uint32_t>(shape.rows / kTileRows);
+  if (range.size() > 0) {
+    const std::int64_t cols = shape.cols, rows = shape.rows;
+    // Global (member-major) tile row of a global row, and the flat elements [first,
+    // end) of a global tile row.
+    const auto tile_row = [&](std::int64_t global_row) {
+      return global_row / rows * row_tiles + global_row % rows / kTileRows;
+    };
+    const auto first_elem = [&](std::int64_t gtr) {
+      return (gtr / row_tiles * rows + gtr % row_tiles * kTileRows) * cols;
+    };
+    const auto end_elem = [&](std::int64_t gtr) {
+      return (gtr / row_tiles * rows + std::min(rows, gtr % row_tiles * kTileRows + kTileRows)) * cols;
+    };
+    const std::int64_t first = tile_row(range.begin / cols), last = tile_row((range.end - 1) / cols);
+    e.first_tile_row = static_cast<std::uint32_t>(first);
+    e.end_tile = first_tile + (last - first + 1) * col_tiles;
+    const std::int64_t full_begin = first_elem(first) >= range.begin ? first : first + 1;
+    const std::int64_t full_end = end_elem(last) <= range.end ? last + 1 : last;
+    e.full_rows_begin = static_cast<std::uint32_t>(full_begin);
+    e.full_rows_end = static_cast<std::uint32_t>(std::max(full_begin, full_end));
+  }
+  // Element i of a whole tile row sits 16-byte aligned in the master (i - begin) and
+  // 8-byte aligned in the data planes and the columnwise scales when the bases are and
+  // every row starts so (cols a multiple of 4, 8).
+  const auto address = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
+  const bool master_aligned =
+      shape.cols % 4 == 0 && (address(master) - 4 * static_cast<std::uintptr_t>(range.begin)) % 16 == 0;
+  const bool data_aligned = master_aligned && shape.cols % 8 == 0 && address(out.data_row) % 8 == 0 &&
+                            address(out.data_col) % 8 == 0 && address(out.scale_col) % 8 == 0;
+  e.full_col_tiles_scales = master_aligned ? static_cast<std::uint32_t>(shape.cols / kTileCols) : 0u;
+  e.full_col_tiles_data = data_aligned ? static_cast<std::uint32_t>(shape.cols / kTileCols) : 0u;
+  return e;
+}
+
+}  // namespace mxfp8
+
+struct Mxfp8ShardBatch::Impl {
+  detail::EntryTable table;  // the ShardEntry of every tensor, in order
+  std::int64_t numel = 0;
+  std::int64_t tiles = 0;
+  std::vector<std::pair<std::uint8_t*, std::size_t>> spans;  // merged scale memory
+  int grid = 0;  // CUDA: blocks of each launch
+};
+
+namespace {
+
+std::string tensor_str(std::size_t i) { return "Mxfp8ShardBatch tensor " + std::to_string(i); }
+
+void require_ptr(const void* p, std::size_t i, const char* what) {
+  SHARDOPT_REQUIRE(p != nullptr, ErrorCode::InvalidArgument,
+                   tensor_str(i) + ": " + what + " is null; pass device memory of the right size");
+}
+
+// Memory a tensor writes: [begin, end) bytes, whose tensor and what.
+struct Extent {
+  std::uintptr_t begin, end;
+  std::size_t tensor;
+  const char* what;
+};
+
+// Throws naming the first two extents that overlap.
+void require_disjoint(std::vector<Extent> extents) {
+  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
+  for (std::size_t k = 1; k < extents.size(); ++k) {
+    const Extent& a = extents[k - 1];
+    const Extent& b = extents[k];
+    SHARDOPT_REQUIRE(b.begin >= a.end, ErrorCode::InvalidArgument,
+                     tensor_str(b.tensor) + ": its " + b.what + " overlaps the " + a.what + " of tensor " +
+                         std::to_string(a.tensor) + "; give every tensor its own output memory");
+  }
+}
+
+// The batch's state; a moved-from batch has none. (A template: it never names the
+// private Impl.)
+template <class ImplPtr>
+const auto& live(const ImplPtr& impl) {
+  SHARDOPT_REQUIRE(impl != nullptr, ErrorCode::InvalidState,
+                   "this Mxfp8ShardBatch was moved from; use the batch it was moved to");
+  return *impl;
+}
+
+// The batch's state, checked against the call's backend and (CUDA) current device.
+template <class ImplPtr>
+const auto& for_call(const ImplPtr& impl, Backend backend, const char* call) {
+  const auto& im = live(impl);
+  im.table.require_call(backend, call);
+  return im;
+}
+
+}  // namespace
+
+Mxfp8ShardBatch::Mxfp8ShardBatch(const std::vector<Mxfp8ShardTensor>& tensors, Backend backend)
+    : impl_(std::make_unique<Impl>()) {
+  SHARDOPT_REQUIRE(!tensors.empty(), ErrorCode::InvalidArgument,
+                   "Mxfp8ShardBatch of an empty tensor list; give it at least one tensor");
+  SHARDOPT_REQUIRE(tensors.size() <= 0x7FFFFFFF, ErrorCode::InvalidArgument,
+                   "Mxfp8ShardBatch of more than 2^31 - 1 tensors; split the list into several batches");
+#if !SHARDOPT_HAVE_CUDA
+  SHARDOPT_REQUIRE(backend == Backend::Host, ErrorCode::Unsupported,
+                   "Mxfp8ShardBatch on Backend::Cuda needs a build with CUDA; rebuild with -Dcuda=enabled or use "
+                   "Backend::Host");
+#endif
+  std::vector<mxfp8::ShardEntry> entries;
+  entries.reserve(tensors.size());
+  std::vector<Extent> scales, written;
+  std::int64_t tiles = 0, numel = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const Mxfp8ShardTensor& t = tensors[i];
+    const Range r = t.range;
+    try {
+      validate(t.shape);
+    } catch (const Error& e) {
+      throw Error(e.code(), tensor_str(i) + ": " + e.what());
+    }
+    SHARDOPT_REQUIRE(r.begin >= 0 && r.begin <= r.end && r.end <= t.shape.numel(), ErrorCode::OutOfRange,
+                     tensor_str(i) + ": range [" + std::to_string(r.begin) + ", " + std::to_string(r.end) +
+                         ") is not inside the tensor's " + std::to_string(t.shape.numel()) +
+                         " elements; pass the rank's Segment param_offset and param_offset + length");
+    try {
+      entries.push_back(mxfp8::make_shard_entry(t.shape, r, t.master, t.out, tiles));
+    } catch (const Error& e) {
+      throw Error(e.code(), tensor_str(i) + ": " + e.what());
+    }
+    require_ptr(t.out.scale_row, i, "out.scale_row");
+    require_ptr(t.out.scale_col, i, "out.scale_col");
+    if (r.size() > 0) {
+      require_ptr(t.master, i, "the master shard");
+      require_ptr(t.out.data_row, i, "out.data_row");
+      require_ptr(t.out.data_col, i, "out.data_col");
+    }
+    const auto at = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
+    const auto row_bytes = static_cast<std::uintptr_t>(t.shape.scale_row_numel());
+    const auto col_bytes = static_cast<std::uintptr_t>(t.shape.scale_col_numel());
+    scales.push_back(Extent{at(t.out.scale_row), at(t.out.scale_row) + row_bytes, i, "rowwise scales"});
+    scales.push_back(Extent{at(t.out.scale_col), at(t.out.scale_col) + col_bytes, i, "columnwise scales"});
+    if (r.size() > 0) {
+      const auto b = static_cast<std::uintptr_t>(r.begin), e = static_cast<std::uintptr_t>(r.end);
+      written.push_back(Extent{at(t.out.data_row) + b, at(t.out.data_row) + e, i, "rowwise data of its range"});
+      written.push_back(Extent{at(t.out.data_col) + b, at(t.out.data_col) + e, i, "columnwise data of its range"});
+    }
+    tiles = entries.back().end_tile;
+    numel += r.size();
+  }
+  written.insert(written.end(), scales.begin(), scales.end());
+  require_disjoint(written);
+
+  Impl& im = *impl_;
+  // Scale memory as few contiguous spans as the layout allows (one memset each).
+  std::sort(scales.begin(), scales.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
+  for (const Extent& x : scales) {
+    if (!im.spans.empty() && reinterpret_cast<std::uintptr_t>(im.spans.back().first) + im.spans.back().second == x.begin) {
+      im.spans.back().second += x.end - x.begin;
+    } else {
+      im.spans.emplace_back(reinterpret_cast<std::uint8_t*>(x.begin), x.end - x.begin);
+    }
+  }
+  im.numel = numel;
+  im.tiles = tiles;
+  im.table = detail::EntryTable(backend, entries);
+#if SHARDOPT_HAVE_CUDA
+  if (backend == Backend::Cuda) im.grid = mxfp8::shard_batch_grid(tiles);
+#endif
+}
+
+Mxfp8ShardBatch::~Mxfp8ShardBatch() = default;
+Mxfp8ShardBatch::Mxfp8ShardBatch(Mxfp8ShardBatch&&) noexcept = default;
+Mxfp8ShardBatch& Mxfp8ShardBatch::operator=(Mxfp8ShardBatch&&) noexcept = default;
+
+Backend Mxfp8ShardBatch::backend() const { return live(impl_).table.backend(); }
+std::size_t Mxfp8ShardBatch::size() const { return static_cast<std::size_t>(live(impl_).table.count()); }
+std::int64_t Mxfp8ShardBatch::numel() const { return live(impl_).numel; }
+std::int64_t Mxfp8ShardBatch::tiles() const { return live(impl_).tiles; }
+int Mxfp8ShardBatch::grid() const { return live(impl_).grid; }
+std::size_t Mxfp8ShardBatch::scale_spans() const { return live(impl_).spans.size(); }
+
+void mxfp8_partial_scales_batch(const Mxfp8ShardBatch& batch, Backend backend, Stream stream) {
+  const Mxfp8ShardBatch::Impl& im = for_call(batch.impl_, backend, "mxfp8_partial_scales_batch");
+  const auto* entries = im.table.entries<mxfp8::ShardEntry>();
+  const int count = im.table.count();
+  if (backend == Backend::Host) {
+    // The table and the masters are read when the work runs (a replay reads them then).
+    host_enqueue(stream, [entries, count] { mxfp8::host_partial_scales_batch(entries, count); });
+    return;
+  }
+#if SHARDOPT_HAVE_CUDA
+  for (const auto& [p, n] : im.spans) fill_zero_async(backend, p, n, stream);
+  mxfp8::launch_partial_scales_batch(entries, count, im.tiles, stream);
+#endif
+}
+
+void quantize_mxfp8_shard_data_batch(const Mxfp8ShardBatch& batch, Backend backend, Stream stream) {
+  const Mxfp8ShardBatch::Impl& im = for_call(batch.impl_, backend, "quantize_mxfp8_shard_data_batch");
+  const auto* entries = im.table.entries<mxfp8::ShardEntry>();
+  const int count = im.table.count();
+  if (backend == Backend::Host) {
+    host_enqueue(stream, [entries, count] { mxfp8::host_shard_data_batch(entries, count); });
+    return;
+  }
+#if SHARDOPT_HAVE_CUDA
+  mxfp8::launch_shard_data_batch(entries, count, im.tiles, stream);
+#endif
+}
+
+}  // namespace shardopt

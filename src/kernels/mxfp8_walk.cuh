@@ -1,0 +1,103 @@
+// mxfp8_walk.cuh - how the persistent MXFP8 kernels (mxfp8_batch.cu: whole tensors;
+// mxfp8_shard.cu: a rank's ranges) share a sequence of tiles among the blocks of one
+// wave, and the pointer hint they both use.
+//
+// Walk: block b of G takes runs b, b + G, b + 2G, ... of R consecutive tiles (R a power
+// of two). The blocks running at any moment then work on G * R neighbouring tiles,
+// which DRAM serves better than blocks walking distant parts of the sequence (the
+// measurements are in docs/decisions.md, "MXFP8 quantize: the order of tiles").
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+
+#include "core/check.hpp"
+
+namespace shardopt::mxfp8 {
+
+/// `p`, which points to global memory: lets the compiler emit global (not generic)
+/// loads and stores through pointers read from a table in memory.
+template <class T>
+__device__ __forceinline__ T* in_global(T* p) {
+  __builtin_assume(__isGlobal(p));
+  return p;
+}
+
+/// The index of the entry holding tile `t`, searched from entry `from` (which starts at
+/// or before t) in a table of `count` entries whose tile ranges [first_tile, end_tile)
+/// follow each other from 0 (empty ones included): `from` itself in the common case,
+/// else a binary search for the first entry whose end_tile exceeds t.
+template <class Entry>
+__device__ __forceinline__ int find_entry(const Entry* entries, int count, std::int64_t t, int from) {
+  if (t < entries[from].end_tile) return from;
+  int lo = from + 1, hi = count - 1;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (entries[mid].end_tile > t) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+/// Resident blocks per SM the grids are sized for. The kernels' launch bounds keep
+/// them within 64 registers a thread, which lets 4 blocks of 256 threads share an SM's
+/// 64K registers; their shared memory (at most 4 KB a block) is no limit. -Xptxas -v
+/// (nvcc 13.0, sm_90): no spills, except phase 2 of mxfp8_shard.cu (8 bytes for a
+/// batch, 16 for one tensor).
+inline constexpr int kBlocksPerSm = 4;
+
+/// The tiles of block b of G: runs b, b + G, b + 2G, ... of `run` consecutive tiles (a
+/// power of two, at most kMaxRun: a plain grid stride when that is 1).
+template <int kMaxRun>
+struct Walk {
+  std::int64_t first;  ///< the block's first tile
+  std::int64_t gap;    ///< from the last tile of a run to the first of the block's next
+  std::int64_t run;
+  __device__ explicit Walk(int run_tiles)
+      : first(static_cast<std::int64_t>(blockIdx.x) * run_tiles),
+        gap(1 + (static_cast<std::int64_t>(gridDim.x) - 1) * run_tiles),
+        run(run_tiles) {}
+  /// Whether tile t is the last of its run.
+  __device__ bool ends_run(std::int64_t t) const { return kMaxRun == 1 || ((t + 1) & (run - 1)) == 0; }
+};
+
+/// Resident blocks on the current device (kBlocksPerSm on every SM). Only a device
+/// attribute is queried (cached per device), nothing that a stream capture could object
+/// to, so a first launch inside a capture is fine.
+inline int resident_blocks() {
+  static std::array<std::atomic<int>, 64> cache{};
+  int device = 0;
+  SHARDOPT_CUDA_CHECK(cudaGetDevice(&device));
+  const bool cached = device >= 0 && device < static_cast<int>(cache.size());
+  if (cached) {
+    const int known = cache[static_cast<std::size_t>(device)].load(std::memory_order_relaxed);
+    if (known > 0) return known;
+  }
+  int sms = 0;
+  SHARDOPT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int blocks = std::max(1, sms) * kBlocksPerSm;
+  if (cached) cache[static_cast<std::size_t>(device)].store(blocks, std::memory_order_relaxed);
+  return blocks;
+}
+
+/// The walk of `tiles` tiles with runs of at most max_run tiles: one wave of resident
+/// blocks, runs as long as max_run allows while every block still gets one.
+struct WalkPlan {
+  int grid;
+  int run;
+};
+inline WalkPlan plan_walk(std::int64_t tiles, int max_run) {
+  const int resident = resident_blocks();
+  int run = 1;
+  while (run * 2 <= max_run && std::int64_t{run} * 2 * resident <= tiles) run *= 2;
+  return WalkPlan{static_cast<int>(std::min<std::int64_t>((tiles + run - 1) / run, resident)), run};
+}
+
+}  // namespace shardopt::mxfp8
