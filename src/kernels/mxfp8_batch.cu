@@ -57,24 +57,11 @@ using tile::kFullMask;
 using tile::kThreads;
 using tile::kWarps;
 
-// The entry table of quantize_mxfp8: one tensor, passed by value in the kernel's
-// parameters.
-struct OneTensor {
-  static constexpr int kMaxRun = 1;  // tiles per run of the walk (header comment)
-  BatchEntry entry;
-  __device__ const BatchEntry& operator[](int) const { return entry; }
-  __device__ int find(std::int64_t, int) const { return 0; }
-};
-
-// The entry table of quantize_mxfp8_batch: `count` entries in device memory whose tile
-// ranges [first_tile, end_tile) follow each other from 0.
-struct TensorList {
-  static constexpr int kMaxRun = 16;  // tiles per run of the walk (header comment)
-  const BatchEntry* entries;
-  int count;
-  __device__ const BatchEntry& operator[](int e) const { return entries[e]; }
-  __device__ int find(std::int64_t t, int from) const { return find_entry(entries, count, t, from); }
-};
+// The entry tables: one tensor (quantize_mxfp8) in the kernel's parameters, runs of 1
+// (a plain grid stride); a list (quantize_mxfp8_batch) in device memory, runs of 16
+// (header comment).
+using OneTensor = OneEntry<BatchEntry, 1>;
+using TensorList = EntryList<BatchEntry, 16>;
 
 // Where a tile is in the tile sequence: entry e, member g, tile row rt, tile column ct.
 struct Cursor {
@@ -97,19 +84,7 @@ __device__ __forceinline__ Cursor cursor_at(const Table& table, std::int64_t t, 
   return c;
 }
 
-// What a thread needs of its part of a tile. Thread (warp w, lane l) works on tile row
-// 4w + l/8 and, with q = l % 8, on two chunks of 8 columns: chunk 0 at columns
-// [8q, 8q + 8) and chunk 1 at [64 + 8q, 64 + 8q + 8). Each 16-byte load or store of a
-// chunk by the 8 lanes of a row covers 128 contiguous bytes (full sectors), and the 4
-// lanes q = 0..3 (4..7) of a row hold rowwise blocks 0 and 2 (1 and 3) of the tile.
-struct Spot {
-  std::int64_t elem;       // flat index of chunk 0's first element (chunk 1: + 64)
-  std::int64_t row_scale;  // index of chunk 0's rowwise scale (chunk 1's: + 2)
-  std::int64_t col_scale;  // index of the columnwise scale of the tile's first column
-  int cols_left;           // columns from the tile's first one to the end of the row
-  bool row_ok;             // the thread's row lies inside the member
-  bool full;               // the whole tile lies inside the member, every access aligned
-};
+using tile::Spot;
 
 // Valid columns of a tile (capped at 128), and of the thread's chunks: [0, hi0) of
 // chunk 0 and [0, hi1) of chunk 1, 0 outside the member.
@@ -160,10 +135,7 @@ __device__ __forceinline__ void step(const Table& table, Cursor& c, Spot& s, std
     const BatchEntry& en = table[c.e];
     if (c.ct + 1 < en.col_tiles) {
       ++c.ct;
-      s.elem += kTileCols;
-      s.row_scale += kTileCols / kBlock;
-      s.col_scale += kTileCols;
-      s.cols_left -= kTileCols;
+      s.next_column();
       s.full = s.full && c.ct < en.full_col_tiles;
       return;
     }

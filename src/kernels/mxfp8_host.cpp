@@ -139,7 +139,6 @@ void host_partial_scales_batch(const ShardEntry* entries, int count) {
 void host_shard_data_batch(const ShardEntry* entries, int count) {
   for (int k = 0; k < count; ++k) {
     const ShardEntry& e = entries[k];
-    if (e.range.size() == 0) continue;
     host_shard_data(e.shape, e.range, e.master, e.out.scale_row, e.out.scale_col, e.out.data_row, e.out.data_col);
   }
 }

@@ -47,25 +47,12 @@ enum class Mode {
   Data,    // phase 2: data bytes of the range from combined scales
 };
 
-// The entry table of a per-tensor call: one entry, in the kernel's parameters. Runs of
-// up to 4 tiles: rank 1 of 4 of Llama-3.2-1B's matrices, per-tensor calls in a graph, on
-// H100: R = 1, 4, 16 gave 83.7%, 86.5%, 84.5% of copy bandwidth.
-struct OneShard {
-  static constexpr int kMaxRun = 4;  // tiles per run of the walk
-  ShardEntry entry;
-  __device__ const ShardEntry& operator[](int) const { return entry; }
-  __device__ int find(std::int64_t, int) const { return 0; }
-};
-
-// The entry table of a batch: `count` entries in device memory whose tile ranges
-// [first_tile, end_tile) follow each other from 0 (empty ones included).
-struct ShardList {
-  static constexpr int kMaxRun = 16;  // tiles per run of the walk (the whole-tensor batch's)
-  const ShardEntry* entries;
-  int count;
-  __device__ const ShardEntry& operator[](int e) const { return entries[e]; }
-  __device__ int find(std::int64_t t, int from) const { return find_entry(entries, count, t, from); }
-};
+// The entry tables: one tensor's range (the per-tensor calls) in the kernel's
+// parameters, runs of up to 4 tiles (rank 1 of 4 of Llama-3.2-1B's matrices, per-tensor
+// calls in a graph, H100: R = 1, 4, 16 gave 83.7%, 86.5%, 84.5% of copy bandwidth); a
+// batch in device memory, runs of 16 (the whole-tensor batch's).
+using OneShard = OneEntry<ShardEntry, 4>;
+using ShardList = EntryList<ShardEntry, 16>;
 
 // Where a tile is: entry e, global tile row gtr = g * row_tiles + rt, tile column ct.
 struct Cursor {
@@ -87,17 +74,7 @@ __device__ __forceinline__ Cursor cursor_at(const Table& table, std::int64_t t, 
   return c;
 }
 
-// A thread's part of a tile: row 4w + l/8 (warp w, lane l) and, with q = l % 8, chunk 0
-// at columns [8q, 8q + 8) and chunk 1 at [64 + 8q, 72 + 8q); lanes q = 0..3 (4..7) of a
-// row hold rowwise blocks 0 and 2 (1 and 3) of the tile.
-struct Spot {
-  std::int64_t elem;       // flat index of chunk 0's first element (chunk 1: + 64)
-  std::int64_t row_scale;  // index of chunk 0's rowwise scale (chunk 1's: + 2)
-  std::int64_t col_scale;  // index of the columnwise scale of the tile's first column
-  int cols_left;           // columns from the tile's first one to the end of the row
-  bool row_ok;             // the thread's row lies inside the member
-  bool full;               // whole tile inside the range and the member, accesses aligned
-};
+using tile::Spot;
 
 template <Mode M>
 __device__ __forceinline__ std::uint32_t full_col_tiles(const ShardEntry& en) {
@@ -131,10 +108,7 @@ __device__ __forceinline__ void step(const Table& table, Cursor& c, Spot& s, std
     const ShardEntry& en = table[c.e];
     if (c.ct + 1 < en.col_tiles) {
       ++c.ct;
-      s.elem += kTileCols;
-      s.row_scale += kTileCols / kBlock;
-      s.col_scale += kTileCols;
-      s.cols_left -= kTileCols;
+      s.next_column();
       s.full = s.full && c.ct < full_col_tiles<M>(en);
       return;
     }
@@ -173,7 +147,7 @@ struct Masters {
 };
 
 template <bool kFull>
-__device__ __forceinline__ void load_masters(const ShardEntry& en, const Spot& s, Masters& m) {
+__device__ __forceinline__ void load_masters(const ShardEntry& en, const Spot& s, const Room& room, Masters& m) {
   const float* base = in_global(en.master) + (s.elem - en.range.begin);
   if constexpr (kFull) {
 #pragma unroll
@@ -183,7 +157,6 @@ __device__ __forceinline__ void load_masters(const ShardEntry& en, const Spot& s
       m.v[2 * h + 1] = __ldg(p + 1);
     }
   } else {
-    const Room room = room_of<false>(en, s);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float f[8];
@@ -192,15 +165,6 @@ __device__ __forceinline__ void load_masters(const ShardEntry& en, const Spot& s
       m.v[2 * h] = make_float4(f[0], f[1], f[2], f[3]);
       m.v[2 * h + 1] = make_float4(f[4], f[5], f[6], f[7]);
     }
-  }
-}
-
-template <Mode M>
-__device__ __forceinline__ void load_masters(const ShardEntry& en, const Spot& s, Masters& m) {
-  if (s.full) {  // block-uniform
-    load_masters<true>(en, s, m);
-  } else {
-    load_masters<false>(en, s, m);
   }
 }
 
@@ -266,7 +230,7 @@ struct Scales {
 };
 
 template <bool kFull>
-__device__ __forceinline__ void load_scales(const ShardEntry& en, const Spot& s, Scales& sc) {
+__device__ __forceinline__ void load_scales(const ShardEntry& en, const Spot& s, const Room& room, Scales& sc) {
   const std::uint8_t* srow = in_global(en.out.scale_row) + s.row_scale;
   const std::uint8_t* scol = in_global(en.out.scale_col) + s.col_scale + (threadIdx.x & 7) * 8;
   if constexpr (kFull) {
@@ -278,7 +242,6 @@ __device__ __forceinline__ void load_scales(const ShardEntry& en, const Spot& s,
       sc.col[2 * h + 1] = v.y;
     }
   } else {
-    const Room room = room_of<false>(en, s);
     sc.row = 0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -343,12 +306,16 @@ struct Loads {
   Scales sc{};  // phase 2 only
   __device__ void load(const ShardEntry& en, const Spot& s) {
     if (s.full) {  // block-uniform
-      load_masters<true>(en, s, m);
-      if constexpr (M == Mode::Data) load_scales<true>(en, s, sc);
+      load<true>(en, s);
     } else {
-      load_masters<false>(en, s, m);
-      if constexpr (M == Mode::Data) load_scales<false>(en, s, sc);
+      load<false>(en, s);
     }
+  }
+  template <bool kFull>
+  __device__ void load(const ShardEntry& en, const Spot& s) {
+    const Room room = room_of<kFull>(en, s);
+    load_masters<kFull>(en, s, room, m);
+    if constexpr (M == Mode::Data) load_scales<kFull>(en, s, room, sc);
   }
 };
 

@@ -24,6 +24,27 @@ inline constexpr int kThreads = 256;
 inline constexpr int kWarps = kThreads / 32;
 inline constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
+// What a thread needs of its part of a tile. Thread (warp w, lane l) works on tile row
+// 4w + l/8 and, with q = l % 8, on two chunks of 8 columns: chunk 0 at columns
+// [8q, 8q + 8) and chunk 1 at [64 + 8q, 64 + 8q + 8). Each 16-byte load or store of a
+// chunk by the 8 lanes of a row covers 128 contiguous bytes (full sectors), and the 4
+// lanes q = 0..3 (4..7) of a row hold rowwise blocks 0 and 2 (1 and 3) of the tile.
+struct Spot {
+  std::int64_t elem;       // flat index of chunk 0's first element (chunk 1: + 64)
+  std::int64_t row_scale;  // index of chunk 0's rowwise scale (chunk 1's: + 2)
+  std::int64_t col_scale;  // index of the columnwise scale of the tile's first column
+  int cols_left;           // columns from the tile's first one to the end of the row
+  bool row_ok;             // the thread's row lies inside the member
+  bool full;               // the tile takes the unchecked path (block-uniform; set by the kernel)
+  // The same thread's part of the next tile along the tile row (`full` aside).
+  __device__ void next_column() {
+    elem += kCols;
+    row_scale += kCols / kBlock;
+    col_scale += kCols;
+    cols_left -= kCols;
+  }
+};
+
 __device__ __forceinline__ bool aligned16(const void* p) {
   return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0;
 }

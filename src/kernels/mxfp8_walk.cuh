@@ -27,30 +27,47 @@ __device__ __forceinline__ T* in_global(T* p) {
   return p;
 }
 
-/// The index of the entry holding tile `t`, searched from entry `from` (which starts at
-/// or before t) in a table of `count` entries whose tile ranges [first_tile, end_tile)
-/// follow each other from 0 (empty ones included): `from` itself in the common case,
-/// else a binary search for the first entry whose end_tile exceeds t.
-template <class Entry>
-__device__ __forceinline__ int find_entry(const Entry* entries, int count, std::int64_t t, int from) {
-  if (t < entries[from].end_tile) return from;
-  int lo = from + 1, hi = count - 1;
-  while (lo < hi) {
-    const int mid = lo + (hi - lo) / 2;
-    if (entries[mid].end_tile > t) {
-      hi = mid;
-    } else {
-      lo = mid + 1;
+/// The entry table of a per-tensor launch: one entry, passed by value in the kernel's
+/// parameters (so a fresh start reads no global memory). kRun: the longest run of the
+/// walk (Walk) its kernel takes.
+template <class Entry, int kRun>
+struct OneEntry {
+  static constexpr int kMaxRun = kRun;
+  Entry entry;
+  __device__ const Entry& operator[](int) const { return entry; }
+  __device__ int find(std::int64_t, int) const { return 0; }
+};
+
+/// The entry table of a batch: `count` entries in device memory whose tile ranges
+/// [first_tile, end_tile) follow each other from 0 (empty ones included).
+template <class Entry, int kRun>
+struct EntryList {
+  static constexpr int kMaxRun = kRun;
+  const Entry* entries;
+  int count;
+  __device__ const Entry& operator[](int e) const { return entries[e]; }
+  /// The index of the entry holding tile `t`, searched from entry `from` (which starts
+  /// at or before t): `from` itself in the common case, else a binary search for the
+  /// first entry whose end_tile exceeds t.
+  __device__ int find(std::int64_t t, int from) const {
+    if (t < entries[from].end_tile) return from;
+    int lo = from + 1, hi = count - 1;
+    while (lo < hi) {
+      const int mid = lo + (hi - lo) / 2;
+      if (entries[mid].end_tile > t) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
     }
+    return lo;
   }
-  return lo;
-}
+};
 
 /// Resident blocks per SM the grids are sized for. The kernels' launch bounds keep
 /// them within 64 registers a thread, which lets 4 blocks of 256 threads share an SM's
 /// 64K registers; their shared memory (at most 4 KB a block) is no limit. -Xptxas -v
-/// (nvcc 13.0, sm_90): no spills, except phase 2 of mxfp8_shard.cu (8 bytes for a
-/// batch, 16 for one tensor).
+/// (nvcc 13.0, sm_90): no spills, except phase 2 of mxfp8_shard.cu (8 bytes).
 inline constexpr int kBlocksPerSm = 4;
 
 /// The tiles of block b of G: runs b, b + G, b + 2G, ... of `run` consecutive tiles (a
