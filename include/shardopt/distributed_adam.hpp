@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "shardopt/adam_options.hpp"
 #include "shardopt/backend.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/fused_adam.hpp"
@@ -71,8 +72,9 @@ struct Mxfp8View {
   const Mxfp8Member* members = nullptr;
 };
 
-/// Options of a DistributedAdam.
-struct DistributedAdamOptions {
+/// Options of a DistributedAdam: the Adam settings (AdamOptions: betas, eps, groups,
+/// clipping, moment dtype, schedule, microbatches) and the distributed-Adam ones below.
+struct DistributedAdamOptions : AdamOptions {
   /// When set, every parameter is stored in this dtype (bf16, f16 or f32) whatever its
   /// ParamSpec says.
   std::optional<DType> param_dtype;
@@ -81,17 +83,6 @@ struct DistributedAdamOptions {
   DType grad_dtype = DType::f32;
   /// Bucket threshold in elements (unset: layout default).
   std::optional<std::int64_t> bucket_numel;
-  /// Global-norm clipping threshold; 0 disables clipping (the norm is still computed).
-  float clip_max_norm = 0.0f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  /// true: AdamW (decoupled decay); false: Adam with L2 added to the gradient.
-  bool decoupled_weight_decay = true;
-  /// Hyper-parameters of groups not listed in `groups`.
-  AdamGroup default_group{};
-  /// Per optimizer-group hyper-parameters, by ParamSpec::group name.
-  std::map<std::string, AdamGroup> groups;
   /// grad_ready() starts a bucket's reduce-scatter as soon as its last param reports.
   bool overlap_grad_reduce = true;
   /// step() leaves the parameter all-gathers in flight; call wait_param(bucket, stream)
@@ -108,23 +99,22 @@ struct DistributedAdamOptions {
   int gather_pipeline = 4;
   /// CUDA: ncclMemAlloc + registration of the flat buffers (false: cudaMalloc).
   bool nccl_registered = true;
-  /// Dtype of the Adam moments: f32, or bf16 (half the memory, see fused_adam.hpp).
-  DType moment_dtype = DType::f32;
-  /// Where each step's learning rate comes from.
-  LrSchedule lr_schedule = LrSchedule::host();
   /// Graph mode for cast copies made by shard_grad(): they persist across zero_grad so
   /// captured pointers stay valid (their bytes are reported under `copies`). Without it
   /// zero_grad releases them, and capturing such a step is refused.
   bool persistent_grad_copies = false;
-  /// Microbatches per step (the size of the device microbatch counter).
-  int microbatches = 1;
   /// Native, or MXFP8 parameters (see ParamFormat). With Mxfp8, param_dtype must be unset
   /// or f32 (the 1-D parameters' dtype), and the trainer seeds the parameters through
   /// shard_master + init_from_master.
   ParamFormat param_format = ParamFormat::Native;
 };
 
-/// Distributed Adam over a BucketStore. Move-only.
+namespace detail {
+class StepTarget;
+}
+
+/// Distributed Adam over a BucketStore. Move-only: a moved-from optimizer may only be
+/// destroyed or assigned to; its other calls throw Error(InvalidState).
 class DistributedAdam {
  public:
   /// Collective over `comm`: checks that every rank has the same layout (a clear
@@ -134,11 +124,11 @@ class DistributedAdam {
   DistributedAdam(DistributedAdam&&) noexcept;
   DistributedAdam& operator=(DistributedAdam&&) noexcept;
 
-  const Layout& layout() const noexcept;
-  const Communicator& comm() const noexcept;
-  const DistributedAdamOptions& options() const noexcept;
-  Backend backend() const noexcept;
-  int num_params() const noexcept;
+  const Layout& layout() const;
+  const Communicator& comm() const;
+  const DistributedAdamOptions& options() const;
+  Backend backend() const;
+  int num_params() const;
   int param_index(const std::string& name) const;
 
   /// Persistent views of the whole parameter / gradient (identical on every call).
@@ -183,8 +173,8 @@ class DistributedAdam {
   /// naming wait_param while param i's MXFP8 bucket still has its gather in flight.
   void grad_ready(int i, Stream stream);
   /// Turns grad_ready() on or off (off for microbatches that only accumulate).
-  void set_grad_sync(bool enabled) noexcept;
-  bool grad_sync() const noexcept;
+  void set_grad_sync(bool enabled);
+  bool grad_sync() const;
   /// Starts the reduce-scatters not yet started and makes `stream` wait for all of them.
   /// A later step() then does not reduce again (until the next step or zero_grad).
   void reduce_grads(Stream stream);
@@ -219,12 +209,12 @@ class DistributedAdam {
   /// Loss scale: gradients are divided by it (pinned slot, like set_lr).
   void set_loss_scale(float scale);
   /// Device-resident step values: step count, lr, norm, clip coefficient, found-inf.
-  StepScalars* device_scalars() const noexcept;
+  StepScalars* device_scalars() const;
   /// Copies the device scalars to the host after `stream`'s work (synchronizes; refused
   /// while `stream` is capturing).
   StepScalars read_scalars(Stream stream) const;
   /// Device-resident microbatch state and its advance (index + 1 mod microbatches).
-  MicrobatchState* device_microbatch() const noexcept;
+  MicrobatchState* device_microbatch() const;
   void advance_microbatch(Stream stream);
 
   /// Bytes per rank by category.
@@ -236,6 +226,8 @@ class DistributedAdam {
   class Impl;
 
  private:
+  friend class StepGraph;
+  detail::StepTarget& step_target();
   std::unique_ptr<Impl> impl_;
 };
 

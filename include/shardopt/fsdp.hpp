@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "shardopt/adam_options.hpp"
 #include "shardopt/backend.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/fused_adam.hpp"
@@ -51,8 +52,9 @@ struct FsdpUnit {
   int count = 0;
 };
 
-/// Options of an Fsdp optimizer.
-struct FsdpOptions {
+/// Options of an Fsdp optimizer: the Adam settings (AdamOptions: betas, eps, groups,
+/// clipping, moment dtype, schedule, microbatches) and the FSDP ones below.
+struct FsdpOptions : AdamOptions {
   /// Storage dtype of every parameter (shard and gathered slots).
   DType param_dtype = DType::bf16;
   /// Persistent gradient shard: bf16 / f16, or f32 (fp32 accumulation across microbatches).
@@ -61,16 +63,6 @@ struct FsdpOptions {
   DType slot_grad_dtype = DType::bf16;
   /// Bucket threshold inside a unit (unset: layout default); a unit is one or more buckets.
   std::optional<std::int64_t> bucket_numel;
-  float clip_max_norm = 0.0f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  bool decoupled_weight_decay = true;
-  AdamGroup default_group{};
-  std::map<std::string, AdamGroup> groups;
-  DType moment_dtype = DType::f32;
-  LrSchedule lr_schedule = LrSchedule::host();
-  int microbatches = 1;
   ReduceOp grad_reduce = ReduceOp::Average;
   /// Keep a unit gathered when the learned order asks for it twice in a row (the last
   /// forward unit is the first backward unit): no reshard, no regather.
@@ -84,7 +76,13 @@ struct FsdpOptions {
   bool persistent_grad_copies = false;
 };
 
-/// Fully sharded data parallel with a fused Adam on the shard. Move-only.
+namespace detail {
+class StepTarget;
+}
+
+/// Fully sharded data parallel with a fused Adam on the shard. Move-only: a moved-from
+/// optimizer may only be destroyed or assigned to; its other calls throw
+/// Error(InvalidState).
 class Fsdp {
  public:
   /// Collective over `comm`. Checks units (contiguous, covering every parameter once) and
@@ -94,16 +92,16 @@ class Fsdp {
   Fsdp(Fsdp&&) noexcept;
   Fsdp& operator=(Fsdp&&) noexcept;
 
-  const Layout& layout() const noexcept;
-  const FsdpOptions& options() const noexcept;
-  Backend backend() const noexcept;
-  int num_params() const noexcept;
-  int num_units() const noexcept;
+  const Layout& layout() const;
+  const FsdpOptions& options() const;
+  Backend backend() const;
+  int num_params() const;
+  int num_units() const;
   int unit_of(int param) const;
   /// This rank within its shard group, the shard group size, and the number of replicas.
-  int shard_rank() const noexcept;
-  int shard_size() const noexcept;
-  int replicas() const noexcept;
+  int shard_rank() const;
+  int shard_size() const;
+  int replicas() const;
 
   /// Gathers unit `unit` (or waits for its prefetched gather) and returns views of its
   /// parameters, in registration order. `stream` reads them only after the gather.
@@ -131,16 +129,16 @@ class Fsdp {
 
   void set_lr(float lr);
   void set_loss_scale(float scale);
-  StepScalars* device_scalars() const noexcept;
+  StepScalars* device_scalars() const;
   StepScalars read_scalars(Stream stream) const;
-  MicrobatchState* device_microbatch() const noexcept;
+  MicrobatchState* device_microbatch() const;
   void advance_microbatch(Stream stream);
 
   /// The stream the parameter gathers run on (nullptr on the host backend); exposed so
   /// that tests can delay it and prove the compute stream never reads a slot early.
-  Stream gather_stream() const noexcept;
+  Stream gather_stream() const;
   /// The learned order of units (empty until the first step()).
-  const std::vector<int>& unit_order() const noexcept;
+  const std::vector<int>& unit_order() const;
   /// Persistent shard + moments + pool (two param slots, one grad slot).
   MemoryReport memory() const;
   /// Error(CaptureRefused) when capturing now would allocate or free inside the graph
@@ -150,6 +148,8 @@ class Fsdp {
   class Impl;
 
  private:
+  friend class StepGraph;
+  detail::StepTarget& step_target();
   std::unique_ptr<Impl> impl_;
 };
 

@@ -2,6 +2,7 @@
 // shardopt/mpi.hpp, which needs <mpi.h>: include it where you bootstrap from MPI).
 #pragma once
 
+#include "shardopt/adam_options.hpp"
 #include "shardopt/backend.hpp"
 #include "shardopt/bucket_store.hpp"
 #include "shardopt/communicator.hpp"

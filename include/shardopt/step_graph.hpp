@@ -51,6 +51,11 @@ class StepGraph {
   ~StepGraph();
   StepGraph(const StepGraph&) = delete;
   StepGraph& operator=(const StepGraph&) = delete;
+  /// Movable; a moved-from StepGraph may only be destroyed or assigned to: its other
+  /// calls throw Error(InvalidState). The graph drives the optimizer object it was built
+  /// on, or the one that object was moved to.
+  StepGraph(StepGraph&&) noexcept;
+  StepGraph& operator=(StepGraph&&) noexcept;
 
   /// Runs one iteration eagerly on `stream`, in exactly the order the graphs replay.
   void run_eager(Stream stream);
@@ -62,7 +67,7 @@ class StepGraph {
   /// Only the captured step graph (step + zero_grad), e.g. to time the step alone
   /// (Error(InvalidState) in one-graph mode).
   void replay_step(Stream stream);
-  bool captured() const noexcept;
+  bool captured() const;
 
   class Impl;
 

@@ -7,12 +7,14 @@
 #include <utility>
 
 #include "core/check.hpp"
+#include "core/live.hpp"
 #include "core/memory.hpp"
 #include "kernels/convert.hpp"
 #include "kernels/step_control.hpp"
 #include "shardopt/bucket_store.hpp"
 #include "optimizer/mxfp8_params.hpp"
-#include "optimizer/shard_state.hpp"
+#include "optimizer/shard_engine.hpp"
+#include "optimizer/step_target.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt {
@@ -78,14 +80,15 @@ BucketStore make_store(const Communicator& comm, std::vector<ParamSpec> specs, c
 
 }  // namespace
 
-class DistributedAdam::Impl {
+class DistributedAdam::Impl final : public detail::StepTarget {
  public:
   Impl(Communicator c, std::vector<ParamSpec> specs, DistributedAdamOptions o)
       : comm(std::move(c)),
         opt(std::move(o)),
         backend(comm.backend()),
         store(make_store(comm, std::move(specs), opt)),
-        state(backend, store.layout(), comm.rank(), detail::hyper_of(opt), /*shard_addressed=*/false),
+        state(backend, store.layout(), comm.rank(), detail::EngineSettings{opt, opt.grad_dtype, /*shard_addressed=*/false,
+                                                                 opt.persistent_grad_copies, "DistributedAdamOptions"}),
         mx(backend, store.layout(), store, state, comm, mxfp8_buffers(store.layout(), opt)) {
     for (int b = 0; b < static_cast<int>(store.layout().buffers().size()); ++b)
       state.bind(b, store.grad_buffer(b), store.param_buffer(b));  // null params: MXFP8, master only
@@ -144,22 +147,46 @@ class DistributedAdam::Impl {
                             "that grad_ready / reduce_grads started to reduce; call it after step() or zero_grad()");
   }
 
+  // StepGraph's interface.
+  Backend step_backend() const override { return backend; }
+  int iteration_microbatches() const override { return opt.microbatches; }
+  bool separate_last_microbatch() const override { return opt.microbatches == 1 || opt.overlap_grad_reduce; }
+  bool whole_iteration_only() const override { return false; }
+  void set_iteration_grad_sync(bool enabled) override { grad_sync = enabled; }
+  void advance_iteration_microbatch(Stream s) override { state.advance_microbatch(s); }
+  void step_and_zero_grad(Stream s) override;
+  // The bodies of the public calls of the same names.
+  void reduce_grads(Stream stream);
+  void step(Stream stream);
+  void zero_grad(Stream stream);
+  void check_step_capturable() const override { state.check_capturable(); }
+  void finish_pending(Stream s) override {
+    for (int b = 0; b < num_buckets(); ++b) settle(b, b + 1, s);
+  }
+  void join_reductions(Stream s) override;
+
   Communicator comm;
   DistributedAdamOptions opt;
   Backend backend;
   BucketStore store;
-  detail::ShardState state;
+  detail::ShardEngine state;
   detail::Mxfp8Params mx;
-  std::map<std::pair<int, DType>, DeviceBuffer> copies;
-  bool copies_requested = false;
   bool grad_sync = true;
   bool grads_reduced = false;  // reduce_grads() ran since the last step / zero_grad
   bool grads_live = false;     // grad_ready / reduce_grads since the last step / zero_grad
 };
 
+namespace {
+DistributedAdam::Impl& live(const std::unique_ptr<DistributedAdam::Impl>& impl) {
+  return detail::live(impl, "DistributedAdam");
+}
+}  // namespace
+
+detail::StepTarget& DistributedAdam::step_target() { return live(impl_); }
+
 DistributedAdam::DistributedAdam(Communicator comm, std::vector<ParamSpec> specs, DistributedAdamOptions options) {
   SHARDOPT_REQUIRE(comm.valid(), ErrorCode::InvalidArgument, "DistributedAdam needs a valid Communicator");
-  detail::validate(detail::hyper_of(options));
+  detail::validate(options, options.grad_dtype);
   SHARDOPT_REQUIRE(options.gather_pipeline >= 1, ErrorCode::InvalidArgument,
                    "gather_pipeline must be >= 1 (1 = no pipelining)");
   impl_ = std::make_unique<Impl>(std::move(comm), std::move(specs), std::move(options));
@@ -169,11 +196,11 @@ DistributedAdam::~DistributedAdam() = default;
 DistributedAdam::DistributedAdam(DistributedAdam&&) noexcept = default;
 DistributedAdam& DistributedAdam::operator=(DistributedAdam&&) noexcept = default;
 
-const Layout& DistributedAdam::layout() const noexcept { return impl_->store.layout(); }
-const Communicator& DistributedAdam::comm() const noexcept { return impl_->comm; }
-const DistributedAdamOptions& DistributedAdam::options() const noexcept { return impl_->opt; }
-Backend DistributedAdam::backend() const noexcept { return impl_->backend; }
-int DistributedAdam::num_params() const noexcept { return static_cast<int>(layout().params().size()); }
+const Layout& DistributedAdam::layout() const { return live(impl_).store.layout(); }
+const Communicator& DistributedAdam::comm() const { return live(impl_).comm; }
+const DistributedAdamOptions& DistributedAdam::options() const { return live(impl_).opt; }
+Backend DistributedAdam::backend() const { return live(impl_).backend; }
+int DistributedAdam::num_params() const { return static_cast<int>(layout().params().size()); }
 int DistributedAdam::param_index(const std::string& name) const { return layout().param_index(name); }
 
 namespace {
@@ -181,20 +208,20 @@ std::string param_name(const Layout& L, int i) { return "'" + L.specs()[static_c
 }  // namespace
 
 ParamView DistributedAdam::param(int i) const {
-  (void)impl_->state.piece(i);
-  SHARDOPT_REQUIRE(!impl_->mx.is_param(i), ErrorCode::InvalidArgument,
+  (void)live(impl_).state.piece(i);
+  SHARDOPT_REQUIRE(!live(impl_).mx.is_param(i), ErrorCode::InvalidArgument,
                    "param(" + param_name(layout(), i) +
                        "): an MXFP8 parameter has no bf16 view (param_format Mxfp8); read its storage with "
                        "mxfp8_param(i)");
   const auto& spec = layout().specs()[static_cast<std::size_t>(i)];
   const DType dt = layout().buffers()[static_cast<std::size_t>(layout().params()[static_cast<std::size_t>(i)].buffer)].dtype;
-  return ParamView{contiguous_view(impl_->store.param_data(i), spec.shape, dt)};
+  return ParamView{contiguous_view(live(impl_).store.param_data(i), spec.shape, dt)};
 }
 
 GradView DistributedAdam::grad(int i) const {
-  (void)impl_->state.piece(i);
+  (void)live(impl_).state.piece(i);
   const auto& spec = layout().specs()[static_cast<std::size_t>(i)];
-  return GradView{contiguous_view(impl_->store.grad_data(i), spec.shape, impl_->opt.grad_dtype)};
+  return GradView{contiguous_view(live(impl_).store.grad_data(i), spec.shape, live(impl_).opt.grad_dtype)};
 }
 
 namespace {
@@ -222,89 +249,54 @@ GradView DistributedAdam::member_grad(int i, int m) const {
 }
 
 ShardView DistributedAdam::shard_param(int i) const {
-  const detail::ParamPiece& ps = impl_->state.piece(i);
-  SHARDOPT_REQUIRE(!impl_->mx.is_param(i), ErrorCode::InvalidArgument,
-                   "shard_param(" + param_name(layout(), i) +
+  Impl& m = live(impl_);
+  (void)m.state.piece(i);
+  SHARDOPT_REQUIRE(!m.mx.is_param(i), ErrorCode::InvalidArgument,
+                   "shard_param(" + param_name(m.store.layout(), i) +
                        "): an MXFP8 parameter has no param buffer; write its fp32 master through shard_master(i) and "
                        "publish it with init_from_master or gather_params");
-  const DType dt = layout().buffers()[static_cast<std::size_t>(ps.buffer)].dtype;
-  ShardView v;
-  v.dtype = dt;
-  v.shape = {ps.length};
-  v.strides = {1};
-  v.param_offset = ps.param_offset;
-  v.data = ps.length == 0 ? nullptr
-                          : static_cast<char*>(impl_->store.param_buffer(ps.buffer)) +
-                                static_cast<std::size_t>(ps.buffer_offset) * size_of(dt);
-  return v;
+  return m.state.param_view(i);
 }
 
-ShardView DistributedAdam::shard_master(int i) const { return impl_->state.master_view(i); }
+ShardView DistributedAdam::shard_master(int i) const { return live(impl_).state.master_view(i); }
 
 bool DistributedAdam::is_mxfp8(int i) const {
-  (void)impl_->state.piece(i);
-  return impl_->mx.is_param(i);
+  (void)live(impl_).state.piece(i);
+  return live(impl_).mx.is_param(i);
 }
 
 Mxfp8View DistributedAdam::mxfp8_param(int i) const {
-  (void)impl_->state.piece(i);
-  SHARDOPT_REQUIRE(impl_->mx.is_param(i), ErrorCode::InvalidArgument,
+  (void)live(impl_).state.piece(i);
+  SHARDOPT_REQUIRE(live(impl_).mx.is_param(i), ErrorCode::InvalidArgument,
                    "mxfp8_param(" + param_name(layout(), i) + "): not an MXFP8 parameter (" +
-                       (impl_->opt.param_format == ParamFormat::Mxfp8
+                       (live(impl_).opt.param_format == ParamFormat::Mxfp8
                             ? std::string("1-D parameters stay native in f32")
                             : std::string("param_format is Native")) +
                        "); use param(i)");
-  return impl_->mx.view(i);
+  return live(impl_).mx.view(i);
 }
-ShardView DistributedAdam::shard_exp_avg(int i) const { return impl_->state.exp_avg_view(i); }
-ShardView DistributedAdam::shard_exp_avg_sq(int i) const { return impl_->state.exp_avg_sq_view(i); }
+ShardView DistributedAdam::shard_exp_avg(int i) const { return live(impl_).state.exp_avg_view(i); }
+ShardView DistributedAdam::shard_exp_avg_sq(int i) const { return live(impl_).state.exp_avg_sq_view(i); }
 
 ShardView DistributedAdam::shard_grad(int i, DType dtype, Stream stream) {
-  const detail::ParamPiece& ps = impl_->state.piece(i);
-  SHARDOPT_REQUIRE(is_float_storage(dtype), ErrorCode::InvalidArgument,
-                   std::string("shard_grad: dtype ") + to_string(dtype) + " is not one of f32, bf16, f16");
-  const DType gdt = impl_->opt.grad_dtype;
-  ShardView v;
-  v.dtype = dtype;
-  v.shape = {ps.length};
-  v.strides = {1};
-  v.param_offset = ps.param_offset;
-  if (ps.length == 0) return v;
-  void* src = static_cast<char*>(impl_->store.grad_buffer(ps.buffer)) + static_cast<std::size_t>(ps.buffer_offset) * size_of(gdt);
-  if (dtype == gdt) {
-    v.data = src;  // a view of the reduce-scattered shard: no copy
-    return v;
-  }
-  impl_->copies_requested = true;
-  const auto key = std::make_pair(i, dtype);
-  auto it = impl_->copies.find(key);
-  if (it == impl_->copies.end()) {
-    SHARDOPT_REQUIRE(!is_capturing(impl_->backend, stream), ErrorCode::CaptureRefused,
-                     "shard_grad('" + layout().specs()[static_cast<std::size_t>(i)].name + "', " + to_string(dtype) +
-                         ") would allocate a cast copy inside a capture; call it once before capturing (a warm-up "
-                         "iteration) with DistributedAdamOptions::persistent_grad_copies = true");
-    it = impl_->copies
-             .emplace(key, DeviceBuffer(impl_->backend, static_cast<std::size_t>(ps.length) * size_of(dtype)))
-             .first;
-  }
-  kernels::convert(src, gdt, it->second.data(), dtype, ps.length, impl_->backend, stream);
-  v.data = it->second.data();
-  return v;
+  Impl& m = live(impl_);
+  return m.state.grad_view(i, dtype, stream,
+                           "shard_grad(" + param_name(m.store.layout(), i) + ", " + to_string(dtype) + ")");
 }
 
 void DistributedAdam::init_master(Stream stream) {
-  SHARDOPT_REQUIRE(!impl_->mx.any(), ErrorCode::InvalidState,
+  SHARDOPT_REQUIRE(!live(impl_).mx.any(), ErrorCode::InvalidState,
                    "init_master seeds the master from the param views, which MXFP8 parameters do not have; write "
                    "the initial values into shard_master(i) and call init_from_master(stream)");
-  impl_->wait_pending_gathers(stream);
-  impl_->state.init_master(stream);
+  live(impl_).wait_pending_gathers(stream);
+  live(impl_).state.init_master(stream);
   const int nb = static_cast<int>(layout().buckets().size());
-  for (int b = 0; b < nb; ++b) impl_->store.start_param_gather(b, stream);
-  for (int b = 0; b < nb; ++b) impl_->store.wait_param_gather(b, stream);
+  for (int b = 0; b < nb; ++b) live(impl_).store.start_param_gather(b, stream);
+  for (int b = 0; b < nb; ++b) live(impl_).store.wait_param_gather(b, stream);
 }
 
 void DistributedAdam::init_from_master(Stream stream) {
-  Impl& m = *impl_;
+  Impl& m = live(impl_);
   const int nb = m.num_buckets();
   m.settle(0, nb, stream);
   m.require_no_live_grads("init_from_master");
@@ -314,37 +306,37 @@ void DistributedAdam::init_from_master(Stream stream) {
 }
 
 void DistributedAdam::grad_ready(int i, Stream stream) {
-  (void)impl_->state.piece(i);
-  impl_->require_mx_idle(layout().params()[static_cast<std::size_t>(i)].bucket,
+  (void)live(impl_).state.piece(i);
+  live(impl_).require_mx_idle(layout().params()[static_cast<std::size_t>(i)].bucket,
                          "grad_ready(" + param_name(layout(), i) + ")");
-  if (!impl_->grad_sync || !impl_->opt.overlap_grad_reduce) return;
-  impl_->grads_live = true;
-  impl_->store.grad_ready(i, stream);
+  if (!live(impl_).grad_sync || !live(impl_).opt.overlap_grad_reduce) return;
+  live(impl_).grads_live = true;
+  live(impl_).store.grad_ready(i, stream);
 }
 
-void DistributedAdam::set_grad_sync(bool enabled) noexcept { impl_->grad_sync = enabled; }
-bool DistributedAdam::grad_sync() const noexcept { return impl_->grad_sync; }
+void DistributedAdam::set_grad_sync(bool enabled) { live(impl_).grad_sync = enabled; }
+bool DistributedAdam::grad_sync() const { return live(impl_).grad_sync; }
 
-void DistributedAdam::reduce_grads(Stream stream) {
-  impl_->require_all_mx_idle("reduce_grads");
-  impl_->grads_live = true;
-  const int nb = static_cast<int>(layout().buckets().size());
-  if (impl_->opt.grouped_collectives) {
-    impl_->store.start_grad_reduces(0, nb, stream);  // the buckets grad_ready did not start
+void DistributedAdam::Impl::reduce_grads(Stream stream) {
+  require_all_mx_idle("reduce_grads");
+  grads_live = true;
+  const int nb = static_cast<int>(store.layout().buckets().size());
+  if (opt.grouped_collectives) {
+    store.start_grad_reduces(0, nb, stream);  // the buckets grad_ready did not start
   } else {
     for (int b = 0; b < nb; ++b)
-      if (!impl_->store.grad_reduce_pending(b)) impl_->store.start_grad_reduce(b, stream);
+      if (!store.grad_reduce_pending(b)) store.start_grad_reduce(b, stream);
   }
-  for (int b = 0; b < nb; ++b) impl_->store.wait_grad_reduce(b, stream);
-  impl_->grads_reduced = true;
+  for (int b = 0; b < nb; ++b) store.wait_grad_reduce(b, stream);
+  grads_reduced = true;
 }
 
-void DistributedAdam::step(Stream stream) {
-  Impl& m = *impl_;
+void DistributedAdam::Impl::step(Stream stream) {
+  Impl& m = *this;
   // An MXFP8 gather still in its gradient region means the gradients were written over
   // it (no wait_param / zero_grad since the last step): refuse rather than mix them.
   m.require_all_mx_idle("step");
-  if (!m.grads_reduced) reduce_grads(stream);
+  if (!m.grads_reduced) m.reduce_grads(stream);
   m.grads_reduced = false;
   // Adam writes the param slices: gathers of the previous step must be done with them.
   m.wait_pending_gathers(stream);
@@ -360,7 +352,7 @@ void DistributedAdam::step(Stream stream) {
     const int last = static_cast<int>(static_cast<std::int64_t>(nb) * (g + 1) / groups);
     for (int b = first; b < last; ++b) {
       const auto [c0, c1] = m.state.bucket_chunks(b);
-      m.state.apply(layout().buckets()[static_cast<std::size_t>(b)].buffer, c0, c1, stream);
+      m.state.apply(store.layout().buckets()[static_cast<std::size_t>(b)].buffer, c0, c1, stream);
     }
     m.dispatch(first, last, stream);
   }
@@ -370,7 +362,7 @@ void DistributedAdam::step(Stream stream) {
 }
 
 void DistributedAdam::gather_params(Stream stream) {
-  Impl& m = *impl_;
+  Impl& m = live(impl_);
   const bool defer = m.opt.overlap_param_gather && !is_capturing(m.backend, stream);
   const int nb = m.num_buckets();
   m.settle(0, nb, stream);
@@ -387,53 +379,46 @@ void DistributedAdam::wait_param(int bucket, Stream stream) {
   SHARDOPT_REQUIRE(bucket >= 0 && bucket < static_cast<int>(layout().buckets().size()), ErrorCode::OutOfRange,
                    "bucket " + std::to_string(bucket) + " is out of range [0, " +
                        std::to_string(layout().buckets().size()) + ")");
-  impl_->settle(bucket, bucket + 1, stream);
+  live(impl_).settle(bucket, bucket + 1, stream);
 }
 
 GatherState DistributedAdam::gather_state(int bucket) const {
   SHARDOPT_REQUIRE(bucket >= 0 && bucket < static_cast<int>(layout().buckets().size()), ErrorCode::OutOfRange,
                    "gather_state: bucket " + std::to_string(bucket) + " is out of range [0, " +
                        std::to_string(layout().buckets().size()) + ")");
-  if (impl_->mx.is_bucket(bucket)) return impl_->mx.state(bucket);
-  return impl_->store.param_gather_pending(bucket) ? GatherState::InFlight : GatherState::Idle;
+  if (live(impl_).mx.is_bucket(bucket)) return live(impl_).mx.state(bucket);
+  return live(impl_).store.param_gather_pending(bucket) ? GatherState::InFlight : GatherState::Idle;
 }
 
-void DistributedAdam::zero_grad(Stream stream) {
-  Impl& m = *impl_;
+void DistributedAdam::Impl::zero_grad(Stream stream) {
+  Impl& m = *this;
   // Pending MXFP8 gathers sit in the gradient buffer: land them first, then zero (seed
   // 001's bug was a zeroing that ran before the gather had landed).
   m.mx.consume(m.store, 0, m.num_buckets(), stream);
   m.grads_reduced = false;
   m.grads_live = false;
-  for (std::size_t b = 0; b < layout().buffers().size(); ++b) {
-    const std::size_t bytes = static_cast<std::size_t>(layout().buffers()[b].numel) * size_of(m.opt.grad_dtype);
+  for (std::size_t b = 0; b < store.layout().buffers().size(); ++b) {
+    const std::size_t bytes = static_cast<std::size_t>(store.layout().buffers()[b].numel) * size_of(m.opt.grad_dtype);
     fill_zero_async(m.backend, m.store.grad_buffer(static_cast<int>(b)), bytes, stream);
   }
-  if (!m.opt.persistent_grad_copies && !m.copies.empty()) {
-    SHARDOPT_REQUIRE(!is_capturing(m.backend, stream), ErrorCode::CaptureRefused,
-                     "zero_grad would free shard_grad cast copies inside a capture; set "
-                     "DistributedAdamOptions::persistent_grad_copies = true for graph mode");
-    synchronize(m.backend, stream);  // queued work may still read the copies
-    m.copies.clear();
-  }
+  m.state.release_copies(stream);
 }
 
-void DistributedAdam::set_lr(float lr) { impl_->state.set_lr(lr); }
-void DistributedAdam::set_loss_scale(float scale) { impl_->state.set_loss_scale(scale); }
-StepScalars* DistributedAdam::device_scalars() const noexcept { return impl_->state.scalars(); }
-StepScalars DistributedAdam::read_scalars(Stream stream) const { return impl_->state.read_scalars(stream); }
-MicrobatchState* DistributedAdam::device_microbatch() const noexcept { return impl_->state.microbatch(); }
-void DistributedAdam::advance_microbatch(Stream stream) { impl_->state.advance_microbatch(stream); }
+void DistributedAdam::set_lr(float lr) { live(impl_).state.set_lr(lr); }
+void DistributedAdam::set_loss_scale(float scale) { live(impl_).state.set_loss_scale(scale); }
+StepScalars* DistributedAdam::device_scalars() const { return live(impl_).state.scalars(); }
+StepScalars DistributedAdam::read_scalars(Stream stream) const { return live(impl_).state.read_scalars(stream); }
+MicrobatchState* DistributedAdam::device_microbatch() const { return live(impl_).state.microbatch(); }
+void DistributedAdam::advance_microbatch(Stream stream) { live(impl_).state.advance_microbatch(stream); }
 
 MemoryReport DistributedAdam::memory() const {
-  const Impl& m = *impl_;
+  const Impl& m = live(impl_);
   MemoryReport r;
   r.params = static_cast<std::int64_t>(m.store.param_bytes());
   r.grads = static_cast<std::int64_t>(m.store.grad_bytes());
   r.mxfp8 = static_cast<std::int64_t>(m.mx.storage_bytes());
   r.nccl_overhead = static_cast<std::int64_t>(m.store.allocator_overhead_bytes());
-  m.state.add_memory(r);
-  for (const auto& [key, buf] : m.copies) r.copies += static_cast<std::int64_t>(buf.bytes());
+  m.state.add_memory(r);  // master, moments, their shard padding, cast copies
   for (std::size_t b = 0; b < layout().buffers().size(); ++b) {
     const BufferLayout& buf = layout().buffers()[b];
     std::int64_t real = 0;
@@ -444,11 +429,17 @@ MemoryReport DistributedAdam::memory() const {
   return r;
 }
 
-void DistributedAdam::check_capturable() const {
-  SHARDOPT_REQUIRE(!impl_->copies_requested || impl_->opt.persistent_grad_copies, ErrorCode::CaptureRefused,
-                   "this optimizer hands out shard_grad cast copies, which zero_grad frees; capturing its step would "
-                   "free memory inside the graph. Set DistributedAdamOptions::persistent_grad_copies = true (graph "
-                   "mode: copies persist and are reported under MemoryReport::copies)");
+void DistributedAdam::check_capturable() const { live(impl_).state.check_capturable(); }
+
+void DistributedAdam::Impl::step_and_zero_grad(Stream s) {
+  step(s);
+  zero_grad(s);
 }
+
+void DistributedAdam::Impl::join_reductions(Stream s) { reduce_grads(s); }
+
+void DistributedAdam::reduce_grads(Stream stream) { live(impl_).reduce_grads(stream); }
+void DistributedAdam::step(Stream stream) { live(impl_).step(stream); }
+void DistributedAdam::zero_grad(Stream stream) { live(impl_).zero_grad(stream); }
 
 }  // namespace shardopt

@@ -6,10 +6,12 @@
 #include <utility>
 
 #include "core/check.hpp"
+#include "core/live.hpp"
 #include "core/memory.hpp"
 #include "core/streams.hpp"
 #include "kernels/convert.hpp"
-#include "optimizer/shard_state.hpp"
+#include "optimizer/shard_engine.hpp"
+#include "optimizer/step_target.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt {
@@ -49,7 +51,7 @@ std::vector<int> unit_ids(const std::vector<FsdpUnit>& units, std::size_t params
 
 }  // namespace
 
-class Fsdp::Impl {
+class Fsdp::Impl final : public detail::StepTarget {
  public:
   struct UnitInfo {
     std::vector<int> buckets;  // in buffer order
@@ -70,7 +72,8 @@ class Fsdp::Impl {
         psize(size_of(opt.param_dtype)),
         gsize(size_of(opt.grad_dtype)),
         slot_gsize(size_of(opt.slot_grad_dtype)),
-        state(backend, layout, shard_comm.rank(), detail::hyper_of(opt), /*shard_addressed=*/true),
+        state(backend, layout, shard_comm.rank(), detail::EngineSettings{opt, opt.grad_dtype, /*shard_addressed=*/true,
+                                                               opt.persistent_grad_copies, "FsdpOptions"}),
         gather_stream(backend),
         reduce_stream(backend),
         slot_ready{Event(backend), Event(backend)},
@@ -165,6 +168,25 @@ class Fsdp::Impl {
     return out;
   }
 
+  // StepGraph's interface: FSDP captures only as one whole iteration (its gathers differ
+  // per position in the learned order).
+  Backend step_backend() const override { return backend; }
+  int iteration_microbatches() const override { return opt.microbatches; }
+  bool separate_last_microbatch() const override { return true; }
+  bool whole_iteration_only() const override { return true; }
+  void set_iteration_grad_sync(bool) override {}
+  void advance_iteration_microbatch(Stream s) override { state.advance_microbatch(s); }
+  void step_and_zero_grad(Stream s) override {
+    step(s);
+    zero_grad(s);
+  }
+  void check_step_capturable() const override;
+  void finish_pending(Stream) override {}
+  void join_reductions(Stream) override {}
+  // The bodies of the public calls of the same names.
+  void step(Stream stream);
+  void zero_grad(Stream stream);
+
   Communicator world;
   FsdpOptions opt;
   Backend backend;
@@ -174,7 +196,7 @@ class Fsdp::Impl {
   std::vector<int> unit_of_param;
   Layout layout;
   std::size_t psize, gsize, slot_gsize;
-  detail::ShardState state;
+  detail::ShardEngine state;
   std::vector<UnitInfo> info;
   DeviceBuffer param_shard, grad_shard, grad_slot;
   std::array<DeviceBuffer, 2> param_slots;
@@ -192,14 +214,19 @@ class Fsdp::Impl {
   int next_slot = 0;
   int grad_unit = -1;
   bool reduce_pending = false;
-
-  std::map<std::pair<int, DType>, DeviceBuffer> copies;
-  bool copies_requested = false;
 };
+
+namespace {
+Fsdp::Impl& live(const std::unique_ptr<Fsdp::Impl>& impl) {
+  return detail::live(impl, "Fsdp");
+}
+}  // namespace
+
+detail::StepTarget& Fsdp::step_target() { return live(impl_); }
 
 Fsdp::Fsdp(Communicator comm, std::vector<ParamSpec> specs, std::vector<FsdpUnit> units, FsdpOptions options) {
   SHARDOPT_REQUIRE(comm.valid(), ErrorCode::InvalidArgument, "Fsdp needs a valid Communicator");
-  detail::validate(detail::hyper_of(options));
+  detail::validate(options, options.grad_dtype);
   impl_ = std::make_unique<Impl>(std::move(comm), std::move(specs), std::move(units), std::move(options));
 }
 
@@ -207,22 +234,22 @@ Fsdp::~Fsdp() = default;
 Fsdp::Fsdp(Fsdp&&) noexcept = default;
 Fsdp& Fsdp::operator=(Fsdp&&) noexcept = default;
 
-const Layout& Fsdp::layout() const noexcept { return impl_->layout; }
-const FsdpOptions& Fsdp::options() const noexcept { return impl_->opt; }
-Backend Fsdp::backend() const noexcept { return impl_->backend; }
-int Fsdp::num_params() const noexcept { return static_cast<int>(impl_->layout.params().size()); }
-int Fsdp::num_units() const noexcept { return static_cast<int>(impl_->units.size()); }
-int Fsdp::shard_rank() const noexcept { return impl_->shard_comm.rank(); }
-int Fsdp::shard_size() const noexcept { return impl_->shard_size; }
-int Fsdp::replicas() const noexcept { return impl_->world.size() / impl_->shard_size; }
+const Layout& Fsdp::layout() const { return live(impl_).layout; }
+const FsdpOptions& Fsdp::options() const { return live(impl_).opt; }
+Backend Fsdp::backend() const { return live(impl_).backend; }
+int Fsdp::num_params() const { return static_cast<int>(live(impl_).layout.params().size()); }
+int Fsdp::num_units() const { return static_cast<int>(live(impl_).units.size()); }
+int Fsdp::shard_rank() const { return live(impl_).shard_comm.rank(); }
+int Fsdp::shard_size() const { return live(impl_).shard_size; }
+int Fsdp::replicas() const { return live(impl_).world.size() / live(impl_).shard_size; }
 
 int Fsdp::unit_of(int param) const {
-  (void)impl_->state.piece(param);
-  return impl_->unit_of_param[static_cast<std::size_t>(param)];
+  (void)live(impl_).state.piece(param);
+  return live(impl_).unit_of_param[static_cast<std::size_t>(param)];
 }
 
 std::vector<ParamView> Fsdp::wait_param(int unit, Stream stream) {
-  Impl& m = *impl_;
+  Impl& m = live(impl_);
   m.check_unit(unit);
   std::size_t k = m.pos;
   if (!m.learned) {
@@ -268,7 +295,7 @@ std::vector<ParamView> Fsdp::wait_param(int unit, Stream stream) {
 }
 
 std::vector<GradView> Fsdp::grad_slot(int unit, Stream stream) {
-  Impl& m = *impl_;
+  Impl& m = live(impl_);
   m.check_unit(unit);
   SHARDOPT_REQUIRE(m.grad_unit < 0, ErrorCode::InvalidState,
                    "grad_slot('" + m.units[static_cast<std::size_t>(unit)].name + "') while unit '" +
@@ -282,7 +309,7 @@ std::vector<GradView> Fsdp::grad_slot(int unit, Stream stream) {
 }
 
 void Fsdp::grad_ready(int unit, Stream stream) {
-  Impl& m = *impl_;
+  Impl& m = live(impl_);
   m.check_unit(unit);
   SHARDOPT_REQUIRE(m.grad_unit == unit, ErrorCode::InvalidState,
                    "grad_ready('" + m.units[static_cast<std::size_t>(unit)].name +
@@ -311,8 +338,8 @@ void Fsdp::grad_ready(int unit, Stream stream) {
   m.grad_unit = -1;
 }
 
-void Fsdp::step(Stream stream) {
-  Impl& m = *impl_;
+void Fsdp::Impl::step(Stream stream) {
+  Impl& m = *this;
   SHARDOPT_REQUIRE(m.grad_unit < 0, ErrorCode::InvalidState,
                    "step() while unit '" + (m.grad_unit >= 0 ? m.units[static_cast<std::size_t>(m.grad_unit)].name : "") +
                        "' holds the gradient slot; call grad_ready for it first");
@@ -332,98 +359,61 @@ void Fsdp::step(Stream stream) {
   m.state.step(m.shard_comm, stream);
 }
 
-void Fsdp::zero_grad(Stream stream) {
-  Impl& m = *impl_;
+void Fsdp::Impl::zero_grad(Stream stream) {
+  Impl& m = *this;
   fill_zero_async(m.backend, m.grad_shard.data(), m.grad_shard.bytes(), stream);
-  if (!m.opt.persistent_grad_copies && !m.copies.empty()) {
-    SHARDOPT_REQUIRE(!is_capturing(m.backend, stream), ErrorCode::CaptureRefused,
-                     "zero_grad would free shard_grad cast copies inside a capture; set "
-                     "FsdpOptions::persistent_grad_copies = true for graph mode");
-    synchronize(m.backend, stream);
-    m.copies.clear();
-  }
+  m.state.release_copies(stream);
 }
 
-ShardView Fsdp::shard_param(int i) const {
-  const detail::ParamPiece& ps = impl_->state.piece(i);
-  ShardView v;
-  v.dtype = impl_->opt.param_dtype;
-  v.shape = {ps.length};
-  v.strides = {1};
-  v.param_offset = ps.param_offset;
-  v.data = ps.length == 0 ? nullptr
-                          : static_cast<char*>(impl_->param_shard.data()) + static_cast<std::size_t>(ps.shard_offset) * impl_->psize;
-  return v;
-}
+void Fsdp::step(Stream stream) { live(impl_).step(stream); }
+void Fsdp::zero_grad(Stream stream) { live(impl_).zero_grad(stream); }
 
-ShardView Fsdp::shard_master(int i) const { return impl_->state.master_view(i); }
-ShardView Fsdp::shard_exp_avg(int i) const { return impl_->state.exp_avg_view(i); }
-ShardView Fsdp::shard_exp_avg_sq(int i) const { return impl_->state.exp_avg_sq_view(i); }
+ShardView Fsdp::shard_param(int i) const { return live(impl_).state.param_view(i); }
+
+ShardView Fsdp::shard_master(int i) const { return live(impl_).state.master_view(i); }
+ShardView Fsdp::shard_exp_avg(int i) const { return live(impl_).state.exp_avg_view(i); }
+ShardView Fsdp::shard_exp_avg_sq(int i) const { return live(impl_).state.exp_avg_sq_view(i); }
 
 ShardView Fsdp::shard_grad(int i, DType dtype, Stream stream) {
-  Impl& m = *impl_;
-  const detail::ParamPiece& ps = m.state.piece(i);
-  SHARDOPT_REQUIRE(is_float_storage(dtype), ErrorCode::InvalidArgument,
-                   std::string("shard_grad: dtype ") + to_string(dtype) + " is not one of f32, bf16, f16");
-  ShardView v;
-  v.dtype = dtype;
-  v.shape = {ps.length};
-  v.strides = {1};
-  v.param_offset = ps.param_offset;
-  if (ps.length == 0) return v;
-  void* src = static_cast<char*>(m.grad_shard.data()) + static_cast<std::size_t>(ps.shard_offset) * m.gsize;
-  if (dtype == m.opt.grad_dtype) {
-    v.data = src;
-    return v;
-  }
-  m.copies_requested = true;
-  auto it = m.copies.find({i, dtype});
-  if (it == m.copies.end()) {
-    SHARDOPT_REQUIRE(!is_capturing(m.backend, stream), ErrorCode::CaptureRefused,
-                     "shard_grad would allocate a cast copy inside a capture; call it once before capturing with "
-                     "FsdpOptions::persistent_grad_copies = true");
-    it = m.copies.emplace(std::make_pair(i, dtype), DeviceBuffer(m.backend, static_cast<std::size_t>(ps.length) * size_of(dtype)))
-             .first;
-  }
-  kernels::convert(src, m.opt.grad_dtype, it->second.data(), dtype, ps.length, m.backend, stream);
-  v.data = it->second.data();
-  return v;
+  Impl& m = live(impl_);
+  (void)m.state.piece(i);  // the index check, before the name is looked up
+  const std::string& name = m.layout.specs()[static_cast<std::size_t>(i)].name;
+  return m.state.grad_view(i, dtype, stream, "shard_grad('" + name + "', " + to_string(dtype) + ")");
 }
 
-void Fsdp::init_master(Stream stream) { impl_->state.init_master(stream); }
-void Fsdp::set_lr(float lr) { impl_->state.set_lr(lr); }
-void Fsdp::set_loss_scale(float scale) { impl_->state.set_loss_scale(scale); }
-StepScalars* Fsdp::device_scalars() const noexcept { return impl_->state.scalars(); }
-StepScalars Fsdp::read_scalars(Stream stream) const { return impl_->state.read_scalars(stream); }
-MicrobatchState* Fsdp::device_microbatch() const noexcept { return impl_->state.microbatch(); }
-void Fsdp::advance_microbatch(Stream stream) { impl_->state.advance_microbatch(stream); }
-Stream Fsdp::gather_stream() const noexcept { return impl_->gather_stream.get(); }
-const std::vector<int>& Fsdp::unit_order() const noexcept {
+void Fsdp::init_master(Stream stream) { live(impl_).state.init_master(stream); }
+void Fsdp::set_lr(float lr) { live(impl_).state.set_lr(lr); }
+void Fsdp::set_loss_scale(float scale) { live(impl_).state.set_loss_scale(scale); }
+StepScalars* Fsdp::device_scalars() const { return live(impl_).state.scalars(); }
+StepScalars Fsdp::read_scalars(Stream stream) const { return live(impl_).state.read_scalars(stream); }
+MicrobatchState* Fsdp::device_microbatch() const { return live(impl_).state.microbatch(); }
+void Fsdp::advance_microbatch(Stream stream) { live(impl_).state.advance_microbatch(stream); }
+Stream Fsdp::gather_stream() const { return live(impl_).gather_stream.get(); }
+const std::vector<int>& Fsdp::unit_order() const {
   static const std::vector<int> none;
-  return impl_->learned ? impl_->order : none;
+  return live(impl_).learned ? live(impl_).order : none;
 }
 
 MemoryReport Fsdp::memory() const {
-  const Impl& m = *impl_;
+  const Impl& m = live(impl_);
   MemoryReport r;
   r.params = static_cast<std::int64_t>(m.param_shard.bytes());
   r.grads = static_cast<std::int64_t>(m.grad_shard.bytes());
   r.pool = static_cast<std::int64_t>(m.param_slots[0].bytes() + m.param_slots[1].bytes() + m.grad_slot.bytes());
-  m.state.add_memory(r);  // master, moments, their shard padding
+  m.state.add_memory(r);  // master, moments, their shard padding, cast copies
   std::int64_t shard_real = 0;
   for (int i = 0; i < num_params(); ++i) shard_real += m.state.piece(i).length;
   r.padding += (m.layout.buffers()[0].shard_numel - shard_real) * static_cast<std::int64_t>(m.psize + m.gsize);
-  for (const auto& [key, buf] : m.copies) r.copies += static_cast<std::int64_t>(buf.bytes());
   return r;
 }
 
-void Fsdp::check_capturable() const {
-  SHARDOPT_REQUIRE(impl_->learned, ErrorCode::CaptureRefused,
+void Fsdp::Impl::check_step_capturable() const {
+  SHARDOPT_REQUIRE(learned, ErrorCode::CaptureRefused,
                    "the unit order is learned on the first iteration, which must run eagerly before capture (StepGraph "
                    "runs it as warm-up: keep StepGraphOptions::warmup_iterations >= 1)");
-  SHARDOPT_REQUIRE(!impl_->copies_requested || impl_->opt.persistent_grad_copies, ErrorCode::CaptureRefused,
-                   "this optimizer hands out shard_grad cast copies, which zero_grad frees; set "
-                   "FsdpOptions::persistent_grad_copies = true (graph mode)");
+  state.check_capturable();
 }
+
+void Fsdp::check_capturable() const { live(impl_).check_step_capturable(); }
 
 }  // namespace shardopt

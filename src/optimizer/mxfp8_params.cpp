@@ -32,7 +32,7 @@ bool is_mxfp8_spec(const ParamSpec& spec) {
   return spec.shape.size() >= lead + 2;
 }
 
-Mxfp8Params::Mxfp8Params(Backend backend, const Layout& L, const BucketStore& store, const ShardState& state,
+Mxfp8Params::Mxfp8Params(Backend backend, const Layout& L, const BucketStore& store, const ShardEngine& state,
                          const Communicator& comm, const std::vector<bool>& mx_buffer)
     : backend_(backend),
       layout_(L),

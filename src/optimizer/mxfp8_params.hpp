@@ -25,7 +25,7 @@
 #include "core/memory.hpp"
 #include "core/streams.hpp"
 #include "optimizer/byte_copies.hpp"
-#include "optimizer/shard_state.hpp"
+#include "optimizer/shard_engine.hpp"
 #include "shardopt/bucket_store.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/distributed_adam.hpp"
@@ -44,7 +44,7 @@ class Mxfp8Params {
  public:
   /// `mx_buffer[b]`: layout buffer b holds MXFP8 parameters (the store has no param
   /// buffer for it and stages its gathers through the gradient buffer).
-  Mxfp8Params(Backend backend, const Layout& layout, const BucketStore& store, const ShardState& state,
+  Mxfp8Params(Backend backend, const Layout& layout, const BucketStore& store, const ShardEngine& state,
               const Communicator& comm, const std::vector<bool>& mx_buffer);
 
   bool is_param(int param) const { return param_[static_cast<std::size_t>(param)].mx; }

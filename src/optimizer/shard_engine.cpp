@@ -1,6 +1,7 @@
-#include "optimizer/shard_state.hpp"
+#include "optimizer/shard_engine.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <string>
@@ -12,27 +13,27 @@
 
 namespace shardopt::detail {
 
-void validate(const AdamHyper& h) {
-  SHARDOPT_REQUIRE(is_float_storage(h.grad_dtype), ErrorCode::InvalidArgument,
-                   std::string("grad_dtype ") + to_string(h.grad_dtype) + " is not one of f32, bf16, f16");
+void validate(const AdamOptions& h, DType grad_dtype) {
+  SHARDOPT_REQUIRE(is_float_storage(grad_dtype), ErrorCode::InvalidArgument,
+                   std::string("grad_dtype ") + to_string(grad_dtype) + " is not one of f32, bf16, f16");
   SHARDOPT_REQUIRE(h.moment_dtype == DType::f32 || h.moment_dtype == DType::bf16, ErrorCode::InvalidArgument,
                    "moment_dtype must be f32 or bf16");
   SHARDOPT_REQUIRE(h.clip_max_norm >= 0.0f, ErrorCode::InvalidArgument,
                    "clip_max_norm must be >= 0 (0 disables clipping)");
   SHARDOPT_REQUIRE(h.microbatches >= 1, ErrorCode::InvalidArgument, "microbatches must be >= 1");
-  SHARDOPT_REQUIRE(h.beta1 >= 0.0f && h.beta1 < 1.0f && h.beta2 >= 0.0f && h.beta2 < 1.0f,
+  SHARDOPT_REQUIRE(h.beta1 >= 0.0 && h.beta1 < 1.0 && h.beta2 >= 0.0 && h.beta2 < 1.0,
                    ErrorCode::InvalidArgument, "beta1 and beta2 must lie in [0, 1)");
-  SHARDOPT_REQUIRE(h.eps > 0.0f, ErrorCode::InvalidArgument, "eps must be positive");
+  SHARDOPT_REQUIRE(h.eps > 0.0 && std::isfinite(h.eps), ErrorCode::InvalidArgument, "eps must be positive and finite");
 }
 
-ShardState::ShardState(Backend backend, const Layout& layout, int rank, const AdamHyper& hyper, bool shard_addressed)
-    : backend_(backend), layout_(layout), rank_(rank), hyper_(hyper), shard_addressed_(shard_addressed) {
-  validate(hyper_);
+ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, EngineSettings settings)
+    : backend_(backend), layout_(layout), rank_(rank), settings_(std::move(settings)) {
+  validate(settings_.adam, settings_.grad_dtype);
   const Layout& L = layout_;
   SHARDOPT_REQUIRE(static_cast<int>(L.groups().size()) <= kMaxAdamGroups, ErrorCode::InvalidArgument,
                    "the specs use " + std::to_string(L.groups().size()) + " optimizer groups; at most " +
                        std::to_string(kMaxAdamGroups) + " are supported");
-  for (const auto& [name, g] : hyper_.groups) {
+  for (const auto& [name, g] : settings_.adam.groups) {
     SHARDOPT_REQUIRE(std::find(L.groups().begin(), L.groups().end(), name) != L.groups().end(),
                      ErrorCode::InvalidArgument, "options name optimizer group '" + name + "', which no ParamSpec uses");
   }
@@ -42,7 +43,7 @@ ShardState::ShardState(Backend backend, const Layout& layout, int rank, const Ad
     BufferShard& sh = shards_[b];
     const std::int64_t n = L.buffers()[b].shard_numel;
     sh.chunks = shard_chunks(L, static_cast<int>(b), rank);
-    if (shard_addressed_)
+    if (settings_.shard_addressed)
       for (auto& c : sh.chunks) c.buffer_offset = c.shard_offset;
     for (const auto& seg : L.segments(static_cast<int>(b), rank)) {
       ParamPiece& ps = pieces_[static_cast<std::size_t>(seg.param)];
@@ -56,25 +57,26 @@ ShardState::ShardState(Backend backend, const Layout& layout, int rank, const Ad
     sh.chunks_dev = DeviceBuffer(backend_, sh.chunks.size() * sizeof(ShardChunk));
     copy_async(backend_, sh.chunks_dev.data(), sh.chunks.data(), sh.chunks.size() * sizeof(ShardChunk), nullptr);
     sh.master = DeviceBuffer(backend_, static_cast<std::size_t>(n) * 4);
-    sh.exp_avg = DeviceBuffer(backend_, static_cast<std::size_t>(n) * size_of(hyper_.moment_dtype));
-    sh.exp_avg_sq = DeviceBuffer(backend_, static_cast<std::size_t>(n) * size_of(hyper_.moment_dtype));
+    sh.exp_avg = DeviceBuffer(backend_, static_cast<std::size_t>(n) * size_of(settings_.adam.moment_dtype));
+    sh.exp_avg_sq = DeviceBuffer(backend_, static_cast<std::size_t>(n) * size_of(settings_.adam.moment_dtype));
     fill_zero_async(backend_, sh.master.data(), sh.master.bytes(), nullptr);
     fill_zero_async(backend_, sh.exp_avg.data(), sh.exp_avg.bytes(), nullptr);
     fill_zero_async(backend_, sh.exp_avg_sq.data(), sh.exp_avg_sq.bytes(), nullptr);
 
     AdamConfig& cfg = sh.config;
-    cfg.beta1 = hyper_.beta1;
-    cfg.beta2 = hyper_.beta2;
-    cfg.eps = hyper_.eps;
-    cfg.decoupled_weight_decay = hyper_.decoupled_weight_decay;
-    cfg.grad_dtype = hyper_.grad_dtype;
+    cfg.beta1 = settings_.adam.beta1;
+    cfg.beta2 = settings_.adam.beta2;
+    cfg.eps = settings_.adam.eps;
+    cfg.decoupled_weight_decay = settings_.adam.decoupled_weight_decay;
+    cfg.grad_dtype = settings_.grad_dtype;
     cfg.param_dtype = L.buffers()[b].dtype;
+    sh.param_dtype = L.buffers()[b].dtype;
     cfg.write_params = true;
-    cfg.moment_dtype = hyper_.moment_dtype;
+    cfg.moment_dtype = settings_.adam.moment_dtype;
     cfg.groups.clear();
     for (const auto& gname : L.groups()) {
-      auto it = hyper_.groups.find(gname);
-      cfg.groups.push_back(it != hyper_.groups.end() ? it->second : hyper_.default_group);
+      auto it = settings_.adam.groups.find(gname);
+      cfg.groups.push_back(it != settings_.adam.groups.end() ? it->second : settings_.adam.default_group);
     }
     ShardPointers& p = sh.ptrs;
     p.chunks = sh.chunks_dev.as<ShardChunk>();
@@ -89,17 +91,17 @@ ShardState::ShardState(Backend backend, const Layout& layout, int rank, const Ad
   copy_async(backend_, scalars_.data(), &init, sizeof init, nullptr);
   microbatch_ = DeviceBuffer(backend_, sizeof(MicrobatchState));
   MicrobatchState mb{};
-  mb.count = hyper_.microbatches;
-  mb.last = hyper_.microbatches == 1 ? 1 : 0;
+  mb.count = settings_.adam.microbatches;
+  mb.last = settings_.adam.microbatches == 1 ? 1 : 0;
   copy_async(backend_, microbatch_.data(), &mb, sizeof mb, nullptr);
   slots_ = DeviceBuffer(backend_, 2 * sizeof(float), MemoryKind::Pinned);
-  slots_.as<float>()[0] = hyper_.lr_schedule.peak;  // lr for LrSchedule::Kind::Host until set_lr
+  slots_.as<float>()[0] = settings_.adam.lr_schedule.peak;  // lr for LrSchedule::Kind::Host until set_lr
   slots_.as<float>()[1] = 1.0f;                     // inverse loss scale
   readback_ = DeviceBuffer(backend_, sizeof(StepScalars), MemoryKind::Pinned);
   synchronize(backend_, nullptr);
 }
 
-void ShardState::bind(int buffer, const void* grads, void* params) {
+void ShardEngine::bind(int buffer, const void* grads, void* params) {
   SHARDOPT_REQUIRE(buffer >= 0 && buffer < static_cast<int>(shards_.size()), ErrorCode::Internal, "bad buffer index");
   BufferShard& sh = shards_[static_cast<std::size_t>(buffer)];
   sh.ptrs.grads = grads;
@@ -107,12 +109,12 @@ void ShardState::bind(int buffer, const void* grads, void* params) {
   sh.config.write_params = params != nullptr;
 }
 
-float* ShardState::master(int buffer) const {
+float* ShardEngine::master(int buffer) const {
   SHARDOPT_REQUIRE(buffer >= 0 && buffer < static_cast<int>(shards_.size()), ErrorCode::Internal, "bad buffer index");
   return shards_[static_cast<std::size_t>(buffer)].master.as<float>();
 }
 
-void ShardState::publish_master(Stream stream) {
+void ShardEngine::publish_master(Stream stream) {
   const Layout& L = layout_;
   for (std::size_t b = 0; b < L.buffers().size(); ++b) {
     if (shards_[b].ptrs.params == nullptr) continue;
@@ -121,14 +123,14 @@ void ShardState::publish_master(Stream stream) {
     for (int bk : L.buffers()[b].buckets) {
       const Range own = L.shard_range(bk, rank_);
       const std::int64_t shard_offset = L.buckets()[static_cast<std::size_t>(bk)].shard_offset;
-      const std::int64_t dst = shard_addressed_ ? shard_offset : own.begin;
+      const std::int64_t dst = settings_.shard_addressed ? shard_offset : own.begin;
       kernels::convert(shards_[b].master.as<float>() + shard_offset, DType::f32,
                        params + static_cast<std::size_t>(dst) * size_of(dt), dt, own.size(), backend_, stream);
     }
   }
 }
 
-void ShardState::init_master(Stream stream) {
+void ShardEngine::init_master(Stream stream) {
   const Layout& L = layout_;
   for (std::size_t b = 0; b < L.buffers().size(); ++b) {
     const DType dt = L.buffers()[b].dtype;
@@ -137,19 +139,19 @@ void ShardState::init_master(Stream stream) {
     for (int bk : L.buffers()[b].buckets) {
       const Range own = L.shard_range(bk, rank_);
       const std::int64_t shard_offset = L.buckets()[static_cast<std::size_t>(bk)].shard_offset;
-      const std::int64_t src = shard_addressed_ ? shard_offset : own.begin;
+      const std::int64_t src = settings_.shard_addressed ? shard_offset : own.begin;
       kernels::convert(params + static_cast<std::size_t>(src) * size_of(dt), dt, shards_[b].master.as<float>() + shard_offset,
                        DType::f32, own.size(), backend_, stream);
     }
   }
 }
 
-void ShardState::step(const Communicator& norm_comm, Stream stream) {
+void ShardEngine::step(const Communicator& norm_comm, Stream stream) {
   begin_step(norm_comm, stream);
   for (std::size_t b = 0; b < shards_.size(); ++b) apply(static_cast<int>(b), 0, shards_[b].chunks.size(), stream);
 }
 
-void ShardState::apply(int buffer, std::size_t first, std::size_t last, Stream stream) {
+void ShardEngine::apply(int buffer, std::size_t first, std::size_t last, Stream stream) {
   const BufferShard& sh = shards_[static_cast<std::size_t>(buffer)];
   if (first >= last) return;
   ShardPointers p = sh.ptrs;
@@ -158,7 +160,7 @@ void ShardState::apply(int buffer, std::size_t first, std::size_t last, Stream s
   adam_step_apply(sh.config, p, scalars(), backend_, stream);
 }
 
-std::pair<std::size_t, std::size_t> ShardState::bucket_chunks(int bucket) const {
+std::pair<std::size_t, std::size_t> ShardEngine::bucket_chunks(int bucket) const {
   const Bucket& bk = layout_.buckets()[static_cast<std::size_t>(bucket)];
   const auto& chunks = shards_[static_cast<std::size_t>(bk.buffer)].chunks;
   const std::int64_t lo = bk.shard_offset, hi = bk.shard_offset + bk.range.size() / layout_.world_size();
@@ -169,13 +171,13 @@ std::pair<std::size_t, std::size_t> ShardState::bucket_chunks(int bucket) const 
   return {static_cast<std::size_t>(first - chunks.begin()), static_cast<std::size_t>(last - chunks.begin())};
 }
 
-void ShardState::begin_step(const Communicator& norm_comm, Stream stream) {
+void ShardEngine::begin_step(const Communicator& norm_comm, Stream stream) {
   StepScalars* sc = scalars();
   // Per-step values, all on the device: lr, inverse loss scale, fresh norm accumulators.
-  if (hyper_.lr_schedule.kind == LrSchedule::Kind::Host) {
+  if (settings_.adam.lr_schedule.kind == LrSchedule::Kind::Host) {
     copy_async(backend_, &sc->lr, slots_.as<float>(), sizeof(float), stream);
   } else {
-    kernels::apply_lr_schedule(hyper_.lr_schedule, nullptr, sc, backend_, stream);
+    kernels::apply_lr_schedule(settings_.adam.lr_schedule, nullptr, sc, backend_, stream);
   }
   copy_async(backend_, &sc->inv_loss_scale, slots_.as<float>() + 1, sizeof(float), stream);
   // Fresh per-step results: grad_sumsq, nonfinite, grad_norm and found_inf are adjacent.
@@ -183,20 +185,20 @@ void ShardState::begin_step(const Communicator& norm_comm, Stream stream) {
                 4 * sizeof(float));
   fill_zero_async(backend_, &sc->grad_sumsq, 4 * sizeof(float), stream);
   // Global norm and found-inf: shard partial sums, one all-reduce of two adjacent floats.
-  for (const auto& sh : shards_) accumulate_grad_sumsq(hyper_.grad_dtype, sh.ptrs, sc, backend_, stream);
+  for (const auto& sh : shards_) accumulate_grad_sumsq(settings_.grad_dtype, sh.ptrs, sc, backend_, stream);
   if (norm_comm.size() > 1) norm_comm.all_reduce(&sc->grad_sumsq, 2, DType::f32, ReduceOp::Sum, stream);
-  finalize_grad_norm(hyper_.clip_max_norm, sc, backend_, stream);
+  finalize_grad_norm(settings_.adam.clip_max_norm, sc, backend_, stream);
   adam_step_prologue(shards_.front().config, sc, backend_, stream);
 }
 
-const ParamPiece& ShardState::piece(int param) const {
+const ParamPiece& ShardEngine::piece(int param) const {
   SHARDOPT_REQUIRE(param >= 0 && param < static_cast<int>(pieces_.size()), ErrorCode::OutOfRange,
                    "param index " + std::to_string(param) + " is out of range [0, " + std::to_string(pieces_.size()) +
                        ")");
   return pieces_[static_cast<std::size_t>(param)];
 }
 
-ShardView ShardState::piece_view(int param, const DeviceBuffer& buf, DType dtype) const {
+ShardView ShardEngine::piece_view(int param, const DeviceBuffer& buf, DType dtype) const {
   const ParamPiece& ps = piece(param);
   ShardView v;
   v.dtype = dtype;
@@ -208,22 +210,22 @@ ShardView ShardState::piece_view(int param, const DeviceBuffer& buf, DType dtype
   return v;
 }
 
-ShardView ShardState::master_view(int param) const {
+ShardView ShardEngine::master_view(int param) const {
   return piece_view(param, shards_[static_cast<std::size_t>(piece(param).buffer)].master, DType::f32);
 }
-ShardView ShardState::exp_avg_view(int param) const {
-  return piece_view(param, shards_[static_cast<std::size_t>(piece(param).buffer)].exp_avg, hyper_.moment_dtype);
+ShardView ShardEngine::exp_avg_view(int param) const {
+  return piece_view(param, shards_[static_cast<std::size_t>(piece(param).buffer)].exp_avg, settings_.adam.moment_dtype);
 }
-ShardView ShardState::exp_avg_sq_view(int param) const {
-  return piece_view(param, shards_[static_cast<std::size_t>(piece(param).buffer)].exp_avg_sq, hyper_.moment_dtype);
+ShardView ShardEngine::exp_avg_sq_view(int param) const {
+  return piece_view(param, shards_[static_cast<std::size_t>(piece(param).buffer)].exp_avg_sq, settings_.adam.moment_dtype);
 }
 
-void ShardState::set_loss_scale(float scale) {
+void ShardEngine::set_loss_scale(float scale) {
   SHARDOPT_REQUIRE(scale > 0.0f, ErrorCode::InvalidArgument, "loss scale must be positive");
   slots_.as<float>()[1] = 1.0f / scale;
 }
 
-StepScalars ShardState::read_scalars(Stream stream) const {
+StepScalars ShardEngine::read_scalars(Stream stream) const {
   SHARDOPT_REQUIRE(!is_capturing(backend_, stream), ErrorCode::InvalidState,
                    "read_scalars() synchronizes and cannot run inside a capture; read device_scalars() from a "
                    "kernel instead, or call it after replay");
@@ -234,15 +236,83 @@ StepScalars ShardState::read_scalars(Stream stream) const {
   return out;
 }
 
-void ShardState::advance_microbatch(Stream stream) { kernels::advance_microbatch(microbatch(), backend_, stream); }
+void ShardEngine::advance_microbatch(Stream stream) { kernels::advance_microbatch(microbatch(), backend_, stream); }
 
-void ShardState::add_memory(MemoryReport& r) const {
-  const std::int64_t msize = static_cast<std::int64_t>(size_of(hyper_.moment_dtype));
+void ShardEngine::add_memory(MemoryReport& r) const {
+  const std::int64_t msize = static_cast<std::int64_t>(size_of(settings_.adam.moment_dtype));
   for (const auto& sh : shards_) {
     r.master += static_cast<std::int64_t>(sh.master.bytes());
     r.moments += static_cast<std::int64_t>(sh.exp_avg.bytes() + sh.exp_avg_sq.bytes());
     r.padding += (sh.ptrs.shard_numel - sh.real_numel) * (4 + 2 * msize);
   }
+  for (const auto& [key, buf] : copies_) r.copies += static_cast<std::int64_t>(buf.bytes());
+}
+
+// Where this rank's piece of `param` starts in the bound grad / param storage.
+std::size_t ShardEngine::storage_offset(const ParamPiece& ps) const {
+  return static_cast<std::size_t>(settings_.shard_addressed ? ps.shard_offset : ps.buffer_offset);
+}
+
+ShardView ShardEngine::param_view(int param) const {
+  const ParamPiece& ps = piece(param);
+  const BufferShard& sh = shards_[static_cast<std::size_t>(ps.buffer)];
+  ShardView v;
+  v.dtype = sh.param_dtype;
+  v.shape = {ps.length};
+  v.strides = {1};
+  v.param_offset = ps.param_offset;
+  v.data = ps.length == 0 || sh.ptrs.params == nullptr
+               ? nullptr
+               : static_cast<char*>(sh.ptrs.params) + storage_offset(ps) * size_of(sh.param_dtype);
+  return v;
+}
+
+ShardView ShardEngine::grad_view(int param, DType dtype, Stream stream, const std::string& call) {
+  const ParamPiece& ps = piece(param);
+  SHARDOPT_REQUIRE(is_float_storage(dtype), ErrorCode::InvalidArgument,
+                   call + ": dtype " + to_string(dtype) + " is not one of f32, bf16, f16");
+  const DType gdt = settings_.grad_dtype;
+  ShardView v;
+  v.dtype = dtype;
+  v.shape = {ps.length};
+  v.strides = {1};
+  v.param_offset = ps.param_offset;
+  if (ps.length == 0) return v;
+  const void* grads = shards_[static_cast<std::size_t>(ps.buffer)].ptrs.grads;
+  void* src = const_cast<char*>(static_cast<const char*>(grads)) + storage_offset(ps) * size_of(gdt);
+  if (dtype == gdt) {
+    v.data = src;  // a view of the reduced shard: no copy
+    return v;
+  }
+  copies_requested_ = true;
+  const auto key = std::make_pair(param, dtype);
+  auto it = copies_.find(key);
+  if (it == copies_.end()) {
+    SHARDOPT_REQUIRE(!is_capturing(backend_, stream), ErrorCode::CaptureRefused,
+                     call + " would allocate a cast copy inside a capture; call it once before capturing (a warm-up "
+                            "iteration) with " + settings_.options_name + "::persistent_grad_copies = true");
+    it = copies_.emplace(key, DeviceBuffer(backend_, static_cast<std::size_t>(ps.length) * size_of(dtype))).first;
+  }
+  kernels::convert(src, gdt, it->second.data(), dtype, ps.length, backend_, stream);
+  v.data = it->second.data();
+  return v;
+}
+
+void ShardEngine::release_copies(Stream stream) {
+  if (settings_.persistent_copies || copies_.empty()) return;
+  SHARDOPT_REQUIRE(!is_capturing(backend_, stream), ErrorCode::CaptureRefused,
+                   "zero_grad would free shard_grad cast copies inside a capture; set " + settings_.options_name +
+                       "::persistent_grad_copies = true for graph mode");
+  synchronize(backend_, stream);  // queued work may still read the copies
+  copies_.clear();
+}
+
+void ShardEngine::check_capturable() const {
+  SHARDOPT_REQUIRE(!copies_requested_ || settings_.persistent_copies, ErrorCode::CaptureRefused,
+                   "this optimizer hands out shard_grad cast copies, which zero_grad frees; capturing its step would "
+                   "free memory inside the graph. Set " + settings_.options_name +
+                       "::persistent_grad_copies = true (graph mode: copies persist and are reported under "
+                       "MemoryReport::copies)");
 }
 
 }  // namespace shardopt::detail

@@ -1,15 +1,20 @@
-// shard_state.hpp - one rank's Adam state over a layout, shared by the sharded
-// optimizers (DistributedAdam, Fsdp): per layout buffer the chunk table, the fp32 master
-// and the moments of this rank's shard; the device step scalars and microbatch state; the
-// pinned learning-rate and loss-scale slots; and the device-side step sequence.
+// shard_engine.hpp - the one sharded-Adam engine under both optimizers (DistributedAdam,
+// Fsdp): "the state of this rank's shard". Per layout buffer the chunk table, the fp32
+// master and the moments of this rank's shard; the device step scalars and microbatch
+// state; the pinned learning-rate and loss-scale slots; the device-side step sequence
+// (norm, found-inf, clipping, Adam); the views of this rank's pieces (params, master,
+// moments, reduced gradients) and the cast copies of shard_grad. A front end owns the
+// storage and the collectives that fill it, and binds each buffer's gradient and
+// parameter storage here.
 #pragma once
 
 #include <map>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/memory.hpp"
+#include "shardopt/adam_options.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/fused_adam.hpp"
 #include "shardopt/layout.hpp"
@@ -20,42 +25,22 @@
 
 namespace shardopt::detail {
 
-/// What the Adam step needs to know, common to the sharded optimizers.
-struct AdamHyper {
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  bool decoupled_weight_decay = true;
-  DType grad_dtype = DType::f32;
-  DType moment_dtype = DType::f32;
-  AdamGroup default_group{};
-  std::map<std::string, AdamGroup> groups;
-  float clip_max_norm = 0.0f;
-  LrSchedule lr_schedule{};
-  int microbatches = 1;
+/// What a front end tells the engine besides the Adam math.
+struct EngineSettings {
+  AdamOptions adam;
+  DType grad_dtype = DType::f32;  ///< dtype of the bound gradient storage
+  /// The bound grads and params are shard-contiguous arrays (FSDP) rather than the full
+  /// flat buffers (distributed Adam).
+  bool shard_addressed = false;
+  /// Cast copies made by grad_view persist across release_copies (graph mode).
+  bool persistent_copies = false;
+  /// The front end's options struct, named in errors ("DistributedAdamOptions").
+  std::string options_name;
 };
 
-/// The Adam hyper-parameters of an optimizer's options (DistributedAdamOptions and
-/// FsdpOptions name them alike).
-template <class Options>
-AdamHyper hyper_of(const Options& o) {
-  AdamHyper h;
-  h.beta1 = o.beta1;
-  h.beta2 = o.beta2;
-  h.eps = o.eps;
-  h.decoupled_weight_decay = o.decoupled_weight_decay;
-  h.grad_dtype = o.grad_dtype;
-  h.moment_dtype = o.moment_dtype;
-  h.default_group = o.default_group;
-  h.groups = o.groups;
-  h.clip_max_norm = o.clip_max_norm;
-  h.lr_schedule = o.lr_schedule;
-  h.microbatches = o.microbatches;
-  return h;
-}
-
-/// Checks the hyper-parameters; throws Error(InvalidArgument) naming the bad one.
-void validate(const AdamHyper& h);
+/// Checks the Adam settings and the gradient dtype; throws Error(InvalidArgument)
+/// naming the bad one.
+void validate(const AdamOptions& adam, DType grad_dtype);
 
 /// Where this rank's piece of one parameter lives (length 0: none).
 struct ParamPiece {
@@ -66,11 +51,11 @@ struct ParamPiece {
   std::int64_t length = 0;
 };
 
-class ShardState {
+class ShardEngine {
  public:
-  /// With `shard_addressed` the grads and params bound below are shard-contiguous arrays
-  /// (FSDP); otherwise they are the full flat buffers (distributed Adam).
-  ShardState(Backend backend, const Layout& layout, int rank, const AdamHyper& hyper, bool shard_addressed);
+  /// Allocates and zeroes this rank's master, moments and step state over `layout`
+  /// (`rank` within the layout's world). Throws Error(InvalidArgument) for bad settings.
+  ShardEngine(Backend backend, const Layout& layout, int rank, EngineSettings settings);
 
   /// The gradient and parameter storage of layout buffer `buffer`. `params` null: the
   /// buffer's parameters live in another format (MXFP8); Adam updates only the master.
@@ -101,6 +86,19 @@ class ShardState {
   ShardView master_view(int param) const;
   ShardView exp_avg_view(int param) const;
   ShardView exp_avg_sq_view(int param) const;
+  /// This rank's piece of param i in the bound parameter storage (its buffer's dtype;
+  /// data null where the piece is empty or the buffer was bound without params).
+  ShardView param_view(int param) const;
+  /// This rank's piece of param i's reduced gradient in `dtype`: a view of the bound
+  /// gradient storage when `dtype` is its dtype, else a cast copy written on `stream`
+  /// (allocated on first use, Error(CaptureRefused) if that would happen in a capture).
+  /// `call` names the public call in errors.
+  ShardView grad_view(int param, DType dtype, Stream stream, const std::string& call);
+  /// zero_grad's part: frees the cast copies unless they persist (waits for `stream`
+  /// first; Error(CaptureRefused) inside a capture).
+  void release_copies(Stream stream);
+  /// Error(CaptureRefused) when capturing a step would free cast copies in the graph.
+  void check_capturable() const;
 
   StepScalars* scalars() const noexcept { return scalars_.as<StepScalars>(); }
   MicrobatchState* microbatch() const noexcept { return microbatch_.as<MicrobatchState>(); }
@@ -109,9 +107,9 @@ class ShardState {
   StepScalars read_scalars(Stream stream) const;
   void advance_microbatch(Stream stream);
 
-  /// Adds master, moments and this shard's padding in them to a report.
+  /// Adds master, moments, this shard's padding in them and the cast copies to a report.
   void add_memory(MemoryReport& r) const;
-  const AdamHyper& hyper() const noexcept { return hyper_; }
+  const EngineSettings& settings() const noexcept { return settings_; }
 
  private:
   struct BufferShard {
@@ -121,17 +119,20 @@ class ShardState {
     AdamConfig config;
     ShardPointers ptrs;
     std::int64_t real_numel = 0;
+    DType param_dtype = DType::f32;
   };
   ShardView piece_view(int param, const DeviceBuffer& buf, DType dtype) const;
+  std::size_t storage_offset(const ParamPiece& ps) const;
 
   Backend backend_;
   const Layout& layout_;
   int rank_;
-  AdamHyper hyper_;
-  bool shard_addressed_;
+  EngineSettings settings_;
   std::vector<BufferShard> shards_;
   std::vector<ParamPiece> pieces_;
   DeviceBuffer scalars_, microbatch_, slots_, readback_;
+  std::map<std::pair<int, DType>, DeviceBuffer> copies_;  // shard_grad cast copies
+  bool copies_requested_ = false;
 };
 
 }  // namespace shardopt::detail

@@ -1,0 +1,40 @@
+// shardopt/adam_options.hpp - the settings of the sharded Adam/AdamW step, shared by
+// both optimizers: DistributedAdamOptions and FsdpOptions inherit them, so a trainer
+// names them the same way (o.beta2, o.groups, o.lr_schedule, ...) whichever it uses.
+//
+// beta1, beta2 and eps are doubles, as PyTorch's Python floats: 0.999 is 0.999 and
+// 1 - beta2 is formed in double (0.001, not the 0.00099998713 of 1 - 0.999f) before the
+// kernels round it to fp32 once (docs/fused_adam.md).
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "shardopt/dtype.hpp"
+#include "shardopt/fused_adam.hpp"
+#include "shardopt/schedule.hpp"
+
+namespace shardopt {
+
+/// The math of the step: what changes the numbers an optimizer computes.
+struct AdamOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  /// true: AdamW (decoupled decay); false: Adam with L2 added to the gradient.
+  bool decoupled_weight_decay = true;
+  /// Hyper-parameters of groups not listed in `groups`.
+  AdamGroup default_group{};
+  /// Per optimizer-group hyper-parameters, by ParamSpec::group name.
+  std::map<std::string, AdamGroup> groups;
+  /// Global-norm clipping threshold; 0 disables clipping (the norm is still computed).
+  float clip_max_norm = 0.0f;
+  /// Dtype of the Adam moments: f32, or bf16 (half the memory, see fused_adam.hpp).
+  DType moment_dtype = DType::f32;
+  /// Where each step's learning rate comes from.
+  LrSchedule lr_schedule = LrSchedule::host();
+  /// Microbatches per step (the size of the device microbatch counter).
+  int microbatches = 1;
+};
+
+}  // namespace shardopt
