@@ -1,6 +1,8 @@
-// results.hpp - one benchmark result as a JSON line (DESIGN.md "Benchmark results"):
-// printed, and upserted into bench/results/<bench>.jsonl (a newer run replaces the
-// older line of the same bench, config and device).
+// results.hpp - one benchmark result as a JSON line: bench, config, device, ours_ms, peer,
+// peer_ms, limit_ms, ratio_vs_peer (peer_ms / ours_ms), fraction_of_limit
+// (limit_ms / ours_ms), extra numbers and notes, the exact command and the date (null for
+// what is missing). Printed, and upserted into bench/results/<bench>.jsonl (a newer run
+// replaces the older line of the same bench, config and device).
 #pragma once
 
 #include <map>

@@ -139,7 +139,7 @@ Tensor Model::compute_weight(Weights& w, int i, Stream s, bool refresh) {
   if (!decoded(i)) return w.param(i);  // bf16 parameters are read as they are
   // MXFP8: Hopper has no MXFP8 GEMM, so the rowwise plane is decoded to bf16 once per step
   // (the weights change only at the step): on the first microbatch, decided on the device
-  // (skip_weight_update), never by a host flag frozen at capture (seed 000).
+  // (skip_weight_update), never by a host flag, which capture would freeze into the graph.
   const Tensor& dst = compute_[static_cast<std::size_t>(i)].get();
   if (refresh) ops_.dequantize_mxfp8({w.mxfp8(i)}, dst, opt_.microbatch, s);
   return dst;

@@ -4,9 +4,10 @@
 // counters), forward, cross entropy, backward. Every weight gradient is accumulated with
 // beta = 1 GEMMs into the gradient views (zeroed once per step by the optimizer), so
 // one captured iteration serves every microbatch. Everything that varies per
-// microbatch is read from the device when it runs: the batch, the loss slot, the
-// skip-weight-update flag of the weights prepared for compute (seed 000), and when the
-// per-parameter gradient statistics are taken.
+// microbatch is read from the device when it runs (a host value read at capture time
+// would be frozen into the graph): the batch, the loss slot, the skip-weight-update flag
+// of the weights prepared for compute, and when the per-parameter gradient statistics
+// are taken.
 //
 // Weights prepared for compute: discrete expert weights are packed into one [G, ...]
 // tensor per layer, and MXFP8 weights (ModelOptions::mxfp8_params) are decoded from their
@@ -54,8 +55,8 @@ struct ModelOptions {
   /// DELIBERATELY WRONG, for the regression test's negative control only: weight-gradient
   /// GEMMs overwrite (beta = 0) on the first microbatch, decided by a host counter at
   /// enqueue time. Eager runs are still right; a graph that reuses one captured
-  /// microbatch freezes the capture-time choice, which is TransformerEngine's
-  /// GroupedLinear bug of seed 000.
+  /// microbatch freezes the capture-time choice, the bug TransformerEngine's GroupedLinear
+  /// had (its MoE weight gradients came out far too small under graph replay).
   bool seed000_host_flag = false;
 };
 

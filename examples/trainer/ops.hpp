@@ -12,9 +12,10 @@
 // norm weights may be f32: the 1-D parameters of an MXFP8 run stay native f32), "grad"
 // are gradient views (f32 or bf16; f64). Ops that accumulate say so: every
 // weight gradient is accumulated (D += ...), never overwritten, so one captured
-// iteration serves every microbatch (seed 002). Per-microbatch and per-step values are
-// read from the device (step counter, microbatch state) when the op runs, never frozen
-// on the host (seed 000).
+// iteration serves every microbatch (the accumulate form D = AB + D is what is captured;
+// the gradients are zeroed separately, once per step). Per-microbatch and per-step values
+// are read from the device (step counter, microbatch state) when the op runs, never from
+// the host, where capture would freeze the value it read into the graph.
 #pragma once
 
 #include <array>
@@ -101,7 +102,8 @@ struct Mxfp8Source {
   const std::uint8_t* data = nullptr;    ///< rowwise e4m3 data (device memory)
   const std::uint8_t* scale = nullptr;   ///< rowwise e8m0 scales, compact [G*rows, ceil(cols/32)]
   /// Device table of shape.members entries (Mxfp8View::members), read on the device when
-  /// the op runs (never on the host, seed 003); null: contiguous members.
+  /// the op runs (never on the host: grouped weights need no host-side split sizes per
+  /// step); null: contiguous members.
   const shardopt::Mxfp8Member* members = nullptr;
 };
 
@@ -228,7 +230,8 @@ class Ops {
   /// dst (bf16) = the rowwise planes of `src` decoded (math::mxfp8_to_bf16: bitwise bf16 of
   /// shardopt::dequantize_mxfp8's f32 values), member after member, source after source,
   /// unless `skip` is non-null and skip->skip_weight_update is set on the device when the
-  /// op runs (seed 000: one captured op serves every microbatch; it decodes on the first).
+  /// op runs (one captured op serves every microbatch and decodes on the first; a host
+  /// flag would be frozen at capture).
   /// One launch; mixed precision only (check_mxfp8_sources says what it takes).
   virtual void dequantize_mxfp8(const std::vector<Mxfp8Source>& src, const Tensor& dst,
                                 const shardopt::MicrobatchState* skip, Stream stream) = 0;
