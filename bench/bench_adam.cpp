@@ -12,7 +12,8 @@
 // bytes per param) and "bf16grad-bf16param/1.5B/147" (bf16 grads read directly, fp32
 // master and moments, bf16 param output in the same pass: 2+4+8 read, 4+8+2 written =
 // 28 bytes per param). Each step (prologue + main pass) is replayed from a CUDA graph;
-// median of --iters (>= 20) replays after warm-up, CUDA events around each.
+// median of --iters (>= 20) replays after warm-up, CUDA events around each
+// (bench/common/cuda_bench: time_ms, measure_copy, CapturedGraph).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -35,6 +36,10 @@
 #include "shardopt/numerics.hpp"
 #include "shardopt/presets.hpp"
 #include "shardopt_config.h"
+
+#if SHARDOPT_HAVE_CUDA
+#include "cuda_bench.hpp"
+#endif
 
 namespace {
 using namespace shardopt;
@@ -307,44 +312,19 @@ int torch_check_dump(const Options& o) {
 
 #if SHARDOPT_HAVE_CUDA
 int cuda_bench(const Options& o) {
-  cudaDeviceProp prop{};
-  SHARDOPT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  const std::string device = prop.name;
+  const std::string device = bench::device_name();
   std::string peer_text;
   if (!o.peer_json.empty()) peer_text = read_file(o.peer_json);
 
   cudaStream_t stream;
   SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1;
-  SHARDOPT_CUDA_CHECK(cudaEventCreate(&e0));
-  SHARDOPT_CUDA_CHECK(cudaEventCreate(&e1));
-  auto time_ms = [&](auto&& work, int iters) {
-    for (int i = 0; i < 5; ++i) work();  // warm-up
-    std::vector<double> ms;
-    for (int i = 0; i < iters; ++i) {
-      SHARDOPT_CUDA_CHECK(cudaEventRecord(e0, stream));
-      work();
-      SHARDOPT_CUDA_CHECK(cudaEventRecord(e1, stream));
-      SHARDOPT_CUDA_CHECK(cudaEventSynchronize(e1));
-      float t = 0;
-      SHARDOPT_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-      ms.push_back(t);
-    }
-    return bench::median(ms);
-  };
+  const Stream st = reinterpret_cast<Stream>(stream);
+  const int iters = std::max(o.iters, 20);
+  constexpr int kWarmup = 5;
 
   // Device-to-device copy bandwidth (bytes read + written), 2 GiB each way.
-  double copy_gbps = 0;
-  {
-    const std::size_t bytes = std::size_t{2} << 30;
-    DeviceBuffer a(Backend::Cuda, bytes), b(Backend::Cuda, bytes);
-    SHARDOPT_CUDA_CHECK(cudaMemsetAsync(a.data(), 1, bytes, stream));
-    const double ms = time_ms(
-        [&] { SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, stream)); },
-        std::max(o.iters, 20));
-    copy_gbps = 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
-    std::printf("device-to-device copy: %.1f GB/s (read + write) on %s\n", copy_gbps, device.c_str());
-  }
+  const double copy_gbps = bench::measure_copy(std::size_t{2} << 30, st, iters, kWarmup).gbps;
+  std::printf("device-to-device copy: %.1f GB/s (read + write) on %s\n", copy_gbps, device.c_str());
 
   const Layout layout = one_bucket_layout(false);
   const auto table = shard_chunks(layout, 0, 0);
@@ -375,17 +355,13 @@ int cuda_bench(const Options& o) {
     sp.master = master.as<float>();
     sp.exp_avg = m.data();
     sp.exp_avg_sq = v.data();
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    SHARDOPT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    fused_adam_step(c.adam, sp, scal.as<StepScalars>(), Backend::Cuda, reinterpret_cast<Stream>(stream));
-    SHARDOPT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    SHARDOPT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    const double ms = time_ms([&] { SHARDOPT_CUDA_CHECK(cudaGraphLaunch(exec, stream)); }, std::max(o.iters, 20));
+    double ms = 0;
+    {
+      const bench::CapturedGraph g(st, [&] { fused_adam_step(c.adam, sp, scal.as<StepScalars>(), Backend::Cuda, st); });
+      ms = bench::time_ms(st, kWarmup, iters, [&] { g.launch(st); });
+    }
     StepScalars after;
     SHARDOPT_CUDA_CHECK(cudaMemcpy(&after, scal.data(), sizeof after, cudaMemcpyDeviceToHost));
-    SHARDOPT_CUDA_CHECK(cudaGraphExecDestroy(exec));
-    SHARDOPT_CUDA_CHECK(cudaGraphDestroy(graph));
 
     const double bytes = c.bytes_per_param * static_cast<double>(params);
     bench::Result r;
@@ -409,8 +385,6 @@ int cuda_bench(const Options& o) {
     r.command = o.command;
     bench::write(r, o.results);
   }
-  SHARDOPT_CUDA_CHECK(cudaEventDestroy(e0));
-  SHARDOPT_CUDA_CHECK(cudaEventDestroy(e1));
   SHARDOPT_CUDA_CHECK(cudaStreamDestroy(stream));
   return 0;
 }

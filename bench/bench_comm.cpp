@@ -26,10 +26,10 @@
 #include <vector>
 
 #include "core/check.hpp"
+#include "mpi_bench.hpp"
 #include "results.hpp"
 #include "shardopt/bucket_store.hpp"
 #include "shardopt/error.hpp"
-#include "shardopt/mpi.hpp"
 
 namespace {
 using namespace shardopt;
@@ -64,37 +64,37 @@ std::vector<std::string> split_list(const std::string& s) {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(("missing value after " + a).c_str());
-      return argv[++i];
-    };
+  auto fail = [](const std::string& arg, bench::ArgReader::Problem problem) {
+    usage(((problem == bench::ArgReader::Problem::MissingValue ? "missing value after " : "unknown argument ") + arg)
+              .c_str());
+  };
+  for (bench::ArgReader r(argc, argv, fail); r.next();) {
+    const std::string& a = r.arg();
     if (a == "--results") {
-      o.results = value();
+      o.results = r.value();
     } else if (a == "--backend") {
-      const std::string v = value();
+      const std::string v = r.value();
       if (v != "cuda" && v != "host") usage("--backend must be cuda or host");
       o.backend = v == "cuda" ? Backend::Cuda : Backend::Host;
       o.backend_given = true;
     } else if (a == "--sizes-mib") {
       o.sizes_mib.clear();
-      for (const auto& s : split_list(value())) o.sizes_mib.push_back(std::atoi(s.c_str()));
+      for (const auto& s : split_list(r.value())) o.sizes_mib.push_back(std::atoi(s.c_str()));
       for (int s : o.sizes_mib)
         if (s <= 0) usage("sizes must be positive MiB");
     } else if (a == "--iters") {
-      o.iters = std::atoi(value().c_str());
+      o.iters = std::atoi(r.value().c_str());
       if (o.iters < 1) usage("--iters must be >= 1");
     } else if (a == "--warmup") {
-      o.warmup = std::max(0, std::atoi(value().c_str()));
+      o.warmup = std::max(0, std::atoi(r.value().c_str()));
     } else if (a == "--memory") {
       o.registered.clear();
-      for (const auto& s : split_list(value())) {
+      for (const auto& s : split_list(r.value())) {
         if (s != "registered" && s != "cudamalloc") usage("--memory takes registered and/or cudamalloc");
         o.registered.push_back(s == "registered");
       }
     } else {
-      usage(("unknown argument " + a).c_str());
+      r.unknown();
     }
   }
   if (!o.backend_given) o.backend = default_backend();
@@ -177,37 +177,17 @@ Times measure(Backend be, Stream stream, int iters, int warmup, const std::funct
   return t;
 }
 
-std::string device_name(Backend be, int device) {
-#if SHARDOPT_HAVE_CUDA
-  if (be == Backend::Cuda) {
-    cudaDeviceProp p{};
-    SHARDOPT_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
-    return p.name;
-  }
-#else
-  (void)device;
-#endif
-  (void)be;
-  return "host backend (MPI)";
-}
-
 int run(int argc, char** argv) {
   const Options opt = parse(argc, argv);
-  Communicator comm = communicator_from_mpi(MPI_COMM_WORLD, {opt.backend, -1});
-  const int n = comm.size(), rank = comm.rank();
-  const std::string device = device_name(opt.backend, comm.device());
+  const bench::MpiBench mb(opt.backend);
+  const Communicator& comm = mb.comm();
+  const Stream stream = mb.stream();
+  const int n = comm.size(), rank = mb.rank();
+  const std::string device = mb.device();
   const std::string command = bench::command_line(argc, argv);
   const std::string results = rank == 0 ? opt.results : "";
   if (!results.empty()) std::filesystem::create_directories(results);
 
-  Stream stream = nullptr;
-#if SHARDOPT_HAVE_CUDA
-  cudaStream_t cs = nullptr;
-  if (opt.backend == Backend::Cuda) {
-    SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
-    stream = reinterpret_cast<Stream>(cs);
-  }
-#endif
   const bool nccl = opt.backend == Backend::Cuda;
 
   for (int mib : opt.sizes_mib) {
@@ -280,9 +260,6 @@ int run(int argc, char** argv) {
       }
     }
   }
-#if SHARDOPT_HAVE_CUDA
-  if (cs != nullptr) (void)cudaStreamDestroy(cs);
-#endif
   return 0;
 }
 
@@ -291,15 +268,8 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   // Shared machines: never NVLink multicast (NVLS) in our runs.
   setenv("NCCL_NVLS_ENABLE", "0", 1);
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-  int code = 0;
-  try {
-    code = run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_comm: %s\n", e.what());
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  MPI_Finalize();
-  return code;
+  bench::MpiMainOptions mo;
+  mo.serialized = true;
+  mo.abort_on_error = true;
+  return bench::mpi_main(argc, argv, "bench_comm", mo, [&] { return run(argc, argv); });
 }

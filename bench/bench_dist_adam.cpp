@@ -14,8 +14,6 @@
 //  * host CPU time per step, eager step() vs graph replay, for 1, 10, 100, 1000 tensors;
 //  * the PyTorch peer's median, read from the file bench/peers/dist_adam_peer.py wrote.
 // On the host backend (no GPU) it runs a tiny smoke configuration and writes nothing.
-#include <mpi.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -27,10 +25,10 @@
 #include "core/check.hpp"
 #include "core/memory.hpp"
 #include "cuda_bench.hpp"
+#include "mpi_bench.hpp"
 #include "results.hpp"
 #include "shardopt/distributed_adam.hpp"
 #include "shardopt/host_stream.hpp"
-#include "shardopt/mpi.hpp"
 #include "shardopt/presets.hpp"
 #include "shardopt/step_graph.hpp"
 
@@ -38,33 +36,19 @@ namespace {
 using namespace shardopt;
 using Clock = std::chrono::steady_clock;
 
-struct Args {
-  std::string results;
-  std::string peer;
-  int iters = 30;
+// --results DIR, --peer FILE, --iters N (default 30) and --host-cpu-only.
+struct Args : bench::RunArgs {
   bool host_cpu_only = false;  // --host-cpu-only: skip the full-step rows
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", k.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (k == "--results") a.results = next();
-    else if (k == "--peer") a.peer = next();
-    else if (k == "--iters") a.iters = std::atoi(next().c_str());
-    else if (k == "--host-cpu-only") a.host_cpu_only = true;
-    else {
-      std::fprintf(stderr, "unknown argument %s\n", k.c_str());
-      std::exit(2);
-    }
-  }
+  a.iters = 30;
+  bench::parse_run_args(argc, argv, a, [&](bench::ArgReader& r) {
+    if (r.arg() != "--host-cpu-only") return false;
+    a.host_cpu_only = true;
+    return true;
+  });
   return a;
 }
 
@@ -80,25 +64,6 @@ DistributedAdamOptions step_options() {
 }
 
 #if SHARDOPT_HAVE_CUDA
-// A captured graph of one call sequence on `stream`.
-struct Captured {
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  template <class Fn>
-  Captured(Stream stream, Fn&& fn) {
-    const auto s = reinterpret_cast<cudaStream_t>(stream);
-    SHARDOPT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    fn();
-    SHARDOPT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-    SHARDOPT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  }
-  ~Captured() {
-    (void)cudaGraphExecDestroy(exec);
-    (void)cudaGraphDestroy(graph);
-  }
-  void launch(Stream stream) const { SHARDOPT_CUDA_CHECK(cudaGraphLaunch(exec, reinterpret_cast<cudaStream_t>(stream))); }
-};
-
 void fill_model(DistributedAdam& opt, Stream s) {
   if (opt.options().param_format == ParamFormat::Mxfp8) {  // no param views: seed the master
     for (int i = 0; i < opt.num_params(); ++i) {
@@ -188,11 +153,11 @@ void host_cpu_sweep(const Communicator& comm, Stream s, const Args& a, const std
   DeviceBuffer one(Backend::Cuda, 4);
   SHARDOPT_CUDA_CHECK(cudaMemsetAsync(one.data(), 0, 4, reinterpret_cast<cudaStream_t>(s)));
   comm.all_reduce(one.data(), 1, DType::f32, ReduceOp::Sum, s);
-  Captured nccl_one(s, [&] { comm.all_reduce(one.data(), 1, DType::f32, ReduceOp::Sum, s); });
+  bench::CapturedGraph nccl_one(s, [&] { comm.all_reduce(one.data(), 1, DType::f32, ReduceOp::Sum, s); });
   nccl_one.launch(s);
   const int host_iters = std::max(a.iters, 300);  // host timings are cheap and noisy
   const double nccl_floor = host_us(s, host_iters, [&] { nccl_one.launch(s); }).median;
-  Captured empties(s, [&] {
+  bench::CapturedGraph empties(s, [&] {
     for (int i = 0; i < 16; ++i) SHARDOPT_CUDA_CHECK(cudaMemsetAsync(one.data(), 0, 4, reinterpret_cast<cudaStream_t>(s)));
   });
   empties.launch(s);
@@ -213,7 +178,7 @@ void host_cpu_sweep(const Communicator& comm, Stream s, const Args& a, const std
       opt.step(s);  // warm-up: lazy module loads, NCCL connections of every collective
       SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)));
       const HostTimes eager = host_us(s, host_iters, [&] { opt.step(s); });
-      Captured g(s, [&] { opt.step(s); });
+      bench::CapturedGraph g(s, [&] { opt.step(s); });
       g.launch(s);
       SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)));
       const HostTimes replay = host_us(s, host_iters, [&] { g.launch(s); });
@@ -234,7 +199,7 @@ void host_cpu_sweep(const Communicator& comm, Stream s, const Args& a, const std
         r.numbers["gather_pipeline"] = pipeline;
         r.numbers["floor_one_allreduce_graph_us"] = nccl_floor;
         r.numbers["floor_16_memset_graph_us"] = memset_floor;
-        add_node_counts(r, g.graph);
+        add_node_counts(r, static_cast<cudaGraph_t>(g.graph()));
         r.notes["what"] = "host CPU time to enqueue one step: eager step() vs cudaGraphLaunch of the captured step";
         r.command = cmd;
         bench::write(r, a.results);
@@ -251,7 +216,7 @@ double step_ms(const Communicator& comm, Stream s, const Args& a, const Distribu
   fill_model(opt, s);
   opt.step(s);
   SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)));
-  Captured g(s, [&] { opt.step(s); });
+  bench::CapturedGraph g(s, [&] { opt.step(s); });
   if (memory != nullptr) *memory = opt.memory();
   return bench::time_ms(s, 3, a.iters, [&] { g.launch(s); });
 }
@@ -417,31 +382,18 @@ void host_smoke(const Communicator& comm) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  const Args a = parse(argc, argv);
-  int rc = 0;
-  try {
-    const Backend b = default_backend();
-    MpiBootstrapOptions mo;
-    mo.backend = b;
-    Communicator comm = communicator_from_mpi(MPI_COMM_WORLD, mo);
-    if (b == Backend::Host) {
-      host_smoke(comm);
-    } else {
-#if SHARDOPT_HAVE_CUDA
-      cudaStream_t cs = nullptr;
-      SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
-      const Stream s = reinterpret_cast<Stream>(cs);
-      const std::string device = bench::device_name();
-      if (!a.host_cpu_only) full_step(comm, s, a, device, bench::command_line(argc, argv));
-      host_cpu_sweep(comm, s, a, device, bench::command_line(argc, argv));
-      SHARDOPT_CUDA_CHECK(cudaStreamDestroy(cs));
-#endif
+  return bench::mpi_main(argc, argv, "bench_dist_adam", {}, [&] {
+    const Args a = parse(argc, argv);
+    bench::MpiBench mb(default_backend());
+    if (mb.backend() == Backend::Host) {
+      host_smoke(mb.comm());
+      return 0;
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_dist_adam: %s\n", e.what());
-    rc = 1;
-  }
-  MPI_Finalize();
-  return rc;
+#if SHARDOPT_HAVE_CUDA
+    const std::string device = mb.device();
+    if (!a.host_cpu_only) full_step(mb.comm(), mb.stream(), a, device, bench::command_line(argc, argv));
+    host_cpu_sweep(mb.comm(), mb.stream(), a, device, bench::command_line(argc, argv));
+#endif
+    return 0;
+  });
 }

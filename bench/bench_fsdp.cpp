@@ -10,8 +10,6 @@
 // back), the optimizer step alone; and the PyTorch FSDP2 peer's median read from the file
 // bench/peers/fsdp_peer.py wrote. limit = max(compute, communication) + step: what a
 // perfect overlap of communication with compute would give.
-#include <mpi.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -19,10 +17,10 @@
 
 #include "core/check.hpp"
 #include "core/memory.hpp"
+#include "mpi_bench.hpp"
 #include "results.hpp"
 #include "shardopt/fsdp.hpp"
 #include "shardopt/host_stream.hpp"
-#include "shardopt/mpi.hpp"
 #include "shardopt/step_graph.hpp"
 
 #if SHARDOPT_HAVE_CUDA
@@ -37,32 +35,19 @@ using namespace shardopt;
 constexpr int kUnits = 16;
 constexpr std::int64_t kHidden = 2048, kMlp = 8192;
 
-struct Args {
-  std::string results, peer;
-  int iters = 20;
+// --results DIR, --peer FILE, --iters N (default 20) and --tokens T.
+struct Args : bench::RunArgs {
   std::int64_t tokens = 4096;
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", k.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (k == "--results") a.results = next();
-    else if (k == "--peer") a.peer = next();
-    else if (k == "--iters") a.iters = std::atoi(next().c_str());
-    else if (k == "--tokens") a.tokens = std::atoll(next().c_str());
-    else {
-      std::fprintf(stderr, "unknown argument %s\n", k.c_str());
-      std::exit(2);
-    }
-  }
+  a.iters = 20;
+  bench::parse_run_args(argc, argv, a, [&](bench::ArgReader& r) {
+    if (r.arg() != "--tokens") return false;
+    a.tokens = std::atoll(r.value().c_str());
+    return true;
+  });
   return a;
 }
 
@@ -207,87 +192,76 @@ void host_smoke(const Communicator& comm) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  const Args a = parse(argc, argv);
-  int rc = 0;
-  try {
-    const Backend b = default_backend();
-    MpiBootstrapOptions mo;
-    mo.backend = b;
-    Communicator comm = communicator_from_mpi(MPI_COMM_WORLD, mo);
-    if (b == Backend::Host) {
+  return bench::mpi_main(argc, argv, "bench_fsdp", {}, [&] {
+    const Args a = parse(argc, argv);
+    bench::MpiBench mb(default_backend());
+    const Communicator& comm = mb.comm();
+    if (mb.backend() == Backend::Host) {
       host_smoke(comm);
-    } else {
-#if SHARDOPT_HAVE_CUDA
-      cudaStream_t cs = nullptr;
-      SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
-      const Stream s = reinterpret_cast<Stream>(cs);
-      cublasHandle_t h = nullptr;
-      CUBLAS_CHECK(cublasCreate(&h));
-      DeviceBuffer workspace(Backend::Cuda, 64u << 20);
-      bind(h, s, workspace.data(), workspace.bytes());
-      const std::int64_t T = a.tokens;
-      Activations act(T, s);
-      const double on = iteration_ms(comm, h, workspace, act, T, true, s, a.iters);
-      const double off = iteration_ms(comm, h, workspace, act, T, false, s, a.iters);
-
-      // Pieces alone: compute on resident weights; communication of an iteration; the step.
-      DeviceBuffer w(Backend::Cuda, static_cast<std::size_t>(2 * kHidden * kMlp) * 2),
-          gw(Backend::Cuda, static_cast<std::size_t>(2 * kHidden * kMlp) * 2);
-      bench::fill_random(w.data(), DType::bf16, 2 * kHidden * kMlp, 5, 0.02f, s);
-      char* up = w.as<char>();
-      char* down = up + kHidden * kMlp * 2;
-      const double compute = bench::time_ms(s, 2, a.iters, [&] {
-        for (int u = 0; u < kUnits; ++u) unit_forward(h, T, up, down, act, u);
-        for (int u = kUnits - 1; u >= 0; --u)
-          unit_backward(h, T, up, down, gw.as<char>(), gw.as<char>() + kHidden * kMlp * 2, act, u);
-      });
-      // Communication + step: the same iteration without the GEMMs.
-      Fsdp f(comm, model_specs(kHidden, kMlp), model_units(), options(false));
-      init_shard(f, s);
-      auto no_compute = [&] {
-        for (int u = 0; u < kUnits; ++u) (void)f.wait_param(u, s);
-        for (int u = kUnits - 1; u >= 0; --u) {
-          (void)f.wait_param(u, s);
-          (void)f.grad_slot(u, s);
-          f.grad_ready(u, s);
-        }
-        f.step(s);
-        f.zero_grad(s);
-      };
-      const double comm_and_step = bench::time_ms(s, 2, a.iters, no_compute);
-      // The step alone: an optimizer whose learned order is empty (no gathers).
-      Fsdp fa(comm, model_specs(kHidden, kMlp), model_units(), options(false));
-      init_shard(fa, s);
-      const double step = bench::time_ms(s, 2, a.iters, [&] { fa.step(s); });
-      SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(cs));
-      if (comm.rank() == 0) {
-        const std::string config = "16xMLP/T" + std::to_string(T) + "/n" + std::to_string(comm.size());
-        bench::Result r;
-        r.bench = "fsdp_iteration";
-        r.config = config;
-        r.device = bench::device_name();
-        r.ours_ms = on;
-        r.limit_ms = std::max(compute, comm_and_step - step) + step;
-        bench::apply_peer(r, a.peer);
-        r.numbers["prefetch_off_ms"] = off;
-        r.numbers["compute_only_ms"] = compute;
-        r.numbers["comm_and_step_ms"] = comm_and_step;
-        r.numbers["step_only_ms"] = step;
-        r.numbers["params"] = static_cast<double>(2 * kUnits * kHidden * kMlp);
-        r.notes["limit"] = "max(compute alone, gathers + reduce-scatters alone) + the step alone, same process";
-        r.notes["ours"] = "whole iteration (fwd + bwd + step + zero_grad) replayed from one CUDA graph, prefetch on";
-        r.command = bench::command_line(argc, argv);
-        bench::write(r, a.results);
-      }
-      CUBLAS_CHECK(cublasDestroy(h));
-      SHARDOPT_CUDA_CHECK(cudaStreamDestroy(cs));
-#endif
+      return 0;
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_fsdp: %s\n", e.what());
-    rc = 1;
-  }
-  MPI_Finalize();
-  return rc;
+#if SHARDOPT_HAVE_CUDA
+    const Stream s = mb.stream();
+    cublasHandle_t h = nullptr;
+    CUBLAS_CHECK(cublasCreate(&h));
+    DeviceBuffer workspace(Backend::Cuda, 64u << 20);
+    bind(h, s, workspace.data(), workspace.bytes());
+    const std::int64_t T = a.tokens;
+    Activations act(T, s);
+    const double on = iteration_ms(comm, h, workspace, act, T, true, s, a.iters);
+    const double off = iteration_ms(comm, h, workspace, act, T, false, s, a.iters);
+
+    // Pieces alone: compute on resident weights; communication of an iteration; the step.
+    DeviceBuffer w(Backend::Cuda, static_cast<std::size_t>(2 * kHidden * kMlp) * 2),
+        gw(Backend::Cuda, static_cast<std::size_t>(2 * kHidden * kMlp) * 2);
+    bench::fill_random(w.data(), DType::bf16, 2 * kHidden * kMlp, 5, 0.02f, s);
+    char* up = w.as<char>();
+    char* down = up + kHidden * kMlp * 2;
+    const double compute = bench::time_ms(s, 2, a.iters, [&] {
+      for (int u = 0; u < kUnits; ++u) unit_forward(h, T, up, down, act, u);
+      for (int u = kUnits - 1; u >= 0; --u)
+        unit_backward(h, T, up, down, gw.as<char>(), gw.as<char>() + kHidden * kMlp * 2, act, u);
+    });
+    // Communication + step: the same iteration without the GEMMs.
+    Fsdp f(comm, model_specs(kHidden, kMlp), model_units(), options(false));
+    init_shard(f, s);
+    auto no_compute = [&] {
+      for (int u = 0; u < kUnits; ++u) (void)f.wait_param(u, s);
+      for (int u = kUnits - 1; u >= 0; --u) {
+        (void)f.wait_param(u, s);
+        (void)f.grad_slot(u, s);
+        f.grad_ready(u, s);
+      }
+      f.step(s);
+      f.zero_grad(s);
+    };
+    const double comm_and_step = bench::time_ms(s, 2, a.iters, no_compute);
+    // The step alone: an optimizer whose learned order is empty (no gathers).
+    Fsdp fa(comm, model_specs(kHidden, kMlp), model_units(), options(false));
+    init_shard(fa, s);
+    const double step = bench::time_ms(s, 2, a.iters, [&] { fa.step(s); });
+    SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(s));
+    if (comm.rank() == 0) {
+      const std::string config = "16xMLP/T" + std::to_string(T) + "/n" + std::to_string(comm.size());
+      bench::Result r;
+      r.bench = "fsdp_iteration";
+      r.config = config;
+      r.device = mb.device();
+      r.ours_ms = on;
+      r.limit_ms = std::max(compute, comm_and_step - step) + step;
+      bench::apply_peer(r, a.peer);
+      r.numbers["prefetch_off_ms"] = off;
+      r.numbers["compute_only_ms"] = compute;
+      r.numbers["comm_and_step_ms"] = comm_and_step;
+      r.numbers["step_only_ms"] = step;
+      r.numbers["params"] = static_cast<double>(2 * kUnits * kHidden * kMlp);
+      r.notes["limit"] = "max(compute alone, gathers + reduce-scatters alone) + the step alone, same process";
+      r.notes["ours"] = "whole iteration (fwd + bwd + step + zero_grad) replayed from one CUDA graph, prefetch on";
+      r.command = bench::command_line(argc, argv);
+      bench::write(r, a.results);
+    }
+    CUBLAS_CHECK(cublasDestroy(h));
+#endif
+    return 0;
+  });
 }

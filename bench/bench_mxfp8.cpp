@@ -18,7 +18,8 @@
 // Bytes: whole tensor = 2 (read bf16) + 2 (two e4m3 planes) + 1/16 (scales) per element;
 // the sharded rows count what their kernels and memsets move (below). limit_ms =
 // bytes / copy bandwidth (copy bandwidth = (read + written bytes) / time of a 1 GiB
-// cudaMemcpyAsync). Medians of 30 timed runs after 5 warm-ups, CUDA events around the work.
+// cudaMemcpyAsync). Medians of 30 timed runs after 5 warm-ups, CUDA events around the work
+// (bench/common/cuda_bench: time_ms, measure_copy, CapturedGraph).
 //
 // Usage: bench_mxfp8 [--results DIR] [--peer-json FILE]
 //   --peer-json: JSON lines {"config": ..., "peer": ..., "peer_ms": ...} from a peer script;
@@ -37,6 +38,7 @@
 
 #include "core/check.hpp"
 #include "core/memory.hpp"
+#include "cuda_bench.hpp"
 #include "results.hpp"
 #include "shardopt/layout.hpp"
 #include "shardopt/mxfp8.hpp"
@@ -78,46 +80,9 @@ std::map<std::string, Peer> read_peers(const std::string& path) {
   return out;
 }
 
-// Median time in ms of `work` on `stream` (CUDA events around each run).
-double time_ms(cudaStream_t stream, const std::function<void()>& work) {
-  cudaEvent_t start, stop;
-  SHARDOPT_CUDA_CHECK(cudaEventCreate(&start));
-  SHARDOPT_CUDA_CHECK(cudaEventCreate(&stop));
-  for (int i = 0; i < kWarmup; ++i) work();
-  std::vector<double> ms;
-  for (int i = 0; i < kIters; ++i) {
-    SHARDOPT_CUDA_CHECK(cudaEventRecord(start, stream));
-    work();
-    SHARDOPT_CUDA_CHECK(cudaEventRecord(stop, stream));
-    SHARDOPT_CUDA_CHECK(cudaEventSynchronize(stop));
-    float t = 0;
-    SHARDOPT_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-    ms.push_back(t);
-  }
-  SHARDOPT_CUDA_CHECK(cudaEventDestroy(start));
-  SHARDOPT_CUDA_CHECK(cudaEventDestroy(stop));
-  return bench::median(ms);
-}
-
-// Captures `work` on `stream` into a graph and returns a function that replays it.
-struct Graph {
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  Graph(cudaStream_t stream, const std::function<void()>& work) {
-    SHARDOPT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    work();
-    SHARDOPT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    SHARDOPT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  }
-  ~Graph() {
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-  }
-  void launch(cudaStream_t stream) const { SHARDOPT_CUDA_CHECK(cudaGraphLaunch(exec, stream)); }
-};
-
-// Fills device memory with a repeated random pattern (bf16 weights or f32 masters).
-void fill_random(void* dst, std::size_t bytes, bool f32, std::uint32_t seed) {
+// Fills device memory with a repeated pattern of normal(0, 0.02) values, bf16 weights
+// or f32 masters (weight-like magnitudes, unlike bench::fill_random's uniform values).
+void fill_normal(void* dst, std::size_t bytes, bool f32, std::uint32_t seed) {
   const std::size_t chunk = std::min<std::size_t>(bytes, std::size_t{64} << 20);
   std::vector<unsigned char> host(chunk);
   std::mt19937 rng(seed);
@@ -155,24 +120,16 @@ int main(int argc, char** argv) {
     return 0;
   }
   const auto peers = read_peers(peer_json);
-  cudaDeviceProp prop{};
-  SHARDOPT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  const std::string device = prop.name;
+  const std::string device = bench::device_name();
   const std::string command = bench::command_line(argc, argv);
   cudaStream_t stream;
   SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const Stream st = reinterpret_cast<Stream>(stream);
   constexpr Backend kCuda = Backend::Cuda;
+  auto time_ms = [&](const std::function<void()>& work) { return bench::time_ms(st, kWarmup, kIters, work); };
 
   // Copy bandwidth: (read + written) bytes / time of a 1 GiB device-to-device copy.
-  double copy_gbps = 0;
-  {
-    const std::size_t bytes = std::size_t{1} << 30;
-    DeviceBuffer a(kCuda, bytes), b(kCuda, bytes);
-    SHARDOPT_CUDA_CHECK(cudaMemsetAsync(a.data(), 1, bytes, stream));
-    const double ms = time_ms(stream, [&] { SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, stream)); });
-    copy_gbps = 2.0 * static_cast<double>(bytes) / (ms * 1e6);
-  }
+  const double copy_gbps = bench::measure_copy(std::size_t{1} << 30, st, kIters, kWarmup).gbps;
   std::printf("device-to-device copy: %.1f GB/s (read + write)\n", copy_gbps);
 
   std::map<std::string, double> extra;  // more numbers for the next report
@@ -221,7 +178,7 @@ int main(int argc, char** argv) {
   DeviceBuffer src(kCuda, static_cast<std::size_t>(total) * 2);
   DeviceBuffer drow(kCuda, static_cast<std::size_t>(total)), dcol(kCuda, static_cast<std::size_t>(total));
   DeviceBuffer srow(kCuda, static_cast<std::size_t>(srows)), scol(kCuda, static_cast<std::size_t>(scols));
-  fill_random(src.data(), src.bytes(), false, 1);
+  fill_normal(src.data(), src.bytes(), false, 1);
   auto planes = [&](std::size_t i) {
     return Mxfp8Planes{drow.as<std::uint8_t>() + offsets[i], srow.as<std::uint8_t>() + srow_off[i],
                        dcol.as<std::uint8_t>() + offsets[i], scol.as<std::uint8_t>() + scol_off[i]};
@@ -238,10 +195,10 @@ int main(int argc, char** argv) {
   SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(stream));
   double per_tensor_ms = 0;
   {
-    const Graph g(stream, [&] {
+    const bench::CapturedGraph g(st, [&] {
       for (std::size_t i = 0; i < shapes.size(); ++i) quantize(i);
     });
-    per_tensor_ms = time_ms(stream, [&] { g.launch(stream); });
+    per_tensor_ms = time_ms([&] { g.launch(st); });
     report("llama3.2-1b/2d-weights", per_tensor_ms, all_bytes, elements,
            std::to_string(shapes.size()) + " matrices bf16 -> rowwise+columnwise e4m3 + e8m0 scales, one graph of " +
                std::to_string(shapes.size()) + " launches");
@@ -251,9 +208,9 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < shapes.size(); ++i)
       tensors.push_back({shapes[i], src.as<std::uint16_t>() + offsets[i], planes(i), nullptr});
     const Mxfp8Batch batch(tensors, kCuda);
-    const double eager_ms = time_ms(stream, [&] { quantize_mxfp8_batch(batch, nullptr, kCuda, st); });
-    const Graph g(stream, [&] { quantize_mxfp8_batch(batch, nullptr, kCuda, st); });
-    const double ms = time_ms(stream, [&] { g.launch(stream); });
+    const double eager_ms = time_ms([&] { quantize_mxfp8_batch(batch, nullptr, kCuda, st); });
+    const bench::CapturedGraph g(st, [&] { quantize_mxfp8_batch(batch, nullptr, kCuda, st); });
+    const double ms = time_ms([&] { g.launch(st); });
     extra["per_tensor_graph_ms"] = per_tensor_ms;
     extra["speedup_vs_per_tensor_graph"] = per_tensor_ms / ms;
     extra["eager_ms"] = eager_ms;
@@ -276,7 +233,7 @@ int main(int argc, char** argv) {
                                      std::pair<std::string, std::string>{"attn-k-512x2048", "layers.0.attn.k.weight"}}) {
     const std::size_t index = index_of(name);
     const Mxfp8Shape& s = shapes[index];
-    const double ms = time_ms(stream, [&] { quantize(index); });
+    const double ms = time_ms([&] { quantize(index); });
     report(config, ms, whole_bytes(s), s.numel(), specs2d[index].name + " bf16 -> both planes + scales, eager");
   }
 
@@ -287,7 +244,7 @@ int main(int argc, char** argv) {
     std::int64_t shard_numel = 0;
     for (const auto& b : layout.buffers()) shard_numel = std::max(shard_numel, b.shard_numel);
     DeviceBuffer master(kCuda, static_cast<std::size_t>(shard_numel) * 4);
-    fill_random(master.data(), master.bytes(), true, 2);
+    fill_normal(master.data(), master.bytes(), true, 2);
     const auto segments = layout.segments(0, rank);
     std::int64_t shard_elems = 0, full_blocks = 0;
     for (const Segment& g : segments) {
@@ -298,7 +255,7 @@ int main(int argc, char** argv) {
     // u32 amax buffers of every touched param, side by side.
     DeviceBuffer amax_all(kCuda, static_cast<std::size_t>(full_blocks) * 4);
     for (int scheme = 0; scheme < 2; ++scheme) {
-      const Graph g(stream, [&] {
+      const bench::CapturedGraph g(st, [&] {
         std::int64_t a_off = 0;
         for (const Segment& sg : segments) {
           const auto p = static_cast<std::size_t>(sg.param);
@@ -318,7 +275,7 @@ int main(int argc, char** argv) {
           }
         }
       });
-      const double ms = time_ms(stream, [&] { g.launch(stream); });
+      const double ms = time_ms([&] { g.launch(st); });
       // Bytes moved: phase 1 reads the shard's masters (4 B) and zero-fills the full
       // exchange buffers; phase 2 reads the masters again (4 B) and writes both planes
       // (2 B); scale / amax traffic of the touched tiles ~ 1/16 (2/8 for u32) per element.
@@ -352,11 +309,11 @@ int main(int argc, char** argv) {
         tensors.push_back(t);
       }
       const Mxfp8ShardBatch batch(tensors, kCuda);
-      const Graph g(stream, [&] {
+      const bench::CapturedGraph g(st, [&] {
         mxfp8_partial_scales_batch(batch, kCuda, st);
         quantize_mxfp8_shard_data_batch(batch, kCuda, st);
       });
-      const double ms = time_ms(stream, [&] { g.launch(stream); });
+      const double ms = time_ms([&] { g.launch(st); });
       const double shard = static_cast<double>(shard_elems), blocks = static_cast<double>(full_blocks);
       extra["grid_blocks"] = batch.grid();
       extra["tiles"] = static_cast<double>(batch.tiles());

@@ -27,6 +27,7 @@
 
 #include <shardopt/mpi.hpp>
 
+#include "mpi_bench.hpp"
 #include "results.hpp"
 #include "trainer.hpp"
 
@@ -115,10 +116,10 @@ Timing measure(const Args& a, bool graph, bool one_graph, const shardopt::Commun
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-  int code = 0;
-  try {
+  shardopt::bench::MpiMainOptions main_options;
+  main_options.serialized = true;
+  main_options.abort_on_error = true;
+  return shardopt::bench::mpi_main(argc, argv, "bench_trainer", main_options, [&] {
     const Args a = parse(argc, argv);
     trainer::TrainOptions probe = trainer::parse_options({"--size", a.size, "--backend", a.backend});
     shardopt::MpiBootstrapOptions mo;
@@ -175,11 +176,6 @@ int main(int argc, char** argv) {
         shardopt::bench::write(r, a.results);
       }
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_trainer: %s\n", e.what());
-    code = 1;
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  MPI_Finalize();
-  return code;
+    return 0;
+  });
 }

@@ -56,18 +56,39 @@ double time_ms(Stream stream, int warmup, int iters, const std::function<void()>
   return median(ms);
 }
 
-CopyBandwidth measure_copy(std::size_t bytes, Stream stream, int iters) {
+CopyBandwidth measure_copy(std::size_t bytes, Stream stream, int iters, int warmup) {
   void *src = nullptr, *dst = nullptr;
   SHARDOPT_CUDA_CHECK(cudaMalloc(&src, bytes));
   SHARDOPT_CUDA_CHECK(cudaMalloc(&dst, bytes));
   fill_random(src, DType::f32, static_cast<std::int64_t>(bytes / 4), 1, 1.0f, stream);
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   CopyBandwidth r;
-  r.ms = time_ms(stream, 3, iters, [&] { SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s)); });
+  r.ms = time_ms(stream, warmup, iters, [&] { SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s)); });
   r.gbps = 2.0 * static_cast<double>(bytes) / (r.ms * 1e6);
   SHARDOPT_CUDA_CHECK(cudaFree(src));
   SHARDOPT_CUDA_CHECK(cudaFree(dst));
   return r;
+}
+
+CapturedGraph::CapturedGraph(Stream stream, const std::function<void()>& work) {
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  SHARDOPT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  work();
+  SHARDOPT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  graph_ = graph;
+  SHARDOPT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  exec_ = exec;
+}
+
+CapturedGraph::~CapturedGraph() {
+  if (exec_ != nullptr) (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  if (graph_ != nullptr) (void)cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+}
+
+void CapturedGraph::launch(Stream stream) const {
+  SHARDOPT_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), reinterpret_cast<cudaStream_t>(stream)));
 }
 
 void fill_random(void* data, DType dtype, std::int64_t n, std::uint64_t seed, float scale, Stream stream) {

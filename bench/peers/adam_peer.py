@@ -13,9 +13,10 @@ Usage: python3 bench/peers/adam_peer.py --out /tmp/peer.json [--iters 50]
 """
 import argparse
 import json
-import statistics
 
 import torch
+
+import peer_common
 
 HIDDEN, LAYERS, MLP, KV, VOCAB = 2048, 16, 8192, 512, 128256
 
@@ -33,29 +34,10 @@ def llama_shapes():
 
 def graph_median_ms(fn, iters):
     """Warm up on a side stream, capture fn once, replay it; median of per-replay events."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(5):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+    graph = peer_common.capture_graph(fn)
+    ms = peer_common.event_median_ms(graph.replay, iters, warmup=5)
     del graph
-    return statistics.median(times)
+    return ms
 
 
 def make_optimizer(params, decays):
@@ -99,20 +81,10 @@ def copy_gbps(iters):
     nbytes = 2 << 30
     a = torch.ones(nbytes // 4, device="cuda")
     b = torch.empty_like(a)
-    for _ in range(5):
-        b.copy_(a)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        b.copy_(a)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+    ms = peer_common.event_median_ms(lambda: b.copy_(a), iters, warmup=5)
     del a, b
     torch.cuda.empty_cache()
-    return 2 * nbytes / (statistics.median(times) * 1e-3) / 1e9
+    return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
 def main():

@@ -14,10 +14,11 @@ Rank 0 appends "config<TAB>median_ms<TAB>description" to --out.
 import argparse
 import math
 import os
-import sys
 
 import torch
 import torch.distributed as dist
+
+import peer_common
 
 PARAMS = 1_498_482_688
 
@@ -58,39 +59,12 @@ def main():
         staging.copy_(master)
         dist.all_gather_into_tensor(params, staging)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(args.iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    med = times[len(times) // 2] if len(times) % 2 else 0.5 * (times[len(times) // 2 - 1] + times[len(times) // 2])
-    if rank == 0:
-        desc = ("torch reduce_scatter_tensor + norm/clip + fused capturable AdamW on fp32 master shard "
-                "(bf16 grads cast) + cast back + all_gather_into_tensor, one CUDA graph")
-        with open(args.out, "a") as f:
-            f.write(f"bf16p-bf16g/1.5B/147/n{world}\t{med:.4f}\t{desc}\n")
-        print(f"peer dist_adam n{world}: median {med:.3f} ms over {args.iters}")
-    # Exit at once: tearing NCCL down after graph capture can hang for minutes, and the
-    # result is already written.
-    sys.stdout.flush()
-    os._exit(0)
+    graph = peer_common.capture_graph(step)
+    med = peer_common.event_median_ms(graph.replay, args.iters, warmup=3)
+    desc = ("torch reduce_scatter_tensor + norm/clip + fused capturable AdamW on fp32 master shard "
+            "(bf16 grads cast) + cast back + all_gather_into_tensor, one CUDA graph")
+    peer_common.finish(rank, args.out, f"bf16p-bf16g/1.5B/147/n{world}", med, desc,
+                       f"peer dist_adam n{world}: median {med:.3f} ms over {args.iters}")
 
 
 if __name__ == "__main__":

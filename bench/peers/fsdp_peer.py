@@ -13,11 +13,12 @@ Rank 0 appends "config<TAB>median_ms<TAB>description" to --out.
 """
 import argparse
 import os
-import sys
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+import peer_common
 
 try:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -57,29 +58,10 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=False)
 
-    for _ in range(3):
-        iteration()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(args.iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        iteration()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    n = len(times)
-    med = times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
-    if rank == 0:
-        desc = f"torch FSDP2 fully_shard per unit, bf16 mixed precision, {kind} AdamW, clip 1.0, eager"
-        with open(args.out, "a") as f:
-            f.write(f"16xMLP/T{args.tokens}/n{world}\t{med:.4f}\t{desc}\n")
-        print(f"peer fsdp n{world}: median {med:.3f} ms ({kind} AdamW)")
-    # Exit at once: tearing NCCL down after graph capture can hang for minutes, and the
-    # result is already written.
-    sys.stdout.flush()
-    os._exit(0)
+    med = peer_common.event_median_ms(iteration, args.iters, warmup=3)
+    desc = f"torch FSDP2 fully_shard per unit, bf16 mixed precision, {kind} AdamW, clip 1.0, eager"
+    peer_common.finish(rank, args.out, f"16xMLP/T{args.tokens}/n{world}", med, desc,
+                       f"peer fsdp n{world}: median {med:.3f} ms ({kind} AdamW)")
 
 
 if __name__ == "__main__":
