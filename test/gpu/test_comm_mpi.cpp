@@ -1,9 +1,9 @@
-// The Communicator and the BucketStore on CUDA + NCCL, one GPU per rank (run by
-// test/gpu/run_mpi.sh with 2 and 4 ranks; NVLink multicast off). The cases shared with
-// the host suite run here on NCCL, with registered (ncclMemAlloc + ncclCommRegister)
-// and plain cudaMalloc buffers; then what only CUDA has: graph capture of the raw
-// collectives, capture as the first use of a fresh group, event ordering between the
-// compute and the communication stream, streams of another device, from_unique_id.
+// The Communicator on CUDA + NCCL, one GPU per rank (run by test/gpu/run_mpi.sh with 2
+// and 4 ranks; NVLink multicast off). The cases shared with the host suite run here on
+// NCCL (the BucketStore's shared cases run in test_bucket_store_gpu.cpp); then what only
+// CUDA has: graph capture of the raw collectives, capture as the first use of a fresh
+// group and store, event ordering between the compute and the communication stream,
+// streams of another device, from_unique_id.
 #include <cuda_runtime.h>
 
 #include "gpu/comm_test_kernels.hpp"
@@ -17,8 +17,6 @@ using namespace shardopt::test;
 constexpr Backend kCuda = Backend::Cuda;
 
 SHARDOPT_COMM_CASES(CommNccl, kCuda)
-SHARDOPT_BUCKET_STORE_CASES(BucketStoreNcclRegistered, kCuda, true)
-SHARDOPT_BUCKET_STORE_CASES(BucketStoreNcclCudaMalloc, kCuda, false)
 
 cudaStream_t cuda(const TestStream& s) { return reinterpret_cast<cudaStream_t>(s.get()); }
 

@@ -1,5 +1,6 @@
 // bucket_store_cases.hpp - the BucketStore's tests, written once for both backends
-// (host backend in test/mpi/test_bucket_store.cpp, CUDA + NCCL in the GPU suite).
+// (host backend in test/mpi/test_bucket_store.cpp, CUDA + NCCL in
+// test/gpu/test_bucket_store_gpu.cpp). Every case runs on any number of ranks, one included.
 // Host images of whole buffers are built here from seeds; the oracle of a bucket's
 // reduce-scatter is a double-precision sum over every rank's image.
 #pragma once
@@ -31,6 +32,16 @@ inline Layout store_layout(int world) {
   LayoutOptions o;
   o.bucket_numel = 700;
   return Layout(store_specs(), world, o);
+}
+
+/// A store over the test layout with `t` grads reduced by `op` (collective).
+inline BucketStore test_store(const Communicator& comm, DType t, ReduceOp op = ReduceOp::Average,
+                              bool registered = true) {
+  BucketStoreOptions o;
+  o.grad_dtype = t;
+  o.grad_reduce = op;
+  o.nccl_registered = registered;
+  return BucketStore(comm, store_layout(comm.size()), o);
 }
 
 /// The gradient image of every buffer on rank r: each param's elements from the seed,
@@ -119,15 +130,84 @@ inline void upload_all(Backend be, const std::vector<Bytes>& images, const std::
   for (std::size_t b = 0; b < images.size(); ++b) upload(be, dst(static_cast<int>(b)), images[b]);
 }
 
+/// Checks that the downloaded params hold every rank's slice of every bucket
+/// (gather_byte), bitwise.
+inline void expect_gathered(const Layout& L, const std::vector<Bytes>& params, const std::string& what) {
+  int bad = 0;
+  for (std::size_t b = 0; b < L.buckets().size(); ++b) {
+    const auto& bk = L.buckets()[b];
+    const std::size_t es = size_of(L.buffers()[static_cast<std::size_t>(bk.buffer)].dtype);
+    for (int r = 0; r < L.world_size(); ++r) {
+      const Range sl = L.shard_range(static_cast<int>(b), r);
+      for (std::size_t j = 0; j < static_cast<std::size_t>(sl.size()) * es; ++j)
+        bad += params[static_cast<std::size_t>(bk.buffer)][static_cast<std::size_t>(sl.begin) * es + j] !=
+               gather_byte(r, static_cast<int>(b), j);
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+/// Device copies of a store's grad and param images (one per layout buffer): restore()
+/// queues their copies into the store's buffers, so that every replay of a captured step
+/// starts from the same inputs.
+class PristineInputs {
+ public:
+  PristineInputs(Backend be, const std::vector<Bytes>& grads, const std::vector<Bytes>& params) : be_(be) {
+    for (const Bytes& img : grads) grads_.push_back(to_device(be, img));
+    for (const Bytes& img : params) params_.push_back(to_device(be, img));
+  }
+  void restore(const BucketStore& st, Stream s) const {
+    for (std::size_t b = 0; b < grads_.size(); ++b) {
+      copy_async(be_, st.grad_buffer(static_cast<int>(b)), grads_[b].data(), grads_[b].bytes(), s);
+      copy_async(be_, st.param_buffer(static_cast<int>(b)), params_[b].data(), params_[b].bytes(), s);
+    }
+  }
+
+ private:
+  Backend be_;
+  std::vector<DeviceBuffer> grads_, params_;
+};
+
+/// A store's buffers as downloaded (one image per layout buffer).
+struct StoreImages {
+  std::vector<Bytes> grads, params;
+};
+
+/// Runs `step` on `s` eagerly, captures it into one graph, zeroes the store's buffers
+/// (replays must write everything themselves) and replays the graph 10 times: every
+/// replay must leave the grads and params with the bytes of the eager step, which it
+/// returns.
+inline StoreImages expect_replays_like_eager(const BucketStore& st, TestStream& s, const std::function<void()>& step,
+                                             const std::string& what) {
+  const Backend be = st.comm().backend();
+  const DType gt = st.options().grad_dtype;
+  step();
+  s.sync();
+  const StoreImages eager{download_grads(st, gt), download_params(st)};
+  s.begin_capture();
+  step();
+  Graph graph;
+  s.end_capture(graph);
+  for (std::size_t b = 0; b < eager.grads.size(); ++b) {
+    fill_zero_async(be, st.grad_buffer(static_cast<int>(b)), eager.grads[b].size(), s.get());
+    fill_zero_async(be, st.param_buffer(static_cast<int>(b)), eager.params[b].size(), s.get());
+  }
+  s.sync();
+  for (int k = 0; k < 10; ++k) {
+    graph.replay(be, s.get());
+    s.sync();
+    EXPECT_EQ(download_grads(st, gt), eager.grads) << what << ": replay " << k << " rank " << st.comm().rank();
+    EXPECT_EQ(download_params(st), eager.params) << what << ": replay " << k << " rank " << st.comm().rank();
+  }
+  return eager;
+}
+
 // ------------------------------------------------------------------ construction
 
 /// Buffers are zeroed, views point at the layout offsets, byte counts add up.
 inline void store_buffers_follow_the_layout(Backend be, bool registered) {
   Communicator& comm = world(be);
-  BucketStoreOptions o;
-  o.grad_dtype = DType::bf16;
-  o.nccl_registered = registered;
-  BucketStore st(comm, store_layout(comm.size()), o);
+  BucketStore st = test_store(comm, DType::bf16, ReduceOp::Average, registered);
   const Layout& L = st.layout();
   EXPECT_GE(L.buffers().size(), 2u);
   EXPECT_GE(L.buckets().size(), 4u) << "the test layout should have several buckets";
@@ -168,11 +248,7 @@ inline void bucketed_reduce_scatter_matches_reference(Backend be, bool registere
                     Variant{DType::bf16, ReduceOp::Average}, Variant{DType::f16, ReduceOp::Average}})
     for (bool exact : {false, true}) {
       if (exact && v.op == ReduceOp::Average && !is_power_of_two(n)) continue;
-      BucketStoreOptions o;
-      o.grad_dtype = v.t;
-      o.grad_reduce = v.op;
-      o.nccl_registered = registered;
-      BucketStore st(comm, store_layout(n), o);
+      BucketStore st = test_store(comm, v.t, v.op, registered);
       std::vector<std::vector<Bytes>> in;
       for (int r = 0; r < n; ++r) in.push_back(grad_images(st.layout(), v.t, r, exact));
       upload_all(be, in[static_cast<std::size_t>(me)], [&](int b) { return st.grad_buffer(b); });
@@ -190,11 +266,9 @@ inline void bucketed_reduce_scatter_matches_reference(Backend be, bool registere
 /// Bucketed all-gather: every rank ends with every rank's slices, bitwise.
 inline void bucketed_all_gather_is_exact(Backend be, bool registered) {
   Communicator& comm = world(be);
-  const int n = comm.size(), me = comm.rank();
+  const int me = comm.rank();
   TestStream s(be);
-  BucketStoreOptions o;
-  o.nccl_registered = registered;
-  BucketStore st(comm, store_layout(n), o);
+  BucketStore st = test_store(comm, DType::f32, ReduceOp::Average, registered);
   const Layout& L = st.layout();
   upload_all(be, param_images(L, me), [&](int b) { return st.param_buffer(b); });
   const int nb = static_cast<int>(L.buckets().size());
@@ -202,18 +276,7 @@ inline void bucketed_all_gather_is_exact(Backend be, bool registered) {
   for (int b = 0; b < nb; ++b) EXPECT_TRUE(st.param_gather_pending(b));
   for (int b = 0; b < nb; ++b) st.wait_param_gather(b, s.get());
   s.sync();
-  const auto out = download_params(st);
-  int bad = 0;
-  for (int b = 0; b < nb; ++b) {
-    const auto& bk = L.buckets()[static_cast<std::size_t>(b)];
-    const std::size_t es = size_of(L.buffers()[static_cast<std::size_t>(bk.buffer)].dtype);
-    for (int r = 0; r < n; ++r) {
-      const Range sl = L.shard_range(b, r);
-      for (std::size_t j = 0; j < static_cast<std::size_t>(sl.size()) * es; ++j)
-        bad += out[static_cast<std::size_t>(bk.buffer)][static_cast<std::size_t>(sl.begin) * es + j] != gather_byte(r, b, j);
-    }
-  }
-  EXPECT_EQ(bad, 0) << "rank " << me;
+  expect_gathered(L, download_params(st), "rank " + std::to_string(me));
 }
 
 /// grad_ready: a bucket's reduce-scatter starts exactly when its last parameter reports,
@@ -222,10 +285,7 @@ inline void grad_ready_fires_each_bucket_once_per_step(Backend be) {
   Communicator& comm = world(be);
   const int n = comm.size(), me = comm.rank();
   TestStream s(be);
-  BucketStoreOptions o;
-  o.grad_dtype = DType::f32;
-  o.grad_reduce = ReduceOp::Sum;
-  BucketStore st(comm, store_layout(n), o);
+  BucketStore st = test_store(comm, DType::f32, ReduceOp::Sum);
   const Layout& L = st.layout();
   const int nb = static_cast<int>(L.buckets().size());
   const int np = static_cast<int>(L.params().size());
@@ -259,11 +319,7 @@ inline void grouped_starts_match_single_starts(Backend be, bool registered) {
   Communicator& comm = world(be);
   const int n = comm.size(), me = comm.rank();
   TestStream s(be);
-  BucketStoreOptions o;
-  o.grad_dtype = DType::bf16;
-  o.grad_reduce = ReduceOp::Sum;
-  o.nccl_registered = registered;
-  BucketStore st(comm, store_layout(n), o);
+  BucketStore st = test_store(comm, DType::bf16, ReduceOp::Sum, registered);
   const Layout& L = st.layout();
   const int nb = static_cast<int>(L.buckets().size());
   std::vector<std::vector<Bytes>> in;
@@ -286,18 +342,7 @@ inline void grouped_starts_match_single_starts(Backend be, bool registered) {
   }
   s.sync();
   expect_reduced(L, DType::bf16, ReduceOp::Sum, true, me, in, download_grads(st, DType::bf16), "grouped starts");
-  const auto params = download_params(st);
-  int bad = 0;
-  for (int b = 0; b < nb; ++b) {
-    const auto& bk = L.buckets()[static_cast<std::size_t>(b)];
-    const std::size_t es = size_of(L.buffers()[static_cast<std::size_t>(bk.buffer)].dtype);
-    for (int r = 0; r < n; ++r) {
-      const Range sl = L.shard_range(b, r);
-      for (std::size_t j = 0; j < static_cast<std::size_t>(sl.size()) * es; ++j)
-        bad += params[static_cast<std::size_t>(bk.buffer)][static_cast<std::size_t>(sl.begin) * es + j] != gather_byte(r, b, j);
-    }
-  }
-  EXPECT_EQ(bad, 0) << "grouped all-gathers, rank " << me;
+  expect_gathered(L, download_params(st), "grouped all-gathers, rank " + std::to_string(me));
 
   for (auto range : std::vector<std::pair<int, int>>{{-1, 2}, {2, 1}, {0, nb + 1}}) {
     const auto e = error_of([&] { st.start_grad_reduces(range.first, range.second, s.get()); });
@@ -311,9 +356,7 @@ inline void grouped_starts_match_single_starts(Backend be, bool registered) {
 inline void one_rank_store_is_identity(const Communicator& comm) {
   const Backend be = comm.backend();
   TestStream s(be);
-  BucketStoreOptions o;
-  o.grad_dtype = DType::bf16;
-  BucketStore st(comm, store_layout(1), o);
+  BucketStore st = test_store(comm, DType::bf16);
   const Layout& L = st.layout();
   const int nb = static_cast<int>(L.buckets().size());
   const auto grads = grad_images(L, DType::bf16, 0, false);
@@ -338,25 +381,14 @@ inline void one_rank_store_is_identity(const Communicator& comm) {
 /// times, give the bytes of the eager calls.
 inline void captured_buckets_replay_like_eager(Backend be, bool registered, bool grouped) {
   Communicator& comm = world(be);
-  const int n = comm.size(), me = comm.rank();
+  const int me = comm.rank();
   TestStream s(be);
-  BucketStoreOptions o;
-  o.grad_dtype = DType::bf16;
-  o.grad_reduce = ReduceOp::Average;
-  o.nccl_registered = registered;
-  BucketStore st(comm, store_layout(n), o);
+  BucketStore st = test_store(comm, DType::bf16, ReduceOp::Average, registered);
   const Layout& L = st.layout();
   const int nb = static_cast<int>(L.buckets().size());
-  const int nbuf = static_cast<int>(L.buffers().size());
-  // Pristine inputs in separate allocations: every replay restores them first.
-  std::vector<DeviceBuffer> g0, p0;
-  for (const Bytes& img : grad_images(L, DType::bf16, me, false)) g0.push_back(to_device(be, img));
-  for (const Bytes& img : param_images(L, me)) p0.push_back(to_device(be, img));
-  auto step = [&] {
-    for (int b = 0; b < nbuf; ++b) {
-      copy_async(be, st.grad_buffer(b), g0[static_cast<std::size_t>(b)].data(), g0[static_cast<std::size_t>(b)].bytes(), s.get());
-      copy_async(be, st.param_buffer(b), p0[static_cast<std::size_t>(b)].data(), p0[static_cast<std::size_t>(b)].bytes(), s.get());
-    }
+  const PristineInputs pristine(be, grad_images(L, DType::bf16, me, false), param_images(L, me));
+  expect_replays_like_eager(st, s, [&] {
+    pristine.restore(st, s.get());
     if (grouped) {
       st.start_grad_reduces(0, nb, s.get());
       st.start_param_gathers(0, nb, s.get());
@@ -368,27 +400,7 @@ inline void captured_buckets_replay_like_eager(Backend be, bool registered, bool
       st.wait_grad_reduce(b, s.get());
       st.wait_param_gather(b, s.get());
     }
-  };
-  step();
-  s.sync();
-  const auto eager_g = download_grads(st, DType::bf16);
-  const auto eager_p = download_params(st);
-
-  s.begin_capture();
-  step();
-  Graph graph;
-  s.end_capture(graph);
-  for (int b = 0; b < nbuf; ++b) {  // replays must write everything themselves
-    fill_zero_async(be, st.grad_buffer(b), eager_g[static_cast<std::size_t>(b)].size(), s.get());
-    fill_zero_async(be, st.param_buffer(b), eager_p[static_cast<std::size_t>(b)].size(), s.get());
-  }
-  s.sync();
-  for (int k = 0; k < 10; ++k) {
-    graph.replay(be, s.get());
-    s.sync();
-    EXPECT_EQ(download_grads(st, DType::bf16), eager_g) << "replay " << k << " rank " << me << " grouped " << grouped;
-    EXPECT_EQ(download_params(st), eager_p) << "replay " << k << " rank " << me << " grouped " << grouped;
-  }
+  }, grouped ? "grouped starts" : "single starts");
 }
 
 // ------------------------------------------------------------------ errors
@@ -476,17 +488,15 @@ inline void store_disagreement_and_failed_group(Backend be) {
   Watchdog dog(120);
   Communicator& comm = world(be);
   const int n = comm.size(), me = comm.rank();
-  {
+  if (n > 1) {  // one rank cannot disagree with itself
     auto specs = store_specs();
     if (me == n - 1) specs[3].shape = {999};
     LayoutOptions o;
     o.bucket_numel = 700;
     expect_mismatch([&] { BucketStore st(comm, Layout(specs, n, o)); }, {"parameter #3", "'w2' [999]", "'w2' [1000]"});
-  }
-  {
-    BucketStoreOptions o;
-    if (me == 0) o.grad_dtype = DType::bf16;
-    expect_mismatch([&] { BucketStore st(comm, store_layout(n), o); }, {"BucketStoreOptions", "grad_dtype=bf16", "grad_dtype=f32"});
+    BucketStoreOptions so;
+    if (me == 0) so.grad_dtype = DType::bf16;
+    expect_mismatch([&] { BucketStore st(comm, store_layout(n), so); }, {"BucketStoreOptions", "grad_dtype=bf16", "grad_dtype=f32"});
   }
   {
     BucketStoreOptions o;

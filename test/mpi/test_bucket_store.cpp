@@ -1,5 +1,5 @@
 // The BucketStore on the host backend (MPI), run under mpiexec with 2 and 4 ranks: the
-// cases shared with the GPU suite (bucket_store_cases.hpp).
+// cases shared with the GPU suite (bucket_store_cases.hpp, test/gpu/test_bucket_store_gpu.cpp).
 #include "mpi/bucket_store_cases.hpp"
 
 namespace {
