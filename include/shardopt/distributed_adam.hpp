@@ -32,6 +32,7 @@
 #include "shardopt/memory_report.hpp"
 #include "shardopt/microbatch.hpp"
 #include "shardopt/mxfp8.hpp"
+#include "shardopt/mxfp8_param.hpp"
 #include "shardopt/param_spec.hpp"
 #include "shardopt/schedule.hpp"
 #include "shardopt/views.hpp"
@@ -50,26 +51,6 @@ enum class ParamFormat {
   /// storage (mxfp8_param), then zeroes that gradient region. 1-D parameters (norm
   /// weights, biases) stay native, in f32.
   Mxfp8,
-};
-
-/// Where a bucket's parameter all-gather stands (DistributedAdam::gather_state). For an
-/// MXFP8 bucket the gather lands in its gradient region; the only legal sequence is
-/// Idle -> InFlight (quantized, all-gather dispatched) -> Landed (the caller's stream
-/// waited for it) -> Consumed (bytes copied into the MXFP8 storage and the region
-/// zeroed) -> Idle, and every path that could let a backward see the staging bytes
-/// drives the bucket to Idle first (docs/mxfp8.md). Native buckets report InFlight while
-/// a deferred all-gather is pending, else Idle.
-enum class GatherState { Idle, InFlight, Landed, Consumed };
-
-/// An MXFP8 parameter's persistent storage (never moves; valid for the optimizer's life).
-struct Mxfp8View {
-  Mxfp8Shape shape;  ///< G members of [rows, cols]
-  /// Rowwise and columnwise e4m3 data ([G, rows, cols] each) and their compact,
-  /// unswizzled e8m0 scales, in the backend's device memory.
-  Mxfp8Planes planes;
-  /// Device table of shape.members entries: member g's data and scales relative to
-  /// `planes` (contiguous members), for grouped GEMMs without host split sizes (seed 003).
-  const Mxfp8Member* members = nullptr;
 };
 
 /// Options of a DistributedAdam: the Adam settings (AdamOptions: betas, eps, groups,
@@ -220,7 +201,8 @@ class DistributedAdam {
   /// Bytes per rank by category.
   MemoryReport memory() const;
   /// Throws Error(CaptureRefused) naming the option to change if capturing a step now
-  /// would allocate or free memory inside it (seed 004). StepGraph calls this.
+  /// would allocate or free memory inside it (a graph replay would then use freed
+  /// pointers). StepGraph calls this.
   void check_capturable() const;
 
   class Impl;

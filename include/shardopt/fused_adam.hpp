@@ -34,7 +34,8 @@ inline constexpr int kMaxAdamGroups = 8;
 /// that the summation order, hence the result, is the same on every GPU and on the host.
 inline constexpr int kGradNormBlocks = 1024;
 
-/// Device-resident per-step values (contract 3). Written only by kernels and by copies
+/// Device-resident per-step values (nothing per-step lives on the host). Written only by
+/// kernels and by copies
 /// captured from pinned host slots; never read by the host inside a step.
 struct StepScalars {
   std::int64_t step = 0;       ///< steps applied so far; the Adam prologue increments it

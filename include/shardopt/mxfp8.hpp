@@ -13,7 +13,7 @@
 // each). Scales are compact and unswizzled: rowwise [G*rows, ceil(cols/32)],
 // columnwise [G*ceil(rows/32), cols] (swizzling is the GEMM's concern).
 //
-// Numerics (DESIGN.md). x = bf16 value (bf16(master) for the sharded path, round to
+// Numerics. x = bf16 value (bf16(master) for the sharded path, round to
 // nearest even). Block amax = max |x|, NaN anywhere makes it NaN. Scale byte: the
 // smallest 2^e with 448 * 2^e >= amax, clamped to [2^-127, 2^127], stored as e + 127;
 // all-zero block -> 0x00, NaN amax -> 0xFF, Inf amax -> 0xFE. The exponent comes
@@ -35,8 +35,8 @@
 //
 // 1-D tensors (norm weights, biases) are not MXFP8: Mxfp8Shape::of rejects them.
 //
-// Sharded quantization (contract 4: the gathered weight equals quantize(bf16(full
-// master)) bitwise wherever shard boundaries fall, mid-block included). A rank owns
+// Sharded quantization (the gathered weight equals quantize(bf16(full master)) bitwise
+// wherever shard boundaries fall, mid-block included). A rank owns
 // the flat element range [begin, end) of the parameter (Layout segment: param_offset,
 // length) and the fp32 master values of exactly that range. Blocks that a boundary
 // cuts need the other rank's amax. Two exact schemes, same structure:
@@ -152,7 +152,7 @@ enum class Mxfp8Plane { Rowwise, Columnwise };
 /// element_offset, its scales at the two scale offsets. A device-resident array of
 /// these (built once, e.g. from mxfp8_contiguous_members or from the Layout placements
 /// of G discretely registered members) lets one launch quantize every member, and a
-/// grouped GEMM find them, without host-side split sizes per step (seed 003).
+/// grouped GEMM find them, without host-side split sizes per step.
 struct Mxfp8Member {
   std::int64_t element_offset = 0;    ///< into the source and both data planes
   std::int64_t scale_row_offset = 0;  ///< into the rowwise scales
@@ -166,7 +166,8 @@ std::vector<Mxfp8Member> mxfp8_contiguous_members(const Mxfp8Shape& shape);
 /// Whole-tensor quantization of bf16 `src` (bit patterns) into both planes.
 /// `skip_flag` (device int32, may be null) is read by the kernel when it runs: when
 /// nonzero nothing is written, so one captured graph serves every microbatch of a
-/// trainer that quantizes its weights only on the first (seed 000).
+/// trainer that quantizes its weights only on the first (a host flag read at capture time
+/// would be frozen into the graph).
 /// `members` (device array of shape.members entries, may be null): member g is read
 /// from src + members[g].element_offset and written at the offsets of members[g]
 /// relative to the pointers in `out`; null means contiguous. One launch either way;
@@ -223,7 +224,8 @@ class Mxfp8Batch {
 
 /// Quantizes every tensor of `batch`, bitwise as quantize_mxfp8 per tensor would, in
 /// one launch. `skip_flag` (device int32, may be null) is read by the kernel when it
-/// runs: when nonzero nothing is written (seed 000), as in quantize_mxfp8. Throws
+/// runs: when nonzero nothing is written (read on the device, so a captured graph honours
+/// it), as in quantize_mxfp8. Throws
 /// Error(InvalidArgument) when `backend` is not the batch's backend (or, on CUDA, the
 /// current device is not the batch's).
 void quantize_mxfp8_batch(const Mxfp8Batch& batch, const std::int32_t* skip_flag, Backend backend,

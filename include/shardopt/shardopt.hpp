@@ -16,6 +16,7 @@
 #include "shardopt/memory_report.hpp"
 #include "shardopt/microbatch.hpp"
 #include "shardopt/mxfp8.hpp"
+#include "shardopt/mxfp8_param.hpp"
 #include "shardopt/numerics.hpp"
 #include "shardopt/param_spec.hpp"
 #include "shardopt/presets.hpp"

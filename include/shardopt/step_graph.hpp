@@ -6,7 +6,7 @@
 // that nothing in the step would allocate or free (DistributedAdam::check_capturable),
 // then captures:
 //   * an "accumulate" microbatch graph (grad sync off) that serves every microbatch but
-//     the last (seed 002: weight-gradient GEMMs must use the accumulate form D = AB + D,
+//     the last (weight-gradient GEMMs must use the accumulate form D = AB + D,
 //     since grads are zeroed once per step, not per microbatch);
 //   * a "last" microbatch graph with grad sync on, so grad_ready() launches the bucket
 //     reduce-scatters during the last backward (only when overlap_grad_reduce is on;

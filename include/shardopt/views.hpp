@@ -1,4 +1,5 @@
-// shardopt/views.hpp - persistent views of parameters and gradients (contract 2).
+// shardopt/views.hpp - persistent views of parameters and gradients: they never move
+// or change between steps, which is what makes a graph replay valid.
 //
 // A view is a pointer with a shape, a dtype and row-major strides. Views handed out by an
 // optimizer never move or change between steps: that is what makes a captured graph's

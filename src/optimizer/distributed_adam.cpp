@@ -12,7 +12,7 @@
 #include "kernels/convert.hpp"
 #include "kernels/step_control.hpp"
 #include "shardopt/bucket_store.hpp"
-#include "optimizer/mxfp8_params.hpp"
+#include "mxfp8/mxfp8_params.hpp"
 #include "optimizer/shard_engine.hpp"
 #include "optimizer/step_target.hpp"
 #include "shardopt/error.hpp"
@@ -72,6 +72,17 @@ BucketStoreOptions store_options(const Layout& L, const DistributedAdamOptions& 
   return so;
 }
 
+// Where each parameter's piece of this rank's fp32 master lives, for the MXFP8 quantize.
+std::vector<detail::MasterPiece> master_pieces(const detail::ShardEngine& engine, const Layout& L) {
+  std::vector<detail::MasterPiece> out(L.params().size());
+  for (std::size_t p = 0; p < out.size(); ++p) {
+    const detail::ParamPiece& piece = engine.piece(static_cast<int>(p));
+    out[p] = {piece.length == 0 ? nullptr : engine.master(piece.buffer) + piece.shard_offset, piece.param_offset,
+              piece.shard_offset, piece.length};
+  }
+  return out;
+}
+
 BucketStore make_store(const Communicator& comm, std::vector<ParamSpec> specs, const DistributedAdamOptions& o) {
   Layout L = make_layout(std::move(specs), comm.size(), o);
   BucketStoreOptions so = store_options(L, o);
@@ -89,7 +100,8 @@ class DistributedAdam::Impl final : public detail::StepTarget {
         store(make_store(comm, std::move(specs), opt)),
         state(backend, store.layout(), comm.rank(), detail::EngineSettings{opt, opt.grad_dtype, /*shard_addressed=*/false,
                                                                  opt.persistent_grad_copies, "DistributedAdamOptions"}),
-        mx(backend, store.layout(), store, state, comm, mxfp8_buffers(store.layout(), opt)) {
+        mx(backend, store.layout(), store, master_pieces(state, store.layout()), comm,
+           mxfp8_buffers(store.layout(), opt)) {
     for (int b = 0; b < static_cast<int>(store.layout().buffers().size()); ++b)
       state.bind(b, store.grad_buffer(b), store.param_buffer(b));  // null params: MXFP8, master only
   }

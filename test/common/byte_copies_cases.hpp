@@ -13,7 +13,7 @@
 
 #include "core/check.hpp"
 #include "core/memory.hpp"
-#include "optimizer/byte_copies.hpp"
+#include "mxfp8/byte_copies.hpp"
 #include "shardopt/backend.hpp"
 #include "shardopt_config.h"
 

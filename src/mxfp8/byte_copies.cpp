@@ -1,4 +1,4 @@
-#include "optimizer/byte_copies.hpp"
+#include "mxfp8/byte_copies.hpp"
 
 #include <cstring>
 

@@ -24,11 +24,10 @@
 
 #include "core/memory.hpp"
 #include "core/streams.hpp"
-#include "optimizer/byte_copies.hpp"
-#include "optimizer/shard_engine.hpp"
+#include "mxfp8/byte_copies.hpp"
 #include "shardopt/bucket_store.hpp"
 #include "shardopt/communicator.hpp"
-#include "shardopt/distributed_adam.hpp"
+#include "shardopt/mxfp8_param.hpp"
 #include "shardopt/layout.hpp"
 #include "shardopt/mxfp8.hpp"
 
@@ -37,6 +36,14 @@ namespace shardopt::detail {
 /// Bytes per element the staged all-gather moves: one rowwise + one columnwise e4m3 byte.
 inline constexpr int kMxfp8StagedBytes = 2;
 
+/// This rank's piece of one parameter in the fp32 master (length 0: none; master null).
+struct MasterPiece {
+  float* master = nullptr;         ///< the piece's first element
+  std::int64_t param_offset = 0;   ///< its first element within the parameter
+  std::int64_t shard_offset = 0;   ///< its offset within the layout buffer's shard
+  std::int64_t length = 0;
+};
+
 /// True when a (validated) spec is an MXFP8 parameter: two or more dims per member.
 bool is_mxfp8_spec(const ParamSpec& spec);
 
@@ -44,7 +51,8 @@ class Mxfp8Params {
  public:
   /// `mx_buffer[b]`: layout buffer b holds MXFP8 parameters (the store has no param
   /// buffer for it and stages its gathers through the gradient buffer).
-  Mxfp8Params(Backend backend, const Layout& layout, const BucketStore& store, const ShardEngine& state,
+  /// `masters[p]`: this rank's piece of parameter p in the fp32 master (the optimizer's).
+  Mxfp8Params(Backend backend, const Layout& layout, const BucketStore& store, const std::vector<MasterPiece>& masters,
               const Communicator& comm, const std::vector<bool>& mx_buffer);
 
   bool is_param(int param) const { return param_[static_cast<std::size_t>(param)].mx; }

@@ -1,4 +1,4 @@
-#include "optimizer/mxfp8_params.hpp"
+#include "mxfp8/mxfp8_params.hpp"
 
 #include <algorithm>
 #include <string>
@@ -32,7 +32,8 @@ bool is_mxfp8_spec(const ParamSpec& spec) {
   return spec.shape.size() >= lead + 2;
 }
 
-Mxfp8Params::Mxfp8Params(Backend backend, const Layout& L, const BucketStore& store, const ShardEngine& state,
+Mxfp8Params::Mxfp8Params(Backend backend, const Layout& L, const BucketStore& store,
+                         const std::vector<MasterPiece>& masters,
                          const Communicator& comm, const std::vector<bool>& mx_buffer)
     : backend_(backend),
       layout_(L),
@@ -99,13 +100,13 @@ Mxfp8Params::Mxfp8Params(Backend backend, const Layout& L, const BucketStore& st
   for (std::size_t p = 0; p < L.params().size(); ++p) {
     ParamInfo& pi = param_[p];
     if (!pi.mx) continue;
-    const ParamPiece& piece = state.piece(static_cast<int>(p));
+    const MasterPiece& piece = masters[p];
     const ParamPlacement& pl = L.params()[p];
     const Bucket& bk = L.buckets()[static_cast<std::size_t>(pl.bucket)];
     const std::int64_t S = bk.range.size() / world;
     pi.range = Range{piece.param_offset, piece.param_offset + piece.length};
     if (piece.length == 0) continue;
-    pi.master = state.master(piece.buffer) + piece.shard_offset;
+    pi.master = piece.master;
     // Element i of the param goes to staging byte (rank * 2S + k0 + i - param_offset):
     // k0 is the piece's offset inside this rank's slice. The base may point outside the
     // region; the kernels only add indices of the range. Computed as integers.
@@ -291,7 +292,8 @@ void Mxfp8Params::consume(BucketStore& store, int first, int last, Stream stream
     const BucketInfo& tail = bucket_[static_cast<std::size_t>(e - 1)];
     copy_pieces(pieces_.as<BytePiece>() + head.pieces_begin, tail.pieces_end - head.pieces_begin, backend_, stream);
     // The staging bytes (and whatever else the region held) must not meet the next
-    // backward: the region is zero from here on (seed 001).
+    // backward: the region is zero from here on (staging in a gradient region must be
+    // zeroed on every path before the next backward, train -> eval -> train included).
     fill_zero_async(backend_, head.region, static_cast<std::size_t>(tail.region + tail.region_bytes - head.region),
                     stream);
     for (int k = b; k < e; ++k) {
