@@ -88,6 +88,7 @@ PUBLIC_HEADER_LAYER = {
     "host_stream.hpp": "core",     # src/core/host_stream.cpp
     "microbatch.hpp": "core",      # header-only struct
     "numerics.hpp": "core",        # header-only (includes dtype.hpp)
+    "param_spec.hpp": "core",      # src/core/param_spec.cpp: the vocabulary type of every layer
     # comm
     "communicator.hpp": "comm",    # src/comm/communicator.cpp, comm_impl.cpp, self_comm.cpp
     "mpi.hpp": "comm",             # src/comm/bootstrap_mpi.cpp (communicator_from_mpi)
@@ -98,9 +99,11 @@ PUBLIC_HEADER_LAYER = {
     # buffers
     "bucket_store.hpp": "buffers", # src/buffers/bucket_store.cpp
     "layout.hpp": "buffers",       # src/buffers/layout.cpp
-    "param_spec.hpp": "buffers",   # src/buffers/param_spec.cpp
     "presets.hpp": "buffers",      # src/buffers/presets.cpp
+    # mxfp8 (between buffers and optimizer)
+    "mxfp8_param.hpp": "mxfp8",    # src/mxfp8/mxfp8_params.cpp (Mxfp8View, GatherState)
     # optimizer
+    "adam_options.hpp": "optimizer",  # src/optimizer/shard_engine.cpp (validate)
     "distributed_adam.hpp": "optimizer",  # src/optimizer/distributed_adam.cpp
     "fsdp.hpp": "optimizer",       # src/optimizer/fsdp.cpp
     "memory_report.hpp": "optimizer",  # src/optimizer/views.cpp (MemoryReport::to_string)
