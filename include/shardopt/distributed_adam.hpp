@@ -26,6 +26,7 @@
 
 #include "shardopt/adam_options.hpp"
 #include "shardopt/backend.hpp"
+#include "shardopt/checkpoint.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/fused_adam.hpp"
 #include "shardopt/layout.hpp"
@@ -197,6 +198,29 @@ class DistributedAdam {
   /// Device-resident microbatch state and its advance (index + 1 mod microbatches).
   MicrobatchState* device_microbatch() const;
   void advance_microbatch(Stream stream);
+
+  /// Writes a checkpoint of this optimizer into directory `dir` (created if missing; a
+  /// checkpoint already there is replaced): per parameter, in model space, the fp32 master,
+  /// the moments and the parameter as the trainer sees it, plus the step count, the lr
+  /// slot, the loss scale, the Adam options and `user` (docs/checkpoints.md). Collective:
+  /// every rank writes only its own file, through a small pinned staging buffer; rank 0
+  /// writes the index last. Waits for `stream`'s work first; not inside a capture.
+  /// Error on every rank if any rank fails (the directory then has no index).
+  void save(const std::string& dir, Stream stream, const CheckpointUserData& user = {});
+  /// The same, without blocking training: the state is copied into pinned host memory on
+  /// a side stream (`stream` waits only for that copy) and a background thread writes the
+  /// file. Call wait() on the handle (on every rank) to finish it; a later save, load or
+  /// destruction of this optimizer waits for it first.
+  SaveHandle save_async(const std::string& dir, Stream stream, const CheckpointUserData& user = {});
+  /// Loads a checkpoint written by any shardopt optimizer in any layout (other world size,
+  /// bucket size, DistributedAdam or Fsdp, grouped or discrete members, bf16 or MXFP8
+  /// parameters): each rank reads only the slices it needs, checks every file's checksum,
+  /// then writes master and moments into the existing buffers (views and captured graphs
+  /// stay valid), sets the step count, lr slot and loss scale, and publishes the
+  /// parameters from the master. Collective. Any bad input (missing or truncated file,
+  /// checksum mismatch, missing tensor, other shape, newer format, a directory without
+  /// an index) is an Error on every rank, and nothing in the optimizer changes.
+  CheckpointInfo load(const std::string& dir, Stream stream);
 
   /// Bytes per rank by category.
   MemoryReport memory() const;

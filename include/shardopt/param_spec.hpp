@@ -27,6 +27,10 @@ struct ParamSpec {
   DType dtype = DType::bf16;        ///< model-parameter dtype: f32, bf16 or f16
   std::string group = "decay";      ///< optimizer group, e.g. "decay" / "no_decay"
   std::vector<Shape> member_shapes; ///< non-empty only for grouped parameters
+  /// Grouped parameters: the names of the members in checkpoints (docs/checkpoints.md),
+  /// the names the same tensors would have if registered one by one, so that the two
+  /// registrations load each other's checkpoints. Empty: "NAME.0", "NAME.1", ...
+  std::vector<std::string> member_names;
 
   /// A plain parameter.
   static ParamSpec tensor(std::string name, Shape shape, DType dtype = DType::bf16,
@@ -39,6 +43,9 @@ struct ParamSpec {
   int members() const noexcept {
     return member_shapes.empty() ? 1 : static_cast<int>(member_shapes.size());
   }
+  /// The checkpoint name of member m: member_names[m], or "NAME.m"; the name itself for a
+  /// plain parameter (m = 0).
+  std::string member_name(int m) const;
 };
 
 /// Checks one spec (name, dims, dtype, group, members) and returns it normalised

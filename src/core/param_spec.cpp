@@ -92,7 +92,30 @@ ParamSpec validated(const ParamSpec& spec) {
     }
   }
   check_dims(what, out.shape);
+  if (!spec.member_names.empty()) {
+    SHARDOPT_REQUIRE(spec.member_names.size() == spec.member_shapes.size(), ErrorCode::InvalidArgument,
+                     what + " has " + std::to_string(spec.member_names.size()) + " member_names for " +
+                         std::to_string(spec.members()) +
+                         " members; give one name per member (or none, for NAME.0, NAME.1, ...)");
+    for (std::size_t m = 0; m < spec.member_names.size(); ++m) {
+      SHARDOPT_REQUIRE(!spec.member_names[m].empty(), ErrorCode::InvalidArgument,
+                       what + ": member_names[" + std::to_string(m) + "] is empty");
+      for (std::size_t k = 0; k < m; ++k)
+        SHARDOPT_REQUIRE(spec.member_names[k] != spec.member_names[m], ErrorCode::InvalidArgument,
+                         what + ": members " + std::to_string(k) + " and " + std::to_string(m) +
+                             " are both named '" + spec.member_names[m] + "'");
+    }
+  }
   return out;
+}
+
+std::string ParamSpec::member_name(int m) const {
+  SHARDOPT_REQUIRE(m >= 0 && m < members(), ErrorCode::OutOfRange,
+                   "member " + std::to_string(m) + " of '" + name + "' is out of range [0, " +
+                       std::to_string(members()) + ")");
+  if (member_shapes.empty()) return name;
+  if (!member_names.empty()) return member_names[static_cast<std::size_t>(m)];
+  return name + "." + std::to_string(m);
 }
 
 std::string describe(const ParamSpec& spec) {

@@ -13,6 +13,7 @@
 #include "kernels/step_control.hpp"
 #include "shardopt/bucket_store.hpp"
 #include "mxfp8/mxfp8_params.hpp"
+#include "optimizer/checkpoint.hpp"
 #include "optimizer/shard_engine.hpp"
 #include "optimizer/step_target.hpp"
 #include "shardopt/error.hpp"
@@ -159,6 +160,22 @@ class DistributedAdam::Impl final : public detail::StepTarget {
                             "that grad_ready / reduce_grads started to reduce; call it after step() or zero_grad()");
   }
 
+  ~Impl() override { detail::orphan_save(last_save); }
+
+  detail::CheckpointTarget checkpoint_target() {
+    detail::CheckpointTarget t;
+    t.backend = backend;
+    t.layout = &store.layout();
+    t.engine = &state;
+    t.all = &comm;
+    t.shard_rank = comm.rank();
+    t.mxfp8 = [this](int p) -> std::optional<Mxfp8View> {
+      if (!mx.is_param(p)) return std::nullopt;
+      return mx.view(p);
+    };
+    return t;
+  }
+
   // StepGraph's interface.
   Backend step_backend() const override { return backend; }
   int iteration_microbatches() const override { return opt.microbatches; }
@@ -186,6 +203,7 @@ class DistributedAdam::Impl final : public detail::StepTarget {
   bool grad_sync = true;
   bool grads_reduced = false;  // reduce_grads() ran since the last step / zero_grad
   bool grads_live = false;     // grad_ready / reduce_grads since the last step / zero_grad
+  std::shared_ptr<detail::SaveJob> last_save;  // the last save_async (a later save waits for it)
 };
 
 namespace {
@@ -439,6 +457,36 @@ MemoryReport DistributedAdam::memory() const {
     r.padding += (buf.numel - real) * static_cast<std::int64_t>(param_size + size_of(m.opt.grad_dtype));
   }
   return r;
+}
+
+void DistributedAdam::save(const std::string& dir, Stream stream, const CheckpointUserData& user) {
+  Impl& m = live(impl_);
+  detail::wait_save(m.last_save);
+  m.settle(0, m.num_buckets(), stream);  // every parameter current (MXFP8 storage landed)
+  detail::save_checkpoint(m.checkpoint_target(), dir, stream, user);
+}
+
+SaveHandle DistributedAdam::save_async(const std::string& dir, Stream stream, const CheckpointUserData& user) {
+  Impl& m = live(impl_);
+  detail::wait_save(m.last_save);
+  m.settle(0, m.num_buckets(), stream);
+  m.last_save = detail::save_checkpoint_async(m.checkpoint_target(), dir, stream, user);
+  return SaveHandle(m.last_save);
+}
+
+CheckpointInfo DistributedAdam::load(const std::string& dir, Stream stream) {
+  Impl& m = live(impl_);
+  detail::wait_save(m.last_save);
+  const int nb = m.num_buckets();
+  m.settle(0, nb, stream);
+  m.require_no_live_grads("load");
+  CheckpointInfo info = detail::load_checkpoint(m.checkpoint_target(), dir, stream);
+  // The parameters from the loaded master: native slices converted and all-gathered,
+  // MXFP8 storage quantized afresh (bitwise what the saving run held).
+  m.state.publish_master(stream);
+  m.dispatch(0, nb, stream);
+  m.settle(0, nb, stream);
+  return info;
 }
 
 void DistributedAdam::check_capturable() const { live(impl_).state.check_capturable(); }

@@ -10,6 +10,7 @@
 #include "core/memory.hpp"
 #include "core/streams.hpp"
 #include "kernels/convert.hpp"
+#include "optimizer/checkpoint.hpp"
 #include "optimizer/shard_engine.hpp"
 #include "optimizer/step_target.hpp"
 #include "shardopt/error.hpp"
@@ -168,6 +169,19 @@ class Fsdp::Impl final : public detail::StepTarget {
     return out;
   }
 
+  ~Impl() override { detail::orphan_save(last_save); }
+
+  detail::CheckpointTarget checkpoint_target() {
+    detail::CheckpointTarget t;
+    t.backend = backend;
+    t.layout = &layout;
+    t.engine = &state;
+    t.all = &world;
+    t.shard_rank = shard_comm.rank();
+    t.writes_file = world.rank() < shard_size;  // the first replica writes the files
+    return t;
+  }
+
   // StepGraph's interface: FSDP captures only as one whole iteration (its gathers differ
   // per position in the learned order).
   Backend step_backend() const override { return backend; }
@@ -211,6 +225,7 @@ class Fsdp::Impl final : public detail::StepTarget {
   std::vector<int> slot_of;
   std::vector<char> needs_gather, prefetched;
   std::size_t pos = 0;
+  std::shared_ptr<detail::SaveJob> last_save;  // the last save_async (a later save waits for it)
   int next_slot = 0;
   int grad_unit = -1;
   bool reduce_pending = false;
@@ -412,6 +427,27 @@ void Fsdp::Impl::check_step_capturable() const {
                    "the unit order is learned on the first iteration, which must run eagerly before capture (StepGraph "
                    "runs it as warm-up: keep StepGraphOptions::warmup_iterations >= 1)");
   state.check_capturable();
+}
+
+void Fsdp::save(const std::string& dir, Stream stream, const CheckpointUserData& user) {
+  Impl& m = live(impl_);
+  detail::wait_save(m.last_save);
+  detail::save_checkpoint(m.checkpoint_target(), dir, stream, user);
+}
+
+SaveHandle Fsdp::save_async(const std::string& dir, Stream stream, const CheckpointUserData& user) {
+  Impl& m = live(impl_);
+  detail::wait_save(m.last_save);
+  m.last_save = detail::save_checkpoint_async(m.checkpoint_target(), dir, stream, user);
+  return SaveHandle(m.last_save);
+}
+
+CheckpointInfo Fsdp::load(const std::string& dir, Stream stream) {
+  Impl& m = live(impl_);
+  detail::wait_save(m.last_save);
+  CheckpointInfo info = detail::load_checkpoint(m.checkpoint_target(), dir, stream);
+  m.state.publish_master(stream);  // the parameter shard from the loaded master
+  return info;
 }
 
 void Fsdp::check_capturable() const { live(impl_).check_step_capturable(); }

@@ -220,6 +220,14 @@ ShardView ShardEngine::exp_avg_sq_view(int param) const {
   return piece_view(param, shards_[static_cast<std::size_t>(piece(param).buffer)].exp_avg_sq, settings_.adam.moment_dtype);
 }
 
+void ShardEngine::set_step(std::int64_t step, Stream stream) {
+  // Through a pinned slot: a pageable source could be overwritten before the copy runs.
+  step_slot_ = DeviceBuffer(backend_, sizeof(std::int64_t), MemoryKind::Pinned);
+  *step_slot_.as<std::int64_t>() = step;
+  copy_async(backend_, &scalars()->step, step_slot_.data(), sizeof(std::int64_t), stream);
+  synchronize(backend_, stream);
+}
+
 void ShardEngine::set_loss_scale(float scale) {
   SHARDOPT_REQUIRE(scale > 0.0f, ErrorCode::InvalidArgument, "loss scale must be positive");
   slots_.as<float>()[1] = 1.0f / scale;

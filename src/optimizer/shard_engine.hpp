@@ -104,6 +104,11 @@ class ShardEngine {
   MicrobatchState* microbatch() const noexcept { return microbatch_.as<MicrobatchState>(); }
   void set_lr(float lr) noexcept { slots_.as<float>()[0] = lr; }
   void set_loss_scale(float scale);
+  /// The host learning-rate slot and the loss scale as last set (checkpoints save them).
+  float lr_slot() const noexcept { return slots_.as<float>()[0]; }
+  float loss_scale() const noexcept { return 1.0f / slots_.as<float>()[1]; }
+  /// Writes the device step count (a checkpoint's position), ordered on `stream`.
+  void set_step(std::int64_t step, Stream stream);
   StepScalars read_scalars(Stream stream) const;
   void advance_microbatch(Stream stream);
 
@@ -130,7 +135,7 @@ class ShardEngine {
   EngineSettings settings_;
   std::vector<BufferShard> shards_;
   std::vector<ParamPiece> pieces_;
-  DeviceBuffer scalars_, microbatch_, slots_, readback_;
+  DeviceBuffer scalars_, microbatch_, slots_, readback_, step_slot_;
   std::map<std::pair<int, DType>, DeviceBuffer> copies_;  // shard_grad cast copies
   bool copies_requested_ = false;
 };

@@ -1,0 +1,68 @@
+// checkpoint.hpp - save and load of one rank's shard state in model space, shared by
+// both front ends through the engine (docs/checkpoints.md is the format).
+//
+// Save: every writing rank streams its slices (master, moments, the native parameter or
+// the MXFP8 planes, scale shares) into its own safetensors file; then rank 0, having
+// learned every file's size and checksum, writes index.json, computing the slice lists of
+// all ranks from the layout (every rank computes the same layout). Load: every rank reads
+// the index and, in one sequential pass over each file it needs (checksum verified on
+// the way), the byte ranges of the slices that overlap its own pieces, whatever layout
+// saved them; nothing in the optimizer changes until every rank has read everything.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "optimizer/shard_engine.hpp"
+#include "shardopt/checkpoint.hpp"
+#include "shardopt/communicator.hpp"
+#include "shardopt/layout.hpp"
+#include "shardopt/mxfp8_param.hpp"
+
+namespace shardopt::detail {
+
+/// What the checkpoint code needs from a front end.
+struct CheckpointTarget {
+  Backend backend = Backend::Host;
+  const Layout* layout = nullptr;      ///< the shard layout (its world = the ranks with distinct shards)
+  ShardEngine* engine = nullptr;
+  const Communicator* all = nullptr;   ///< every rank of the optimizer (agreement, barrier)
+  int shard_rank = 0;                  ///< this rank in the layout's world
+  bool writes_file = true;             ///< false on the replicas of FSDP hybrid sharding after the first
+  /// The MXFP8 storage of parameter p, or nullopt for a native one.
+  std::function<std::optional<Mxfp8View>(int)> mxfp8;
+};
+
+/// Writes the checkpoint synchronously (collective over target.all): data goes through
+/// one pinned staging buffer of `staging_bytes`, never a host copy of the whole state.
+/// The front end has settled its gathers and `stream` holds the state to save.
+void save_checkpoint(const CheckpointTarget& target, const std::string& dir, Stream stream,
+                     const CheckpointUserData& user, std::size_t staging_bytes = std::size_t{64} << 20);
+
+/// A save_async in progress: the snapshot, the background writer thread, and what the
+/// index needs. The front end keeps one (a second save waits for it; destruction of the
+/// optimizer joins its thread and orphans it).
+class SaveJob;
+
+/// Snapshots the state into pinned host memory on a side stream (`stream` waits for the
+/// snapshot, so training may go on at once) and writes the file on a background thread.
+/// The job's wait() writes the index (collective).
+std::shared_ptr<SaveJob> save_checkpoint_async(const CheckpointTarget& target, const std::string& dir, Stream stream,
+                                               const CheckpointUserData& user);
+
+/// Waits for `job` (collective; a no-op for null or a finished job).
+void wait_save(const std::shared_ptr<SaveJob>& job);
+/// The optimizer goes away: joins the writer thread; a later wait() is Error(InvalidState).
+void orphan_save(const std::shared_ptr<SaveJob>& job) noexcept;
+
+/// Reads the checkpoint into the engine's master and moments, the step count, the lr
+/// slot and the loss scale (collective over target.all). Every rank validates everything
+/// first; on any error every rank throws and nothing has changed. The front end then
+/// publishes the parameters from the master.
+CheckpointInfo load_checkpoint(const CheckpointTarget& target, const std::string& dir, Stream stream);
+
+}  // namespace shardopt::detail

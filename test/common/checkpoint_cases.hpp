@@ -1,0 +1,606 @@
+// checkpoint_cases.hpp - save / load / reshard cases, written once and run on the host
+// backend under mpiexec (CI, 1-4 ranks) and on one GPU (device suite).
+//
+// Gradients here are the same on every rank (the grid stream of rank 0), reduced with
+// Average: the sum of W equal grid values is exact and so is its division by W on the
+// host backend, so the reduced gradient is the same value whatever the world size. A
+// run that reshards therefore equals the uninterrupted run bitwise.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdp_cases.hpp"
+#include "mxfp8_params_cases.hpp"
+#include "shardopt/checkpoint.hpp"
+
+namespace shardopt::test {
+
+/// A directory shared by every rank of MPI_COMM_WORLD (rank 0's pid in the name),
+/// removed by the destructor.
+class SharedDir {
+ public:
+  explicit SharedDir(const std::string& name) {
+    long long pid = static_cast<long long>(::getpid());
+    MPI_Bcast(&pid, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+    path_ = (std::filesystem::temp_directory_path() / ("shardopt-ckpt-" + std::to_string(pid) + "-" + name)).string();
+    if (world_rank() == 0) {
+      std::filesystem::remove_all(path_);
+      std::filesystem::create_directories(path_);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  ~SharedDir() {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) std::filesystem::remove_all(path_);
+  }
+  SharedDir(const SharedDir&) = delete;
+  SharedDir& operator=(const SharedDir&) = delete;
+  std::string sub(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+inline std::vector<std::uint8_t> file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+inline void write_bytes(const std::string& path, const std::vector<std::uint8_t>& b) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+}
+
+inline std::string shard_file(const std::string& dir, int rank, int world) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "/shard-%05d-of-%05d.safetensors", rank, world);
+  return dir + buf;
+}
+
+/// Checkpoint options: f32 gradients, Average, small buckets, clipping, a schedule.
+inline DistributedAdamOptions ckpt_options(DType grad_dtype = DType::f32) {
+  DistributedAdamOptions o = base_options(grad_dtype);
+  o.grad_reduce = ReduceOp::Average;
+  return o;
+}
+
+/// One iteration of distributed Adam: every rank adds rank 0's grid gradients.
+inline void da_iteration(DistributedAdam& opt, Stream s) {
+  GradStreamParams p;
+  p.kind = GradKind::Grid;
+  p.rank = 0;
+  p.scalars = opt.device_scalars();
+  p.microbatch = opt.device_microbatch();
+  add_grads(opt.backend(), s, p, grad_targets(opt));
+  report_all(opt, s);
+  opt.advance_microbatch(s);
+}
+
+inline void da_train(DistributedAdam& opt, Stream s, int steps) {
+  for (int t = 0; t < steps; ++t) {
+    da_iteration(opt, s);
+    opt.step(s);
+    opt.zero_grad(s);
+  }
+}
+
+inline void fsdp_train(Fsdp& f, Stream s, int steps) {
+  for (int t = 0; t < steps; ++t) {
+    fsdp_microbatch(f, s, /*rank=*/0, GradKind::Grid);
+    f.advance_microbatch(s);
+    f.step(s);
+    f.zero_grad(s);
+  }
+}
+
+/// Everything a DistributedAdam holds on this rank, as bytes (params, MXFP8 planes,
+/// master, moments, step).
+inline std::vector<std::vector<std::uint8_t>> da_state(DistributedAdam& opt, Stream s) {
+  const Backend b = opt.backend();
+  std::vector<std::vector<std::uint8_t>> out;
+  for (int i = 0; i < opt.num_params(); ++i) {
+    if (opt.is_mxfp8(i)) {
+      const auto q = read_mx(opt, i);
+      out.push_back(q.data_row);
+      out.push_back(q.data_col);
+      out.push_back(q.scale_row);
+      out.push_back(q.scale_col);
+    } else {
+      out.push_back(read_bytes(b, opt.param(i)));
+    }
+    out.push_back(read_bytes(b, opt.shard_master(i)));
+    out.push_back(read_bytes(b, opt.shard_exp_avg(i)));
+    out.push_back(read_bytes(b, opt.shard_exp_avg_sq(i)));
+  }
+  const StepScalars x = opt.read_scalars(s);
+  out.push_back({reinterpret_cast<const std::uint8_t*>(&x.step), reinterpret_cast<const std::uint8_t*>(&x.step) + 8});
+  return out;
+}
+
+inline std::vector<std::vector<std::uint8_t>> fsdp_state(Fsdp& f, Stream s) {
+  const Backend b = f.backend();
+  std::vector<std::vector<std::uint8_t>> out;
+  for (int i = 0; i < f.num_params(); ++i) {
+    out.push_back(read_bytes(b, f.shard_param(i)));
+    out.push_back(read_bytes(b, f.shard_master(i)));
+    out.push_back(read_bytes(b, f.shard_exp_avg(i)));
+    out.push_back(read_bytes(b, f.shard_exp_avg_sq(i)));
+  }
+  const StepScalars x = f.read_scalars(s);
+  out.push_back({reinterpret_cast<const std::uint8_t*>(&x.step), reinterpret_cast<const std::uint8_t*>(&x.step) + 8});
+  return out;
+}
+
+// ---------------------------------------------------------------------------- resume
+
+/// Train 10 steps, save, train 10 more; a fresh optimizer that loads and trains the same
+/// 10 ends bitwise where the uninterrupted one did. With `graph`, both train through a
+/// captured StepGraph (the fresh one captures after its load); then the first optimizer
+/// loads the checkpoint again, under its live graph, and replays on without recapture.
+inline void case_resume_bitwise(Backend b, DType grad_dtype, bool graph, bool mxfp8) {
+  SharedDir dir("resume");
+  Communicator comm = make_comm(b);
+  DistributedAdamOptions o = ckpt_options(grad_dtype);
+  std::vector<ParamSpec> specs = small_model();
+  if (mxfp8) {
+    o = mx_options(grad_dtype);
+    o.grad_reduce = ReduceOp::Average;
+    specs = mx_model();
+  }
+  auto init = [&](DistributedAdam& opt, Stream s) {
+    if (mxfp8) {
+      mx_init(opt, s);
+    } else {
+      init_params(opt, s);
+    }
+  };
+  auto fn = [](DistributedAdam& opt) { return [&opt](Stream s, bool) { da_iteration(opt, s); }; };
+  DistributedAdam a(comm, specs, o);
+  TestStream sa(b);
+  init(a, sa.get());
+  std::optional<StepGraph> ga;
+  auto run = [&](DistributedAdam& opt, std::optional<StepGraph>& g, Stream s, int steps) {
+    if (!graph) return da_train(opt, s, steps);
+    for (int t = 0; t < steps; ++t) {
+      if (!g) {
+        g.emplace(opt, fn(opt));
+        g->capture(s);  // its warm-up iteration is a training step
+      } else {
+        g->replay(s);
+      }
+    }
+  };
+  run(a, ga, sa.get(), 10);
+  a.save(dir.sub("ckpt"), sa.get(), {{"data_position", "1234"}});
+  const auto at_save = da_state(a, sa.get());
+  run(a, ga, sa.get(), 10);
+  const auto uninterrupted = da_state(a, sa.get());
+
+  DistributedAdam fresh(comm, specs, o);
+  TestStream sf(b);
+  const CheckpointInfo info = fresh.load(dir.sub("ckpt"), sf.get());
+  EXPECT_EQ(info.step, 10);
+  EXPECT_EQ(info.user.at("data_position"), "1234");
+  EXPECT_EQ(info.saved_world_size, comm.size());
+  EXPECT_TRUE(da_state(fresh, sf.get()) == at_save) << "the loaded state differs from the saved one";
+  std::optional<StepGraph> gf;
+  run(fresh, gf, sf.get(), 10);
+  EXPECT_TRUE(da_state(fresh, sf.get()) == uninterrupted) << "resume differs from the uninterrupted run";
+
+  if (graph) {
+    // A load into a live optimizer: the graph captured before it replays on.
+    a.load(dir.sub("ckpt"), sa.get());
+    EXPECT_TRUE(da_state(a, sa.get()) == at_save);
+    for (int t = 0; t < 10; ++t) ga->replay(sa.get());
+    EXPECT_TRUE(da_state(a, sa.get()) == uninterrupted) << "replay after an in-place load differs";
+  }
+}
+
+/// The same for FSDP (eager, or the whole iteration as one graph).
+inline void case_fsdp_resume_bitwise(Backend b, bool graph) {
+  SharedDir dir("fsdp-resume");
+  Communicator comm = make_comm(b);
+  const FsdpOptions fo = fsdp_options(ckpt_options(DType::f32));
+  auto fn = [](Fsdp& f) { return [&f](Stream s, bool) { fsdp_microbatch(f, s, 0, GradKind::Grid); }; };
+  auto run = [&](Fsdp& f, std::optional<StepGraph>& g, Stream s, int steps) {
+    if (!graph) return fsdp_train(f, s, steps);
+    for (int t = 0; t < steps; ++t) {
+      if (!g) {
+        g.emplace(f, fn(f));
+        g->capture(s);
+      } else {
+        g->replay(s);
+      }
+    }
+  };
+  Fsdp a(comm, small_model(), small_units(), fo);
+  TestStream sa(b);
+  init_fsdp(a, sa.get());
+  std::optional<StepGraph> ga;
+  run(a, ga, sa.get(), 10);
+  a.save(dir.sub("ckpt"), sa.get());
+  const auto at_save = fsdp_state(a, sa.get());
+  run(a, ga, sa.get(), 10);
+  const auto uninterrupted = fsdp_state(a, sa.get());
+  Fsdp fresh(comm, small_model(), small_units(), fo);
+  TestStream sf(b);
+  fresh.load(dir.sub("ckpt"), sf.get());
+  EXPECT_TRUE(fsdp_state(fresh, sf.get()) == at_save);
+  std::optional<StepGraph> gf;
+  run(fresh, gf, sf.get(), 10);
+  EXPECT_TRUE(fsdp_state(fresh, sf.get()) == uninterrupted) << "FSDP resume differs from the uninterrupted run";
+}
+
+// ---------------------------------------------------------------------------- reshard
+
+/// A sub-group of the first `n` ranks of `comm` (the others get a group of their own,
+/// unused). Collective over `comm`.
+inline Communicator first_ranks(const Communicator& comm, int n) {
+  return comm.split(comm.rank() < n ? 0 : 1, comm.rank());
+}
+
+/// This rank's master pieces equal the matching elements of an unsharded reference.
+template <class Opt>
+void expect_master_matches(Opt& opt, DistributedAdam& ref, const std::string& what) {
+  for (int i = 0; i < opt.num_params(); ++i) {
+    SCOPED_TRACE(what + ": " + opt.layout().specs()[static_cast<std::size_t>(i)].name);
+    const ShardView m = opt.shard_master(i);
+    const auto mine = read_bytes(opt.backend(), m);
+    const auto full = read_bytes(ref.backend(), ref.shard_master(i));
+    EXPECT_TRUE(bytes_match_at(mine, full, static_cast<std::size_t>(m.param_offset) * 4));
+    const ShardView v = opt.shard_exp_avg_sq(i);
+    EXPECT_TRUE(bytes_match_at(read_bytes(opt.backend(), v), read_bytes(ref.backend(), ref.shard_exp_avg_sq(i)),
+                               static_cast<std::size_t>(v.param_offset) * 4));
+  }
+}
+
+enum class Front { DistAdam, Fsdp };
+
+/// Saves after `t1` steps from `from` ranks with front end `a`, loads into `to` ranks
+/// with front end `c` (and another bucket size), trains `t2` more: every rank's pieces
+/// equal an unsharded run of t1 + t2 steps, bitwise. Needs max(from, to) ranks.
+inline void case_reshard(Backend b, int from, Front a, int to, Front c, int t1 = 6, int t2 = 5) {
+  const int world = world_size();
+  if (world < std::max(from, to)) GTEST_SKIP() << "needs " << std::max(from, to) << " ranks";
+  SharedDir dir("reshard");
+  Communicator comm = make_comm(b);
+  DistributedAdamOptions o = ckpt_options(DType::f32);
+  o.param_dtype = DType::bf16;  // one dtype, as FSDP keeps
+  DistributedAdam ref(Communicator::self(b), small_model(), o);
+  TestStream rs(b);
+  init_params(ref, rs.get());
+  da_train(ref, rs.get(), t1 + t2);
+  {
+    Communicator g = first_ranks(comm, from);
+    if (comm.rank() < from) {
+      TestStream s(b);
+      if (a == Front::DistAdam) {
+        DistributedAdam x(g, small_model(), o);
+        init_params(x, s.get());
+        da_train(x, s.get(), t1);
+        x.save(dir.sub("ckpt"), s.get());
+      } else {
+        Fsdp x(g, small_model(), small_units(), fsdp_options(o));
+        init_fsdp(x, s.get());
+        fsdp_train(x, s.get(), t1);
+        x.save(dir.sub("ckpt"), s.get());
+      }
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  Communicator g = first_ranks(comm, to);
+  if (comm.rank() >= to) return;
+  TestStream s(b);
+  DistributedAdamOptions o2 = o;
+  o2.bucket_numel = 170;  // another bucket size too
+  const std::string what = std::to_string(from) + " -> " + std::to_string(to) + " ranks";
+  if (c == Front::DistAdam) {
+    DistributedAdam y(g, small_model(), o2);
+    const CheckpointInfo info = y.load(dir.sub("ckpt"), s.get());
+    EXPECT_EQ(info.saved_world_size, from);
+    da_train(y, s.get(), t2);
+    EXPECT_EQ(y.read_scalars(s.get()).step, t1 + t2);
+    expect_master_matches(y, ref, what);
+    for (int i = 0; i < y.num_params(); ++i) EXPECT_EQ(read_bytes(b, y.param(i)), read_bytes(b, ref.param(i)));
+  } else {
+    Fsdp y(g, small_model(), small_units(), fsdp_options(o2));
+    y.load(dir.sub("ckpt"), s.get());
+    fsdp_train(y, s.get(), t2);
+    expect_master_matches(y, ref, what);
+  }
+}
+
+/// small_model() with its grouped "experts" registered as three discrete parameters
+/// named like the grouped one's members.
+inline std::vector<ParamSpec> discrete_model() {
+  std::vector<ParamSpec> out;
+  for (const ParamSpec& s : small_model()) {
+    if (s.member_shapes.empty()) {
+      out.push_back(s);
+      continue;
+    }
+    for (int m = 0; m < s.members(); ++m) out.push_back(ParamSpec::tensor(s.member_name(m), s.member_shapes[0], s.dtype, s.group));
+  }
+  return out;
+}
+
+/// Host-written gradients keyed by model tensor (name, element) and step, so that a
+/// grouped registration and its discrete members get the same values.
+inline void named_grads(DistributedAdam& opt, int step) {
+  for (int i = 0; i < opt.num_params(); ++i) {
+    const ParamSpec& spec = opt.layout().specs()[static_cast<std::size_t>(i)];
+    const GradView g = opt.grad(i);
+    const std::int64_t M = g.numel() / spec.members();
+    std::vector<float> v(static_cast<std::size_t>(g.numel()));
+    for (std::int64_t j = 0; j < g.numel(); ++j) {
+      const std::string name = spec.member_name(static_cast<int>(j / M));
+      const std::uint64_t id = std::hash<std::string>{}(name) & 0xFFFF;
+      v[static_cast<std::size_t>(j)] = grad_value(GradKind::Grid, 1.0f, step, 0, 0, static_cast<std::int32_t>(id), j % M);
+    }
+    std::vector<std::uint8_t> bytes(g.bytes());
+    for (std::size_t k = 0; k < v.size(); ++k) {
+      const std::uint32_t code = num::encode(g.dtype, v[k]);
+      std::memcpy(bytes.data() + k * size_of(g.dtype), &code, size_of(g.dtype));
+    }
+    from_host(opt.backend(), g.data, bytes);
+  }
+}
+
+/// Grouped -> discrete and back: a checkpoint of the grouped registration loads into the
+/// discrete one (and the reverse), and both then train identically.
+inline void case_grouped_discrete(Backend b, bool grouped_first) {
+  SharedDir dir("grouped");
+  Communicator comm = make_comm(b);
+  DistributedAdamOptions o = ckpt_options(DType::f32);
+  const auto first = grouped_first ? small_model() : discrete_model();
+  const auto second = grouped_first ? discrete_model() : small_model();
+  auto train = [&](DistributedAdam& opt, Stream s, int from, int steps) {
+    for (int t = from; t < from + steps; ++t) {
+      named_grads(opt, t);
+      report_all(opt, s);
+      opt.step(s);
+      opt.zero_grad(s);
+    }
+  };
+  TestStream s(b), s2(b);
+  DistributedAdam x(comm, first, o);
+  init_params(x, s.get());  // values by parameter index: the two registrations differ here
+  train(x, s.get(), 0, 4);
+  x.save(dir.sub("a"), s.get());
+  DistributedAdam y(comm, second, o);
+  y.load(dir.sub("a"), s2.get());
+  train(x, s.get(), 4, 4);
+  train(y, s2.get(), 4, 4);
+  // Compare by model tensor: the first's member m of 'experts' is the second's 'experts.m'.
+  auto tensor_bytes = [](DistributedAdam& opt, const std::string& name) {
+    for (int i = 0; i < opt.num_params(); ++i) {
+      const ParamSpec& spec = opt.layout().specs()[static_cast<std::size_t>(i)];
+      for (int m = 0; m < spec.members(); ++m) {
+        if (spec.member_name(m) != name) continue;
+        const auto all = read_bytes(opt.backend(), opt.param(i));
+        const std::size_t per = all.size() / static_cast<std::size_t>(spec.members());
+        return std::vector<std::uint8_t>(all.begin() + static_cast<std::ptrdiff_t>(per * m),
+                                         all.begin() + static_cast<std::ptrdiff_t>(per * (m + 1)));
+      }
+    }
+    return std::vector<std::uint8_t>{};
+  };
+  for (const ParamSpec& spec : small_model())
+    for (int m = 0; m < spec.members(); ++m) {
+      const std::string name = spec.member_name(m);
+      const auto bx = tensor_bytes(x, name), by = tensor_bytes(y, name);
+      EXPECT_FALSE(bx.empty()) << name;
+      EXPECT_EQ(bx, by) << name;
+    }
+  // And back: the second's checkpoint loads into a fresh first registration.
+  y.save(dir.sub("b"), s2.get());
+  DistributedAdam z(comm, first, o);
+  z.load(dir.sub("b"), s.get());
+  for (const ParamSpec& spec : small_model())
+    for (int m = 0; m < spec.members(); ++m) EXPECT_EQ(tensor_bytes(z, spec.member_name(m)), tensor_bytes(y, spec.member_name(m)));
+}
+
+/// A native (bf16) checkpoint loads into MXFP8 parameters: the master is the saved one
+/// and the MXFP8 storage is quantize(bf16(master)), as a fresh quantize makes it.
+inline void case_native_to_mxfp8(Backend b) {
+  SharedDir dir("mx");
+  Communicator comm = make_comm(b);
+  DistributedAdamOptions native = ckpt_options(DType::bf16);
+  native.param_dtype = DType::bf16;
+  DistributedAdam x(comm, mx_model(), native);
+  TestStream s(b);
+  init_params(x, s.get());
+  da_train(x, s.get(), 3);
+  x.save(dir.sub("ckpt"), s.get());
+  DistributedAdamOptions mo = mx_options(DType::bf16);
+  mo.grad_reduce = ReduceOp::Average;
+  DistributedAdam y(comm, mx_model(), mo);
+  y.load(dir.sub("ckpt"), s.get());
+  for (int i = 0; i < y.num_params(); ++i)
+    EXPECT_EQ(read_bytes(b, y.shard_master(i)), read_bytes(b, x.shard_master(i)))
+        << y.layout().specs()[static_cast<std::size_t>(i)].name;
+  expect_matches_oracle(y, "after loading a bf16 checkpoint into MXFP8 parameters");
+}
+
+// ---------------------------------------------------------------------------- async
+
+/// save_async overlapped with ten training steps writes the same files as a synchronous
+/// save at the same step.
+inline void case_async_equals_sync(Backend b) {
+  SharedDir dir("async");
+  Communicator comm = make_comm(b);
+  const DistributedAdamOptions o = ckpt_options(DType::bf16);
+  DistributedAdam x(comm, small_model(), o), y(comm, small_model(), o);
+  TestStream sx(b), sy(b);
+  init_params(x, sx.get());
+  init_params(y, sy.get());
+  da_train(x, sx.get(), 5);
+  da_train(y, sy.get(), 5);
+  SaveHandle h = x.save_async(dir.sub("async"), sx.get(), {{"k", "v"}});
+  EXPECT_FALSE(h.done());
+  da_train(x, sx.get(), 10);  // training goes on while the file is written
+  h.wait();
+  EXPECT_TRUE(h.done());
+  y.save(dir.sub("sync"), sy.get(), {{"k", "v"}});
+  const int r = comm.rank(), w = comm.size();
+  EXPECT_EQ(file_bytes(shard_file(dir.sub("async"), r, w)), file_bytes(shard_file(dir.sub("sync"), r, w)));
+  if (r == 0) EXPECT_EQ(file_bytes(dir.sub("async/index.json")), file_bytes(dir.sub("sync/index.json")));
+  // The snapshot was of step 5: loading it gives step 5, and the same state as y.
+  DistributedAdam z(comm, small_model(), o);
+  TestStream sz(b);
+  EXPECT_EQ(z.load(dir.sub("async"), sz.get()).step, 5);
+  EXPECT_TRUE(da_state(z, sz.get()) == da_state(y, sy.get()));
+}
+
+// ---------------------------------------------------------------------------- bad input
+
+/// Every bad checkpoint is refused on every rank with a clear error, and the optimizer
+/// is left exactly as it was.
+inline void case_bad_checkpoints(Backend b) {
+  SharedDir dir("bad");
+  Communicator comm = make_comm(b);
+  const DistributedAdamOptions o = ckpt_options(DType::f32);
+  const int r = comm.rank(), w = comm.size();
+  DistributedAdam x(comm, small_model(), o);
+  TestStream s(b);
+  init_params(x, s.get());
+  da_train(x, s.get(), 2);
+  const std::string good = dir.sub("good");
+  x.save(good, s.get());
+  da_train(x, s.get(), 1);
+  const auto before = da_state(x, s.get());
+  auto expect_refused = [&](const std::string& path, const std::string& part) {
+    SCOPED_TRACE(path + " (" + part + ")");
+    std::optional<Error> e;
+    try {
+      x.load(path, s.get());
+    } catch (const Error& err) {
+      e = err;
+    }
+    ASSERT_TRUE(e.has_value()) << "load did not refuse it";
+    EXPECT_NE(std::string(e->what()).find(part), std::string::npos) << e->what();
+    EXPECT_TRUE(da_state(x, s.get()) == before) << "a refused load changed the optimizer";
+  };
+  // A copy of the good checkpoint, damaged by rank 0 with `damage`.
+  auto variant = [&](const std::string& name, const std::function<void(const std::string&)>& damage) {
+    const std::string d = dir.sub(name);
+    if (r == 0) {
+      std::filesystem::copy(good, d, std::filesystem::copy_options::recursive);
+      damage(d);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    return d;
+  };
+  expect_refused(dir.sub("missing"), "does not exist");
+  expect_refused(variant("empty", [](const std::string& d) {
+                   for (const auto& e : std::filesystem::directory_iterator(d)) std::filesystem::remove(e.path());
+                 }),
+                 "not a shardopt checkpoint");
+  // A save killed between files: no index, only some shard files.
+  expect_refused(variant("killed", [w](const std::string& d) {
+                   std::filesystem::remove(d + "/index.json");
+                   if (w > 1) std::filesystem::remove(shard_file(d, w - 1, w));
+                 }),
+                 "incomplete checkpoint");
+  expect_refused(variant("truncated", [w](const std::string& d) {
+                   const std::string f = shard_file(d, w - 1, w);
+                   auto bytes = file_bytes(f);
+                   bytes.resize(bytes.size() - 7);
+                   write_bytes(f, bytes);
+                 }),
+                 "bytes");
+  expect_refused(variant("flipped", [w](const std::string& d) {
+                   const std::string f = shard_file(d, w - 1, w);
+                   auto bytes = file_bytes(f);
+                   bytes[bytes.size() - 3] ^= 0x40;  // a data byte
+                   write_bytes(f, bytes);
+                 }),
+                 "checksum");
+  expect_refused(variant("newer", [](const std::string& d) {
+                   auto text = file_bytes(d + "/index.json");
+                   std::string t(text.begin(), text.end());
+                   const auto at = t.find("\"format_version\": 1");
+                   if (at != std::string::npos) t.replace(at, 19, "\"format_version\": 7");
+                   write_bytes(d + "/index.json", {t.begin(), t.end()});
+                 }),
+                 "newer");
+  expect_refused(variant("dtype", [](const std::string& d) {
+                   for (const auto& e : std::filesystem::directory_iterator(d)) {
+                     if (e.path().extension() != ".safetensors") continue;
+                     auto bytes = file_bytes(e.path().string());
+                     std::string t(bytes.begin(), bytes.end());
+                     const auto at = t.find("\"F32\"");
+                     if (at != std::string::npos) t.replace(at, 5, "\"Q32\"");
+                     write_bytes(e.path().string(), {t.begin(), t.end()});
+                   }
+                 }),
+                 "Q32");
+  // Another model: a parameter missing, or of another shape.
+  {
+    auto specs = small_model();
+    specs.push_back(ParamSpec::tensor("extra", {9, 5}));
+    DistributedAdam big(comm, specs, o);
+    TestStream sb(b);
+    std::optional<Error> e;
+    try {
+      big.load(good, sb.get());
+    } catch (const Error& err) {
+      e = err;
+    }
+    ASSERT_TRUE(e.has_value());
+    EXPECT_NE(std::string(e->what()).find("no tensor 'extra'"), std::string::npos) << e->what();
+  }
+  {
+    auto specs = small_model();
+    specs[2] = ParamSpec::tensor("w1", {16, 24});
+    DistributedAdam other(comm, specs, o);
+    TestStream so(b);
+    std::optional<Error> e;
+    try {
+      other.load(good, so.get());
+    } catch (const Error& err) {
+      e = err;
+    }
+    ASSERT_TRUE(e.has_value());
+    EXPECT_NE(std::string(e->what()).find("has shape [24, 16]"), std::string::npos) << e->what();
+  }
+  // The good one still loads.
+  x.load(good, s.get());
+  EXPECT_EQ(x.read_scalars(s.get()).step, 2);
+}
+
+}  // namespace shardopt::test
+
+/// Instantiates every checkpoint case as tests of suite `Suite` on backend `B`.
+#define SHARDOPT_CHECKPOINT_CASES(Suite, B)                                                                   \
+  TEST(Suite, ResumeEqualsUninterruptedF32Grads) { case_resume_bitwise(B, DType::f32, false, false); }      \
+  TEST(Suite, ResumeEqualsUninterruptedBf16Grads) { case_resume_bitwise(B, DType::bf16, false, false); }    \
+  TEST(Suite, ResumeEqualsUninterruptedGraph) { case_resume_bitwise(B, DType::bf16, true, false); }         \
+  TEST(Suite, ResumeEqualsUninterruptedMxfp8) { case_resume_bitwise(B, DType::bf16, false, true); }         \
+  TEST(Suite, ResumeEqualsUninterruptedMxfp8Graph) { case_resume_bitwise(B, DType::f32, true, true); }      \
+  TEST(Suite, FsdpResumeEqualsUninterrupted) { case_fsdp_resume_bitwise(B, false); }                        \
+  TEST(Suite, FsdpResumeEqualsUninterruptedGraph) { case_fsdp_resume_bitwise(B, true); }                    \
+  TEST(Suite, Reshard2To3) { case_reshard(B, 2, Front::DistAdam, 3, Front::DistAdam); }                      \
+  TEST(Suite, Reshard4To1) { case_reshard(B, 4, Front::DistAdam, 1, Front::DistAdam); }                      \
+  TEST(Suite, Reshard1To4) { case_reshard(B, 1, Front::DistAdam, 4, Front::DistAdam); }                      \
+  TEST(Suite, ReshardSameWorldOtherBuckets) {                                                                \
+    case_reshard(B, world_size(), Front::DistAdam, world_size(), Front::DistAdam);                           \
+  }                                                                                                          \
+  TEST(Suite, DistAdamToFsdp) { case_reshard(B, world_size(), Front::DistAdam, world_size(), Front::Fsdp); } \
+  TEST(Suite, FsdpToDistAdam) { case_reshard(B, world_size(), Front::Fsdp, 1, Front::DistAdam); }            \
+  TEST(Suite, GroupedToDiscrete) { case_grouped_discrete(B, true); }                                         \
+  TEST(Suite, DiscreteToGrouped) { case_grouped_discrete(B, false); }                                        \
+  TEST(Suite, NativeToMxfp8) { case_native_to_mxfp8(B); }                                                    \
+  TEST(Suite, AsyncSaveEqualsSyncSave) { case_async_equals_sync(B); }                                        \
+  TEST(Suite, BadCheckpointsAreRefusedOnEveryRank) { case_bad_checkpoints(B); }

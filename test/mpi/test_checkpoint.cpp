@@ -1,0 +1,10 @@
+// Checkpoints on the host backend under mpiexec (1-4 ranks): resume, reshard (world size,
+// bucket size, distributed Adam <-> FSDP, grouped <-> discrete, bf16 -> MXFP8), async save,
+// and every bad checkpoint refused on every rank (common/checkpoint_cases.hpp).
+#include "common/checkpoint_cases.hpp"
+
+namespace {
+using namespace shardopt;
+using namespace shardopt::test;
+SHARDOPT_CHECKPOINT_CASES(CheckpointHost, Backend::Host)
+}  // namespace
