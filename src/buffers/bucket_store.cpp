@@ -18,10 +18,11 @@
 #include <vector>
 
 #include "comm/comm_impl.hpp"
-#include "comm/device_guard.hpp"
 #include "comm/nccl_comm.hpp"
 #include "core/check.hpp"
+#include "core/device_guard.hpp"
 #include "core/memory.hpp"
+#include "core/streams.hpp"
 #include "shardopt/host_stream.hpp"
 
 #if SHARDOPT_HAVE_CUDA

@@ -25,12 +25,6 @@
 
 namespace shardopt::detail {
 
-/// Throws Error(InvalidArgument) unless `stream` belongs to CUDA device `device`
-/// (Backend::Cuda), or is a live HostStream / nullptr (Backend::Host). Capture-safe: a
-/// stream being captured is checked against the device an eager call on it found
-/// (CUDA refuses the query during capture); one never used eagerly is not checked.
-void check_stream_device(Backend backend, int device, Stream stream);
-
 /// A group of ranks: the state shared by every copy of a Communicator.
 class CommImpl : public std::enable_shared_from_this<CommImpl> {
  public:

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/device_guard.hpp"
 #include "core/check.hpp"
+#include "core/device_guard.hpp"
 #include "core/memory.hpp"
 
 namespace shardopt {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "core/check.hpp"
@@ -59,13 +58,6 @@ AdamPrologueParams prologue_params(const AdamConfig& c) {
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
-
-[[maybe_unused]] [[noreturn]] void no_cuda() {
-  SHARDOPT_REQUIRE(false, ErrorCode::Unsupported,
-                   "fused Adam on Backend::Cuda needs a CUDA build of shardopt; rebuild with -Dcuda=enabled "
-                   "or use Backend::Host");
-  std::abort();
-}
 
 std::vector<ShardChunk> chunks_of(const Layout& layout, int buffer, int rank, std::int64_t max_chunk) {
   SHARDOPT_REQUIRE(max_chunk > 0, ErrorCode::InvalidArgument,
@@ -152,12 +144,7 @@ void enqueue_prologue(const AdamPrologueParams& p, StepScalars* scalars, Backend
     host_enqueue(stream, [p, scalars] { kernels::adam_prologue(p, scalars); });
     return;
   }
-#if SHARDOPT_HAVE_CUDA
   kernels::launch_adam_prologue(p, scalars, stream);
-#else
-  (void)p, (void)scalars, (void)stream;
-  no_cuda();
-#endif
 }
 
 void enqueue_apply(const AdamApplyLaunch& L, Backend backend, Stream stream) {
@@ -166,12 +153,7 @@ void enqueue_apply(const AdamApplyLaunch& L, Backend backend, Stream stream) {
     host_enqueue(stream, [v = L.variant, a = L.params] { kernels::host_adam_apply(v, a); });
     return;
   }
-#if SHARDOPT_HAVE_CUDA
   kernels::launch_adam_apply(L.variant, L.params, stream);
-#else
-  (void)stream;
-  no_cuda();
-#endif
 }
 
 }  // namespace
@@ -200,3 +182,11 @@ void fused_adam_step(const AdamConfig& config, const ShardPointers& shard, StepS
 }
 
 }  // namespace shardopt
+
+#if !SHARDOPT_HAVE_CUDA
+// A build without CUDA compiles no .cu file: the launches refuse.
+namespace shardopt::kernels {
+void launch_adam_prologue(const AdamPrologueParams&, StepScalars*, Stream) { detail::no_cuda("fused Adam"); }
+void launch_adam_apply(const AdamVariant&, const AdamApplyParams&, Stream) { detail::no_cuda("fused Adam"); }
+}  // namespace shardopt::kernels
+#endif
