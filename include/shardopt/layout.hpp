@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "shardopt/communicator.hpp"
 #include "shardopt/param_spec.hpp"
 
 namespace shardopt {
@@ -139,5 +140,13 @@ class Layout {
 
 /// Default bucket threshold for a world size: max(40M, 1M x world).
 std::int64_t default_bucket_numel(int world_size) noexcept;
+
+/// Checks that every rank of `comm` computed the same layout (one all-gather of
+/// fingerprints; collective over `comm`). On disagreement every rank throws
+/// Error(LayoutMismatch) naming the first differing parameter (index, each rank's
+/// description) and the ranks that differ from rank 0, or the differing options,
+/// instead of hanging; the group stays usable. A layout for another world size than
+/// comm.size() is Error(InvalidArgument).
+void check_layout(const Communicator& comm, const Layout& layout);
 
 }  // namespace shardopt
