@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "shardopt/communicator.hpp"
+#include "shardopt/fused_adam.hpp"
 #include "shardopt/param_spec.hpp"
+#include "shardopt/range.hpp"
 
 namespace shardopt {
 
@@ -31,14 +33,6 @@ struct LayoutOptions {
   /// Optional unit of every parameter (by registration index), e.g. its layer for FSDP.
   /// Equal ids must be contiguous in registration order; a bucket never spans two units.
   std::vector<int> param_units;
-};
-
-/// Half-open element range [begin, end).
-struct Range {
-  std::int64_t begin = 0;
-  std::int64_t end = 0;
-  std::int64_t size() const noexcept { return end - begin; }
-  friend bool operator==(const Range&, const Range&) = default;
 };
 
 /// Where one parameter lives.
@@ -148,5 +142,11 @@ std::int64_t default_bucket_numel(int world_size) noexcept;
 /// instead of hanging; the group stays usable. A layout for another world size than
 /// comm.size() is Error(InvalidArgument).
 void check_layout(const Communicator& comm, const Layout& layout);
+
+/// The chunks of rank `rank`'s shard of layout buffer `buffer`, each at most
+/// `max_chunk` elements (> 0), in shard order (padding is in no chunk). A chunk never
+/// spans two parameters; buffer_offset is the element's index in the full buffer.
+std::vector<ShardChunk> shard_chunks(const Layout& layout, int buffer, int rank,
+                                     std::int64_t max_chunk = 1 << 16);
 
 }  // namespace shardopt
