@@ -67,7 +67,7 @@ class BucketStoreImpl;
 class BucketStore {
  public:
   /// Checks that every rank has the same options (Error(LayoutMismatch) naming them) and
-  /// layout (Communicator::check_layout), then allocates and zeroes the buffers.
+  /// layout (check_layout, shardopt/layout.hpp), then allocates and zeroes the buffers.
   /// Collective. Error(InvalidArgument) for a grad_dtype other than f32/bf16/f16 or a
   /// grad_reduce other than Sum/Average.
   BucketStore(Communicator comm, Layout layout, BucketStoreOptions options = {});

@@ -20,7 +20,9 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,8 +31,6 @@
 #include "shardopt/dtype.hpp"
 
 namespace shardopt {
-
-class Layout;
 
 /// Reduction of a collective.
 enum class ReduceOp {
@@ -49,7 +49,30 @@ struct UniqueId {
 
 namespace detail {
 class CommImpl;
-}
+struct CommAccess;
+}  // namespace detail
+
+/// A buffer registered with a communicator's backend (NCCL's zero-copy buffer
+/// registration), deregistered by the destructor on the communicator's device. Where the
+/// backend has no registration (host backend, a one-rank group, a build without NCCL)
+/// it is an empty object. Move-only; destroy it before the buffer it registers.
+class BufferRegistration {
+ public:
+  BufferRegistration() = default;
+  ~BufferRegistration();
+  BufferRegistration(BufferRegistration&& other) noexcept;
+  BufferRegistration& operator=(BufferRegistration&& other) noexcept;
+  BufferRegistration(const BufferRegistration&) = delete;
+  BufferRegistration& operator=(const BufferRegistration&) = delete;
+  /// True when the backend holds a registration.
+  explicit operator bool() const noexcept { return handle_ != nullptr; }
+
+ private:
+  friend class Communicator;
+  void reset() noexcept;
+  std::shared_ptr<detail::CommImpl> comm_;
+  void* handle_ = nullptr;
+};
 
 /// A group of ranks and its collectives.
 class Communicator {
@@ -95,21 +118,32 @@ class Communicator {
   /// Blocking host-side all-gather of one 64-bit value per rank (for agreement checks);
   /// element r is rank r's value. Not while the calling thread captures a CUDA stream.
   std::vector<std::uint64_t> all_gather_value(std::uint64_t value) const;
-  /// Checks that every rank computed the same layout (one all-gather of fingerprints).
-  /// On disagreement every rank throws Error(LayoutMismatch) naming the first
-  /// differing parameter (index, each rank's description) and the ranks that differ
-  /// from rank 0, or the differing options, instead of hanging; the group stays usable.
-  /// A layout for another world size than size() is Error(InvalidArgument).
-  void check_layout(const Layout& layout) const;
+  /// Blocking host-side all-gather of `values` (the same length on every rank): returns
+  /// size() * values.size() values, rank r's at [r * values.size(), (r + 1) *
+  /// values.size()). Not while the calling thread captures a CUDA stream.
+  std::vector<std::uint64_t> all_gather_values(const std::vector<std::uint64_t>& values) const;
+
+  /// Runs `calls` (collectives of this group, possibly on several buffers) as one
+  /// backend group: NCCL aggregates them into one launch (ncclGroupStart/End); the other
+  /// backends run them in order. A failure inside still closes the group (and marks it
+  /// failed).
+  void grouped(const std::function<void()>& calls) const;
+
+  /// Registers `bytes` of device memory at `data` with the backend for its zero-copy
+  /// paths (NCCL: ncclCommRegister, best with memory from ncclMemAlloc), on this
+  /// group's device. An empty registration where the backend has none (host backend,
+  /// a one-rank group, no NCCL) or once an NCCL group was aborted after a failure.
+  BufferRegistration register_buffer(void* data, std::size_t bytes) const;
 
   /// True once a call on this group has failed.
   bool failed() const noexcept;
-
-  /// Backend-specific access for the library itself (ncclComm_t or MPI_Comm).
-  detail::CommImpl* impl() const noexcept { return impl_.get(); }
+  /// Throws Error(InvalidState) quoting the first failure when the group has failed
+  /// (`call` names the refused call in the message); nothing otherwise.
+  void require_usable(const char* call) const;
 
  private:
   friend class detail::CommImpl;
+  friend struct detail::CommAccess;
   explicit Communicator(std::shared_ptr<detail::CommImpl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<detail::CommImpl> impl_;
 };

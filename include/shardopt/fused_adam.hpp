@@ -25,8 +25,6 @@
 
 namespace shardopt {
 
-class Layout;
-
 /// Largest number of optimizer groups one launch takes.
 inline constexpr int kMaxAdamGroups = 8;
 
@@ -68,11 +66,10 @@ struct ShardChunk {
   std::int32_t pad_ = 0;
 };
 
-/// The chunks of rank `rank`'s shard of layout buffer `buffer`, each at most
-/// `max_chunk` elements (> 0), in shard order (padding is in no chunk). A chunk never
-/// spans two parameters; buffer_offset is the element's index in the full buffer.
-std::vector<ShardChunk> shard_chunks(const Layout& layout, int buffer, int rank,
-                                     std::int64_t max_chunk = 1 << 16);
+/// `pieces` (contiguous pieces of a shard, each within one parameter, of any length)
+/// split into chunks of at most `max_chunk` elements (> 0, else Error(InvalidArgument)),
+/// in order. shard_chunks (shardopt/layout.hpp) builds a layout's table with it.
+std::vector<ShardChunk> split_shard_chunks(const std::vector<ShardChunk>& pieces, std::int64_t max_chunk);
 
 /// Hyper-parameters of one optimizer group. Doubles, like PyTorch's Python floats: the
 /// derived fp32 factors (1 - lr*wd, lr / bc1) are formed in double and rounded once.

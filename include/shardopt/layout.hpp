@@ -14,7 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "shardopt/communicator.hpp"
+#include "shardopt/fused_adam.hpp"
 #include "shardopt/param_spec.hpp"
+#include "shardopt/range.hpp"
 
 namespace shardopt {
 
@@ -30,14 +33,6 @@ struct LayoutOptions {
   /// Optional unit of every parameter (by registration index), e.g. its layer for FSDP.
   /// Equal ids must be contiguous in registration order; a bucket never spans two units.
   std::vector<int> param_units;
-};
-
-/// Half-open element range [begin, end).
-struct Range {
-  std::int64_t begin = 0;
-  std::int64_t end = 0;
-  std::int64_t size() const noexcept { return end - begin; }
-  friend bool operator==(const Range&, const Range&) = default;
 };
 
 /// Where one parameter lives.
@@ -139,5 +134,19 @@ class Layout {
 
 /// Default bucket threshold for a world size: max(40M, 1M x world).
 std::int64_t default_bucket_numel(int world_size) noexcept;
+
+/// Checks that every rank of `comm` computed the same layout (one all-gather of
+/// fingerprints; collective over `comm`). On disagreement every rank throws
+/// Error(LayoutMismatch) naming the first differing parameter (index, each rank's
+/// description) and the ranks that differ from rank 0, or the differing options,
+/// instead of hanging; the group stays usable. A layout for another world size than
+/// comm.size() is Error(InvalidArgument).
+void check_layout(const Communicator& comm, const Layout& layout);
+
+/// The chunks of rank `rank`'s shard of layout buffer `buffer`, each at most
+/// `max_chunk` elements (> 0), in shard order (padding is in no chunk). A chunk never
+/// spans two parameters; buffer_offset is the element's index in the full buffer.
+std::vector<ShardChunk> shard_chunks(const Layout& layout, int buffer, int rank,
+                                     std::int64_t max_chunk = 1 << 16);
 
 }  // namespace shardopt

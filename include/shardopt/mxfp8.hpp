@@ -85,8 +85,8 @@
 #include <vector>
 
 #include "shardopt/backend.hpp"
-#include "shardopt/layout.hpp"
 #include "shardopt/param_spec.hpp"
+#include "shardopt/range.hpp"
 
 namespace shardopt {
 

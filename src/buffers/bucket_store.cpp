@@ -13,114 +13,19 @@
 
 #include <algorithm>
 #include <exception>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "comm/comm_impl.hpp"
-#include "comm/device_guard.hpp"
-#include "comm/nccl_comm.hpp"
-#include "core/check.hpp"
+#include "core/device_guard.hpp"
 #include "core/memory.hpp"
-#include "shardopt/host_stream.hpp"
-
-#if SHARDOPT_HAVE_CUDA
-#include <cuda.h>  // CUdeviceptr / CUresult, for cuMemGetAddressRange through the runtime's entry point
-#endif
+#include "core/streams.hpp"
+#include "shardopt/error.hpp"
 
 namespace shardopt {
 namespace detail {
 namespace {
-
-constexpr std::size_t kHostAlignment = 256;  // DeviceBuffer's host allocations round up to this
-
-#if SHARDOPT_HAVE_CUDA
-class CudaStream {
- public:
-  CudaStream() = default;
-  CudaStream(const CudaStream&) = delete;
-  CudaStream& operator=(const CudaStream&) = delete;
-  ~CudaStream() { reset(); }
-  /// Creates the (non-blocking) stream on the current device.
-  void create() {
-    reset();
-    SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
-  }
-  cudaStream_t get() const noexcept { return s_; }
-
- private:
-  void reset() noexcept {
-    if (s_ == nullptr) return;
-    (void)cudaStreamSynchronize(s_);
-    (void)cudaStreamDestroy(s_);
-    s_ = nullptr;
-  }
-  cudaStream_t s_ = nullptr;
-};
-
-class CudaEvent {
- public:
-  CudaEvent() { SHARDOPT_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
-  ~CudaEvent() {
-    if (e_ != nullptr) (void)cudaEventDestroy(e_);
-  }
-  CudaEvent(CudaEvent&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
-  CudaEvent& operator=(CudaEvent&&) = delete;
-  cudaEvent_t get() const noexcept { return e_; }
-
- private:
-  cudaEvent_t e_ = nullptr;
-};
-
-// Bytes from `ptr` to the end of the allocation that holds it (the allocator's rounding
-// included); `requested` when the driver cannot tell.
-std::size_t allocation_extent(void* ptr, std::size_t requested) {
-  using GetRange = CUresult (*)(CUdeviceptr*, std::size_t*, CUdeviceptr);
-  static GetRange get_range = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &status) !=
-            cudaSuccess ||
-        status != cudaDriverEntryPointSuccess)
-      return static_cast<GetRange>(nullptr);
-    return reinterpret_cast<GetRange>(fn);
-  }();
-  if (get_range == nullptr || ptr == nullptr) return requested;
-  CUdeviceptr base = 0;
-  std::size_t size = 0;
-  const auto p = reinterpret_cast<CUdeviceptr>(ptr);
-  if (get_range(&base, &size, p) != CUDA_SUCCESS) return requested;
-  return std::max<std::size_t>(requested, static_cast<std::size_t>(base + size - p));
-}
-#endif
-
-#if SHARDOPT_HAVE_NCCL
-// A buffer registered with an NCCL communicator (zero-copy paths); deregistered first
-// thing when the store goes away, while the buffer and the communicator still exist.
-class NcclRegistration {
- public:
-  NcclRegistration(CommImpl* comm, void* data, std::size_t bytes) : comm_(comm) {
-    DeviceGuard guard(comm->device());
-    SHARDOPT_NCCL_CHECK(ncclCommRegister(nccl_handle(*comm), data, bytes, &handle_));
-  }
-  ~NcclRegistration() {
-    if (handle_ == nullptr) return;
-    ncclComm_t c = nccl_handle(*comm_);
-    if (c == nullptr) return;  // aborted after an error: NCCL released the registration with it
-    int previous = -1;
-    const bool have_previous = cudaGetDevice(&previous) == cudaSuccess;
-    (void)cudaSetDevice(comm_->device());
-    (void)ncclCommDeregister(c, handle_);
-    if (have_previous) (void)cudaSetDevice(previous);
-  }
-  NcclRegistration(NcclRegistration&& o) noexcept : comm_(o.comm_), handle_(std::exchange(o.handle_, nullptr)) {}
-  NcclRegistration& operator=(NcclRegistration&&) = delete;
-
- private:
-  CommImpl* comm_;
-  void* handle_ = nullptr;
-};
-#endif
 
 const char* op_name(ReduceOp op) {
   switch (op) {
@@ -165,7 +70,7 @@ class BucketStoreImpl {
       : comm(std::move(c)), layout(std::move(l)), options(o) {
     SHARDOPT_REQUIRE(comm.valid(), ErrorCode::InvalidArgument, "BucketStore needs a valid Communicator");
     agree_on_options();
-    comm.check_layout(layout);  // collective; LayoutMismatch on every rank
+    check_layout(comm, layout);  // collective; LayoutMismatch on every rank
     backend = comm.backend();
     device = comm.device();
     const auto nbuckets = layout.buckets().size();
@@ -198,9 +103,11 @@ class BucketStoreImpl {
   }
 
   ~BucketStoreImpl() {
-#if SHARDOPT_HAVE_CUDA
-    if (backend == Backend::Cuda && stream.get() != nullptr) (void)cudaStreamSynchronize(stream.get());
-#endif
+    if (stream == nullptr) return;
+    try {
+      synchronize(backend, stream->get());
+    } catch (...) {  // a destructor does not throw
+    }
   }
 
   // ---------------------------------------------------------------- state
@@ -214,13 +121,9 @@ class BucketStoreImpl {
   std::size_t param_bytes = 0;
   std::size_t grad_bytes = 0;
   std::size_t overhead_bytes = 0;
-#if SHARDOPT_HAVE_NCCL
-  std::vector<NcclRegistration> registrations;  // destroyed before the buffers
-#endif
-#if SHARDOPT_HAVE_CUDA
-  CudaStream stream;
-  std::vector<CudaEvent> reduce_start, reduce_done, gather_start, gather_done;
-#endif
+  std::vector<BufferRegistration> registrations;  // destroyed before the buffers
+  std::unique_ptr<SideStream> stream;             // the comm stream (CUDA only)
+  std::vector<Event> reduce_start, reduce_done, gather_start, gather_done;  // per bucket (CUDA only)
   std::vector<std::uint8_t> grad_pending;
   std::vector<std::uint8_t> gather_pending;
   std::vector<std::uint64_t> grad_capture;    // capture of the pending start (0: none)
@@ -229,13 +132,7 @@ class BucketStoreImpl {
   std::vector<Stream> ready_stream;      // the stream the bucket's params report on
   std::vector<std::uint8_t> reported;    // per param, in this round
 
-  Stream comm_stream() const noexcept {
-#if SHARDOPT_HAVE_CUDA
-    return reinterpret_cast<Stream>(stream.get());
-#else
-    return nullptr;
-#endif
-  }
+  Stream comm_stream() const noexcept { return stream != nullptr ? stream->get() : nullptr; }
 
   // ---------------------------------------------------------------- checks
   const Bucket& bucket(int b, const char* call) const {
@@ -268,25 +165,7 @@ class BucketStoreImpl {
   }
 
   // Refuses work on a failed group before anything is enqueued.
-  void require_comm(const char* call) const { require_impl(comm.impl()).require_usable(call); }
-
-  // The capture `s` is recording into (0: none): CUDA's capture sequence id, or the
-  // capturing HostStream. A wait must lie in the capture of its start.
-  std::uint64_t capture_of(Stream s) const {
-    if (backend == Backend::Host) {
-      const HostStream* hs = HostStream::from(s);
-      return hs != nullptr && hs->capturing() ? reinterpret_cast<std::uintptr_t>(hs) : 0;
-    }
-#if SHARDOPT_HAVE_CUDA
-    if (s == nullptr) return 0;
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    unsigned long long id = 0;
-    SHARDOPT_CUDA_CHECK(cudaStreamGetCaptureInfo(reinterpret_cast<cudaStream_t>(s), &status, &id));
-    return status == cudaStreamCaptureStatusNone ? 0 : static_cast<std::uint64_t>(id) + 1;
-#else
-    return 0;
-#endif
-  }
+  void require_comm(const char* call) const { comm.require_usable(call); }
 
   // ---------------------------------------------------------------- collectives
   void start(int b, Stream caller, bool reduce) {
@@ -347,33 +226,27 @@ class BucketStoreImpl {
         comm.all_gather(data, per_rank * options.staged_gather_bytes, DType::e4m3, s);
       }
     };
-    CommImpl& c = require_impl(comm.impl());
     if (backend == Backend::Host) {
-      c.grouped([&] {
+      comm.grouped([&] {
         for (int b : buckets) run(b, caller);
       });
     } else {
-#if SHARDOPT_HAVE_CUDA
       DeviceGuard guard(device);
-      const auto first = static_cast<std::size_t>(buckets.front());
-      cudaEvent_t started = (reduce ? reduce_start : gather_start)[first].get();
-      SHARDOPT_CUDA_CHECK(cudaEventRecord(started, reinterpret_cast<cudaStream_t>(caller)));
-      SHARDOPT_CUDA_CHECK(cudaStreamWaitEvent(stream.get(), started, 0));
+      Event& started = (reduce ? reduce_start : gather_start)[static_cast<std::size_t>(buckets.front())];
+      started.record(caller);
+      started.wait(comm_stream());
       if (buckets.size() == 1) {
         run(buckets.front(), comm_stream());
       } else {
-        c.grouped([&] {
+        comm.grouped([&] {
           for (int b : buckets) run(b, comm_stream());
         });
       }
-      for (int b : buckets)
-        SHARDOPT_CUDA_CHECK(
-            cudaEventRecord((reduce ? reduce_done : gather_done)[static_cast<std::size_t>(b)].get(), stream.get()));
-#endif
+      for (int b : buckets) (reduce ? reduce_done : gather_done)[static_cast<std::size_t>(b)].record(comm_stream());
     }
     auto& pending = reduce ? grad_pending : gather_pending;
     auto& captured = reduce ? grad_capture : gather_capture;
-    const std::uint64_t capture = capture_of(caller);
+    const std::uint64_t capture = capture_id(backend, caller);
     for (int b : buckets) {
       pending[static_cast<std::size_t>(b)] = 1;
       captured[static_cast<std::size_t>(b)] = capture;
@@ -391,7 +264,7 @@ class BucketStoreImpl {
                          " first, and wait once per start");
     check_stream_device(backend, device, caller);
     const std::uint64_t started_in = (reduce ? grad_capture : gather_capture)[static_cast<std::size_t>(b)];
-    const std::uint64_t waiting_in = capture_of(caller);
+    const std::uint64_t waiting_in = capture_id(backend, caller);
     SHARDOPT_REQUIRE(started_in == waiting_in, ErrorCode::InvalidState,
                      std::string(reduce ? "wait_grad_reduce" : "wait_param_gather") + "(" + std::to_string(b) +
                          "): the bucket's " + (reduce ? "reduce-scatter" : "all-gather") + " was started " +
@@ -400,11 +273,8 @@ class BucketStoreImpl {
                          "; a CUDA graph cannot depend on work outside it: wait before the capture begins, or start "
                          "and wait inside the same capture");
     if (backend == Backend::Cuda) {
-#if SHARDOPT_HAVE_CUDA
       DeviceGuard guard(device);
-      cudaEvent_t done = (reduce ? reduce_done : gather_done)[static_cast<std::size_t>(b)].get();
-      SHARDOPT_CUDA_CHECK(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(caller), done, 0));
-#endif
+      (reduce ? reduce_done : gather_done)[static_cast<std::size_t>(b)].wait(caller);
     }
     pending[static_cast<std::size_t>(b)] = 0;
     if (reduce) {  // the next round of grad_ready begins
@@ -486,52 +356,35 @@ class BucketStoreImpl {
       grad_bytes += gbytes;
       fill_zero_async(backend, params.back().data(), pbytes, zero_stream);
       fill_zero_async(backend, grads.back().data(), gbytes, zero_stream);
-      overhead_bytes += extent(params.back(), pbytes) - pbytes;
-      overhead_bytes += extent(grads.back(), gbytes) - gbytes;
+      overhead_bytes += allocation_extent(params.back(), pbytes) - pbytes;
+      overhead_bytes += allocation_extent(grads.back(), gbytes) - gbytes;
     }
-  }
-
-  std::size_t extent(const DeviceBuffer& b, std::size_t requested) const {
-    if (requested == 0) return 0;
-    if (backend == Backend::Host) return (requested + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
-#if SHARDOPT_HAVE_CUDA
-    return allocation_extent(b.data(), requested);
-#else
-    (void)b;
-    return requested;
-#endif
   }
 
   void setup_cuda() {
-#if SHARDOPT_HAVE_CUDA
+    SHARDOPT_REQUIRE(cuda_compiled(), ErrorCode::Unsupported, "BucketStore on Backend::Cuda: this build has no CUDA backend");
     DeviceGuard guard(device);
-    stream.create();
+    stream = std::make_unique<SideStream>(backend);
     const auto nbuckets = layout.buckets().size();
     for (auto* events : {&reduce_start, &reduce_done, &gather_start, &gather_done}) {
       events->reserve(nbuckets);
-      for (std::size_t i = 0; i < nbuckets; ++i) events->emplace_back();
+      for (std::size_t i = 0; i < nbuckets; ++i) events->emplace_back(backend);
     }
     const bool registered = options.nccl_registered && nccl_compiled();
     allocate(registered ? MemoryKind::NcclDevice : MemoryKind::Device, comm_stream());
-    SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
-#if SHARDOPT_HAVE_NCCL
-    if (registered && nccl_handle(*comm.impl()) != nullptr) {
+    synchronize(backend, comm_stream());
+    if (registered) {  // empty registrations where the backend has none (no NCCL group, or it was aborted)
       for (std::size_t i = 0; i < params.size(); ++i) {
-        if (params[i].bytes() > 0) registrations.emplace_back(comm.impl(), params[i].data(), params[i].bytes());
-        if (grads[i].bytes() > 0) registrations.emplace_back(comm.impl(), grads[i].data(), grads[i].bytes());
+        if (params[i].bytes() > 0) registrations.push_back(comm.register_buffer(params[i].data(), params[i].bytes()));
+        if (grads[i].bytes() > 0) registrations.push_back(comm.register_buffer(grads[i].data(), grads[i].bytes()));
       }
     }
-#endif
-#else
-    SHARDOPT_REQUIRE(false, ErrorCode::Unsupported, "BucketStore on Backend::Cuda: this build has no CUDA backend");
-#endif
   }
 
   // NCCL connects lazily: run every bucket's collectives once, eagerly, so that a
   // captured collective is never the first of its kind. The buffers are zero, and a
   // reduce-scatter or all-gather of zeros leaves them zero.
   void warm_up() {
-#if SHARDOPT_HAVE_CUDA
     DeviceGuard guard(device);
     if (comm.size() == 1) return;
     auto both = [&](const Bucket& bk) {
@@ -551,13 +404,10 @@ class BucketStoreImpl {
     };
     // Once bucket by bucket (start_*), once as one group (start_*s).
     for (const Bucket& bk : layout.buckets()) both(bk);
-    require_impl(comm.impl()).grouped([&] {
+    comm.grouped([&] {
       for (const Bucket& bk : layout.buckets()) both(bk);
     });
-    SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
-#else
-    SHARDOPT_REQUIRE(false, ErrorCode::Unsupported, "BucketStore on Backend::Cuda: this build has no CUDA backend");
-#endif
+    synchronize(backend, comm_stream());
   }
 };
 

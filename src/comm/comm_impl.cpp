@@ -3,10 +3,9 @@
 #include <exception>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 
 #include "core/check.hpp"
-#include "shardopt/host_stream.hpp"
+#include "core/streams.hpp"
 
 namespace shardopt::detail {
 namespace {
@@ -25,76 +24,6 @@ bool known_op(ReduceOp op) { return op == ReduceOp::Sum || op == ReduceOp::Avera
 bool known_dtype(DType t) { return size_of(t) != 0; }
 
 }  // namespace
-
-#if SHARDOPT_HAVE_CUDA
-namespace {
-// Devices of the streams seen outside capture. cudaStreamGetDevice is refused while the
-// stream is being captured (and would invalidate the capture), so a captured call is
-// checked against what an eager call on the same stream found, if any.
-class StreamDevices {
- public:
-  void remember(cudaStream_t s, int device) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    devices_[s] = device;
-  }
-  bool recall(cudaStream_t s, int* device) const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const auto it = devices_.find(s);
-    if (it == devices_.end()) return false;
-    *device = it->second;
-    return true;
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::unordered_map<cudaStream_t, int> devices_;
-};
-
-StreamDevices& stream_devices() {
-  static StreamDevices d;
-  return d;
-}
-}  // namespace
-#endif
-
-void check_stream_device(Backend backend, int device, Stream stream) {
-  if (backend == Backend::Host) {
-    (void)HostStream::from(stream);  // throws Error(InvalidArgument) for a foreign handle
-    return;
-  }
-#if SHARDOPT_HAVE_CUDA
-  int stream_device = -1;
-  if (stream == nullptr) {
-    SHARDOPT_CUDA_CHECK(cudaGetDevice(&stream_device));  // the legacy stream of the current device
-  } else {
-    const auto s = reinterpret_cast<cudaStream_t>(stream);
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    SHARDOPT_CUDA_CHECK(cudaStreamIsCapturing(s, &status));  // capture-safe
-    if (status == cudaStreamCaptureStatusNone) {
-      // Relaxed capture mode for the query, so that it cannot invalidate a capture this
-      // thread runs on another stream.
-      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-      SHARDOPT_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
-      const cudaError_t err = cudaStreamGetDevice(s, &stream_device);
-      (void)cudaThreadExchangeStreamCaptureMode(&mode);
-      SHARDOPT_CUDA_CHECK(err);
-      stream_devices().remember(s, stream_device);
-    } else if (!stream_devices().recall(s, &stream_device)) {
-      return;  // first seen inside a capture: a stream of another device fails the capture itself
-    }
-  }
-  SHARDOPT_REQUIRE(stream_device == device, ErrorCode::InvalidArgument,
-                   "the stream belongs to CUDA device " + std::to_string(stream_device) +
-                       " but this communicator runs on device " + std::to_string(device) +
-                       "; pass a stream created on device " + std::to_string(device) +
-                       (stream == nullptr ? " (the null stream means the current device: call cudaSetDevice first)"
-                                          : ""));
-#else
-  (void)device;
-  (void)stream;
-  SHARDOPT_REQUIRE(false, ErrorCode::Unsupported, "this build of shardopt has no CUDA backend");
-#endif
-}
 
 CommImpl& require_impl(CommImpl* impl) {
   SHARDOPT_REQUIRE(impl != nullptr, ErrorCode::InvalidState,

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -24,12 +25,6 @@
 #include "shardopt/error.hpp"
 
 namespace shardopt::detail {
-
-/// Throws Error(InvalidArgument) unless `stream` belongs to CUDA device `device`
-/// (Backend::Cuda), or is a live HostStream / nullptr (Backend::Host). Capture-safe: a
-/// stream being captured is checked against the device an eager call on it found
-/// (CUDA refuses the query during capture); one never used eagerly is not checked.
-void check_stream_device(Backend backend, int device, Stream stream);
 
 /// A group of ranks: the state shared by every copy of a Communicator.
 class CommImpl : public std::enable_shared_from_this<CommImpl> {
@@ -64,6 +59,16 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   std::string failure() const;
   /// Throws Error(InvalidState) quoting the first failure when the group has failed.
   void require_usable(const char* call) const;
+
+  /// Registers a buffer with the backend; nullptr where it has no registration (see
+  /// Communicator::register_buffer). Not a collective; does not mark the group failed.
+  virtual void* register_buffer(void* data, std::size_t bytes) {
+    (void)data;
+    (void)bytes;
+    return nullptr;
+  }
+  /// Undoes register_buffer (never throws; nothing once the backend was torn down).
+  virtual void deregister_buffer(void* handle) noexcept { (void)handle; }
 
   /// Test hook: hands the backend a call with an invalid datatype (ncclNumTypes /
   /// MPI_DATATYPE_NULL), so the backend itself reports the error and the group goes
@@ -120,6 +125,17 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
 
 /// The impl behind a handle; throws Error(InvalidState) for an empty Communicator.
 CommImpl& require_impl(CommImpl* impl);
+
+/// The library's own access to the impl behind a public Communicator.
+struct CommAccess {
+  static CommImpl* impl(const Communicator& comm) noexcept { return comm.impl_.get(); }
+  /// The impl; Error(InvalidState) for an empty handle.
+  static CommImpl& require(const Communicator& comm) { return require_impl(comm.impl_.get()); }
+};
+
+/// Test hook (CommImpl::provoke_backend_error_for_test) on the group behind `comm`:
+/// collective, always throws the backend's error and marks the group failed.
+void provoke_backend_error_for_test(const Communicator& comm);
 
 /// A one-rank group (Communicator::self): collectives are identities.
 std::shared_ptr<CommImpl> make_self_comm(Backend backend);

@@ -1,6 +1,8 @@
 // Communicator: the public handle; every call forwards to the shared CommImpl.
 #include "shardopt/communicator.hpp"
 
+#include <utility>
+
 #include "comm/comm_impl.hpp"
 #include "comm/nccl_comm.hpp"
 #include "shardopt/error.hpp"
@@ -42,6 +44,44 @@ std::vector<std::uint64_t> Communicator::all_gather_value(std::uint64_t value) c
   return usable(impl_).all_gather_u64({value});
 }
 
+std::vector<std::uint64_t> Communicator::all_gather_values(const std::vector<std::uint64_t>& values) const {
+  return usable(impl_).all_gather_u64(values);
+}
+
+void Communicator::grouped(const std::function<void()>& calls) const { usable(impl_).grouped(calls); }
+
+BufferRegistration Communicator::register_buffer(void* data, std::size_t bytes) const {
+  BufferRegistration r;
+  r.handle_ = usable(impl_).register_buffer(data, bytes);
+  if (r.handle_ != nullptr) r.comm_ = impl_;
+  return r;
+}
+
 bool Communicator::failed() const noexcept { return impl_ != nullptr && impl_->failed(); }
+
+void Communicator::require_usable(const char* call) const { usable(impl_).require_usable(call); }
+
+BufferRegistration::~BufferRegistration() { reset(); }
+
+BufferRegistration::BufferRegistration(BufferRegistration&& other) noexcept
+    : comm_(std::move(other.comm_)), handle_(std::exchange(other.handle_, nullptr)) {}
+
+BufferRegistration& BufferRegistration::operator=(BufferRegistration&& other) noexcept {
+  if (this != &other) {
+    reset();
+    comm_ = std::move(other.comm_);
+    handle_ = std::exchange(other.handle_, nullptr);
+  }
+  return *this;
+}
+
+void BufferRegistration::reset() noexcept {
+  if (handle_ != nullptr) comm_->deregister_buffer(std::exchange(handle_, nullptr));
+  comm_.reset();
+}
+
+namespace detail {
+void provoke_backend_error_for_test(const Communicator& comm) { CommAccess::require(comm).provoke_backend_error_for_test(); }
+}  // namespace detail
 
 }  // namespace shardopt

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/device_guard.hpp"
 #include "core/check.hpp"
+#include "core/device_guard.hpp"
 #include "core/memory.hpp"
 
 namespace shardopt {
@@ -167,11 +167,22 @@ class NcclCommImpl final : public CommImpl {
   void on_failure() noexcept override {
     ncclComm_t c = comm_.exchange(nullptr, std::memory_order_acq_rel);
     if (c == nullptr) return;
-    int previous = -1;
-    const bool have_previous = cudaGetDevice(&previous) == cudaSuccess;
-    (void)cudaSetDevice(device());
-    (void)ncclCommAbort(c);
-    if (have_previous) (void)cudaSetDevice(previous);
+    on_device([c] { (void)ncclCommAbort(c); });
+  }
+
+  void* register_buffer(void* data, std::size_t bytes) override {
+    ncclComm_t c = handle();
+    if (c == nullptr) return nullptr;  // aborted after an error
+    DeviceGuard guard(device());
+    void* registration = nullptr;
+    SHARDOPT_NCCL_CHECK(ncclCommRegister(c, data, bytes, &registration));
+    return registration;
+  }
+
+  void deregister_buffer(void* registration) noexcept override {
+    ncclComm_t c = handle();
+    if (c == nullptr) return;  // aborted after an error: NCCL released the registration with it
+    on_device([c, registration] { (void)ncclCommDeregister(c, registration); });
   }
 
  private:
@@ -193,20 +204,29 @@ class NcclCommImpl final : public CommImpl {
 
   // Tears down: finalize + destroy (clean), or abort (error paths).
   void release(bool abort) noexcept {
+    on_device([&] {
+      if (ncclComm_t c = comm_.exchange(nullptr, std::memory_order_acq_rel); c != nullptr) {
+        if (abort || ncclCommFinalize(c) != ncclSuccess) {
+          (void)ncclCommAbort(c);
+        } else {
+          (void)ncclCommDestroy(c);
+        }
+      }
+      if (scratch_ != nullptr) (void)cudaFree(scratch_);
+      if (aux_ != nullptr) (void)cudaStreamDestroy(aux_);
+      scratch_ = nullptr;
+      aux_ = nullptr;
+    });
+  }
+
+  // Runs `f` (which must not throw) with this group's device current, restoring the
+  // previous device; for teardown paths that cannot throw (DeviceGuard can).
+  template <class F>
+  void on_device(F&& f) const noexcept {
     int previous = -1;
     const bool have_previous = cudaGetDevice(&previous) == cudaSuccess;
     (void)cudaSetDevice(device());
-    if (ncclComm_t c = comm_.exchange(nullptr, std::memory_order_acq_rel); c != nullptr) {
-      if (abort || ncclCommFinalize(c) != ncclSuccess) {
-        (void)ncclCommAbort(c);
-      } else {
-        (void)ncclCommDestroy(c);
-      }
-    }
-    if (scratch_ != nullptr) (void)cudaFree(scratch_);
-    if (aux_ != nullptr) (void)cudaStreamDestroy(aux_);
-    scratch_ = nullptr;
-    aux_ = nullptr;
+    f();
     if (have_previous) (void)cudaSetDevice(previous);
   }
 
@@ -217,10 +237,6 @@ class NcclCommImpl final : public CommImpl {
 
 }  // namespace
 
-ncclComm_t nccl_handle(const CommImpl& impl) noexcept {
-  const auto* nccl = dynamic_cast<const NcclCommImpl*>(&impl);
-  return nccl == nullptr ? nullptr : nccl->handle();
-}
 #endif  // SHARDOPT_HAVE_NCCL
 
 std::shared_ptr<CommImpl> make_nccl_comm(const UniqueId& id, int rank, int size, int device) {

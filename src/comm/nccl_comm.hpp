@@ -4,11 +4,6 @@
 #include <memory>
 
 #include "comm/comm_impl.hpp"
-#include "shardopt_config.h"
-
-#if SHARDOPT_HAVE_NCCL
-#include <nccl.h>
-#endif
 
 namespace shardopt::detail {
 
@@ -17,11 +12,5 @@ namespace shardopt::detail {
 /// all-reduce so that the first real collective may be a captured one.
 /// Throws Error(Unsupported) in a build without NCCL.
 std::shared_ptr<CommImpl> make_nccl_comm(const UniqueId& id, int rank, int size, int device);
-
-#if SHARDOPT_HAVE_NCCL
-/// The live NCCL communicator of `impl`; nullptr when `impl` is not an NCCL group or
-/// was aborted after a failure.
-ncclComm_t nccl_handle(const CommImpl& impl) noexcept;
-#endif
 
 }  // namespace shardopt::detail

@@ -4,6 +4,7 @@
 
 #include "comm/comm_impl.hpp"
 #include "core/check.hpp"
+#include "core/device_guard.hpp"
 
 namespace shardopt::detail {
 namespace {
@@ -31,14 +32,10 @@ class SelfCommImpl final : public CommImpl {
 std::shared_ptr<CommImpl> make_self_comm(Backend backend) {
   int device = -1;
   if (backend == Backend::Cuda) {
-#if SHARDOPT_HAVE_CUDA
+    if (!cuda_compiled()) no_cuda("Communicator::self");
     SHARDOPT_REQUIRE(cuda_device_count() > 0, ErrorCode::Unsupported,
                      "Communicator::self(Backend::Cuda) needs a CUDA device; none is visible");
-    SHARDOPT_CUDA_CHECK(cudaGetDevice(&device));
-#else
-    SHARDOPT_REQUIRE(false, ErrorCode::Unsupported,
-                     "Communicator::self(Backend::Cuda): this build of shardopt has no CUDA backend");
-#endif
+    device = current_device();
   }
   return std::make_shared<SelfCommImpl>(backend, device);
 }

@@ -1,12 +1,22 @@
 // check.hpp - one check macro each for CUDA, NCCL and MPI. A failing call throws
 // shardopt::Error carrying the call's text, the library's message for the code, the
-// file and the line.
+// file and the line. And the one way to say "this build has no CUDA" (no_cuda).
 #pragma once
 
 #include <string>
 
 #include "shardopt/error.hpp"
 #include "shardopt_config.h"
+
+namespace shardopt::detail {
+/// Throws Error(Unsupported): `what` (e.g. "fused Adam") was asked for on Backend::Cuda
+/// in a build of shardopt without CUDA.
+[[noreturn]] inline void no_cuda(const char* what) {
+  throw Error(ErrorCode::Unsupported, std::string(what) +
+                                          " on Backend::Cuda needs a CUDA build of shardopt; rebuild with "
+                                          "-Dcuda=enabled or use Backend::Host");
+}
+}  // namespace shardopt::detail
 
 #if SHARDOPT_HAVE_CUDA
 #include <cuda_runtime.h>

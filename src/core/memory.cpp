@@ -1,5 +1,6 @@
 #include "core/memory.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -9,23 +10,46 @@
 #include "core/check.hpp"
 #include "shardopt/host_stream.hpp"
 
+#if SHARDOPT_HAVE_CUDA
+#include <cuda.h>  // CUdeviceptr / CUresult, for cuMemGetAddressRange through the runtime's entry point
+#endif
+
 namespace shardopt {
 namespace {
 constexpr std::size_t kHostAlignment = 256;
 
-[[maybe_unused]] [[noreturn]] void no_cuda() {
-  SHARDOPT_REQUIRE(false, ErrorCode::Unsupported,
-                   "this build of shardopt has no CUDA backend; rebuild with -Dcuda=enabled or use "
-                   "the host backend");
+std::size_t host_rounded(std::size_t bytes) { return (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment; }
+
+#if SHARDOPT_HAVE_CUDA
+// Bytes from `ptr` to the end of the allocation that holds it (the allocator's rounding
+// included); `requested` when the driver cannot tell.
+std::size_t device_extent(void* ptr, std::size_t requested) {
+  using GetRange = CUresult (*)(CUdeviceptr*, std::size_t*, CUdeviceptr);
+  static GetRange get_range = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess)
+      return static_cast<GetRange>(nullptr);
+    return reinterpret_cast<GetRange>(fn);
+  }();
+  if (get_range == nullptr || ptr == nullptr) return requested;
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  const auto p = reinterpret_cast<CUdeviceptr>(ptr);
+  if (get_range(&base, &size, p) != CUDA_SUCCESS) return requested;
+  return std::max<std::size_t>(requested, static_cast<std::size_t>(base + size - p));
 }
+#endif
+
 }  // namespace
 
 DeviceBuffer::DeviceBuffer(Backend backend, std::size_t bytes, MemoryKind kind)
     : bytes_(bytes), backend_(backend), kind_(backend == Backend::Host ? MemoryKind::Host : kind) {
   if (bytes == 0) return;
   if (backend_ == Backend::Host) {
-    const std::size_t rounded = (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
-    ptr_ = std::aligned_alloc(kHostAlignment, rounded);
+    ptr_ = std::aligned_alloc(kHostAlignment, host_rounded(bytes));
     SHARDOPT_REQUIRE(ptr_ != nullptr, ErrorCode::InvalidState,
                      "host allocation of " + std::to_string(bytes) + " bytes failed; free memory or shrink the model");
     return;
@@ -43,13 +67,13 @@ DeviceBuffer::DeviceBuffer(Backend backend, std::size_t bytes, MemoryKind kind)
                        "MemoryKind::NcclDevice needs NCCL, which this build lacks; use MemoryKind::Device");
 #endif
     case MemoryKind::Host: {
-      ptr_ = std::aligned_alloc(kHostAlignment, (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment);
+      ptr_ = std::aligned_alloc(kHostAlignment, host_rounded(bytes));
       SHARDOPT_REQUIRE(ptr_ != nullptr, ErrorCode::InvalidState, "host allocation failed");
       break;
     }
   }
 #else
-  no_cuda();
+  detail::no_cuda("device memory");
 #endif
 }
 
@@ -89,6 +113,16 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   return *this;
 }
 
+std::size_t allocation_extent(const DeviceBuffer& buffer, std::size_t requested) {
+  if (requested == 0) return 0;
+  if (buffer.backend() == Backend::Host) return host_rounded(requested);
+#if SHARDOPT_HAVE_CUDA
+  return device_extent(buffer.data(), requested);
+#else
+  return requested;
+#endif
+}
+
 void fill_zero_async(Backend backend, void* ptr, std::size_t bytes, Stream stream) {
   if (bytes == 0) return;
   if (backend == Backend::Host) {
@@ -98,7 +132,7 @@ void fill_zero_async(Backend backend, void* ptr, std::size_t bytes, Stream strea
 #if SHARDOPT_HAVE_CUDA
   SHARDOPT_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, reinterpret_cast<cudaStream_t>(stream)));
 #else
-  no_cuda();
+  detail::no_cuda("device memory");
 #endif
 }
 
@@ -112,7 +146,7 @@ void copy_async(Backend backend, void* dst, const void* src, std::size_t bytes, 
   SHARDOPT_CUDA_CHECK(
       cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, reinterpret_cast<cudaStream_t>(stream)));
 #else
-  no_cuda();
+  detail::no_cuda("device memory");
 #endif
 }
 

@@ -43,6 +43,12 @@ class DeviceBuffer {
   MemoryKind kind_ = MemoryKind::Host;
 };
 
+/// Bytes the allocation behind `buffer` really takes for `requested` bytes (0 for 0),
+/// the allocator's rounding included: host allocations round up to 256 bytes; on CUDA
+/// the driver's address range of the allocation (cuMemGetAddressRange), or `requested`
+/// when the driver cannot tell.
+std::size_t allocation_extent(const DeviceBuffer& buffer, std::size_t requested);
+
 /// Stream-ordered memset to zero.
 void fill_zero_async(Backend backend, void* ptr, std::size_t bytes, Stream stream);
 /// Stream-ordered copy between any two allocations of the backend (device, pinned).

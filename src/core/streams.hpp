@@ -1,7 +1,10 @@
-// streams.hpp - RAII for the library's own CUDA streams and events. On the host backend
-// there are none: work meant for a side stream runs, in order, on the caller's stream
-// (so a HostStream capture records it), and events are no-ops.
+// streams.hpp - RAII for the library's own CUDA streams and events, and the questions
+// asked of a caller's stream (its capture, its device). On the host backend there are
+// no streams of the library's own: work meant for a side stream runs, in order, on the
+// caller's stream (so a HostStream capture records it), and events are no-ops.
 #pragma once
+
+#include <cstdint>
 
 #include "shardopt/backend.hpp"
 
@@ -42,5 +45,18 @@ class Event {
 
 /// `to` waits for everything queued so far on `from` (a temporary event).
 void order_after(Backend backend, Stream from, Stream to);
+
+/// The capture `stream` is recording into (0: none): CUDA's capture sequence id + 1, or
+/// the address of the capturing HostStream. Work waited for must lie in the capture
+/// that started it.
+std::uint64_t capture_id(Backend backend, Stream stream);
+
+namespace detail {
+/// Throws Error(InvalidArgument) unless `stream` belongs to CUDA device `device`
+/// (Backend::Cuda), or is a live HostStream / nullptr (Backend::Host). Capture-safe: a
+/// stream being captured is checked against the device an eager call on it found
+/// (CUDA refuses the query during capture); one never used eagerly is not checked.
+void check_stream_device(Backend backend, int device, Stream stream);
+}  // namespace detail
 
 }  // namespace shardopt

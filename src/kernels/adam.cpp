@@ -1,9 +1,8 @@
-// adam.cpp - the public fused Adam entry points: validation, the shard's chunk table,
-// and dispatch to the CUDA kernels or the host twin.
+// adam.cpp - the public fused Adam entry points: validation, splitting a shard's
+// pieces into chunks, and dispatch to the CUDA kernels or the host twin.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "core/check.hpp"
@@ -11,7 +10,6 @@
 #include "shardopt/error.hpp"
 #include "shardopt/fused_adam.hpp"
 #include "shardopt/host_stream.hpp"
-#include "shardopt/layout.hpp"
 #include "shardopt_config.h"
 
 namespace shardopt {
@@ -59,32 +57,6 @@ AdamPrologueParams prologue_params(const AdamConfig& c) {
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
-
-[[maybe_unused]] [[noreturn]] void no_cuda() {
-  SHARDOPT_REQUIRE(false, ErrorCode::Unsupported,
-                   "fused Adam on Backend::Cuda needs a CUDA build of shardopt; rebuild with -Dcuda=enabled "
-                   "or use Backend::Host");
-  std::abort();
-}
-
-std::vector<ShardChunk> chunks_of(const Layout& layout, int buffer, int rank, std::int64_t max_chunk) {
-  SHARDOPT_REQUIRE(max_chunk > 0, ErrorCode::InvalidArgument,
-                   "shard_chunks: max_chunk must be > 0 (got " + std::to_string(max_chunk) + ")");
-  std::vector<ShardChunk> out;
-  for (const Segment& seg : layout.segments(buffer, rank)) {
-    const ParamPlacement& pl = layout.params()[static_cast<std::size_t>(seg.param)];
-    const std::int64_t buffer_begin = pl.offset + seg.param_offset;
-    for (std::int64_t done = 0; done < seg.length; done += max_chunk) {
-      ShardChunk c;
-      c.shard_offset = seg.shard_offset + done;
-      c.buffer_offset = buffer_begin + done;
-      c.length = std::min(max_chunk, seg.length - done);
-      c.group = seg.group;
-      out.push_back(c);
-    }
-  }
-  return out;
-}
 
 /// Validated kernel arguments of one main pass.
 struct AdamApplyLaunch {
@@ -152,12 +124,7 @@ void enqueue_prologue(const AdamPrologueParams& p, StepScalars* scalars, Backend
     host_enqueue(stream, [p, scalars] { kernels::adam_prologue(p, scalars); });
     return;
   }
-#if SHARDOPT_HAVE_CUDA
   kernels::launch_adam_prologue(p, scalars, stream);
-#else
-  (void)p, (void)scalars, (void)stream;
-  no_cuda();
-#endif
 }
 
 void enqueue_apply(const AdamApplyLaunch& L, Backend backend, Stream stream) {
@@ -166,18 +133,25 @@ void enqueue_apply(const AdamApplyLaunch& L, Backend backend, Stream stream) {
     host_enqueue(stream, [v = L.variant, a = L.params] { kernels::host_adam_apply(v, a); });
     return;
   }
-#if SHARDOPT_HAVE_CUDA
   kernels::launch_adam_apply(L.variant, L.params, stream);
-#else
-  (void)stream;
-  no_cuda();
-#endif
 }
 
 }  // namespace
 
-std::vector<ShardChunk> shard_chunks(const Layout& layout, int buffer, int rank, std::int64_t max_chunk) {
-  return chunks_of(layout, buffer, rank, max_chunk);
+std::vector<ShardChunk> split_shard_chunks(const std::vector<ShardChunk>& pieces, std::int64_t max_chunk) {
+  SHARDOPT_REQUIRE(max_chunk > 0, ErrorCode::InvalidArgument,
+                   "shard_chunks: max_chunk must be > 0 (got " + std::to_string(max_chunk) + ")");
+  std::vector<ShardChunk> out;
+  for (const ShardChunk& piece : pieces) {
+    for (std::int64_t done = 0; done < piece.length; done += max_chunk) {
+      ShardChunk c = piece;
+      c.shard_offset = piece.shard_offset + done;
+      c.buffer_offset = piece.buffer_offset + done;
+      c.length = std::min(max_chunk, piece.length - done);
+      out.push_back(c);
+    }
+  }
+  return out;
 }
 
 void adam_step_prologue(const AdamConfig& config, StepScalars* scalars, Backend backend, Stream stream) {
@@ -200,3 +174,11 @@ void fused_adam_step(const AdamConfig& config, const ShardPointers& shard, StepS
 }
 
 }  // namespace shardopt
+
+#if !SHARDOPT_HAVE_CUDA
+// A build without CUDA compiles no .cu file: the launches refuse.
+namespace shardopt::kernels {
+void launch_adam_prologue(const AdamPrologueParams&, StepScalars*, Stream) { detail::no_cuda("fused Adam"); }
+void launch_adam_apply(const AdamVariant&, const AdamApplyParams&, Stream) { detail::no_cuda("fused Adam"); }
+}  // namespace shardopt::kernels
+#endif

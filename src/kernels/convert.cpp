@@ -25,11 +25,7 @@ void accumulate(const void* src, DType src_dtype, void* dst, DType dst_dtype, st
     host_enqueue(stream, [=] { accumulate_host(src, src_dtype, dst, dst_dtype, n); });
     return;
   }
-#if SHARDOPT_HAVE_CUDA
   accumulate_cuda(src, src_dtype, dst, dst_dtype, n, stream);
-#else
-  SHARDOPT_REQUIRE(false, ErrorCode::Unsupported, "this build has no CUDA backend");
-#endif
 }
 
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, Backend backend,
@@ -43,11 +39,15 @@ void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::
     host_enqueue(stream, [=] { convert_host(src, src_dtype, dst, dst_dtype, n); });
     return;
   }
-#if SHARDOPT_HAVE_CUDA
   convert_cuda(src, src_dtype, dst, dst_dtype, n, stream);
-#else
-  SHARDOPT_REQUIRE(false, ErrorCode::Unsupported, "this build has no CUDA backend");
-#endif
 }
 
 }  // namespace shardopt::kernels
+
+#if !SHARDOPT_HAVE_CUDA
+// A build without CUDA compiles no .cu file: the launches refuse.
+namespace shardopt::kernels {
+void accumulate_cuda(const void*, DType, void*, DType, std::int64_t, Stream) { detail::no_cuda("dtype conversion"); }
+void convert_cuda(const void*, DType, void*, DType, std::int64_t, Stream) { detail::no_cuda("dtype conversion"); }
+}  // namespace shardopt::kernels
+#endif

@@ -6,7 +6,6 @@
 #include <cstdint>
 
 #include "shardopt/backend.hpp"
-#include "shardopt_config.h"
 #include "shardopt/dtype.hpp"
 
 namespace shardopt::kernels {
@@ -19,10 +18,8 @@ void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::
 void accumulate(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, Backend backend,
                 Stream stream);
 
-#if SHARDOPT_HAVE_CUDA
 void accumulate_cuda(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, Stream stream);
 void convert_cuda(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, Stream stream);
-#endif
 
 /// The element loops of the host twins.
 void convert_host(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n);

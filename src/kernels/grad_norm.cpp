@@ -2,7 +2,6 @@
 // CUDA kernels or the host twin.
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "core/check.hpp"
@@ -14,13 +13,6 @@
 
 namespace shardopt {
 namespace {
-
-[[maybe_unused]] [[noreturn]] void no_cuda() {
-  SHARDOPT_REQUIRE(false, ErrorCode::Unsupported,
-                   "the gradient-norm kernels on Backend::Cuda need a CUDA build of shardopt; rebuild with "
-                   "-Dcuda=enabled or use Backend::Host");
-  std::abort();
-}
 
 }  // namespace
 
@@ -46,11 +38,7 @@ void accumulate_grad_sumsq(DType grad_dtype, const ShardPointers& shard, StepSca
     host_enqueue(stream, [grad_dtype, a] { kernels::host_grad_sumsq(grad_dtype, a); });
     return;
   }
-#if SHARDOPT_HAVE_CUDA
   kernels::launch_grad_sumsq(grad_dtype, a, stream);
-#else
-  no_cuda();
-#endif
 }
 
 void finalize_grad_norm(float max_norm, StepScalars* scalars, Backend backend, Stream stream) {
@@ -61,11 +49,15 @@ void finalize_grad_norm(float max_norm, StepScalars* scalars, Backend backend, S
     host_enqueue(stream, [max_norm, scalars] { kernels::finalize_norm(max_norm, scalars); });
     return;
   }
-#if SHARDOPT_HAVE_CUDA
   kernels::launch_finalize_grad_norm(max_norm, scalars, stream);
-#else
-  no_cuda();
-#endif
 }
 
 }  // namespace shardopt
+
+#if !SHARDOPT_HAVE_CUDA
+// A build without CUDA compiles no .cu file: the launches refuse.
+namespace shardopt::kernels {
+void launch_grad_sumsq(DType, const GradNormParams&, Stream) { detail::no_cuda("the gradient-norm kernels"); }
+void launch_finalize_grad_norm(float, StepScalars*, Stream) { detail::no_cuda("the gradient-norm kernels"); }
+}  // namespace shardopt::kernels
+#endif

@@ -5,6 +5,7 @@
 #include <limits>
 #include <string>
 
+#include "core/check.hpp"
 #include "core/memory.hpp"
 #include "kernels/mxfp8_launch.hpp"
 #include "shardopt/error.hpp"
@@ -40,13 +41,6 @@ void check_range(const Mxfp8Shape& s, Range range) {
 void require_ptr(const void* p, const char* what) {
   SHARDOPT_REQUIRE(p != nullptr, ErrorCode::InvalidArgument,
                    std::string("MXFP8: ") + what + " is null; pass device memory of the right size");
-}
-
-[[maybe_unused]] [[noreturn]] void no_cuda() {
-  detail::throw_error(ErrorCode::Unsupported,
-                      "MXFP8 on Backend::Cuda needs a build with CUDA; rebuild with -Dcuda=enabled or use "
-                      "Backend::Host",
-                      __FILE__, __LINE__);
 }
 
 }  // namespace
@@ -112,11 +106,7 @@ void quantize_mxfp8(const Mxfp8Shape& shape, const std::uint16_t* src, const Mxf
     });
     return;
   }
-#if SHARDOPT_HAVE_CUDA
   mxfp8::launch_quantize(shape, src, out, skip_flag, members, stream);
-#else
-  no_cuda();
-#endif
 }
 
 void mxfp8_partial_scales(const Mxfp8Shape& shape, Range range, const float* master, std::uint8_t* scale_row,
@@ -132,13 +122,9 @@ void mxfp8_partial_scales(const Mxfp8Shape& shape, Range range, const float* mas
     });
     return;
   }
-#if SHARDOPT_HAVE_CUDA
   fill_zero_async(backend, scale_row, static_cast<std::size_t>(shape.scale_row_numel()), stream);
   fill_zero_async(backend, scale_col, static_cast<std::size_t>(shape.scale_col_numel()), stream);
   mxfp8::launch_partial_scales(shape, range, master, scale_row, scale_col, stream);
-#else
-  no_cuda();
-#endif
 }
 
 void quantize_mxfp8_shard_data(const Mxfp8Shape& shape, Range range, const float* master,
@@ -158,11 +144,7 @@ void quantize_mxfp8_shard_data(const Mxfp8Shape& shape, Range range, const float
     });
     return;
   }
-#if SHARDOPT_HAVE_CUDA
   mxfp8::launch_shard_data(shape, range, master, scale_row, scale_col, data_row, data_col, stream);
-#else
-  no_cuda();
-#endif
 }
 
 void mxfp8_partial_amax(const Mxfp8Shape& shape, Range range, const float* master, std::uint32_t* amax_row,
@@ -178,13 +160,9 @@ void mxfp8_partial_amax(const Mxfp8Shape& shape, Range range, const float* maste
     });
     return;
   }
-#if SHARDOPT_HAVE_CUDA
   fill_zero_async(backend, amax_row, static_cast<std::size_t>(shape.scale_row_numel()) * sizeof(std::uint32_t), stream);
   fill_zero_async(backend, amax_col, static_cast<std::size_t>(shape.scale_col_numel()) * sizeof(std::uint32_t), stream);
   mxfp8::launch_partial_amax(shape, range, master, amax_row, amax_col, stream);
-#else
-  no_cuda();
-#endif
 }
 
 void quantize_mxfp8_shard(const Mxfp8Shape& shape, Range range, const float* master, const std::uint32_t* amax_row,
@@ -200,11 +178,7 @@ void quantize_mxfp8_shard(const Mxfp8Shape& shape, Range range, const float* mas
       mxfp8::host_scales_from_amax(shape, amax_row, amax_col, out.scale_row, out.scale_col);
     });
   } else {
-#if SHARDOPT_HAVE_CUDA
     mxfp8::launch_scales_from_amax(shape, amax_row, amax_col, out.scale_row, out.scale_col, stream);
-#else
-    no_cuda();
-#endif
   }
   quantize_mxfp8_shard_data(shape, range, master, out.scale_row, out.scale_col, out.data_row, out.data_col, backend,
                             stream);
@@ -220,11 +194,19 @@ void dequantize_mxfp8(const Mxfp8Shape& shape, Mxfp8Plane plane, const std::uint
     host_enqueue(stream, [shape, plane, data, scale, out] { mxfp8::host_dequantize(shape, plane, data, scale, out); });
     return;
   }
-#if SHARDOPT_HAVE_CUDA
   mxfp8::launch_dequantize(shape, plane, data, scale, out, stream);
-#else
-  no_cuda();
-#endif
 }
 
 }  // namespace shardopt
+
+#if !SHARDOPT_HAVE_CUDA
+// A build without CUDA compiles no .cu file: the launches refuse.
+namespace shardopt::mxfp8 {
+void launch_quantize(const Mxfp8Shape&, const std::uint16_t*, const Mxfp8Planes&, const std::int32_t*, const Mxfp8Member*, Stream) { detail::no_cuda("MXFP8"); }
+void launch_partial_scales(const Mxfp8Shape&, Range, const float*, std::uint8_t*, std::uint8_t*, Stream) { detail::no_cuda("MXFP8"); }
+void launch_partial_amax(const Mxfp8Shape&, Range, const float*, std::uint32_t*, std::uint32_t*, Stream) { detail::no_cuda("MXFP8"); }
+void launch_shard_data(const Mxfp8Shape&, Range, const float*, const std::uint8_t*, const std::uint8_t*, std::uint8_t*, std::uint8_t*, Stream) { detail::no_cuda("MXFP8"); }
+void launch_scales_from_amax(const Mxfp8Shape&, const std::uint32_t*, const std::uint32_t*, std::uint8_t*, std::uint8_t*, Stream) { detail::no_cuda("MXFP8"); }
+void launch_dequantize(const Mxfp8Shape&, Mxfp8Plane, const std::uint8_t*, const std::uint8_t*, float*, Stream) { detail::no_cuda("MXFP8"); }
+}  // namespace shardopt::mxfp8
+#endif

@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "core/check.hpp"
 #include "core/memory.hpp"
 #include "kernels/entry_table.hpp"
 #include "kernels/mxfp8_launch.hpp"
@@ -84,11 +85,7 @@ Mxfp8Batch::Mxfp8Batch(const std::vector<Mxfp8Tensor>& tensors, Backend backend)
                    "Mxfp8Batch of an empty tensor list; give it at least one tensor to quantize");
   SHARDOPT_REQUIRE(tensors.size() <= 0x7FFFFFFF, ErrorCode::InvalidArgument,
                    "Mxfp8Batch of more than 2^31 - 1 tensors; split the list into several batches");
-#if !SHARDOPT_HAVE_CUDA
-  SHARDOPT_REQUIRE(backend == Backend::Host, ErrorCode::Unsupported,
-                   "Mxfp8Batch on Backend::Cuda needs a build with CUDA; rebuild with -Dcuda=enabled or use "
-                   "Backend::Host");
-#endif
+  if (backend == Backend::Cuda && !cuda_compiled()) detail::no_cuda("Mxfp8Batch");
   std::vector<mxfp8::BatchEntry> entries;
   entries.reserve(tensors.size());
   std::int64_t tiles = 0, numel = 0;
@@ -112,9 +109,7 @@ Mxfp8Batch::Mxfp8Batch(const std::vector<Mxfp8Tensor>& tensors, Backend backend)
   im.numel = numel;
   im.tiles = tiles;
   im.table = detail::EntryTable(backend, entries);
-#if SHARDOPT_HAVE_CUDA
   if (backend == Backend::Cuda) im.grid = mxfp8::batch_grid(tiles);
-#endif
 }
 
 Mxfp8Batch::~Mxfp8Batch() = default;
@@ -140,9 +135,15 @@ void quantize_mxfp8_batch(const Mxfp8Batch& batch, const std::int32_t* skip_flag
     });
     return;
   }
-#if SHARDOPT_HAVE_CUDA
   mxfp8::launch_quantize_batch(entries, count, im.tiles, skip_flag, stream);
-#endif
 }
 
 }  // namespace shardopt
+
+#if !SHARDOPT_HAVE_CUDA
+// A build without CUDA compiles no .cu file: the launches refuse.
+namespace shardopt::mxfp8 {
+int batch_grid(std::int64_t) { detail::no_cuda("MXFP8"); }
+void launch_quantize_batch(const BatchEntry*, int, std::int64_t, const std::int32_t*, Stream) { detail::no_cuda("MXFP8"); }
+}  // namespace shardopt::mxfp8
+#endif

@@ -7,8 +7,8 @@
 
 #include "kernels/fast_divide.hpp"
 #include "shardopt/backend.hpp"
-#include "shardopt/layout.hpp"
 #include "shardopt/mxfp8.hpp"
+#include "shardopt/range.hpp"
 
 namespace shardopt::mxfp8 {
 

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/check.hpp"
 #include "core/memory.hpp"
 #include "kernels/entry_table.hpp"
 #include "kernels/mxfp8_launch.hpp"
@@ -138,11 +139,7 @@ Mxfp8ShardBatch::Mxfp8ShardBatch(const std::vector<Mxfp8ShardTensor>& tensors, B
                    "Mxfp8ShardBatch of an empty tensor list; give it at least one tensor");
   SHARDOPT_REQUIRE(tensors.size() <= 0x7FFFFFFF, ErrorCode::InvalidArgument,
                    "Mxfp8ShardBatch of more than 2^31 - 1 tensors; split the list into several batches");
-#if !SHARDOPT_HAVE_CUDA
-  SHARDOPT_REQUIRE(backend == Backend::Host, ErrorCode::Unsupported,
-                   "Mxfp8ShardBatch on Backend::Cuda needs a build with CUDA; rebuild with -Dcuda=enabled or use "
-                   "Backend::Host");
-#endif
+  if (backend == Backend::Cuda && !cuda_compiled()) detail::no_cuda("Mxfp8ShardBatch");
   std::vector<mxfp8::ShardEntry> entries;
   entries.reserve(tensors.size());
   std::vector<Extent> scales, written;
@@ -200,9 +197,7 @@ Mxfp8ShardBatch::Mxfp8ShardBatch(const std::vector<Mxfp8ShardTensor>& tensors, B
   im.numel = numel;
   im.tiles = tiles;
   im.table = detail::EntryTable(backend, entries);
-#if SHARDOPT_HAVE_CUDA
   if (backend == Backend::Cuda) im.grid = mxfp8::shard_batch_grid(tiles);
-#endif
 }
 
 Mxfp8ShardBatch::~Mxfp8ShardBatch() = default;
@@ -225,10 +220,8 @@ void mxfp8_partial_scales_batch(const Mxfp8ShardBatch& batch, Backend backend, S
     host_enqueue(stream, [entries, count] { mxfp8::host_partial_scales_batch(entries, count); });
     return;
   }
-#if SHARDOPT_HAVE_CUDA
   for (const auto& [p, n] : im.spans) fill_zero_async(backend, p, n, stream);
   mxfp8::launch_partial_scales_batch(entries, count, im.tiles, stream);
-#endif
 }
 
 void quantize_mxfp8_shard_data_batch(const Mxfp8ShardBatch& batch, Backend backend, Stream stream) {
@@ -239,9 +232,16 @@ void quantize_mxfp8_shard_data_batch(const Mxfp8ShardBatch& batch, Backend backe
     host_enqueue(stream, [entries, count] { mxfp8::host_shard_data_batch(entries, count); });
     return;
   }
-#if SHARDOPT_HAVE_CUDA
   mxfp8::launch_shard_data_batch(entries, count, im.tiles, stream);
-#endif
 }
 
 }  // namespace shardopt
+
+#if !SHARDOPT_HAVE_CUDA
+// A build without CUDA compiles no .cu file: the launches refuse.
+namespace shardopt::mxfp8 {
+int shard_batch_grid(std::int64_t) { detail::no_cuda("MXFP8"); }
+void launch_partial_scales_batch(const ShardEntry*, int, std::int64_t, Stream) { detail::no_cuda("MXFP8"); }
+void launch_shard_data_batch(const ShardEntry*, int, std::int64_t, Stream) { detail::no_cuda("MXFP8"); }
+}  // namespace shardopt::mxfp8
+#endif

@@ -20,11 +20,7 @@ void apply_lr_schedule(const LrSchedule& schedule, const float* host_lr, StepSca
     });
     return;
   }
-#if SHARDOPT_HAVE_CUDA
   apply_lr_schedule_cuda(schedule, host_lr, scalars, stream);
-#else
-  SHARDOPT_REQUIRE(false, ErrorCode::Unsupported, "this build has no CUDA backend");
-#endif
 }
 
 void advance_microbatch(MicrobatchState* state, Backend backend, Stream stream) {
@@ -32,12 +28,16 @@ void advance_microbatch(MicrobatchState* state, Backend backend, Stream stream) 
     host_enqueue(stream, [=] { advance_microbatch_state(state); });
     return;
   }
-#if SHARDOPT_HAVE_CUDA
   advance_microbatch_cuda(state, stream);
-#else
-  SHARDOPT_REQUIRE(false, ErrorCode::Unsupported, "this build has no CUDA backend");
-#endif
 }
 
 }  // namespace kernels
 }  // namespace shardopt
+
+#if !SHARDOPT_HAVE_CUDA
+// A build without CUDA compiles no .cu file: the launches refuse.
+namespace shardopt::kernels {
+void apply_lr_schedule_cuda(const LrSchedule&, const float*, StepScalars*, Stream) { detail::no_cuda("the step-control kernels"); }
+void advance_microbatch_cuda(MicrobatchState*, Stream) { detail::no_cuda("the step-control kernels"); }
+}  // namespace shardopt::kernels
+#endif

@@ -8,7 +8,6 @@
 #include "shardopt/microbatch.hpp"
 #include "shardopt/numerics.hpp"
 #include "shardopt/schedule.hpp"
-#include "shardopt_config.h"
 
 namespace shardopt::kernels {
 
@@ -28,9 +27,7 @@ SHARDOPT_HD void advance_microbatch_state(MicrobatchState* s) {
   s->skip_weight_update = s->first ? 0 : 1;
 }
 
-#if SHARDOPT_HAVE_CUDA
 void apply_lr_schedule_cuda(const LrSchedule& schedule, const float* host_lr, StepScalars* scalars, Stream stream);
 void advance_microbatch_cuda(MicrobatchState* state, Stream stream);
-#endif
 
 }  // namespace shardopt::kernels

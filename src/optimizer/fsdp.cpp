@@ -87,7 +87,7 @@ class Fsdp::Impl final : public detail::StepTarget {
                      "slot_grad_dtype must be f32, bf16 or f16");
     // Every rank must agree: the shard group names the first differing parameter; with
     // replicas, the groups must also agree with each other.
-    shard_comm.check_layout(layout);
+    check_layout(shard_comm, layout);
     if (replica_comm.size() > 1) {
       const auto prints = world.all_gather_value(layout.fingerprint());
       for (std::size_t r = 0; r < prints.size(); ++r)

@@ -1,9 +1,8 @@
 #include "shardopt/step_graph.hpp"
 
-#include <optional>
 #include <utility>
 
-#include "core/check.hpp"
+#include "core/graph.hpp"
 #include "core/live.hpp"
 #include "core/streams.hpp"
 #include "shardopt/distributed_adam.hpp"
@@ -13,74 +12,6 @@
 #include "optimizer/step_target.hpp"
 
 namespace shardopt {
-namespace {
-
-// One captured piece of work on either backend.
-class Graph {
- public:
-  Graph() = default;
-  Graph(const Graph&) = delete;
-  Graph& operator=(const Graph&) = delete;
-  ~Graph() {
-#if SHARDOPT_HAVE_CUDA
-    if (exec_ != nullptr) (void)cudaGraphExecDestroy(exec_);
-    if (graph_ != nullptr) (void)cudaGraphDestroy(graph_);
-#endif
-  }
-
-  template <class Fn>
-  void capture(Backend backend, Stream stream, Fn&& body) {
-    if (backend == Backend::Host) {
-      HostStream* hs = HostStream::from(stream);
-      SHARDOPT_REQUIRE(hs != nullptr, ErrorCode::InvalidArgument,
-                       "host-backend capture needs a HostStream handle, not the null stream");
-      hs->begin_capture();
-      try {
-        body();
-      } catch (...) {
-        (void)hs->end_capture();
-        throw;
-      }
-      host_ = hs->end_capture();
-      return;
-    }
-#if SHARDOPT_HAVE_CUDA
-    const auto s = reinterpret_cast<cudaStream_t>(stream);
-    SHARDOPT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    try {
-      body();
-    } catch (...) {
-      cudaGraph_t broken = nullptr;
-      (void)cudaStreamEndCapture(s, &broken);
-      if (broken != nullptr) (void)cudaGraphDestroy(broken);
-      throw;
-    }
-    SHARDOPT_CUDA_CHECK(cudaStreamEndCapture(s, &graph_));
-    SHARDOPT_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
-#else
-    SHARDOPT_REQUIRE(false, ErrorCode::Unsupported, "this build has no CUDA backend");
-#endif
-  }
-
-  void replay(Backend backend, Stream stream) const {
-    if (backend == Backend::Host) {
-      host_enqueue(stream, [this] { host_->replay(); });
-      return;
-    }
-#if SHARDOPT_HAVE_CUDA
-    SHARDOPT_CUDA_CHECK(cudaGraphLaunch(exec_, reinterpret_cast<cudaStream_t>(stream)));
-#endif
-  }
-
- private:
-  std::optional<HostGraph> host_;
-#if SHARDOPT_HAVE_CUDA
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t exec_ = nullptr;
-#endif
-};
-
-}  // namespace
 
 class StepGraph::Impl {
  public:
@@ -117,7 +48,7 @@ class StepGraph::Impl {
   MicrobatchFn fn;
   StepGraphOptions options;
   bool one_graph;
-  std::unique_ptr<Graph> accumulate, last, step_graph, whole;
+  std::unique_ptr<detail::CapturedGraph> accumulate, last, step_graph, whole;
 };
 
 namespace {
@@ -156,21 +87,21 @@ void StepGraph::capture(Stream stream) {
   }
   m.target.check_step_capturable();
   if (m.one_graph) {
-    m.whole = std::make_unique<Graph>();
+    m.whole = std::make_unique<detail::CapturedGraph>();
     m.whole->capture(be, stream, [&] { m.eager(stream); });
     return;
   }
   const int k = m.target.iteration_microbatches();
   const bool separate_last = m.target.separate_last_microbatch();
   if (k > 1) {
-    m.accumulate = std::make_unique<Graph>();
+    m.accumulate = std::make_unique<detail::CapturedGraph>();
     m.accumulate->capture(be, stream, [&] { m.microbatch(stream, false); });
   }
   if (separate_last) {
-    m.last = std::make_unique<Graph>();
+    m.last = std::make_unique<detail::CapturedGraph>();
     m.last->capture(be, stream, [&] { m.microbatch(stream, true); });
   }
-  m.step_graph = std::make_unique<Graph>();
+  m.step_graph = std::make_unique<detail::CapturedGraph>();
   m.step_graph->capture(be, stream, [&] { m.target.step_and_zero_grad(stream); });
 }
 

@@ -55,7 +55,7 @@ TEST(CommSelfCuda, FromUniqueIdRejectsBadArguments) {
 
 TEST(CommSelfCuda, NcclFailureAbortsAndPoisons) {
   Communicator c = Communicator::from_unique_id(UniqueId::create(), 0, 1, current_device());
-  const auto e = error_of([&] { c.impl()->provoke_backend_error_for_test(); });
+  const auto e = error_of([&] { shardopt::detail::provoke_backend_error_for_test(c); });
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->code(), ErrorCode::Nccl) << e->what();
   EXPECT_TRUE(c.failed());

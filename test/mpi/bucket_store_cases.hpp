@@ -508,7 +508,7 @@ inline void store_disagreement_and_failed_group(Backend be) {
     Communicator fresh = make_world(be);
     TestStream s(be);
     BucketStore st(fresh, store_layout(n));
-    (void)error_of([&] { fresh.impl()->provoke_backend_error_for_test(); });
+    (void)error_of([&] { shardopt::detail::provoke_backend_error_for_test(fresh); });
     EXPECT_TRUE(fresh.failed());
     expect_code(error_of([&] { st.start_grad_reduce(0, s.get()); }), ErrorCode::InvalidState, "failed earlier");
     EXPECT_FALSE(st.grad_reduce_pending(0));

@@ -238,7 +238,7 @@ inline void self_is_identity(Backend be) {
   self.barrier();
   EXPECT_EQ(self.all_gather_value(42), std::vector<std::uint64_t>{42});
   EXPECT_EQ(self.split(3, 0).size(), 1);
-  EXPECT_NO_THROW(self.check_layout(Layout({ParamSpec::tensor("w", {4, 4})}, 1)));
+  EXPECT_NO_THROW(check_layout(self, Layout({ParamSpec::tensor("w", {4, 4})}, 1)));
 }
 
 // ------------------------------------------------------------------ errors
@@ -250,7 +250,7 @@ inline void backend_failure_poisons_the_group(Backend be) {
   const Communicator copy = comm;
   TestStream s(be);
   DeviceBuffer buf = to_device(be, Bytes(64, 0));
-  const auto first = error_of([&] { comm.impl()->provoke_backend_error_for_test(); });
+  const auto first = error_of([&] { shardopt::detail::provoke_backend_error_for_test(comm); });
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(first->code(), be == Backend::Host ? ErrorCode::Mpi : ErrorCode::Nccl) << first->what();
   EXPECT_TRUE(comm.failed());
@@ -333,13 +333,13 @@ inline void layout_mismatch_is_reported_on_every_rank(Backend be) {
   const int n = comm.size(), me = comm.rank(), last = n - 1;
 
   // Agreement.
-  EXPECT_NO_THROW(comm.check_layout(Layout(check_specs(), n)));
+  EXPECT_NO_THROW(check_layout(comm, Layout(check_specs(), n)));
 
   // A different shape of parameter #2 on the last rank.
   {
     auto specs = check_specs();
     if (me == last) specs[2].shape = {33, 16};
-    expect_mismatch([&] { comm.check_layout(Layout(specs, n)); },
+    expect_mismatch([&] { check_layout(comm, Layout(specs, n)); },
                     {"parameter #2", "'mlp.up.weight' [32, 16]", "'mlp.up.weight' [33, 16]",
                      "rank " + std::to_string(last) + " differs from rank 0"});
   }
@@ -347,25 +347,25 @@ inline void layout_mismatch_is_reported_on_every_rank(Backend be) {
   {
     auto specs = check_specs();
     if (me == last) specs.push_back(ParamSpec::tensor("extra.bias", {7}));
-    expect_mismatch([&] { comm.check_layout(Layout(specs, n)); },
+    expect_mismatch([&] { check_layout(comm, Layout(specs, n)); },
                     {"parameter #5", "'extra.bias'", "no parameter #5", std::to_string(last)});
   }
   // Another name of parameter #0 on rank 0 only: every other rank differs from rank 0.
   {
     auto specs = check_specs();
     if (me == 0) specs[0].name = "tok_embed.weight";
-    expect_mismatch([&] { comm.check_layout(Layout(specs, n)); }, {"parameter #0", "'tok_embed.weight'", "differ"});
+    expect_mismatch([&] { check_layout(comm, Layout(specs, n)); }, {"parameter #0", "'tok_embed.weight'", "differ"});
   }
   // Same parameters, other options.
   {
     LayoutOptions o;
     if (me == last) o.bucket_numel = 512;
-    expect_mismatch([&] { comm.check_layout(Layout(check_specs(), n, o)); },
+    expect_mismatch([&] { check_layout(comm, Layout(check_specs(), n, o)); },
                     {"same 5 parameters", "bucket threshold 512"});
   }
   // A layout for another world size, the same on every rank: a plain argument error.
   {
-    const auto e = error_of([&] { comm.check_layout(Layout(check_specs(), n + 1)); });
+    const auto e = error_of([&] { check_layout(comm, Layout(check_specs(), n + 1)); });
     ASSERT_TRUE(e.has_value());
     EXPECT_EQ(e->code(), ErrorCode::InvalidArgument) << e->what();
     EXPECT_TRUE(contains(e->what(), "world size of " + std::to_string(n + 1))) << e->what();

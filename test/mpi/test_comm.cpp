@@ -37,7 +37,7 @@ TEST(CommHost, ReplayAfterFailureThrows) {
   s.begin_capture();
   comm.all_reduce(&v, 1, DType::f32, ReduceOp::Sum, s.handle());
   HostGraph g = s.end_capture();
-  (void)error_of([&] { comm.impl()->provoke_backend_error_for_test(); });
+  (void)error_of([&] { shardopt::detail::provoke_backend_error_for_test(comm); });
   const auto e = error_of([&] { g.replay(); });
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->code(), ErrorCode::InvalidState);

@@ -1,4 +1,4 @@
-// Communicator::check_layout: every rank must have computed the same layout (contract 1).
+// check_layout: every rank must have computed the same layout (contract 1).
 //
 // Round 1 all-gathers each rank's fingerprint, parameter count and layout options. If
 // the fingerprints differ, round 2 all-gathers the per-parameter hashes, padded to the
@@ -13,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "comm/comm_impl.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/layout.hpp"
@@ -62,9 +61,8 @@ std::string grouped(const std::vector<Key>& per_rank, const std::vector<std::str
 
 }  // namespace
 
-void Communicator::check_layout(const Layout& layout) const {
-  detail::CommImpl& c = detail::require_impl(impl_.get());
-  const int world = c.size();
+void check_layout(const Communicator& comm, const Layout& layout) {
+  const int world = comm.size();
   const auto& specs = layout.specs();
   const std::size_t count = specs.size();
 
@@ -75,7 +73,7 @@ void Communicator::check_layout(const Layout& layout) const {
                                            static_cast<std::uint64_t>(layout.bucket_threshold()),
                                            static_cast<std::uint64_t>(layout.alignment()),
                                            static_cast<std::uint64_t>(layout.pad_multiple())};
-  const std::vector<std::uint64_t> r1 = c.all_gather_u64(mine);
+  const std::vector<std::uint64_t> r1 = comm.all_gather_values(mine);
   auto at1 = [&](int r, std::size_t field) { return r1[static_cast<std::size_t>(r) * kRound1 + field]; };
   bool agree = true;
   std::size_t longest = 0;
@@ -94,7 +92,7 @@ void Communicator::check_layout(const Layout& layout) const {
   // Round 2: which parameter differs first.
   std::vector<std::uint64_t> hashes(longest, kMissing);
   for (std::size_t i = 0; i < count; ++i) hashes[i] = layout.param_hash(static_cast<int>(i));
-  const std::vector<std::uint64_t> r2 = c.all_gather_u64(hashes);
+  const std::vector<std::uint64_t> r2 = comm.all_gather_values(hashes);
   auto hash_at = [&](int r, std::size_t i) { return r2[static_cast<std::size_t>(r) * longest + i]; };
   std::size_t first = longest;
   for (std::size_t i = 0; i < longest && first == longest; ++i)
@@ -124,7 +122,7 @@ void Communicator::check_layout(const Layout& layout) const {
   const std::string own = first < count ? describe(specs[first])
                                         : "(no parameter #" + std::to_string(first) + ": only " +
                                               std::to_string(count) + " registered)";
-  const std::vector<std::uint64_t> r3 = c.all_gather_u64(pack(own));
+  const std::vector<std::uint64_t> r3 = comm.all_gather_values(pack(own));
   std::vector<std::string> text(static_cast<std::size_t>(world));
   std::vector<std::uint64_t> key(static_cast<std::size_t>(world));
   std::vector<int> differ;

@@ -1,0 +1,25 @@
+// device_guard.hpp - makes a CUDA device current for a scope and restores the previous
+// one (NCCL calls, allocations and stream work must run on the communicator's device).
+// In a build without CUDA it does nothing, so callers need no #if.
+#pragma once
+
+namespace shardopt::detail {
+
+class DeviceGuard {
+ public:
+  /// Makes `device` current (Error(Cuda) if that fails); no-op without CUDA.
+  explicit DeviceGuard(int device);
+  /// Restores the device that was current before (never throws).
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+/// The calling thread's current CUDA device (Error(Cuda) if the query fails); -1 in a
+/// build without CUDA.
+int current_device();
+
+}  // namespace shardopt::detail
