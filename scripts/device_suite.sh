@@ -6,6 +6,7 @@
 #   build.log     meson + ninja
 #   tests.log     meson test output of the GPU suites
 #   bench.log     benchmark and peer output
+#   sanitize.log  compute-sanitizer output (sanitize phase)
 #   results.tgz   bench/results/*.jsonl after the run
 #
 #   bash scripts/device_suite.sh [phase ...]
@@ -21,6 +22,11 @@
 #   fsdp          bench_fsdp + peer (all GPUs)
 #   trainer       trainer benchmark (all GPUs)
 #   main          the README's main command (trainer on 2 GPUs)
+#   sanitize      compute-sanitizer (needs build; ~6 min on one H100): memcheck on every
+#                 single-GPU suite (and, with 2+ GPUs, one 2-rank suite under mpirun),
+#                 racecheck + synccheck on the suites that launch the kernels with shared
+#                 memory, barriers or warp shuffles; full output in sanitize.log, one line
+#                 per run in summary.txt; the script exits non-zero when any run fails
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/shardopt-out}"
@@ -125,6 +131,135 @@ phase_main() {
   cat /tmp/b.log >>"$OUT/bench.log"; grep -E "step|loss" /tmp/b.log | tail -4 | tee -a "$SUMMARY"
 }
 
+# ---------------------------------------------------------------- sanitize
+CS="${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}"
+SAN_MEMCHECK_S="${SAN_MEMCHECK_S:-90}"   # per memcheck run (one whole binary)
+SAN_CHECK_S="${SAN_CHECK_S:-60}"         # per racecheck / synccheck run (filtered)
+SAN_FAILED=0
+status=0
+
+# One compute-sanitizer run: san_run TOOL LABEL TIMEOUT_S RANKS COMMAND...
+# RANKS: how many "... SUMMARY" lines the output must hold (one per process). PASS needs
+# exit 0, every summary present and 0 errors; a timeout, a missing summary, an error
+# count above 0 or a non-zero exit (a failing test, or exit 77: no GPU) is a FAIL line.
+san_run() {
+  local tool="$1" label="$2" limit="$3" ranks="$4"; shift 4
+  local tmp; tmp=$(mktemp)
+  local t0=$SECONDS
+  echo "===== $tool $label: $*" >>"$OUT/sanitize.log"
+  timeout -k 15 "$limit" "$@" </dev/null >"$tmp" 2>&1
+  local rc=$? dt=$((SECONDS - t0))
+  cat "$tmp" >>"$OUT/sanitize.log"
+  local summaries errors warnings
+  if [ "$tool" = racecheck ]; then
+    # ========= RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)
+    summaries=$(grep -c 'RACECHECK SUMMARY:' "$tmp")
+    errors=$(sed -n 's/.*RACECHECK SUMMARY:.*(\([0-9]*\) error.*/\1/p' "$tmp" | awk '{n += $1} END {print n + 0}')
+    warnings=$(sed -n 's/.*RACECHECK SUMMARY:.* \([0-9]*\) warning.*/\1/p' "$tmp" | awk '{n += $1} END {print n + 0}')
+  else
+    # ========= ERROR SUMMARY: N errors
+    summaries=$(grep -c 'ERROR SUMMARY:' "$tmp")
+    errors=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$tmp" | awk '{n += $1} END {print n + 0}')
+    warnings=0
+  fi
+  rm -f "$tmp"
+  local why=""
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then why="timed out after ${limit}s (incomplete)"
+  elif [ "$errors" -gt 0 ]; then why="$errors errors"
+  elif [ "$summaries" -lt "$ranks" ]; then why="$summaries of $ranks sanitizer summaries (exit $rc)"
+  elif [ "$rc" -ne 0 ]; then why="exit $rc"
+  fi
+  if [ -n "$why" ]; then
+    log "FAIL sanitize $tool $label: $why (${dt}s)"
+    SAN_FAILED=1
+  elif [ "$warnings" -gt 0 ]; then
+    log "ok   sanitize $tool $label: 0 errors, $warnings warnings (see sanitize.log) (${dt}s)"
+  else
+    log "ok   sanitize $tool $label: 0 errors (${dt}s)"
+  fi
+}
+
+# The single-GPU suites (meson suite "gpu"), from the build's own test list:
+# "name exe ranks" per line; ranks 0 = a plain process, 1 = run_mpi.sh's one-rank mpirun.
+gpu_suites() {  # suite name
+  meson introspect "$BUILD" --tests | python3 -c '
+import json, os, sys
+for t in json.load(sys.stdin):
+    if "shardopt:" + sys.argv[1] not in t["suite"]:
+        continue
+    c = t["cmd"]
+    if len(c) >= 5 and c[1].endswith("run_mpi.sh"):  # sh run_mpi.sh MPIEXEC N EXE (EXE relative to the build)
+        print(t["name"], os.path.join(t.get("workdir") or sys.argv[2], c[4]), c[3])
+    else:
+        print(t["name"], c[0], 0)
+' "$1" "$(cd "$BUILD" && pwd)"
+}
+
+phase_sanitize() {
+  : >"$OUT/sanitize.log"
+  log "== sanitize ($CS, $GPUS GPUs)"
+  if [ ! -x "$CS" ]; then CS=$(command -v compute-sanitizer || true); fi
+  if [ -z "$CS" ] || [ ! -x "$CS" ]; then log "FAIL sanitize: compute-sanitizer not found"; status=1; return 1; fi
+  if [ ! -f "$BUILD/build.ninja" ]; then log "FAIL sanitize: no $BUILD (run the build phase first)"; status=1; return 1; fi
+  "$CS" --version 2>&1 | tail -1 | tee -a "$SUMMARY"
+  SAN_FAILED=0
+  local cs_args=(--error-exitcode 1)
+  local name exe ranks suites
+  suites=$(gpu_suites gpu)
+  if [ -z "$suites" ]; then log "FAIL sanitize: no gpu suites in $BUILD"; status=1; return 1; fi
+
+  # memcheck: every single-GPU suite, whole binary.
+  while read -r name exe ranks; do
+    if [ "$ranks" -eq 0 ]; then
+      san_run memcheck "$name" "$SAN_MEMCHECK_S" 1 "$CS" --tool memcheck "${cs_args[@]}" "$exe"
+    else
+      san_run memcheck "$name" "$SAN_MEMCHECK_S" "$ranks" env SHARDOPT_TEST_NEEDS_GPU=1 SHARDOPT_BACKEND=cuda \
+        $MPIRUN -n "$ranks" "$CS" --tool memcheck "${cs_args[@]}" "$exe"
+    fi
+  done <<<"$suites"
+
+  # racecheck + synccheck: the kernels with __shared__, __syncthreads* or __shfl*_sync, on
+  # test cases that launch them (filtered where the whole binary is slow):
+  #   gpu_adam              grad_sumsq_kernel, grad_sumsq_finish_kernel (src/kernels/grad_norm.cu)
+  #   gpu_mxfp8             quantize_kernel<One> (mxfp8_batch.cu), shard_kernel (mxfp8_shard.cu),
+  #                         the warp shuffles of mxfp8_tile.cuh, per tensor
+  #   gpu_mxfp8_batch       quantize_kernel<TensorList> (mxfp8_batch.cu)
+  #   gpu_mxfp8_shard_batch shard_kernel over tables (mxfp8_shard.cu), both phases
+  #   gpu_trainer_ops       block_sum / block_max users and k_embed_links, k_dispatch_assign,
+  #                         k_sumsq_partial / k_sumsq_final (examples/trainer/cuda_ops.cu)
+  # (test/gpu/test_comm_kernels.cu's spin_then_fill_kernel has a barrier but runs only in
+  # the 2- and 4-rank gpu_mpi_comm suites: see the 2-GPU memcheck below.)
+  local targets=(
+    "test/gpu_adam FusedAdamGpu.KernelEqualsHostTwinBitwiseEveryVariant:FusedAdamGpu.FoundInfLeavesEverythingUntouched:FusedAdamGpu.GraphReplaysEqualEagerStepsBitwise"
+    "test/gpu_mxfp8 Mxfp8Gpu.RandomShapesMatchReference:Mxfp8Gpu.SpecialValuesMatchReference:Mxfp8Gpu.MisalignedPointersAndOddWidthsUseTheScalarPaths:Mxfp8Gpu.GroupedEqualsDiscreteAndHonoursTheSkipFlag:Mxfp8Gpu.MemberTableWithScatteredMembers:Mxfp8Gpu.ShardedWorldSizes1To8:Mxfp8Gpu.DequantizeEqualsHostTwin"
+    "test/gpu_mxfp8_batch Mxfp8BatchGpu.AFirstUseUnderCaptureWorks:Mxfp8BatchGpu.MixedListsKernelEqualsHostTwinAndOracle:Mxfp8BatchGpu.EagerSkipFlagWritesNothing"
+    "test/gpu_mxfp8_shard_batch Mxfp8ShardBatchGpu.AFirstUseUnderCaptureWorks:Mxfp8ShardBatchGpu.MixedListsOverWorldsOf1To8KernelEqualsHostTwinAndOracle:Mxfp8ShardBatchGpu.ScaleLayoutsAndListOrdersKernelEqualsHostTwin:Mxfp8ShardBatchGpu.MisalignedMastersAndDataPlanesKernelEqualsHostTwin:Mxfp8ShardBatchGpu.SpecialValuesInMidBlockRangesKernelEqualsHostTwin"
+    "examples/trainer/gpu_trainer_ops OpsPair.ElementAndRowOps:OpsPair.EmbeddingForwardAndBackward:OpsPair.RouterDispatchCombine:OpsPair.CrossEntropyPackAndSumsq:OpsPair.F32NormWeightsAndF32InitAreBitwiseTheirBf16Twins"
+  )
+  local tool t bin filter
+  for tool in racecheck synccheck; do
+    for t in "${targets[@]}"; do
+      read -r bin filter <<<"$t"
+      if [ ! -x "$BUILD/$bin" ]; then log "FAIL sanitize $tool $(basename "$bin"): $BUILD/$bin not built"; SAN_FAILED=1; continue; fi
+      san_run "$tool" "$(basename "$bin")" "$SAN_CHECK_S" 1 "$CS" --tool "$tool" "${cs_args[@]}" \
+        "$BUILD/$bin" --gtest_filter="$filter"
+    done
+  done
+
+  # With 2+ GPUs: memcheck on one 2-rank suite under mpirun (NCCL between two GPUs).
+  if [ "$GPUS" -ge 2 ]; then
+    exe=$(gpu_suites gpu-multi | awk '$1 == "gpu_mpi_distributed_adam_n2" { print $2 }')
+    if [ -n "$exe" ]; then
+      san_run memcheck gpu_mpi_distributed_adam_n2 $((2 * SAN_MEMCHECK_S)) 2 env SHARDOPT_TEST_NEEDS_GPU=1 SHARDOPT_BACKEND=cuda \
+        $MPIRUN -n 2 "$CS" --tool memcheck "${cs_args[@]}" "$exe"
+    else
+      log "FAIL sanitize memcheck gpu_mpi_distributed_adam_n2: not in $BUILD"; SAN_FAILED=1
+    fi
+  fi
+  if [ "$SAN_FAILED" -eq 0 ]; then log "sanitize: PASS"; else log "sanitize: FAIL"; status=1; fi
+  return "$SAN_FAILED"
+}
+
 phases=("$@")
 if [ ${#phases[@]} -eq 0 ]; then
   phases=(build tests1 adam mxfp8)
@@ -134,3 +269,4 @@ fi
 for p in "${phases[@]}"; do "phase_$p"; done
 tar czf "$OUT/results.tgz" bench/results 2>/dev/null
 log "done in ${SECONDS}s"
+exit "${status:-0}"  # non-zero when the sanitize phase found anything
