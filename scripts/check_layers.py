@@ -89,6 +89,7 @@ PUBLIC_HEADER_LAYER = {
     "microbatch.hpp": "core",      # header-only struct
     "numerics.hpp": "core",        # header-only (includes dtype.hpp)
     "param_spec.hpp": "core",      # src/core/param_spec.cpp: the vocabulary type of every layer
+    "range.hpp": "core",           # header-only struct
     # comm
     "communicator.hpp": "comm",    # src/comm/communicator.cpp, comm_impl.cpp, self_comm.cpp
     "mpi.hpp": "comm",             # src/comm/bootstrap_mpi.cpp (communicator_from_mpi)
@@ -104,6 +105,7 @@ PUBLIC_HEADER_LAYER = {
     "mxfp8_param.hpp": "mxfp8",    # src/mxfp8/mxfp8_params.cpp (Mxfp8View, GatherState)
     # optimizer
     "adam_options.hpp": "optimizer",  # src/optimizer/shard_engine.cpp (validate)
+    "checkpoint.hpp": "optimizer",    # src/optimizer/checkpoint.cpp (SaveHandle)
     "distributed_adam.hpp": "optimizer",  # src/optimizer/distributed_adam.cpp
     "fsdp.hpp": "optimizer",       # src/optimizer/fsdp.cpp
     "memory_report.hpp": "optimizer",  # src/optimizer/views.cpp (MemoryReport::to_string)

@@ -128,6 +128,14 @@ class BucketStore {
   bool grad_reduce_pending(int bucket) const;
   bool param_gather_pending(int bucket) const;
 
+  /// An in-place all-reduce (Communicator::all_reduce's dtypes and ops) ordered with the
+  /// store's bucket collectives: on CUDA it runs on the store's communication stream,
+  /// after the work queued so far on `stream` and behind every collective already started
+  /// there, and `stream` waits for it (capturable, like the bucket calls); on the host
+  /// backend it runs on `stream`. The one way for code beside the store (MXFP8 scales) to
+  /// add a collective, so that every rank issues all of them in one order.
+  void all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream);
+
   /// The store's communication stream (nullptr on the host backend).
   ///
   /// A moved-from store may only be destroyed or assigned to; its other calls throw

@@ -124,6 +124,7 @@ class BucketStoreImpl {
   std::vector<BufferRegistration> registrations;  // destroyed before the buffers
   std::unique_ptr<SideStream> stream;             // the comm stream (CUDA only)
   std::vector<Event> reduce_start, reduce_done, gather_start, gather_done;  // per bucket (CUDA only)
+  std::unique_ptr<Event> extra_start, extra_done;  // all_reduce (CUDA only)
   std::vector<std::uint8_t> grad_pending;
   std::vector<std::uint8_t> gather_pending;
   std::vector<std::uint64_t> grad_capture;    // capture of the pending start (0: none)
@@ -284,6 +285,23 @@ class BucketStoreImpl {
     }
   }
 
+  // An all-reduce ordered with the bucket collectives: on the comm stream, behind those
+  // already started there and after the work queued on `caller`, which then waits for it.
+  void all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream caller) {
+    require_comm("all_reduce");
+    check_stream_device(backend, device, caller);
+    if (backend == Backend::Host) {
+      comm.all_reduce(data, count, dtype, op, caller);
+      return;
+    }
+    DeviceGuard guard(device);
+    extra_start->record(caller);
+    extra_start->wait(comm_stream());
+    comm.all_reduce(data, count, dtype, op, comm_stream());
+    extra_done->record(comm_stream());
+    extra_done->wait(caller);
+  }
+
   void grad_ready(int p, Stream caller) {
     const ParamPlacement& pl = param(p, "grad_ready");
     const auto b = static_cast<std::size_t>(pl.bucket);
@@ -370,6 +388,8 @@ class BucketStoreImpl {
       events->reserve(nbuckets);
       for (std::size_t i = 0; i < nbuckets; ++i) events->emplace_back(backend);
     }
+    extra_start = std::make_unique<Event>(backend);
+    extra_done = std::make_unique<Event>(backend);
     const bool registered = options.nccl_registered && nccl_compiled();
     allocate(registered ? MemoryKind::NcclDevice : MemoryKind::Device, comm_stream());
     synchronize(backend, comm_stream());
@@ -488,6 +508,10 @@ bool BucketStore::param_gather_pending(int bucket) const {
   auto& m = live(impl_);
   (void)m.bucket(bucket, "param_gather_pending");
   return m.gather_pending[static_cast<std::size_t>(bucket)] != 0;
+}
+
+void BucketStore::all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) {
+  live(impl_).all_reduce(data, count, dtype, op, stream);
 }
 
 Stream BucketStore::comm_stream() const noexcept { return impl_ ? impl_->comm_stream() : nullptr; }

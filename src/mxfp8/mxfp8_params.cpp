@@ -32,16 +32,12 @@ bool is_mxfp8_spec(const ParamSpec& spec) {
   return spec.shape.size() >= lead + 2;
 }
 
-Mxfp8Params::Mxfp8Params(Backend backend, const Layout& L, const BucketStore& store,
-                         const std::vector<MasterPiece>& masters,
-                         const Communicator& comm, const std::vector<bool>& mx_buffer)
+Mxfp8Params::Mxfp8Params(Backend backend, const Layout& L, BucketStore& store,
+                         const std::vector<MasterPiece>& masters, const std::vector<bool>& mx_buffer)
     : backend_(backend),
       layout_(L),
-      comm_(comm),
-      comm_stream_(store.comm_stream()),
-      reduce_start_(backend),
-      reduce_done_(backend) {
-  const int world = L.world_size(), rank = comm.rank();
+      store_(store) {
+  const int world = L.world_size(), rank = store.comm().rank();
   param_.resize(L.params().size());
   bucket_.resize(L.buckets().size());
 
@@ -174,19 +170,19 @@ Mxfp8Params::Mxfp8Params(Backend backend, const Layout& L, const BucketStore& st
 // span and once over all of them (the scales are zero, and stay zero), so that a captured
 // step's all-reduce is never the first of its kind. Collective (every rank constructs).
 void Mxfp8Params::warm_up() {
-  if (!any_ || backend_ != Backend::Cuda || comm_.size() == 1) return;
+  if (!any_ || backend_ != Backend::Cuda || layout_.world_size() == 1) return;
   std::size_t lo = 0, hi = 0;
   bool have = false;
   for (const BucketInfo& bi : bucket_) {
     if (!bi.mx) continue;
-    comm_.all_reduce(at(bi.scale_begin), static_cast<std::int64_t>(bi.scale_end - bi.scale_begin), DType::e8m0,
-                     ReduceOp::Max, comm_stream_);
+    store_.all_reduce(at(bi.scale_begin), static_cast<std::int64_t>(bi.scale_end - bi.scale_begin), DType::e8m0,
+                      ReduceOp::Max, nullptr);
     if (!have) lo = bi.scale_begin;
     hi = bi.scale_end;
     have = true;
   }
-  comm_.all_reduce(at(lo), static_cast<std::int64_t>(hi - lo), DType::e8m0, ReduceOp::Max, comm_stream_);
-  synchronize(backend_, comm_stream_);
+  store_.all_reduce(at(lo), static_cast<std::int64_t>(hi - lo), DType::e8m0, ReduceOp::Max, nullptr);
+  synchronize(backend_, nullptr);
 }
 
 Mxfp8View Mxfp8Params::view(int param) const {
@@ -220,20 +216,11 @@ void Mxfp8Params::advance(int bucket, GatherState to) {
 }
 
 void Mxfp8Params::reduce_scales(std::size_t begin, std::size_t end, Stream stream) {
-  if (end <= begin || comm_.size() == 1) return;
-  const auto count = static_cast<std::int64_t>(end - begin);
-  if (backend_ == Backend::Host) {
-    comm_.all_reduce(at(begin), count, DType::e8m0, ReduceOp::Max, stream);
-    return;
-  }
-  // On the store's communication stream, behind the all-gathers already started there:
-  // every collective of the step then runs in one order on one stream, and `stream`
-  // only waits for this one.
-  reduce_start_.record(stream);
-  reduce_start_.wait(comm_stream_);
-  comm_.all_reduce(at(begin), count, DType::e8m0, ReduceOp::Max, comm_stream_);
-  reduce_done_.record(comm_stream_);
-  reduce_done_.wait(stream);
+  if (end <= begin || layout_.world_size() == 1) return;
+  // Through the store, behind the all-gathers already started on its communication
+  // stream: every collective of the step runs in one order, and `stream` waits only for
+  // this one.
+  store_.all_reduce(at(begin), static_cast<std::int64_t>(end - begin), DType::e8m0, ReduceOp::Max, stream);
 }
 
 void Mxfp8Params::quantize(int first, int last, Stream stream) {

@@ -52,8 +52,10 @@ class Mxfp8Params {
   /// `mx_buffer[b]`: layout buffer b holds MXFP8 parameters (the store has no param
   /// buffer for it and stages its gathers through the gradient buffer).
   /// `masters[p]`: this rank's piece of parameter p in the fp32 master (the optimizer's).
-  Mxfp8Params(Backend backend, const Layout& layout, const BucketStore& store, const std::vector<MasterPiece>& masters,
-              const Communicator& comm, const std::vector<bool>& mx_buffer);
+  /// Its collectives (the scale all-reduces) go through `store` (BucketStore::all_reduce),
+  /// the one owner of the step's collectives, which must outlive this object.
+  Mxfp8Params(Backend backend, const Layout& layout, BucketStore& store, const std::vector<MasterPiece>& masters,
+              const std::vector<bool>& mx_buffer);
 
   bool is_param(int param) const { return param_[static_cast<std::size_t>(param)].mx; }
   bool is_bucket(int bucket) const { return bucket_[static_cast<std::size_t>(bucket)].mx; }
@@ -107,8 +109,7 @@ class Mxfp8Params {
 
   Backend backend_;
   const Layout& layout_;
-  const Communicator& comm_;
-  Stream comm_stream_ = nullptr;
+  BucketStore& store_;
   bool any_ = false;
   std::vector<ParamInfo> param_;
   std::vector<BucketInfo> bucket_;
@@ -116,7 +117,6 @@ class Mxfp8Params {
   DeviceBuffer members_;  // Mxfp8Member tables of every MXFP8 param
   DeviceBuffer pieces_;   // BytePiece table of every MXFP8 bucket's landing
   std::vector<Mxfp8ShardBatch> batches_;  // per MXFP8 bucket: this rank's ranges of its params
-  Event reduce_start_, reduce_done_;
 };
 
 }  // namespace shardopt::detail

@@ -101,8 +101,7 @@ class DistributedAdam::Impl final : public detail::StepTarget {
         store(make_store(comm, std::move(specs), opt)),
         state(backend, store.layout(), comm.rank(), detail::EngineSettings{opt, opt.grad_dtype, /*shard_addressed=*/false,
                                                                  opt.persistent_grad_copies, "DistributedAdamOptions"}),
-        mx(backend, store.layout(), store, master_pieces(state, store.layout()), comm,
-           mxfp8_buffers(store.layout(), opt)) {
+        mx(backend, store.layout(), store, master_pieces(state, store.layout()), mxfp8_buffers(store.layout(), opt)) {
     for (int b = 0; b < static_cast<int>(store.layout().buffers().size()); ++b)
       state.bind(b, store.grad_buffer(b), store.param_buffer(b));  // null params: MXFP8, master only
   }
