@@ -459,21 +459,32 @@ void save_checkpoint(const CheckpointTarget& t, const std::string& dir, Stream s
     try {
       const std::vector<Item> items = own_items(t);
       SafetensorsWriter w = open_writer(t, dir, items);
-      DeviceBuffer staging;
-      if (t.backend == Backend::Cuda) staging = DeviceBuffer(t.backend, staging_bytes, MemoryKind::Pinned);
-      for (std::size_t i = 0; i < items.size(); ++i) {
-        const char* src = source_of(t, items[i]);
-        const std::size_t n = item_bytes(items[i]);
-        if (t.backend == Backend::Host) {
-          w.write(i, src, n);
-          continue;
+      if (t.backend == Backend::Host) {
+        for (std::size_t i = 0; i < items.size(); ++i) w.write(i, source_of(t, items[i]), item_bytes(items[i]));
+      } else {
+        // Two pinned halves in turn: the copy of the next chunk runs while this one is
+        // written to the file.
+        struct Chunk {
+          std::size_t item;
+          const char* src;
+          std::size_t bytes;
+        };
+        const std::size_t half = std::max<std::size_t>(staging_bytes / 2, 1);
+        std::vector<Chunk> chunks;
+        for (std::size_t i = 0; i < items.size(); ++i)
+          for (std::size_t done = 0, n = item_bytes(items[i]); done < n; done += half)
+            chunks.push_back({i, source_of(t, items[i]) + done, std::min(half, n - done)});
+        DeviceBuffer staging(t.backend, 2 * half, MemoryKind::Pinned);
+        auto fetch = [&](std::size_t k) {
+          copy_async(t.backend, staging.as<char>() + (k % 2) * half, chunks[k].src, chunks[k].bytes, stream);
+        };
+        if (!chunks.empty()) fetch(0);
+        for (std::size_t k = 0; k < chunks.size(); ++k) {
+          synchronize(t.backend, stream);  // chunk k has landed
+          if (k + 1 < chunks.size()) fetch(k + 1);
+          w.write(chunks[k].item, staging.as<char>() + (k % 2) * half, chunks[k].bytes);
         }
-        for (std::size_t done = 0; done < n; done += staging_bytes) {
-          const std::size_t chunk = std::min(staging_bytes, n - done);
-          copy_async(t.backend, staging.data(), src + done, chunk, stream);
-          synchronize(t.backend, stream);
-          w.write(i, staging.data(), chunk);
-        }
+        synchronize(t.backend, stream);
       }
       mine.crc = w.finish();
       mine.bytes = w.file_bytes();
@@ -514,7 +525,7 @@ class SaveJob {
   CheckpointUserData user;
   SavedState state;
   std::vector<Item> items;
-  DeviceBuffer snapshot;  // pinned (CUDA) or host copy of every item, in order
+  std::shared_ptr<DeviceBuffer> snapshot;  // pinned (CUDA) or host copy of every item, in order
   std::thread thread;
   std::exception_ptr error;
   FileResult result;
@@ -523,7 +534,7 @@ class SaveJob {
 };
 
 std::shared_ptr<SaveJob> save_checkpoint_async(const CheckpointTarget& t, const std::string& dir, Stream stream,
-                                               const CheckpointUserData& user) {
+                                               const CheckpointUserData& user, std::shared_ptr<DeviceBuffer>& pool) {
   require_not_capturing(t, stream, "save_async");
   auto job = std::make_shared<SaveJob>(t, dir, user);
   job->state = current_state(t, stream);
@@ -534,7 +545,11 @@ std::shared_ptr<SaveJob> save_checkpoint_async(const CheckpointTarget& t, const 
       job->items = own_items(t);
       std::size_t total = 0;
       for (const Item& it : job->items) total += item_bytes(it);
-      job->snapshot = DeviceBuffer(t.backend, total, t.backend == Backend::Cuda ? MemoryKind::Pinned : MemoryKind::Host);
+      // The pinned snapshot is kept for the next save (allocating it costs more than the copy).
+      if (pool == nullptr || pool->bytes() < total)
+        pool = std::make_shared<DeviceBuffer>(t.backend, total,
+                                              t.backend == Backend::Cuda ? MemoryKind::Pinned : MemoryKind::Host);
+      job->snapshot = pool;
       // The snapshot: one copy per item on a side stream ordered after `stream`; `stream`
       // then waits for it, so that the next step cannot change the state being copied.
       SideStream side(t.backend);
@@ -542,7 +557,7 @@ std::shared_ptr<SaveJob> save_checkpoint_async(const CheckpointTarget& t, const 
       order_after(t.backend, stream, s);
       std::size_t at = 0;
       for (const Item& it : job->items) {
-        copy_async(t.backend, job->snapshot.as<char>() + at, source_of(t, it), item_bytes(it), s);
+        copy_async(t.backend, job->snapshot->as<char>() + at, source_of(t, it), item_bytes(it), s);
         at += item_bytes(it);
       }
       order_after(t.backend, s, stream);
@@ -560,7 +575,7 @@ std::shared_ptr<SaveJob> save_checkpoint_async(const CheckpointTarget& t, const 
         std::size_t at = 0;
         for (std::size_t i = 0; i < j->items.size(); ++i) {
           const std::size_t n = item_bytes(j->items[i]);
-          w.write(i, j->snapshot.as<char>() + at, n);
+          w.write(i, j->snapshot->as<char>() + at, n);
           at += n;
         }
         j->result.crc = w.finish();

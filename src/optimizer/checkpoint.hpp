@@ -50,9 +50,10 @@ class SaveJob;
 
 /// Snapshots the state into pinned host memory on a side stream (`stream` waits for the
 /// snapshot, so training may go on at once) and writes the file on a background thread.
-/// The job's wait() writes the index (collective).
+/// The job's wait() writes the index (collective). `pool` keeps the pinned snapshot
+/// buffer between saves (the previous job must be finished: the front end waits for it).
 std::shared_ptr<SaveJob> save_checkpoint_async(const CheckpointTarget& target, const std::string& dir, Stream stream,
-                                               const CheckpointUserData& user);
+                                               const CheckpointUserData& user, std::shared_ptr<DeviceBuffer>& pool);
 
 /// Waits for `job` (collective; a no-op for null or a finished job).
 void wait_save(const std::shared_ptr<SaveJob>& job);

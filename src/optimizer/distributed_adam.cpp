@@ -203,6 +203,7 @@ class DistributedAdam::Impl final : public detail::StepTarget {
   bool grads_reduced = false;  // reduce_grads() ran since the last step / zero_grad
   bool grads_live = false;     // grad_ready / reduce_grads since the last step / zero_grad
   std::shared_ptr<detail::SaveJob> last_save;  // the last save_async (a later save waits for it)
+  std::shared_ptr<DeviceBuffer> snapshot_pool;  // save_async's pinned snapshot, kept between saves
 };
 
 namespace {
@@ -469,7 +470,7 @@ SaveHandle DistributedAdam::save_async(const std::string& dir, Stream stream, co
   Impl& m = live(impl_);
   detail::wait_save(m.last_save);
   m.settle(0, m.num_buckets(), stream);
-  m.last_save = detail::save_checkpoint_async(m.checkpoint_target(), dir, stream, user);
+  m.last_save = detail::save_checkpoint_async(m.checkpoint_target(), dir, stream, user, m.snapshot_pool);
   return SaveHandle(m.last_save);
 }
 

@@ -226,6 +226,7 @@ class Fsdp::Impl final : public detail::StepTarget {
   std::vector<char> needs_gather, prefetched;
   std::size_t pos = 0;
   std::shared_ptr<detail::SaveJob> last_save;  // the last save_async (a later save waits for it)
+  std::shared_ptr<DeviceBuffer> snapshot_pool;  // save_async's pinned snapshot, kept between saves
   int next_slot = 0;
   int grad_unit = -1;
   bool reduce_pending = false;
@@ -438,7 +439,7 @@ void Fsdp::save(const std::string& dir, Stream stream, const CheckpointUserData&
 SaveHandle Fsdp::save_async(const std::string& dir, Stream stream, const CheckpointUserData& user) {
   Impl& m = live(impl_);
   detail::wait_save(m.last_save);
-  m.last_save = detail::save_checkpoint_async(m.checkpoint_target(), dir, stream, user);
+  m.last_save = detail::save_checkpoint_async(m.checkpoint_target(), dir, stream, user, m.snapshot_pool);
   return SaveHandle(m.last_save);
 }
 
