@@ -78,51 +78,51 @@ std::uint64_t File::size() const {
   return static_cast<std::uint64_t>(st.st_size);
 }
 
+namespace {
+// Repeats `io(done, offset)` (a write/pwrite/pread of the bytes after `done`, returning
+// what the call returns) until all `n` bytes are through, retrying EINTR. Returns the
+// bytes done: less than n only when `io` returned 0 (end of file).
+template <typename Io>
+std::size_t transfer_all(std::size_t n, std::uint64_t offset, const char* call, const std::string& path, Io io) {
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t r = io(done, offset + done);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw_file_error(call, path, errno);
+    }
+    if (r == 0) break;
+    done += static_cast<std::size_t>(r);
+  }
+  return done;
+}
+}  // namespace
+
 void File::write_all(const void* data, std::size_t n) {
   const auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd_, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw_file_error("write", path_, errno);
-    }
-    if (w == 0) throw_file_error("write", path_, ENOSPC);
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
+  const std::size_t done = transfer_all(n, 0, "write", path_, [&](std::size_t d, std::uint64_t) {
+    return ::write(fd_, p + d, n - d);
+  });
+  if (done < n) throw_file_error("write", path_, ENOSPC);
 }
 
 void File::pwrite_all(const void* data, std::size_t n, std::uint64_t offset) {
   const auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw_file_error("pwrite", path_, errno);
-    }
-    if (w == 0) throw_file_error("pwrite", path_, ENOSPC);
-    p += w;
-    n -= static_cast<std::size_t>(w);
-    offset += static_cast<std::uint64_t>(w);
-  }
+  const std::size_t done = transfer_all(n, offset, "pwrite", path_, [&](std::size_t d, std::uint64_t at) {
+    return ::pwrite(fd_, p + d, n - d, static_cast<off_t>(at));
+  });
+  if (done < n) throw_file_error("pwrite", path_, ENOSPC);
 }
 
 void File::pread_exact(void* out, std::size_t n, std::uint64_t offset) const {
   auto* p = static_cast<char*>(out);
-  while (n > 0) {
-    const ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(offset));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      throw_file_error("pread", path_, errno);
-    }
-    SHARDOPT_REQUIRE(r > 0, ErrorCode::InvalidArgument,
-                     "'" + path_ + "' ended at byte " + std::to_string(offset) + " while " +
-                         std::to_string(n) + " more bytes were expected: the file was truncated or "
-                         "is being rewritten");
-    p += r;
-    n -= static_cast<std::size_t>(r);
-    offset += static_cast<std::uint64_t>(r);
-  }
+  const std::size_t done = transfer_all(n, offset, "pread", path_, [&](std::size_t d, std::uint64_t at) {
+    return ::pread(fd_, p + d, n - d, static_cast<off_t>(at));
+  });
+  SHARDOPT_REQUIRE(done == n, ErrorCode::InvalidArgument,
+                   "'" + path_ + "' ended at byte " + std::to_string(offset + done) + " while " +
+                       std::to_string(n - done) + " more bytes were expected: the file was truncated or "
+                       "is being rewritten");
 }
 
 void File::sync() {
