@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing shardopt needs on a Debian/Ubuntu machine, as
 # root, skipping whatever is already there: a C++20 compiler, pkg-config, OpenMPI,
-# GoogleTest (apt) and meson + ninja (pip). Sourced by scripts/test.sh and
+# GoogleTest (apt), meson + ninja and numpy + safetensors (pip). Sourced by scripts/test.sh and
 # scripts/run_main.sh. CUDA and NCCL are used when present, never installed.
 set -euo pipefail
 
@@ -28,6 +28,12 @@ shardopt_deps() {
     python3 -m pip install -q meson ninja 2>/dev/null \
       || python3 -m pip install -q --break-system-packages meson ninja
     hash -r
+  fi
+  # numpy + safetensors for the checkpoint tool and its tests (tools/shardopt_ckpt.py).
+  if ! python3 -c 'import numpy, safetensors' >/dev/null 2>&1; then
+    echo "deps: pip install numpy safetensors"
+    python3 -m pip install -q numpy safetensors 2>/dev/null \
+      || python3 -m pip install -q --break-system-packages numpy safetensors
   fi
   # nvcc and NCCL live under /usr/local/cuda on the CI and GPU machines.
   if [ -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null 2>&1; then
