@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/mxfp8_shard_calls.hpp"
 #include "core/check.hpp"
 #include "core/memory.hpp"
 #include "cuda_bench.hpp"

@@ -33,6 +33,11 @@ struct LayoutOptions {
   /// Optional unit of every parameter (by registration index), e.g. its layer for FSDP.
   /// Equal ids must be contiguous in registration order; a bucket never spans two units.
   std::vector<int> param_units;
+  /// Optional storage class of every parameter (by registration index; empty: all 0).
+  /// Parameters of different classes never share a buffer, and each buffer records its
+  /// class (BufferLayout::storage): how a front end says "these parameters live in
+  /// another format" (e.g. MXFP8) without disguising it as a dtype.
+  std::vector<int> param_storage;
 };
 
 /// Where one parameter lives.
@@ -60,6 +65,7 @@ struct Bucket {
 /// A contiguous buffer of parameters of one dtype.
 struct BufferLayout {
   DType dtype = DType::bf16;    ///< the parameters' dtype
+  int storage = 0;              ///< the parameters' storage class (LayoutOptions::param_storage)
   std::int64_t numel = 0;       ///< padded elements (sum of its buckets)
   std::vector<int> buckets;     ///< global bucket indices, in buffer order
   std::vector<int> params;      ///< param indices in buffer order (reverse registration)

@@ -94,6 +94,11 @@ Layout::Layout(std::vector<ParamSpec> specs, int world_size, LayoutOptions optio
     }
   }
   auto unit_of = [&](int p) { return units.empty() ? 0 : units[static_cast<std::size_t>(p)]; };
+  const std::vector<int>& storage = options.param_storage;
+  SHARDOPT_REQUIRE(storage.empty() || storage.size() == specs_.size(), ErrorCode::InvalidArgument,
+                   "param_storage has " + std::to_string(storage.size()) + " entries for " +
+                       std::to_string(specs_.size()) + " parameters; give one storage class per parameter (or none)");
+  auto storage_of = [&](int p) { return storage.empty() ? 0 : storage[static_cast<std::size_t>(p)]; };
 
   // Groups, sorted so that the index does not depend on registration order.
   for (const auto& s : specs_) groups_.push_back(s.group);
@@ -104,13 +109,16 @@ Layout::Layout(std::vector<ParamSpec> specs, int world_size, LayoutOptions optio
   params_.resize(static_cast<std::size_t>(n));
   param_hashes_.resize(static_cast<std::size_t>(n));
 
-  // Buffers: one per parameter dtype, in the order first met going backwards.
+  // Buffers: one per (parameter dtype, storage class), in the order first met going backwards.
   for (int i = n - 1; i >= 0; --i) {
     const DType d = specs_[static_cast<std::size_t>(i)].dtype;
-    auto it = std::find_if(buffers_.begin(), buffers_.end(), [d](const BufferLayout& b) { return b.dtype == d; });
+    const int sc = storage_of(i);
+    auto it = std::find_if(buffers_.begin(), buffers_.end(),
+                           [d, sc](const BufferLayout& b) { return b.dtype == d && b.storage == sc; });
     if (it == buffers_.end()) {
       buffers_.push_back(BufferLayout{});
       buffers_.back().dtype = d;
+      buffers_.back().storage = sc;
       it = buffers_.end() - 1;
     }
     it->params.push_back(i);
@@ -169,6 +177,10 @@ Layout::Layout(std::vector<ParamSpec> specs, int world_size, LayoutOptions optio
   f.i64(pad_multiple_);
   f.i64(static_cast<std::int64_t>(units.size()));
   for (int u : units) f.i64(u);
+  if (!storage.empty()) {  // absent from the hash when unused: fingerprints of plain layouts stay as they were
+    f.str("param_storage");
+    for (int c : storage) f.i64(c);
+  }
   f.i64(n);
   for (int i = 0; i < n; ++i) {
     param_hashes_[static_cast<std::size_t>(i)] = hash_spec(specs_[static_cast<std::size_t>(i)]);

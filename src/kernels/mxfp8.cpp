@@ -1,5 +1,6 @@
 // mxfp8.cpp - the MXFP8 entry points: argument checks, then the CUDA launch or the
 // host twin (enqueued on the HostStream so that it joins captures).
+#include "kernels/mxfp8_shard_calls.hpp"
 #include "shardopt/mxfp8.hpp"
 
 #include <limits>

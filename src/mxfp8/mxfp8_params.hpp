@@ -33,6 +33,9 @@
 
 namespace shardopt::detail {
 
+/// The layout storage class of MXFP8 parameters (LayoutOptions::param_storage).
+inline constexpr int kMxfp8Storage = 1;
+
 /// Bytes per element the staged all-gather moves: one rowwise + one columnwise e4m3 byte.
 inline constexpr int kMxfp8StagedBytes = 2;
 

@@ -22,16 +22,23 @@ namespace shardopt {
 namespace {
 
 Layout make_layout(std::vector<ParamSpec> specs, int world, const DistributedAdamOptions& o) {
+  LayoutOptions lo;
+  lo.bucket_numel = o.bucket_numel;
   if (o.param_format == ParamFormat::Mxfp8) {
-    // MXFP8 parameters form the bf16 buffer (bf16(master) is what they quantize); the
-    // 1-D ones go to an f32 buffer of their own, so that the two never share a bucket.
+    // MXFP8 parameters get a storage class of their own, so they never share a buffer
+    // with native ones; the 1-D parameters stay native, in f32.
     SHARDOPT_REQUIRE(!o.param_dtype || *o.param_dtype == DType::f32, ErrorCode::InvalidArgument,
                      std::string("param_format Mxfp8 keeps the 1-D parameters (norm weights, biases) in f32 and "
                                  "quantizes the others; param_dtype ") +
                          to_string(*o.param_dtype) + " cannot apply: leave it unset or set f32");
-    for (auto& s : specs) s.dtype = detail::is_mxfp8_spec(validated(s)) ? DType::bf16 : DType::f32;
-    LayoutOptions lo;
-    lo.bucket_numel = o.bucket_numel;
+    lo.param_storage.resize(specs.size(), 0);
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      if (detail::is_mxfp8_spec(validated(specs[i]))) {
+        lo.param_storage[i] = detail::kMxfp8Storage;
+      } else {
+        specs[i].dtype = DType::f32;
+      }
+    }
     return Layout(std::move(specs), world, lo);
   }
   if (o.param_dtype) {
@@ -39,16 +46,14 @@ Layout make_layout(std::vector<ParamSpec> specs, int world, const DistributedAda
                      std::string("param_dtype ") + to_string(*o.param_dtype) + " is not one of f32, bf16, f16");
     for (auto& s : specs) s.dtype = *o.param_dtype;
   }
-  LayoutOptions lo;
-  lo.bucket_numel = o.bucket_numel;
   return Layout(std::move(specs), world, lo);
 }
 
-// Which layout buffers hold MXFP8 parameters: with ParamFormat::Mxfp8, the bf16 one.
+// Which layout buffers hold MXFP8 parameters: those of the MXFP8 storage class.
 std::vector<bool> mxfp8_buffers(const Layout& L, const DistributedAdamOptions& o) {
   std::vector<bool> mx(L.buffers().size(), false);
   if (o.param_format != ParamFormat::Mxfp8) return mx;
-  for (std::size_t b = 0; b < mx.size(); ++b) mx[b] = L.buffers()[b].dtype == DType::bf16;
+  for (std::size_t b = 0; b < mx.size(); ++b) mx[b] = L.buffers()[b].storage == detail::kMxfp8Storage;
   return mx;
 }
 

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/mxfp8_shard_calls.hpp"
 #include "core/check.hpp"
 #include "core/memory.hpp"
 #include "shardopt/mxfp8.hpp"

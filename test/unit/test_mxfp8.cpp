@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "kernels/mxfp8_shard_calls.hpp"
 #include "kernels/mxfp8_math.cuh"
 #include "shardopt/error.hpp"
 #include "shardopt/host_stream.hpp"

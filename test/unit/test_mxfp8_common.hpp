@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/mxfp8_shard_calls.hpp"
 #include "shardopt/mxfp8.hpp"
 #include "unit/test_mxfp8_reference.hpp"
 
