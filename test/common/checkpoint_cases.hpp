@@ -11,6 +11,7 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -466,6 +467,63 @@ inline void case_async_equals_sync(Backend b) {
   EXPECT_TRUE(da_state(z, sz.get()) == da_state(y, sy.get()));
 }
 
+// ---------------------------------------------------------------------------- Python
+
+/// Writes `count` elements as a 1-D .npy file (format 1.0) of numpy type `descr`.
+inline void write_npy(const std::string& path, const std::string& descr, const void* data, std::size_t count,
+                      std::size_t elem) {
+  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (" + std::to_string(count) + ",), }";
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  std::ofstream f(path, std::ios::binary);
+  f.write("\x93NUMPY\x01\x00", 8);
+  const auto n = static_cast<std::uint16_t>(header.size());
+  const char len[2] = {static_cast<char>(n & 0xFF), static_cast<char>(n >> 8)};
+  f.write(len, 2);
+  f.write(header.data(), static_cast<std::streamsize>(header.size()));
+  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(count * elem));
+}
+
+/// For test/python/run_cpp_checkpoint.sh: saves a trained checkpoint (bf16 moments, a
+/// grouped parameter, an f32 parameter) into $SHARDOPT_CKPT_OUT/ckpt and, from an
+/// unsharded twin trained identically, every tensor's expected values as
+/// $SHARDOPT_CKPT_OUT/expect/TENSOR__KIND.npy, for the Python tool to compare.
+inline void case_write_for_python(Backend b) {
+  const char* out = std::getenv("SHARDOPT_CKPT_OUT");
+  if (out == nullptr) GTEST_SKIP() << "SHARDOPT_CKPT_OUT is not set (test/python/run_cpp_checkpoint.sh sets it)";
+  Communicator comm = make_comm(b);
+  DistributedAdamOptions o = ckpt_options(DType::f32);
+  o.moment_dtype = DType::bf16;
+  DistributedAdam x(comm, small_model(), o), ref(Communicator::self(b), small_model(), o);
+  TestStream s(b), rs(b);
+  init_params(x, s.get());
+  init_params(ref, rs.get());
+  da_train(x, s.get(), 4);
+  da_train(ref, rs.get(), 4);
+  x.save(std::string(out) + "/ckpt", s.get());
+  if (comm.rank() != 0) return;
+  const std::string expect = std::string(out) + "/expect";
+  std::filesystem::create_directories(expect);
+  auto dump = [&](const std::string& tensor, const char* kind, const TensorView& v, std::int64_t first,
+                  std::int64_t count) {
+    const auto bytes = read_bytes(b, v);
+    const std::size_t es = size_of(v.dtype);
+    const std::string descr = v.dtype == DType::f32 ? "<f4" : "<u2";  // bf16 as its bit patterns
+    write_npy(expect + "/" + tensor + "__" + kind + ".npy", descr, bytes.data() + static_cast<std::size_t>(first) * es,
+              static_cast<std::size_t>(count), es);
+  };
+  for (int i = 0; i < ref.num_params(); ++i) {
+    const ParamSpec& spec = ref.layout().specs()[static_cast<std::size_t>(i)];
+    const std::int64_t M = numel(spec.shape) / spec.members();
+    for (int m = 0; m < spec.members(); ++m) {
+      dump(spec.member_name(m), "master", ref.shard_master(i), m * M, M);
+      dump(spec.member_name(m), "exp_avg", ref.shard_exp_avg(i), m * M, M);
+      dump(spec.member_name(m), "exp_avg_sq", ref.shard_exp_avg_sq(i), m * M, M);
+      dump(spec.member_name(m), "param", ref.param(i), m * M, M);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------- bad input
 
 /// Every bad checkpoint is refused on every rank with a clear error, and the optimizer
@@ -606,4 +664,5 @@ inline void case_bad_checkpoints(Backend b) {
   TEST(Suite, DiscreteToGrouped) { case_grouped_discrete(B, false); }                                        \
   TEST(Suite, NativeToMxfp8) { case_native_to_mxfp8(B); }                                                    \
   TEST(Suite, AsyncSaveEqualsSyncSave) { case_async_equals_sync(B); }                                        \
-  TEST(Suite, BadCheckpointsAreRefusedOnEveryRank) { case_bad_checkpoints(B); }
+  TEST(Suite, BadCheckpointsAreRefusedOnEveryRank) { case_bad_checkpoints(B); }                             \
+  TEST(Suite, WriteForPython) { case_write_for_python(B); }

@@ -578,6 +578,24 @@ def test_env():
               np.array_equal(want.reshape(-1).view(np.uint8), got.reshape(-1).view(np.uint8)),
               f"{fn}: values differ ({got.dtype} vs {want.dtype})")
         print(f"{fn}: ok")
+    # The Hugging Face export of the C++ checkpoint: every parameter whole, bytes equal to
+    # the `param` values the C++ side dumped.
+    out = tempfile.mkdtemp(prefix="shardopt-hf-")
+    try:
+        res = run("export-hf", d, out)
+        check(res[0] == 0, f"export-hf {d}: exit {res[0]} {res[2]}")
+        with open(os.path.join(out, "model.safetensors.index.json")) as f:
+            idx = json.load(f)
+        for fn in names:
+            tensor, _, kind = fn[:-4].rpartition("__")
+            if kind != "param":
+                continue
+            want = np.load(os.path.join(e, fn))
+            got_dtype, shape, raw = st_raw(os.path.join(out, idx["weight_map"][tensor]), tensor)
+            check(raw == want.tobytes(), f"export-hf of the C++ checkpoint: {tensor} ({got_dtype}) differs")
+        print("export-hf of the C++ checkpoint: ok")
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def main():
