@@ -21,6 +21,7 @@
 #   hostcpu       bench_dist_adam --host-cpu-only (all GPUs, 2, 1): host CPU per step
 #   fsdp          bench_fsdp + peer (all GPUs)
 #   trainer       trainer benchmark (all GPUs)
+#   checkpoint    bench_checkpoint: save / load / save_async stall, one rank
 #   main          the README's main command (trainer on 2 GPUs)
 #   sanitize      compute-sanitizer (needs build; ~6 min on one H100): memcheck on every
 #                 single-GPU suite (and, with 2+ GPUs, one 2-rank suite under mpirun),
@@ -125,6 +126,13 @@ phase_trainer() {
   cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
 }
 
+phase_checkpoint() {
+  log "== checkpoint (1 rank; disk: $(df -h /tmp | awk 'NR == 2 { print $2 " " $1 }'))"
+  timeout 500 $MPIRUN -n 1 "$BUILD/bench/bench_checkpoint" --results bench/results --dir /tmp/shardopt-bench-ckpt \
+    >/tmp/b.log 2>&1 || log "checkpoint bench failed (exit $?)"
+  cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+}
+
 phase_main() {
   log "== README main command on GPUs (2 ranks)"
   BUILD_DIR="$BUILD" timeout 120 bash scripts/run_main.sh >/tmp/b.log 2>&1
@@ -135,6 +143,7 @@ phase_main() {
 CS="${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}"
 SAN_MEMCHECK_S="${SAN_MEMCHECK_S:-90}"   # per memcheck run (one whole binary)
 SAN_CHECK_S="${SAN_CHECK_S:-60}"         # per racecheck / synccheck run (filtered)
+SAN_JOBS="${SAN_JOBS:-6}"                # sanitizer runs at a time
 SAN_FAILED=0
 status=0
 
@@ -142,14 +151,13 @@ status=0
 # RANKS: how many "... SUMMARY" lines the output must hold (one per process). PASS needs
 # exit 0, every summary present and 0 errors; a timeout, a missing summary, an error
 # count above 0 or a non-zero exit (a failing test, or exit 77: no GPU) is a FAIL line.
-san_run() {
-  local tool="$1" label="$2" limit="$3" ranks="$4"; shift 4
-  local tmp; tmp=$(mktemp)
+san_run_one() {  # slot, tool, label, limit, ranks, command...: output in $SAN_DIR/slot.{log,status}
+  local slot="$1" tool="$2" label="$3" limit="$4" ranks="$5"; shift 5
+  local tmp="$SAN_DIR/$slot.log"
   local t0=$SECONDS
-  echo "===== $tool $label: $*" >>"$OUT/sanitize.log"
+  echo "===== $tool $label: $*" >"$SAN_DIR/$slot.head"
   timeout -k 15 "$limit" "$@" </dev/null >"$tmp" 2>&1
   local rc=$? dt=$((SECONDS - t0))
-  cat "$tmp" >>"$OUT/sanitize.log"
   local summaries errors warnings
   if [ "$tool" = racecheck ]; then
     # ========= RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)
@@ -162,7 +170,6 @@ san_run() {
     errors=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$tmp" | awk '{n += $1} END {print n + 0}')
     warnings=0
   fi
-  rm -f "$tmp"
   local why=""
   if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then why="timed out after ${limit}s (incomplete)"
   elif [ "$errors" -gt 0 ]; then why="$errors errors"
@@ -170,13 +177,33 @@ san_run() {
   elif [ "$rc" -ne 0 ]; then why="exit $rc"
   fi
   if [ -n "$why" ]; then
-    log "FAIL sanitize $tool $label: $why (${dt}s)"
-    SAN_FAILED=1
+    echo "FAIL sanitize $tool $label: $why (${dt}s)" >"$SAN_DIR/$slot.status"
   elif [ "$warnings" -gt 0 ]; then
-    log "ok   sanitize $tool $label: 0 errors, $warnings warnings (see sanitize.log) (${dt}s)"
+    echo "ok   sanitize $tool $label: 0 errors, $warnings warnings (see sanitize.log) (${dt}s)" >"$SAN_DIR/$slot.status"
   else
-    log "ok   sanitize $tool $label: 0 errors (${dt}s)"
+    echo "ok   sanitize $tool $label: 0 errors (${dt}s)" >"$SAN_DIR/$slot.status"
   fi
+}
+
+# Runs san_run_one in the background, at most SAN_JOBS at a time (the sanitizers are
+# mostly host-bound; several share the GPU well). san_collect gathers the results in order.
+SAN_SLOT=0
+san_run() {  # tool, label, limit, ranks, command...
+  while [ "$(jobs -rp | wc -l)" -ge "$SAN_JOBS" ]; do wait -n || true; done
+  SAN_SLOT=$((SAN_SLOT + 1))
+  san_run_one "$(printf %03d "$SAN_SLOT")" "$@" &
+}
+san_collect() {
+  wait
+  local f slot line
+  for f in "$SAN_DIR"/*.status; do
+    [ -e "$f" ] || continue
+    slot=$(basename "$f" .status)
+    cat "$SAN_DIR/$slot.head" "$SAN_DIR/$slot.log" >>"$OUT/sanitize.log"
+    line=$(cat "$f")
+    log "$line"
+    case "$line" in FAIL*) SAN_FAILED=1 ;; esac
+  done
 }
 
 # The single-GPU suites (meson suite "gpu"), from the build's own test list:
@@ -203,6 +230,7 @@ phase_sanitize() {
   if [ ! -f "$BUILD/build.ninja" ]; then log "FAIL sanitize: no $BUILD (run the build phase first)"; status=1; return 1; fi
   "$CS" --version 2>&1 | tail -1 | tee -a "$SUMMARY"
   SAN_FAILED=0
+  SAN_DIR=$(mktemp -d)
   local cs_args=(--error-exitcode 1)
   local name exe ranks suites
   suites=$(gpu_suites gpu)
@@ -256,6 +284,8 @@ phase_sanitize() {
       log "FAIL sanitize memcheck gpu_mpi_distributed_adam_n2: not in $BUILD"; SAN_FAILED=1
     fi
   fi
+  san_collect
+  rm -rf "$SAN_DIR"
   if [ "$SAN_FAILED" -eq 0 ]; then log "sanitize: PASS"; else log "sanitize: FAIL"; status=1; fi
   return "$SAN_FAILED"
 }
