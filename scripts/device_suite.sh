@@ -141,8 +141,8 @@ phase_main() {
 
 # ---------------------------------------------------------------- sanitize
 CS="${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}"
-SAN_MEMCHECK_S="${SAN_MEMCHECK_S:-90}"   # per memcheck run (one whole binary)
-SAN_CHECK_S="${SAN_CHECK_S:-60}"         # per racecheck / synccheck run (filtered)
+SAN_MEMCHECK_S="${SAN_MEMCHECK_S:-320}"  # per memcheck run (one whole binary; the trainer suite takes ~250 s)
+SAN_CHECK_S="${SAN_CHECK_S:-150}"        # per racecheck / synccheck run (filtered)
 SAN_JOBS="${SAN_JOBS:-6}"                # sanitizer runs at a time
 SAN_FAILED=0
 status=0
@@ -236,13 +236,23 @@ phase_sanitize() {
   suites=$(gpu_suites gpu)
   if [ -z "$suites" ]; then log "FAIL sanitize: no gpu suites in $BUILD"; status=1; return 1; fi
 
-  # memcheck: every single-GPU suite, whole binary.
+  # memcheck: every single-GPU suite, whole binary. Suites that create NCCL communicators
+  # (gpu_comm_self, gpu_mpi_*) run with --report-api-errors no: NCCL 2.28's own start-up
+  # returns CUDA API errors it expects and handles (cuMemCreate of a fabric handle gives
+  # CUDA_ERROR_NOT_PERMITTED without IMEX, and ncclMemAlloc retries without it;
+  # cudaFuncGetAttributes on kernels without an image for this GPU), 432 such reports on
+  # 2026-11-25 on an H100, none from shardopt's own calls. Every CUDA call shardopt makes
+  # is checked and throws, so an API error of ours fails the suite itself; memory-access
+  # checking stays on for all suites, and API errors are reported for every other suite.
+  local api_args
   while read -r name exe ranks; do
+    api_args=()
+    case "$name" in gpu_mpi_* | gpu_comm_self) api_args=(--report-api-errors no) ;; esac
     if [ "$ranks" -eq 0 ]; then
-      san_run memcheck "$name" "$SAN_MEMCHECK_S" 1 "$CS" --tool memcheck "${cs_args[@]}" "$exe"
+      san_run memcheck "$name" "$SAN_MEMCHECK_S" 1 "$CS" --tool memcheck "${cs_args[@]}" "${api_args[@]}" "$exe"
     else
       san_run memcheck "$name" "$SAN_MEMCHECK_S" "$ranks" env SHARDOPT_TEST_NEEDS_GPU=1 SHARDOPT_BACKEND=cuda \
-        $MPIRUN -n "$ranks" "$CS" --tool memcheck "${cs_args[@]}" "$exe"
+        $MPIRUN -n "$ranks" "$CS" --tool memcheck "${cs_args[@]}" "${api_args[@]}" "$exe"
     fi
   done <<<"$suites"
 
@@ -258,7 +268,7 @@ phase_sanitize() {
   # (test/gpu/test_comm_kernels.cu's spin_then_fill_kernel has a barrier but runs only in
   # the 2- and 4-rank gpu_mpi_comm suites: see the 2-GPU memcheck below.)
   local targets=(
-    "test/gpu_adam FusedAdamGpu.KernelEqualsHostTwinBitwiseEveryVariant:FusedAdamGpu.FoundInfLeavesEverythingUntouched:FusedAdamGpu.GraphReplaysEqualEagerStepsBitwise"
+    "test/gpu_adam FusedAdamGpu.FoundInfLeavesEverythingUntouched:FusedAdamGpu.GraphReplaysEqualEagerStepsBitwise"
     "test/gpu_mxfp8 Mxfp8Gpu.RandomShapesMatchReference:Mxfp8Gpu.SpecialValuesMatchReference:Mxfp8Gpu.MisalignedPointersAndOddWidthsUseTheScalarPaths:Mxfp8Gpu.GroupedEqualsDiscreteAndHonoursTheSkipFlag:Mxfp8Gpu.MemberTableWithScatteredMembers:Mxfp8Gpu.ShardedWorldSizes1To8:Mxfp8Gpu.DequantizeEqualsHostTwin"
     "test/gpu_mxfp8_batch Mxfp8BatchGpu.AFirstUseUnderCaptureWorks:Mxfp8BatchGpu.MixedListsKernelEqualsHostTwinAndOracle:Mxfp8BatchGpu.EagerSkipFlagWritesNothing"
     "test/gpu_mxfp8_shard_batch Mxfp8ShardBatchGpu.AFirstUseUnderCaptureWorks:Mxfp8ShardBatchGpu.MixedListsOverWorldsOf1To8KernelEqualsHostTwinAndOracle:Mxfp8ShardBatchGpu.ScaleLayoutsAndListOrdersKernelEqualsHostTwin:Mxfp8ShardBatchGpu.MisalignedMastersAndDataPlanesKernelEqualsHostTwin:Mxfp8ShardBatchGpu.SpecialValuesInMidBlockRangesKernelEqualsHostTwin"
@@ -279,7 +289,7 @@ phase_sanitize() {
     exe=$(gpu_suites gpu-multi | awk '$1 == "gpu_mpi_distributed_adam_n2" { print $2 }')
     if [ -n "$exe" ]; then
       san_run memcheck gpu_mpi_distributed_adam_n2 $((2 * SAN_MEMCHECK_S)) 2 env SHARDOPT_TEST_NEEDS_GPU=1 SHARDOPT_BACKEND=cuda \
-        $MPIRUN -n 2 "$CS" --tool memcheck "${cs_args[@]}" "$exe"
+        $MPIRUN -n 2 "$CS" --tool memcheck "${cs_args[@]}" --report-api-errors no "$exe"
     else
       log "FAIL sanitize memcheck gpu_mpi_distributed_adam_n2: not in $BUILD"; SAN_FAILED=1
     fi

@@ -70,14 +70,17 @@ __device__ T block_sum(T v, T* shared) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) shared[warp] = v;
   __syncthreads();
+  // Only warp 0 reads the warp sums, and it has read them all (__syncwarp) before its
+  // lane 0 overwrites shared[0]: no other warp reads a slot that is being written.
   const int warps = (blockDim.x + 31) / 32;
-  T total = lane < warps ? shared[lane] : T(0);
   if (warp == 0) {
+    T total = lane < warps ? shared[lane] : T(0);
     for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+    __syncwarp();
     if (lane == 0) shared[0] = total;
   }
   __syncthreads();
-  total = shared[0];
+  const T total = shared[0];
   __syncthreads();
   return total;
 }
@@ -88,13 +91,14 @@ __device__ float block_max(float v, float* shared) {
   if (lane == 0) shared[warp] = v;
   __syncthreads();
   const int warps = (blockDim.x + 31) / 32;
-  float m = lane < warps ? shared[lane] : -INFINITY;
-  if (warp == 0) {
+  if (warp == 0) {  // as in block_sum
+    float m = lane < warps ? shared[lane] : -INFINITY;
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    __syncwarp();
     if (lane == 0) shared[0] = m;
   }
   __syncthreads();
-  m = shared[0];
+  const float m = shared[0];
   __syncthreads();
   return m;
 }
