@@ -1,6 +1,7 @@
 #include "config.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 #include <stdexcept>
@@ -131,6 +132,17 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
     } else if (opt == "--backend") {
       one_of(opt, val, {"auto", "cuda", "host"});
       o.backend = val;
+    } else if (opt == "--save-dir") {
+      if (val.empty()) throw std::invalid_argument("--save-dir needs a directory");
+      o.save_dir = val;
+    } else if (opt == "--save-every") {
+      const long long k = parse_int(opt, val);
+      if (k < 1) throw std::invalid_argument("--save-every takes a number of steps of at least 1, not '" + val + "'");
+      if (k > 1000000000) throw std::invalid_argument("--save-every " + val + " is too large");
+      o.save_every = static_cast<int>(k);
+    } else if (opt == "--resume") {
+      if (val.empty()) throw std::invalid_argument("--resume needs a checkpoint directory");
+      o.resume = val;
     } else if (opt == "--vocab" || opt == "--hidden" || opt == "--layers" || opt == "--mlp" ||
                opt == "--num-experts" || opt == "--expert-mlp" || opt == "--tokens" || opt == "--capacity-factor") {
       overrides.emplace_back(opt, val);
@@ -156,7 +168,17 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
   validate(o.model);
   if (o.microbatches < 1) throw std::invalid_argument("--microbatches must be at least 1");
   if (o.steps < 1) throw std::invalid_argument("--steps must be at least 1");
+  if (o.save_every > 0 && o.save_dir.empty())
+    throw std::invalid_argument("--save-every needs --save-dir (where to write the checkpoints)");
   return o;
+}
+
+std::string checkpoint_dir(const std::string& save_dir, std::int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%05lld", static_cast<long long>(step));
+  std::string dir = save_dir;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir + "/" + name;
 }
 
 std::string usage() {
@@ -174,6 +196,11 @@ std::string usage() {
        "  --log-every K                 a progress line every K steps (default: ~20 lines)\n"
        "  --group-norms on|off          per-group gradient norms on the device (default on)\n"
        "  --backend auto|cuda|host      (auto: cuda when built with CUDA and a GPU is visible)\n"
+       "  --save-dir DIR                save checkpoints into DIR/step-NNNNN (the step, zero-padded to\n"
+       "                                5 digits): after the last step, and every K steps with --save-every\n"
+       "  --save-every K                also save after every K-th step (K >= 1; needs --save-dir)\n"
+       "  --resume CKPT                 load the checkpoint directory CKPT (e.g. DIR/step-00010) before\n"
+       "                                training and continue from its step: --steps is the total to reach\n"
        "  --quiet                       only the summary\n"
        "  --expect-loss-below X         exit 1 unless the last logged loss is below X\n"
        "  size overrides: --vocab --hidden --layers --mlp --num-experts --expert-mlp --tokens\n"

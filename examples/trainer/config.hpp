@@ -60,7 +60,18 @@ struct TrainOptions {
   std::string backend = "auto";      ///< auto | cuda | host
   ModelConfig model;                 ///< filled from `size` (overrides below apply after)
   bool quiet = false;                ///< no per-step lines (tests)
+  /// Checkpoints (Trainer::save): with a directory, the program saves into
+  /// save_dir/step-NNNNN (checkpoint_dir) after every save_every-th step and after the last.
+  std::string save_dir;
+  int save_every = 0;                ///< 0: only after the last step
+  /// A checkpoint directory to load before training (Trainer::load); training continues
+  /// at its step, up to `steps` in all.
+  std::string resume;
 };
+
+/// Where the program saves the checkpoint of step `step`: DIR/step-NNNNN (at least 5
+/// digits, zero-padded, so that the names sort by step).
+std::string checkpoint_dir(const std::string& save_dir, std::int64_t step);
 
 /// Parses the trainer's command line (argv[1..]); throws std::invalid_argument with a
 /// message naming the bad option. Size overrides: --vocab --hidden --layers --mlp

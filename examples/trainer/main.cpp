@@ -7,6 +7,12 @@
 // rate, step time, tokens/s and memory per rank, and this rank's gradient norm per
 // parameter group. Values are read after the step (outside the captured graph), only on
 // logged steps, so the other steps run without a host synchronisation.
+//
+// Checkpoints: --save-dir DIR saves into DIR/step-NNNNN after the last step and, with
+// --save-every K, after every K-th step (those with save_async: the state is snapshotted
+// and written in the background while training goes on; each is waited for, on every
+// rank, before the next save and before exit). --resume CKPT loads a checkpoint before
+// the first step and continues from its step up to --steps.
 #include <mpi.h>
 
 #include <algorithm>
@@ -15,9 +21,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
+#include <shardopt/checkpoint.hpp>
 #include <shardopt/error.hpp>
 #include <shardopt/mpi.hpp>
 
@@ -73,6 +82,20 @@ int run(int argc, char** argv, int world_rank) {
     if (world_rank == 0) std::fprintf(stderr, "trainer: %s\n", e.what());
     return 2;
   }
+  if (!o.save_dir.empty()) {
+    // The checkpoints go into subdirectories of --save-dir: make it (and its parents) on
+    // every rank; any rank's failure stops every rank here, before any other collective.
+    std::error_code ec;
+    std::filesystem::create_directories(o.save_dir, ec);
+    int bad = std::filesystem::is_directory(o.save_dir) ? 0 : 1;
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (bad != 0) {
+      if (world_rank == 0)
+        std::fprintf(stderr, "trainer: --save-dir %s: cannot make the directory%s%s\n", o.save_dir.c_str(),
+                     ec ? ": " : " (on some rank)", ec ? ec.message().c_str() : "");
+      return 2;
+    }
+  }
   shardopt::MpiBootstrapOptions mo;
   mo.backend = backend;
   shardopt::Communicator comm = shardopt::communicator_from_mpi(MPI_COMM_WORLD, mo);
@@ -99,43 +122,95 @@ int run(int argc, char** argv, int world_rank) {
     std::fflush(stdout);
   }
 
+  int start = 0;  // iterations already run (by the run that saved --resume)
+  if (!o.resume.empty()) {
+    // A bad checkpoint is an Error on every rank, before anything changed: every rank
+    // returns, rank 0 says why (shardopt's words).
+    shardopt::CheckpointInfo info;
+    try {
+      info = t.load(o.resume);
+    } catch (const shardopt::Error& e) {
+      if (root) std::fprintf(stderr, "trainer: --resume %s: %s\n", o.resume.c_str(), e.what());
+      return 2;
+    }
+    start = t.iterations();
+    if (root) {
+      std::printf("resumed from %s at step %d (optimizer step %lld), training to step %d\n", o.resume.c_str(), start,
+                  static_cast<long long>(info.step), o.steps);
+      const std::string diff = t.resume_differences(info);
+      if (!diff.empty()) std::printf("  note: this run does not continue that one identically: %s\n", diff.c_str());
+      std::fflush(stdout);
+    }
+    if (start >= o.steps) {
+      if (root) std::printf("nothing to train: the checkpoint is at step %d, --steps is %d\n", start, o.steps);
+      return 0;
+    }
+  }
+
+  // Checkpoints: periodic ones with save_async (one in flight at a time: each is waited
+  // for, on every rank, before the next save and before exit; a failed write is an error
+  // there), the last one with save. Rank 0 prints one line per save.
+  shardopt::SaveHandle pending;
+
   using clock = std::chrono::steady_clock;
   double first_loss = -1.0, last_loss = 0.0;
   auto t0 = clock::now();
   int interval_steps = 0;
-  for (int s = 1; s <= o.steps; ++s) {
+  for (int s = start + 1; s <= o.steps; ++s) {
     t.step();
     ++interval_steps;
-    if (s % log_every != 0 && s != o.steps && s != 1) continue;
-    const trainer::StepStats st = t.stats();  // synchronizes: outside the captured graph
-    const auto t1 = clock::now();
-    const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count() / interval_steps;
-    if (first_loss < 0.0) first_loss = st.loss;
-    last_loss = st.loss;
-    if (root && !o.quiet) {
-      const trainer::MemoryUse m = t.memory();
-      std::printf("step %5d/%d | loss %.4f | grad norm %.3e | lr %.2e | %8.2f ms/step%s | %s tok/s | mem/rank %s%s "
-                  "(optimizer %s, activations %s)%s\n",
-                  s, o.steps, st.loss, st.grad_norm, st.lr, ms, s == 1 && o.graph ? " (warm-up+capture)" : "",
-                  rate(static_cast<double>(t.tokens_per_step()) * 1000.0 / ms).c_str(),
-                  bytes_str(m.device > 0 ? m.device : m.optimizer + m.activations).c_str(),
-                  m.device > 0 ? " on the GPU" : "",
-                  bytes_str(m.optimizer).c_str(), bytes_str(m.activations).c_str(),
-                  st.skipped ? " | STEP SKIPPED (non-finite gradient)" : "");
-      if (o.group_norms) {
-        std::printf("      grad norms (rank 0):");
-        for (int g = 0; g < trainer::kNormGroups; ++g)
-          std::printf(" %s %.3e", trainer::to_string(static_cast<trainer::NormGroup>(g)),
-                      st.group_norm[static_cast<std::size_t>(g)]);
-        std::printf("\n");
+    const bool log = s % log_every == 0 || s == o.steps || s == start + 1;
+    if (log) {
+      const trainer::StepStats st = t.stats();  // synchronizes: outside the captured graph
+      const auto t1 = clock::now();
+      const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count() / interval_steps;
+      if (first_loss < 0.0) first_loss = st.loss;
+      last_loss = st.loss;
+      if (root && !o.quiet) {
+        const trainer::MemoryUse m = t.memory();
+        std::printf("step %5d/%d | loss %.4f | grad norm %.3e | lr %.2e | %8.2f ms/step%s | %s tok/s | mem/rank %s%s "
+                    "(optimizer %s, activations %s)%s\n",
+                    s, o.steps, st.loss, st.grad_norm, st.lr, ms, s == start + 1 && o.graph ? " (warm-up+capture)" : "",
+                    rate(static_cast<double>(t.tokens_per_step()) * 1000.0 / ms).c_str(),
+                    bytes_str(m.device > 0 ? m.device : m.optimizer + m.activations).c_str(),
+                    m.device > 0 ? " on the GPU" : "",
+                    bytes_str(m.optimizer).c_str(), bytes_str(m.activations).c_str(),
+                    st.skipped ? " | STEP SKIPPED (non-finite gradient)" : "");
+        if (o.group_norms) {
+          std::printf("      grad norms (rank 0):");
+          for (int g = 0; g < trainer::kNormGroups; ++g)
+            std::printf(" %s %.3e", trainer::to_string(static_cast<trainer::NormGroup>(g)),
+                        st.group_norm[static_cast<std::size_t>(g)]);
+          std::printf("\n");
+        }
+        std::fflush(stdout);
       }
+      interval_steps = 0;
+      t0 = clock::now();
+    }
+    if (!o.save_dir.empty() && o.save_every > 0 && s % o.save_every == 0 && s != o.steps) {
+      pending.wait();  // collective; a no-op without a save in flight
+      const std::string dir = trainer::checkpoint_dir(o.save_dir, s);
+      pending = t.save_async(dir);
+      if (root) {
+        std::printf("saving checkpoint of step %d to %s (written in the background)\n", s, dir.c_str());
+        std::fflush(stdout);
+      }
+    }
+  }
+  pending.wait();
+  if (!o.save_dir.empty()) {
+    const std::string dir = trainer::checkpoint_dir(o.save_dir, o.steps);
+    t.save(dir);
+    if (root) {
+      std::printf("saved checkpoint of step %d to %s\n", o.steps, dir.c_str());
       std::fflush(stdout);
     }
-    interval_steps = 0;
-    t0 = clock::now();
   }
   if (root) {
     std::printf("loss %.4f -> %.4f after %d steps (floor 0)\n", first_loss, last_loss, o.steps);
+    // All the digits (a resumed run must end with exactly the loss of an uninterrupted one).
+    std::printf("final loss %.9g at step %d\n", last_loss, o.steps);
     std::fflush(stdout);
   }
   if (expect_below >= 0.0 && !(last_loss < expect_below)) {

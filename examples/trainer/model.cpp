@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "op_math.hpp"
 
@@ -167,6 +168,31 @@ Tensor Model::compute_experts(Weights& w, const std::vector<int>& idx, const Buf
   for (int i : idx) src.push_back(w.param(i));
   ops_.pack(src, dst, opt_.gathered_weights ? nullptr : opt_.microbatch, s);
   return dst;
+}
+
+void Model::refresh_weights(Weights& w, Stream s) {
+  if (opt_.gathered_weights) return;
+  for (int i = 0; i < spec_.num_params(); ++i) {
+    check_format(w, i, decoded(i), spec_);
+    if (decoded(i) && spec_.params()[static_cast<std::size_t>(i)].expert < 0)
+      ops_.dequantize_mxfp8({w.mxfp8(i)}, compute_[static_cast<std::size_t>(i)].get(), nullptr, s);
+  }
+  if (!spec_.discrete_experts()) return;
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    const BlockParams& b = spec_.blocks()[l];
+    const Layer& L = layers_[l];
+    for (const auto& [idx, packed] : {std::pair{&b.expert_up, &L.packed_up}, std::pair{&b.expert_down, &L.packed_down}}) {
+      if (opt_.mxfp8_params) {
+        std::vector<Mxfp8Source> src;
+        for (int i : *idx) src.push_back(w.mxfp8(i));
+        ops_.dequantize_mxfp8(src, packed->get(), nullptr, s);
+      } else {
+        std::vector<Tensor> src;
+        for (int i : *idx) src.push_back(w.param(i));
+        ops_.pack(src, packed->get(), nullptr, s);
+      }
+    }
+  }
 }
 
 Tensor Model::compute_buffer(int i, int member) const {

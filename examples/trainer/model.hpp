@@ -73,6 +73,16 @@ class Model {
   void forward(Weights& w, Stream stream);
   void backward(Weights& w, Stream stream);
 
+  /// The seed of the generated batches (read when the batch op is enqueued: a graph
+  /// captured before keeps the old one).
+  void set_seed(std::uint64_t seed) noexcept { opt_.batch.seed = seed; }
+  /// Prepares every persistent weight for compute now, unconditionally: decodes the MXFP8
+  /// compute buffers and packs (or decodes) discrete experts into the per-layer buffers,
+  /// what the next step's first microbatch would do. After the parameters changed outside
+  /// a step (a checkpoint load), so that nothing derived from them is stale. A no-op with
+  /// gathered weights (packed on every use).
+  void refresh_weights(Weights& w, Stream stream);
+
   /// Sets the tokens and targets of the next microbatch (generate_batch = false).
   void set_batch(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets);
 

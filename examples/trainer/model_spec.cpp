@@ -25,6 +25,11 @@ std::int64_t rule_multiplier(std::int64_t vocab) {
   return a;
 }
 
+std::string expert_name(int layer, int expert, ParamKind kind) {
+  return "layers." + std::to_string(layer) + ".experts." + std::to_string(expert) +
+         (kind == ParamKind::ExpertUp ? ".up" : ".down");
+}
+
 int ModelSpec::add(ParamInfo p) {
   params_.push_back(std::move(p));
   return static_cast<int>(params_.size()) - 1;
@@ -46,10 +51,10 @@ ModelSpec::ModelSpec(const ModelConfig& c, bool discrete) : config_(c), discrete
     b.router = add({p + "router", ParamKind::Router, NormGroup::Router, l, -1, 1, {G, H}, unit});
     if (discrete) {
       for (int g = 0; g < G; ++g)
-        b.expert_up.push_back(add({p + "experts." + std::to_string(g) + ".up", ParamKind::ExpertUp,
-                                   NormGroup::Experts, l, g, 1, {E, H}, unit}));
+        b.expert_up.push_back(add({expert_name(l, g, ParamKind::ExpertUp), ParamKind::ExpertUp, NormGroup::Experts, l,
+                                   g, 1, {E, H}, unit}));
       for (int g = 0; g < G; ++g)
-        b.expert_down.push_back(add({p + "experts." + std::to_string(g) + ".down", ParamKind::ExpertDown,
+        b.expert_down.push_back(add({expert_name(l, g, ParamKind::ExpertDown), ParamKind::ExpertDown,
                                      NormGroup::Experts, l, g, 1, {H, E}, unit}));
     } else {
       b.expert_up.push_back(add({p + "experts.up", ParamKind::ExpertUp, NormGroup::Experts, l, -1, G, {E, H}, unit}));
@@ -66,10 +71,14 @@ std::vector<shardopt::ParamSpec> ModelSpec::specs() const {
   std::vector<shardopt::ParamSpec> out;
   for (const ParamInfo& p : params_) {
     const std::string group = p.kind == ParamKind::Norm ? "no_decay" : "decay";
-    if (p.members > 1)
+    if (p.members > 1) {
       out.push_back(shardopt::ParamSpec::grouped(p.name, p.members, p.shape, shardopt::DType::bf16, group));
-    else
+      // Checkpoint names of the members: the discrete experts' names, so that --experts
+      // single and --experts discrete load each other's checkpoints.
+      for (int m = 0; m < p.members; ++m) out.back().member_names.push_back(expert_name(p.layer, m, p.kind));
+    } else {
       out.push_back(shardopt::ParamSpec::tensor(p.name, p.shape, shardopt::DType::bf16, group));
+    }
   }
   return out;
 }
@@ -103,8 +112,7 @@ InitArgs ModelSpec::init_args(int i) const {
   for (int m = 0; m < p.members; ++m) {
     std::string logical = p.name;
     if (p.kind == ParamKind::ExpertUp || p.kind == ParamKind::ExpertDown)
-      logical = "layers." + std::to_string(p.layer) + ".experts." + std::to_string(p.expert >= 0 ? p.expert : m) +
-                (p.kind == ParamKind::ExpertUp ? ".up" : ".down");
+      logical = expert_name(p.layer, p.expert >= 0 ? p.expert : m, p.kind);
     std::uint64_t h = 0xC0FFEEull;
     for (char ch : logical) h = math::mix(h ^ static_cast<unsigned char>(ch));
     a.keys[static_cast<std::size_t>(m)] = h;

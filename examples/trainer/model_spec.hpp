@@ -64,7 +64,7 @@ class ModelSpec {
   int head() const noexcept { return head_; }
 
   /// The specs in registration (forward) order; bf16, groups "decay" (matrices) and
-  /// "no_decay" (norm weights).
+  /// "no_decay" (norm weights); grouped experts name their members expert_name(...).
   std::vector<shardopt::ParamSpec> specs() const;
   /// FSDP units: the embedding, one per block, the final norm with the head.
   std::vector<shardopt::FsdpUnit> units() const;
@@ -86,6 +86,13 @@ class ModelSpec {
   int embed_ = -1, final_norm_ = -1, head_ = -1;
   std::vector<BlockParams> blocks_;
 };
+
+/// The name of expert `expert`'s up or down weight in block `layer`:
+/// "layers.L.experts.G.up" / ".down". The discrete expert tensors are registered under it,
+/// and it is the checkpoint name (ParamSpec::member_names) of member G of the grouped
+/// tensor "layers.L.experts.up" / ".down", so both registrations read and write the same
+/// checkpoints.
+std::string expert_name(int layer, int expert, ParamKind kind);
 
 /// The smallest a >= 3 coprime with vocab (the task's rule multiplier) and the offset c.
 std::int64_t rule_multiplier(std::int64_t vocab);

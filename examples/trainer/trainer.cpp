@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 #include <shardopt/backend.hpp>
 #include <shardopt/error.hpp>
@@ -221,6 +222,120 @@ StepStats Trainer::stats() {
     for (int g = 0; g < kNormGroups; ++g) st.group_norm[static_cast<std::size_t>(g)] = std::sqrt(sums[static_cast<std::size_t>(g)]);
   }
   return st;
+}
+
+// The user map. The batch of microbatch m of an iteration is a pure function of (seed,
+// rank, the device step count, m, position) (Ops::make_batch), so the data position is the
+// step count, which the optimizer saves and restores on the device; the microbatch index
+// (device MicrobatchState) is 0 between iterations, where saves happen. What the trainer
+// adds:
+//   trainer.format        1
+//   trainer.iterations    iterations run (more than the step count after skipped steps)
+//   trainer.seed          the data seed (restored on load)
+//   trainer.step          the step count at the save (the data position; a check)
+//   trainer.world_size, trainer.microbatches, trainer.tokens
+//                         the shape of the data stream: each rank draws its own tokens,
+//                         so a run continues identically only with the same values
+//   trainer.mode, trainer.experts, trainer.params, trainer.grad_dtype, trainer.size,
+//   trainer.steps         for the record (a checkpoint loads into any of these)
+shardopt::CheckpointUserData Trainer::checkpoint_user_data() {
+  ops_->synchronize();
+  const shardopt::MicrobatchState* mb = adam_ ? adam_->device_microbatch() : fsdp_->device_microbatch();
+  shardopt::MicrobatchState state;
+  ops_->download(&state, Tensor{const_cast<shardopt::MicrobatchState*>(mb), Elem::u8,
+                                static_cast<std::int64_t>(sizeof state)});
+  if (state.index != 0)
+    throw std::logic_error("Trainer::save: microbatch " + std::to_string(state.index) +
+                           " of an iteration is in progress; save between iterations");
+  const shardopt::StepScalars sc = adam_ ? adam_->read_scalars(ops_->stream()) : fsdp_->read_scalars(ops_->stream());
+  return {
+      {"trainer.format", "1"},
+      {"trainer.iterations", std::to_string(iterations_)},
+      {"trainer.seed", std::to_string(options_.seed)},
+      {"trainer.step", std::to_string(sc.step)},
+      {"trainer.world_size", std::to_string(comm_.size())},
+      {"trainer.microbatches", std::to_string(options_.microbatches)},
+      {"trainer.tokens", std::to_string(options_.model.tokens)},
+      {"trainer.mode", options_.mode},
+      {"trainer.experts", options_.experts},
+      {"trainer.params", options_.params},
+      {"trainer.grad_dtype", options_.grad_dtype},
+      {"trainer.size", options_.size},
+      {"trainer.steps", std::to_string(options_.steps)},
+  };
+}
+
+void Trainer::save(const std::string& dir) {
+  const shardopt::CheckpointUserData user = checkpoint_user_data();
+  if (adam_)
+    adam_->save(dir, ops_->stream(), user);
+  else
+    fsdp_->save(dir, ops_->stream(), user);
+}
+
+shardopt::SaveHandle Trainer::save_async(const std::string& dir) {
+  const shardopt::CheckpointUserData user = checkpoint_user_data();
+  return adam_ ? adam_->save_async(dir, ops_->stream(), user) : fsdp_->save_async(dir, ops_->stream(), user);
+}
+
+namespace {
+
+/// The value of `key` in a checkpoint's user map, or "" (a checkpoint of another program).
+std::string user_value(const shardopt::CheckpointInfo& info, const std::string& key) {
+  const auto it = info.user.find(key);
+  return it == info.user.end() ? std::string() : it->second;
+}
+
+}  // namespace
+
+shardopt::CheckpointInfo Trainer::load(const std::string& dir) {
+  // The seed is read by the batch op at enqueue time, so a captured graph holds it: a
+  // checkpoint of another seed can be continued only before the capture.
+  const shardopt::Stream s = ops_->stream();
+  shardopt::CheckpointInfo info = adam_ ? adam_->load(dir, s) : fsdp_->load(dir, s);
+  const std::string seed = user_value(info, "trainer.seed");
+  if (!seed.empty()) {
+    const std::uint64_t saved = std::stoull(seed);
+    if (saved != options_.seed) {
+      if (graph_->captured())
+        throw std::runtime_error("Trainer::load: '" + dir + "' was saved with --seed " + seed +
+                                 ", and this trainer's captured graph draws its batches with --seed " +
+                                 std::to_string(options_.seed) + "; load it before the first step (or use --seed " +
+                                 seed + ")");
+      options_.seed = saved;
+      model_->set_seed(saved);
+    }
+  }
+  const std::string iterations = user_value(info, "trainer.iterations");
+  iterations_ = iterations.empty() ? static_cast<int>(info.step) : std::stoi(iterations);
+  // Weights prepared for compute (MXFP8 decodes, packed discrete experts) hold the old
+  // weights until the next step's first microbatch refreshes them; refresh them now so
+  // that nothing derived from the parameters is stale after a load.
+  model_->refresh_weights(*weights_, s);
+  ops_->synchronize();
+  return info;
+}
+
+std::string Trainer::resume_differences(const shardopt::CheckpointInfo& info) const {
+  std::string out;
+  auto check = [&](const char* key, const std::string& mine, const char* what) {
+    const std::string saved = user_value(info, std::string("trainer.") + key);
+    if (saved.empty() || saved == mine) return;
+    out += (out.empty() ? "" : "; ") + std::string(what) + " " + saved + " then, " + mine + " now";
+  };
+  if (user_value(info, "trainer.format").empty()) return "it has no trainer values (not saved by this trainer)";
+  check("world_size", std::to_string(comm_.size()), "ranks:");
+  check("microbatches", std::to_string(options_.microbatches), "microbatches:");
+  check("tokens", std::to_string(options_.model.tokens), "tokens per microbatch:");
+  check("seed", std::to_string(options_.seed), "--seed:");
+  if (!out.empty()) out = "the data stream differs (" + out + ")";
+  std::string schedule;
+  const std::string steps = user_value(info, "trainer.steps");
+  if (!steps.empty() && steps != std::to_string(options_.steps))
+    schedule = "the learning-rate schedule differs (--steps " + steps + " then, " + std::to_string(options_.steps) +
+               " now: the cosine decays over --steps)";
+  if (!schedule.empty()) out += (out.empty() ? "" : "; ") + schedule;
+  return out;
 }
 
 MemoryUse Trainer::memory() const {

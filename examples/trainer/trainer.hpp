@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <shardopt/checkpoint.hpp>
 #include <shardopt/communicator.hpp>
 #include <shardopt/distributed_adam.hpp>
 #include <shardopt/fsdp.hpp>
@@ -76,6 +77,26 @@ class Trainer {
   /// The optimizer step alone (step + zero_grad), e.g. to time it: eager, or the captured
   /// step graph when one was captured in split mode. Trains (it is a real step).
   void optimizer_step_only();
+
+  /// Checkpoints (docs/checkpoints.md), between iterations, outside any capture. The
+  /// optimizer's save with the trainer's own values in the user map (checkpoint_user_data):
+  /// everything a Trainer built with the same options needs to continue bitwise as if it
+  /// had not stopped. Collective.
+  void save(const std::string& dir);
+  /// The same without blocking training (the optimizer's save_async): call wait() on the
+  /// handle on every rank before the next save and before exit.
+  shardopt::SaveHandle save_async(const std::string& dir);
+  /// Loads a checkpoint of any trainer run (other world size, mode, --experts, --params):
+  /// the optimizer's load (in place: a captured graph stays valid and is replayed as it
+  /// is; the step count, lr slot and loss scale are restored on the device), then the
+  /// trainer's values from the user map (iterations, data seed) and the weights prepared
+  /// for compute. Collective; a bad checkpoint is shardopt's Error on every rank.
+  shardopt::CheckpointInfo load(const std::string& dir);
+  /// The user map saved with a checkpoint (keys "trainer.*"; see the definition).
+  shardopt::CheckpointUserData checkpoint_user_data();
+  /// Empty when a run of these options continues the run that saved `info` identically;
+  /// else why not (e.g. another world size or microbatch count: another data stream).
+  std::string resume_differences(const shardopt::CheckpointInfo& info) const;
 
   MemoryUse memory() const;
   /// Tokens of one iteration over all ranks.

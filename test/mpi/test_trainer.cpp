@@ -97,5 +97,27 @@ TEST(TrainerHost, Mxfp8FsdpIsAClearError) {
   EXPECT_NO_THROW(check_supported(o)) << "dist-adam takes --params mxfp8";
 }
 
+// ---- checkpoints: resume equals the uninterrupted run, bitwise; across expert layouts
+
+TEST(TrainerHost, ResumeEqualsUninterruptedDistAdam) {
+  case_resume_equals_uninterrupted(kHost, "dist-adam", "bf16", "single", /*graph=*/false);
+  case_resume_equals_uninterrupted(kHost, "dist-adam", "bf16", "discrete", /*graph=*/true);
+}
+TEST(TrainerHost, ResumeEqualsUninterruptedFsdp) {
+  case_resume_equals_uninterrupted(kHost, "fsdp", "bf16", "discrete", /*graph=*/false);
+  case_resume_equals_uninterrupted(kHost, "fsdp", "bf16", "single", /*graph=*/true);
+}
+TEST(TrainerHost, ResumeEqualsUninterruptedMxfp8) {
+  // dist-adam only: the trainer refuses --params mxfp8 --mode fsdp (Mxfp8FsdpIsAClearError).
+  case_resume_equals_uninterrupted(kHost, "dist-adam", "mxfp8", "discrete", /*graph=*/false);
+  case_resume_equals_uninterrupted(kHost, "dist-adam", "mxfp8", "single", /*graph=*/true);
+}
+TEST(TrainerHost, CheckpointSingleToDiscreteExperts) {
+  case_checkpoint_across_expert_layouts(kHost, "dist-adam", "bf16", /*graph=*/true, "single", "discrete");
+  case_checkpoint_across_expert_layouts(kHost, "fsdp", "bf16", /*graph=*/false, "single", "discrete");
+  case_checkpoint_across_expert_layouts(kHost, "dist-adam", "mxfp8", /*graph=*/false, "single", "discrete");
+  case_checkpoint_across_expert_layouts(kHost, "dist-adam", "bf16", /*graph=*/false, "discrete", "single");
+}
+
 }  // namespace
 }  // namespace trainer::test

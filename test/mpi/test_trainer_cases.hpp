@@ -9,11 +9,14 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include <shardopt/checkpoint.hpp>
 #include <shardopt/mpi.hpp>
 #include <shardopt/mxfp8.hpp>
 
@@ -261,6 +264,193 @@ inline void case_mxfp8_compute_weights_are_current(shardopt::Backend b, const st
     EXPECT_EQ(changed, s != kSkippedStep) << "step " << s << ": the MXFP8 parameters change exactly on the "
                                           << "applied steps";
   }
+}
+
+// ---------------------------------------------------------------- checkpoints
+
+/// A fresh directory every rank sees (rank 0 makes it under TMPDIR, all ranks learn its
+/// name); removed by rank 0 at destruction, after every rank is done with it.
+class SharedTempDir {
+ public:
+  SharedTempDir() {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::array<char, 4096> name{};
+    if (rank == 0) {
+      const char* tmp = std::getenv("TMPDIR");
+      std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/trainer-ckpt-XXXXXX";
+      if (pattern.size() < name.size()) {
+        std::copy(pattern.begin(), pattern.end(), name.begin());
+        if (mkdtemp(name.data()) == nullptr) name[0] = '\0';
+      }
+    }
+    MPI_Bcast(name.data(), static_cast<int>(name.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
+    path_ = name.data();
+    owner_ = rank == 0;
+  }
+  ~SharedTempDir() {
+    MPI_Barrier(MPI_COMM_WORLD);
+    std::error_code ec;
+    if (owner_ && !path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  SharedTempDir(const SharedTempDir&) = delete;
+  SharedTempDir& operator=(const SharedTempDir&) = delete;
+  const std::string& path() const noexcept { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+  bool owner_ = false;
+};
+
+/// Every parameter's bytes as this rank holds them (Trainer::param_bytes).
+inline std::vector<std::vector<std::uint8_t>> all_param_bytes(const Trainer& t) {
+  std::vector<std::vector<std::uint8_t>> out;
+  for (int i = 0; i < t.spec().num_params(); ++i) out.push_back(t.param_bytes(i));
+  return out;
+}
+
+/// The losses and parameters of `steps` more iterations of t.
+struct RunResult {
+  std::vector<double> loss;                   ///< the mean loss of each iteration
+  std::vector<std::vector<double>> mb_loss;   ///< this rank's loss per microbatch, each iteration
+  std::vector<std::int64_t> step;             ///< the step count after each iteration
+  std::vector<std::vector<std::uint8_t>> params;  ///< at the end
+};
+
+inline RunResult train_more(Trainer& t, int steps) {
+  RunResult r;
+  for (int s = 0; s < steps; ++s) {
+    t.step();
+    const StepStats st = t.stats();
+    r.loss.push_back(st.loss);
+    r.mb_loss.push_back(st.microbatch_loss);
+    r.step.push_back(st.step);
+  }
+  r.params = all_param_bytes(t);
+  return r;
+}
+
+/// Every MXFP8 parameter's compute buffer equals the decode of what the optimizer holds.
+inline void expect_compute_buffers_current(Trainer& t, const std::string& what) {
+  if (!t.mxfp8()) return;
+  for (int i : mxfp8_params(t))
+    EXPECT_EQ(compute_bits(t, i), dequantized_bf16(t, i))
+        << what << ": the compute buffer of '" << t.spec().params()[static_cast<std::size_t>(i)].name
+        << "' is stale after the load";
+}
+
+inline void expect_same_run(const RunResult& a, const RunResult& b, const Trainer& t, const std::string& what) {
+  ASSERT_EQ(a.loss.size(), b.loss.size());
+  for (std::size_t s = 0; s < a.loss.size(); ++s) {
+    EXPECT_EQ(a.loss[s], b.loss[s]) << what << ": iteration " << s + 1 << " after the save";
+    EXPECT_EQ(a.mb_loss[s], b.mb_loss[s]) << what << ": iteration " << s + 1 << " after the save";
+    EXPECT_EQ(a.step[s], b.step[s]) << what;
+  }
+  ASSERT_EQ(a.params.size(), b.params.size());
+  for (std::size_t i = 0; i < a.params.size(); ++i)
+    EXPECT_EQ(a.params[i], b.params[i]) << what << ": parameter '" << t.spec().params()[i].name << "'";
+}
+
+/// Resume equals the uninterrupted run, bitwise: a trainer trained 6 steps, saved, trained
+/// 6 more (the reference); a fresh Trainer of the same options that loads the checkpoint
+/// gives the same parameter bytes right after the load (as the saving one held them), the
+/// same losses (every microbatch, every rank) and step counts on each of the next 6
+/// iterations and the same parameters at the end. With --graph on the fresh trainer
+/// warms up eagerly and captures after the load, and the reference has replayed its graph
+/// all along; then the reference itself loads the checkpoint into its captured graph
+/// (in place, no recapture) and trains the 6 steps again, with the same result. MXFP8:
+/// the compute buffers are current right after each load.
+inline void case_resume_equals_uninterrupted(shardopt::Backend b, const std::string& mode, const std::string& params,
+                                             const std::string& experts, bool graph) {
+  constexpr int kBefore = 6, kAfter = 6;
+  TrainOptions o = options("tiny", mode, 2, kBefore + kAfter + 6);
+  o.params = params;
+  o.experts = experts;
+  o.graph = graph;
+  o.grad_dtype = mode == "fsdp" ? "bf16" : "fp32";
+  const std::string what = mode + " --params " + params + " --experts " + experts + " --graph " + (graph ? "on" : "off") +
+                           " on " + std::to_string(world_size()) + " rank(s)";
+  SharedTempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string dir = tmp / "step-00006";
+  Trainer a(o, make_comm(b));
+  for (int s = 0; s < kBefore; ++s) a.step();
+  a.save(dir);
+  const std::vector<std::vector<std::uint8_t>> saved = all_param_bytes(a);
+  const RunResult reference = train_more(a, kAfter);
+  ASSERT_EQ(reference.step.back(), kBefore + kAfter);
+
+  Trainer fresh(o, make_comm(b));
+  const shardopt::CheckpointInfo info = fresh.load(dir);
+  EXPECT_EQ(info.step, kBefore);
+  EXPECT_EQ(fresh.iterations(), kBefore);
+  EXPECT_EQ(info.user.at("trainer.seed"), std::to_string(o.seed));
+  EXPECT_EQ(fresh.resume_differences(info), "") << what;
+  EXPECT_EQ(fresh.stats().step, kBefore);
+  EXPECT_EQ(all_param_bytes(fresh), saved) << what << ": the loaded parameters";
+  expect_compute_buffers_current(fresh, what + ", fresh trainer");
+  expect_same_run(reference, train_more(fresh, kAfter), a, what + ", fresh trainer");
+
+  a.load(dir);  // into the trainer that trained on (its graph captured with --graph on)
+  EXPECT_EQ(a.iterations(), kBefore);
+  EXPECT_EQ(all_param_bytes(a), saved) << what << ": loaded into the running trainer";
+  expect_compute_buffers_current(a, what + ", running trainer");
+  expect_same_run(reference, train_more(a, kAfter), a, what + ", loaded into the running trainer");
+}
+
+/// A checkpoint of one expert registration loads into the other (--experts single: one
+/// grouped tensor per MoE weight whose members are named like the discrete tensors,
+/// ParamSpec::member_names): right after the load the parameters are the same bytes
+/// (dist-adam; FSDP holds shard pieces whose boundaries the registration moves), and the
+/// next iteration's loss is the same, bitwise, on every microbatch and rank. Bitwise at any
+/// rank count and with clipping on: that loss is the forward of the loaded parameters on
+/// the same batch (same seed, rank and step), before any gradient reduction, and both
+/// registrations issue the same forward ops (case_single_equals_discrete).
+inline void case_checkpoint_across_expert_layouts(shardopt::Backend b, const std::string& mode,
+                                                  const std::string& params, bool graph, const std::string& from,
+                                                  const std::string& to) {
+  TrainOptions o = options("tiny", mode, 2, 12);
+  o.params = params;
+  o.graph = graph;
+  TrainOptions of = o, ot = o;
+  of.experts = from;
+  ot.experts = to;
+  const std::string what = "--experts " + from + " -> " + to + ", " + mode + " --params " + params;
+  SharedTempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string dir = tmp / "ckpt";
+  Trainer src(of, make_comm(b));
+  for (int s = 0; s < 6; ++s) src.step();
+  src.save(dir);
+  Trainer dst(ot, make_comm(b));
+  const shardopt::CheckpointInfo info = dst.load(dir);
+  EXPECT_EQ(info.step, 6);
+  EXPECT_EQ(info.user.at("trainer.experts"), from);
+  expect_compute_buffers_current(dst, what);
+  if (mode == "dist-adam") {
+    const Trainer& single = from == "single" ? src : dst;
+    const Trainer& discrete = from == "single" ? dst : src;
+    for (std::size_t l = 0; l < single.spec().blocks().size(); ++l) {
+      const BlockParams& s = single.spec().blocks()[l];
+      const BlockParams& d = discrete.spec().blocks()[l];
+      for (int g = 0; g < single.spec().config().experts; ++g) {
+        EXPECT_EQ(single.param_bytes(s.expert_up[0], g), discrete.param_bytes(d.expert_up[static_cast<std::size_t>(g)]))
+            << what << ": layer " << l << " expert " << g << " up";
+        EXPECT_EQ(single.param_bytes(s.expert_down[0], g),
+                  discrete.param_bytes(d.expert_down[static_cast<std::size_t>(g)]))
+            << what << ": layer " << l << " expert " << g << " down";
+      }
+    }
+    EXPECT_EQ(single.param_bytes(single.spec().head()), discrete.param_bytes(discrete.spec().head())) << what;
+  }
+  src.step();
+  dst.step();
+  const StepStats a = src.stats(), d = dst.stats();
+  EXPECT_EQ(a.step, 7);
+  EXPECT_EQ(d.step, 7);
+  EXPECT_EQ(a.microbatch_loss, d.microbatch_loss) << what;
+  EXPECT_EQ(a.loss, d.loss) << what;
 }
 
 }  // namespace trainer::test

@@ -10,6 +10,7 @@
 #include <functional>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <shardopt/host_stream.hpp>
@@ -646,6 +647,50 @@ TEST(TrainerConfig, SizesAndOptions) {
   EXPECT_EQ(rule_multiplier(64), 5);
   EXPECT_EQ(rule_multiplier(128256), 5);
   EXPECT_EQ(rule_multiplier(10), 7);
+}
+
+TEST(TrainerConfig, CheckpointOptions) {
+  const TrainOptions d = parse_options({});
+  EXPECT_TRUE(d.save_dir.empty());
+  EXPECT_EQ(d.save_every, 0);
+  EXPECT_TRUE(d.resume.empty());
+  const TrainOptions o = parse_options({"--save-dir", "out/ckpt", "--save-every=10", "--resume", "old/step-00030"});
+  EXPECT_EQ(o.save_dir, "out/ckpt");
+  EXPECT_EQ(o.save_every, 10);
+  EXPECT_EQ(o.resume, "old/step-00030");
+  auto message = [](const std::vector<std::string>& args) {
+    try {
+      parse_options(args);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_NE(message({"--save-dir", "d", "--save-every", "0"}).find("at least 1"), std::string::npos);
+  EXPECT_NE(message({"--save-dir", "d", "--save-every", "-3"}).find("at least 1"), std::string::npos);
+  EXPECT_NE(message({"--save-dir", "d", "--save-every", "ten"}).find("takes an integer"), std::string::npos);
+  EXPECT_NE(message({"--save-every", "5"}).find("needs --save-dir"), std::string::npos);
+  EXPECT_NE(message({"--save-dir="}).find("needs a directory"), std::string::npos);
+  EXPECT_NE(message({"--resume="}).find("needs a checkpoint directory"), std::string::npos);
+  EXPECT_NE(message({"--resume"}).find("needs a value"), std::string::npos);
+  EXPECT_EQ(checkpoint_dir("out/ckpt", 10), "out/ckpt/step-00010");
+  EXPECT_EQ(checkpoint_dir("out/ckpt/", 123456), "out/ckpt/step-123456");
+  EXPECT_NE(usage().find("--save-every"), std::string::npos);
+  EXPECT_NE(usage().find("--resume"), std::string::npos);
+}
+
+TEST(TrainerConfig, GroupedExpertsAreNamedLikeDiscreteOnesInCheckpoints) {
+  ModelSpec s(check_config(), false), d(check_config(), true);
+  const std::vector<shardopt::ParamSpec> grouped = s.specs(), discrete = d.specs();
+  const int gi = s.blocks()[1].expert_down[0];
+  const shardopt::ParamSpec& g = grouped[static_cast<std::size_t>(gi)];
+  EXPECT_EQ(g.name, "layers.1.experts.down");
+  ASSERT_EQ(g.members(), check_config().experts);
+  for (int m = 0; m < g.members(); ++m) {
+    const int di = d.blocks()[1].expert_down[static_cast<std::size_t>(m)];
+    EXPECT_EQ(g.member_name(m), discrete[static_cast<std::size_t>(di)].name);
+    EXPECT_EQ(g.member_name(m), "layers.1.experts." + std::to_string(m) + ".down");
+  }
 }
 
 TEST(TrainerConfig, DiscreteAndGroupedExpertsStartEqual) {
