@@ -1,6 +1,7 @@
 #include "core/safetensors.hpp"
 
 #include <algorithm>
+#include <future>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
@@ -218,13 +219,18 @@ void SafetensorsWriter::write(std::size_t index, const void* data, std::size_t n
                        std::to_string(e.bytes()) + " bytes (" + std::to_string(written_ - e.begin) +
                        " written, " + std::to_string(n) + " more given)");
   if (n == 0) return;
-  crc_ = crc32c_update(crc_, data, n);
   written_ += n;
   try {
     if (buffer_.size() + n > kWriteBuffer) flush_buffer();
     if (n >= kWriteBuffer) {
+      // A large piece: its checksum is computed on another thread while the file write
+      // runs, so the checksum costs no time of its own.
+      const std::uint32_t before = crc_;
+      auto crc = std::async(std::launch::async, [before, data, n] { return crc32c_update(before, data, n); });
       file_->file().write_all(data, n);
+      crc_ = crc.get();
     } else {
+      crc_ = crc32c_update(crc_, data, n);
       const auto* p = static_cast<const char*>(data);
       buffer_.insert(buffer_.end(), p, p + n);
     }

@@ -667,7 +667,7 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
   CheckpointInfo info;
   // Host images of this rank's items (master and moments), filled in phase A.
   std::vector<Item> items;
-  std::vector<std::vector<char>> images;
+  std::vector<std::unique_ptr<char[]>> images;  // uninitialised: every byte is read from the files
   std::exception_ptr error;
   try {
     const json::Value index = read_index(dir);
@@ -707,7 +707,7 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
     }
     // What this rank needs: its master and moment items.
     for (Item& it : rank_items(L, param_facts(t), moment, t.shard_rank, /*with_params=*/false)) {
-      images.emplace_back(item_bytes(it));
+      images.emplace_back(new char[item_bytes(it)]);
       items.push_back(std::move(it));
     }
     // Plan the reads, file by file.
@@ -728,7 +728,7 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
         r.to = it.dtype;
         r.begin = static_cast<std::uint64_t>(lo - so);  // elements for now: bytes once the file's dtype is known
         r.bytes = static_cast<std::uint64_t>(hi - lo);
-        r.dst = images[i].data() + static_cast<std::size_t>(lo - it.offset) * size_of(it.dtype);
+        r.dst = images[i].get() + static_cast<std::size_t>(lo - it.offset) * size_of(it.dtype);
         plan[member(s, "file", where).as_int()].push_back(std::move(r));
       }
       if (covered != it.length)
@@ -785,8 +785,13 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
             const std::uint64_t lo = std::max(at, r->begin), hi = std::min<std::uint64_t>(at + n, r->begin + r->bytes);
             if (lo >= hi) continue;
             const std::size_t es = size_of(r->from);
-            kernels::convert(buf.data() + (lo - at), r->from, r->dst + (lo - r->begin) / es * size_of(r->to), r->to,
-                             static_cast<std::int64_t>((hi - lo) / es), Backend::Host, nullptr);
+            char* dst = r->dst + (lo - r->begin) / es * size_of(r->to);
+            if (r->from == r->to) {
+              std::memcpy(dst, buf.data() + (lo - at), static_cast<std::size_t>(hi - lo));
+            } else {
+              kernels::convert(buf.data() + (lo - at), r->from, dst, r->to, static_cast<std::int64_t>((hi - lo) / es),
+                               Backend::Host, nullptr);
+            }
           }
         }
       }
@@ -807,7 +812,7 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
                         : it.kind == Kind::ExpAvg ? e.exp_avg_view(it.param)
                                                   : e.exp_avg_sq_view(it.param);
     copy_async(t.backend, static_cast<char*>(v.data) + static_cast<std::size_t>(it.src) * size_of(it.dtype),
-               images[i].data(), images[i].size(), stream);
+               images[i].get(), item_bytes(it), stream);
   }
   synchronize(t.backend, stream);  // the host images go away with this function
   e.set_step(info.step, stream);
