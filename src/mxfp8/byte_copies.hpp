@@ -33,10 +33,9 @@ void split_copy(std::vector<BytePiece>& table, const std::uint8_t* src, std::uin
 /// Runs the copies of pieces[0, count) (a table in the backend's device memory).
 void copy_pieces(const BytePiece* pieces, std::int64_t count, Backend backend, Stream stream);
 
-#if SHARDOPT_HAVE_CUDA
 /// The CUDA launch (byte_copies.cu): one block of 256 threads per piece, 16-byte vector
-/// body where source and destination are equally aligned, bytes otherwise.
+/// body where source and destination are equally aligned, bytes otherwise. A build
+/// without CUDA refuses it (Error(Unsupported)).
 void copy_pieces_cuda(const BytePiece* pieces, std::int64_t count, Stream stream);
-#endif
 
 }  // namespace shardopt::detail

@@ -413,7 +413,8 @@ inline void case_grouped_discrete(Backend b, bool grouped_first) {
 }
 
 /// A native (bf16) checkpoint loads into MXFP8 parameters: the master is the saved one
-/// and the MXFP8 storage is quantize(bf16(master)), as a fresh quantize makes it.
+/// and the MXFP8 storage is quantize(bf16(master)), as a fresh quantize makes it; and the
+/// MXFP8 optimizer's checkpoint loads back into native parameters.
 inline void case_native_to_mxfp8(Backend b) {
   SharedDir dir("mx");
   Communicator comm = make_comm(b);
@@ -435,6 +436,16 @@ inline void case_native_to_mxfp8(Backend b) {
     EXPECT_TRUE(my == mx) << y.layout().specs()[static_cast<std::size_t>(i)].name;
   }
   expect_matches_oracle(y, "after loading a bf16 checkpoint into MXFP8 parameters");
+  // And back: the MXFP8 optimizer's checkpoint (MXFP8 planes, no bf16 parameter) loads
+  // into native parameters, which are then bf16(master).
+  y.save(dir.sub("mx"), s.get());
+  DistributedAdam z(comm, mx_model(), native);
+  z.load(dir.sub("mx"), s.get());
+  for (int i = 0; i < z.num_params(); ++i) {
+    const auto mz = full_master(z, i), mx = full_master(x, i);
+    EXPECT_TRUE(mz == mx) << "MXFP8 -> native: " << z.layout().specs()[static_cast<std::size_t>(i)].name;
+    EXPECT_EQ(read_bytes(b, z.param(i)), read_bytes(b, x.param(i)));
+  }
 }
 
 // ---------------------------------------------------------------------------- async
@@ -526,6 +537,19 @@ inline void case_write_for_python(Backend b) {
 
 // ---------------------------------------------------------------------------- bad input
 
+/// load(dir) of `opt` throws an Error whose message contains `part`.
+inline void expect_load_error(DistributedAdam& opt, const std::string& dir, const std::string& part) {
+  TestStream s(opt.backend());
+  std::optional<Error> e;
+  try {
+    opt.load(dir, s.get());
+  } catch (const Error& err) {
+    e = err;
+  }
+  ASSERT_TRUE(e.has_value()) << "load(" << dir << ") did not refuse it";
+  EXPECT_NE(std::string(e->what()).find(part), std::string::npos) << e->what();
+}
+
 /// Every bad checkpoint is refused on every rank with a clear error, and the optimizer
 /// is left exactly as it was.
 inline void case_bad_checkpoints(Backend b) {
@@ -612,29 +636,13 @@ inline void case_bad_checkpoints(Backend b) {
     auto specs = small_model();
     specs.push_back(ParamSpec::tensor("extra", {9, 5}));
     DistributedAdam big(comm, specs, o);
-    TestStream sb(b);
-    std::optional<Error> e;
-    try {
-      big.load(good, sb.get());
-    } catch (const Error& err) {
-      e = err;
-    }
-    ASSERT_TRUE(e.has_value());
-    EXPECT_NE(std::string(e->what()).find("no tensor 'extra'"), std::string::npos) << e->what();
+    expect_load_error(big, good, "no tensor 'extra'");
   }
   {
     auto specs = small_model();
     specs[2] = ParamSpec::tensor("w1", {16, 24});
     DistributedAdam other(comm, specs, o);
-    TestStream so(b);
-    std::optional<Error> e;
-    try {
-      other.load(good, so.get());
-    } catch (const Error& err) {
-      e = err;
-    }
-    ASSERT_TRUE(e.has_value());
-    EXPECT_NE(std::string(e->what()).find("has shape [24, 16]"), std::string::npos) << e->what();
+    expect_load_error(other, good, "has shape [24, 16]");
   }
   // The good one still loads.
   x.load(good, s.get());
