@@ -1,4 +1,5 @@
-// shardopt/layout.hpp - the one layout every rank computes (contract 1).
+// shardopt/layout.hpp - the one layout every rank computes: the same specs and world
+// size give the same layout on every rank.
 //
 // From the same ordered ParamSpecs, world size and options, every rank computes the
 // same placement of parameters in contiguous buffers (one per parameter dtype):
@@ -21,7 +22,7 @@
 
 namespace shardopt {
 
-/// Knobs of the layout; defaults follow DESIGN.md.
+/// Knobs of the layout (the defaults are the library's choices, explained in docs/decisions.md).
 struct LayoutOptions {
   /// Bucket threshold in elements; unset = max(40M, 1M x world size). Must be > 0.
   std::optional<std::int64_t> bucket_numel;

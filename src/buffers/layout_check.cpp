@@ -1,4 +1,4 @@
-// check_layout: every rank must have computed the same layout (contract 1).
+// check_layout: every rank must have computed the same layout (same specs and world size, same layout).
 //
 // Round 1 all-gathers each rank's fingerprint, parameter count and layout options. If
 // the fingerprints differ, round 2 all-gathers the per-parameter hashes, padded to the
