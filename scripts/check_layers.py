@@ -90,6 +90,7 @@ PUBLIC_HEADER_LAYER = {
     "numerics.hpp": "core",        # header-only (includes dtype.hpp)
     "param_spec.hpp": "core",      # src/core/param_spec.cpp: the vocabulary type of every layer
     "range.hpp": "core",           # header-only struct
+    "watchdog.hpp": "core",        # header-only struct (WatchdogOptions)
     # comm
     "communicator.hpp": "comm",    # src/comm/communicator.cpp, comm_impl.cpp, self_comm.cpp
     "mpi.hpp": "comm",             # src/comm/bootstrap_mpi.cpp (communicator_from_mpi)

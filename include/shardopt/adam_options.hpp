@@ -13,6 +13,7 @@
 #include "shardopt/dtype.hpp"
 #include "shardopt/fused_adam.hpp"
 #include "shardopt/schedule.hpp"
+#include "shardopt/watchdog.hpp"
 
 namespace shardopt {
 
@@ -35,6 +36,10 @@ struct AdamOptions {
   LrSchedule lr_schedule = LrSchedule::host();
   /// Microbatches per step (the size of the device microbatch counter).
   int microbatches = 1;
+  /// Deadlines of the optimizer's collectives, blocking waits and replayed steps
+  /// (shardopt/watchdog.hpp), set on its communicator at construction. Rank-local (not
+  /// compared across ranks: they change when an error is raised, not the math).
+  WatchdogOptions watchdog{};
 };
 
 }  // namespace shardopt

@@ -3,9 +3,11 @@
 // the host backend (work enqueued on a HostStream, so it joins host captures).
 //
 // A Communicator is a shared handle: copies refer to the same group. After any failed
-// call (a backend error, an invalid argument, a stream of another device) the group is
-// marked failed (NCCL communicators are aborted): that rank may be out of step with its
-// peers, so every later call throws Error(InvalidState) quoting the first failure.
+// call (a backend error, an invalid argument, a stream of another device, a missed
+// deadline) the group is marked failed (NCCL communicators are aborted): that rank may be
+// out of step with its peers, so every later call throws quoting the first failure
+// (Error(Timeout) after a missed deadline, Error(InvalidState) otherwise). Deadlines
+// are off by default (shardopt/watchdog.hpp, set_watchdog).
 // check_layout's LayoutMismatch is the exception: every rank detects it together.
 //
 // Numerics (both backends): f32, bf16 and f16 are reduced pairwise, adding in fp32 and
@@ -29,6 +31,7 @@
 
 #include "shardopt/backend.hpp"
 #include "shardopt/dtype.hpp"
+#include "shardopt/watchdog.hpp"
 
 namespace shardopt {
 
@@ -112,7 +115,10 @@ class Communicator {
   /// thread captures a CUDA stream (it synchronizes).
   void barrier() const;
   /// Splits into sub-groups (collective over this group): ranks with equal `color`
-  /// (>= 0) form one group, ordered by `key` then by rank.
+  /// (>= 0) form one group, ordered by `key` then by rank. The new group inherits this
+  /// one's deadlines, and the two fail together: a failure of either (a dead rank breaks
+  /// both) marks the other failed. Host backend: MPI has no nonblocking split, so this
+  /// one wait is not bounded by the deadlines.
   Communicator split(int color, int key) const;
 
   /// Blocking host-side all-gather of one 64-bit value per rank (for agreement checks);
@@ -135,10 +141,23 @@ class Communicator {
   /// a one-rank group, no NCCL) or once an NCCL group was aborted after a failure.
   BufferRegistration register_buffer(void* data, std::size_t bytes) const;
 
+  /// Sets this group's deadlines (shardopt/watchdog.hpp; shared by every copy of the
+  /// handle and inherited by later split()s). The optimizers set AdamOptions::watchdog
+  /// here when they are constructed. Error(InvalidArgument) for a negative timeout.
+  void set_watchdog(const WatchdogOptions& options) const;
+  /// The deadlines in force.
+  WatchdogOptions watchdog() const;
+  /// Blocks until the work queued on `stream` so far has finished, checking NCCL's
+  /// asynchronous errors meanwhile. Error(Timeout) once the wait passes wait_timeout,
+  /// or once a step watchdog gave this group up; the error of a failed group otherwise.
+  /// Not while `stream` is being captured.
+  void synchronize(Stream stream) const;
+
   /// True once a call on this group has failed.
   bool failed() const noexcept;
-  /// Throws Error(InvalidState) quoting the first failure when the group has failed
-  /// (`call` names the refused call in the message); nothing otherwise.
+  /// Throws quoting the first failure when the group has failed (`call` names the
+  /// refused call in the message): Error(Timeout) when it missed a deadline,
+  /// Error(InvalidState) after any other failure; nothing otherwise.
   void require_usable(const char* call) const;
 
  private:

@@ -99,8 +99,12 @@ class StepTarget;
 /// destroyed or assigned to; its other calls throw Error(InvalidState).
 class DistributedAdam {
  public:
-  /// Collective over `comm`: checks that every rank has the same layout (a clear
-  /// Error(LayoutMismatch) otherwise), allocates, and zeroes params, grads and moments.
+  /// Collective over `comm`: checks that every rank passes the same options that change
+  /// the math or the collectives (every field above but persistent_grad_copies; an
+  /// Error(LayoutMismatch) on every rank names the first that differs and each rank's
+  /// value) and has the same layout (Error(LayoutMismatch) naming the first differing
+  /// parameter), then allocates, and zeroes params, grads and moments. Per-step values
+  /// (set_lr, set_loss_scale) are the trainer's and are not compared.
   DistributedAdam(Communicator comm, std::vector<ParamSpec> specs, DistributedAdamOptions options = {});
   ~DistributedAdam();
   DistributedAdam(DistributedAdam&&) noexcept;
@@ -192,9 +196,15 @@ class DistributedAdam {
   void set_loss_scale(float scale);
   /// Device-resident step values: step count, lr, norm, clip coefficient, found-inf.
   StepScalars* device_scalars() const;
-  /// Copies the device scalars to the host after `stream`'s work (synchronizes; refused
-  /// while `stream` is capturing).
+  /// Copies the device scalars to the host after `stream`'s work, waiting as synchronize()
+  /// does (refused while `stream` is capturing).
   StepScalars read_scalars(Stream stream) const;
+  /// Blocks until the work queued on `stream` so far has finished, within the wait_timeout
+  /// of AdamOptions::watchdog (0: no limit). Error(Timeout) when it passes, or once the
+  /// step watchdog gave up a replayed iteration (a dead or stuck rank; the communicator
+  /// is then aborted and every later call that needs it throws Error(Timeout) too). Use
+  /// it instead of a bare stream synchronization where a hang must become an error.
+  void synchronize(Stream stream) const;
   /// Device-resident microbatch state and its advance (index + 1 mod microbatches).
   MicrobatchState* device_microbatch() const;
   void advance_microbatch(Stream stream);

@@ -21,6 +21,7 @@ enum class ErrorCode {
   Cuda,             ///< a CUDA runtime call failed
   Nccl,             ///< an NCCL call failed
   Mpi,              ///< an MPI call failed
+  Timeout,          ///< a collective or a replayed step missed its deadline (shardopt/watchdog.hpp)
   Internal,         ///< a broken invariant inside shardopt: please report it
 };
 

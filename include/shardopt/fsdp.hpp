@@ -86,8 +86,11 @@ class StepTarget;
 /// Error(InvalidState).
 class Fsdp {
  public:
-  /// Collective over `comm`. Checks units (contiguous, covering every parameter once) and
-  /// that every rank has the same layout; allocates the shard, the moments and the pool.
+  /// Collective over `comm`. Checks that every rank passes the same options (every field
+  /// above but persistent_grad_copies: Error(LayoutMismatch) on every rank naming the first
+  /// that differs and each rank's value), the units (contiguous, covering every parameter
+  /// once) and that every rank has the same layout; allocates the shard, the moments and
+  /// the pool.
   Fsdp(Communicator comm, std::vector<ParamSpec> specs, std::vector<FsdpUnit> units, FsdpOptions options = {});
   ~Fsdp();
   Fsdp(Fsdp&&) noexcept;
@@ -128,10 +131,21 @@ class Fsdp {
   /// Seeds the fp32 master from the parameter shard.
   void init_master(Stream stream);
 
+  /// Learning rate (LrSchedule::Kind::Host) and loss scale: pinned host slots that every
+  /// (replayed) step copies to the device, as in DistributedAdam.
   void set_lr(float lr);
   void set_loss_scale(float scale);
+  /// Device-resident step values: step count, lr, norm, clip coefficient, found-inf.
   StepScalars* device_scalars() const;
+  /// Copies the device scalars to the host after `stream`'s work, waiting as synchronize()
+  /// does (refused while `stream` is capturing).
   StepScalars read_scalars(Stream stream) const;
+  /// Blocks until the work queued on `stream` so far has finished, within the wait_timeout
+  /// of AdamOptions::watchdog (0: no limit). Error(Timeout) when it passes, or once the
+  /// step watchdog gave up a replayed iteration (a dead or stuck rank; the communicator
+  /// is then aborted and every later call that needs it throws Error(Timeout) too). Use
+  /// it instead of a bare stream synchronization where a hang must become an error.
+  void synchronize(Stream stream) const;
   MicrobatchState* device_microbatch() const;
   void advance_microbatch(Stream stream);
 

@@ -23,3 +23,4 @@
 #include "shardopt/schedule.hpp"
 #include "shardopt/step_graph.hpp"
 #include "shardopt/views.hpp"
+#include "shardopt/watchdog.hpp"

@@ -14,10 +14,12 @@
 #include <algorithm>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "comm/deadline.hpp"
 #include "core/device_guard.hpp"
 #include "core/memory.hpp"
 #include "core/streams.hpp"
@@ -212,6 +214,10 @@ class BucketStoreImpl {
     if (buckets.empty()) return;
 
     auto run = [&](int b, Stream s) {
+      // Host backend: the text names the bucket if this collective misses a deadline.
+      std::optional<detail::OperationLabel> label;
+      if (backend == Backend::Host)
+        label.emplace("bucket " + std::to_string(b) + (reduce ? " gradient reduce-scatter" : " parameter all-gather"));
       const Bucket& bk = layout.buckets()[static_cast<std::size_t>(b)];
       const auto buf = static_cast<std::size_t>(bk.buffer);
       const std::int64_t per_rank = bk.range.size() / comm.size();
@@ -291,6 +297,7 @@ class BucketStoreImpl {
     require_comm("all_reduce");
     check_stream_device(backend, device, caller);
     if (backend == Backend::Host) {
+      detail::OperationLabel label("MXFP8 scale all-reduce of the bucket store");
       comm.all_reduce(data, count, dtype, op, caller);
       return;
     }

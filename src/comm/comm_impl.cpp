@@ -3,6 +3,7 @@
 #include <exception>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "core/check.hpp"
 #include "core/streams.hpp"
@@ -22,6 +23,10 @@ const char* op_name(ReduceOp op) {
 bool known_op(ReduceOp op) { return op == ReduceOp::Sum || op == ReduceOp::Average || op == ReduceOp::Max; }
 
 bool known_dtype(DType t) { return size_of(t) != 0; }
+
+long long ms_between(WatchClock::time_point a, WatchClock::time_point b) {
+  return static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(b - a).count());
+}
 
 }  // namespace
 
@@ -44,6 +49,14 @@ std::string CommImpl::failure() const {
 
 void CommImpl::require_usable(const char* call) const {
   if (!failed()) return;
+  if (failure_code() == ErrorCode::Timeout) {
+    throw Error(ErrorCode::Timeout,
+                std::string(call) +
+                    " refused: this communicator missed a deadline earlier and was torn down (a rank is dead "
+                    "or stuck); rebuild the Communicator and the optimizer on every rank, from the last "
+                    "checkpoint. The first failure was: " +
+                    failure());
+  }
   throw Error(ErrorCode::InvalidState,
               std::string("Communicator::") + call +
                   " on a communicator that failed earlier; create a new Communicator (on every rank). "
@@ -51,7 +64,9 @@ void CommImpl::require_usable(const char* call) const {
                   failure());
 }
 
-void CommImpl::mark_failed(const std::string& what) noexcept {
+void CommImpl::mark_failed(const std::string& what, ErrorCode code) noexcept {
+  bool first = false;
+  std::vector<std::weak_ptr<CommImpl>> linked;
   {
     std::lock_guard<std::mutex> lock(failure_mutex_);
     if (!failed_.load(std::memory_order_relaxed)) {
@@ -59,12 +74,89 @@ void CommImpl::mark_failed(const std::string& what) noexcept {
         failure_ = what;
       } catch (...) {
       }
+      failure_code_.store(code, std::memory_order_release);
       failed_.store(true, std::memory_order_release);
+      first = true;
+      linked = linked_;
     }
   }
   // Inside an open group the teardown waits until the group is closed (an NCCL group
-  // must not end on an aborted communicator).
-  if (group_depth_ == 0) on_failure();
+  // must not end on an aborted communicator); grouped() tears down when it closes.
+  if (group_depth_.load(std::memory_order_acquire) == 0) on_failure();
+  if (!first) return;
+  for (const std::weak_ptr<CommImpl>& w : linked) {
+    if (std::shared_ptr<CommImpl> other = w.lock()) {
+      try {
+        other->mark_failed("a group it was split from, or split into, failed: " + what, code);
+      } catch (...) {
+      }
+    }
+  }
+}
+
+void CommImpl::set_watchdog(const WatchdogOptions& options) {
+  SHARDOPT_REQUIRE(options.wait_timeout.count() >= 0 && options.step_timeout.count() >= 0,
+                   ErrorCode::InvalidArgument,
+                   "WatchdogOptions: wait_timeout (" + std::to_string(options.wait_timeout.count()) +
+                       " ms) and step_timeout (" + std::to_string(options.step_timeout.count()) +
+                       " ms) must be >= 0 (0 turns a deadline off)");
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  watchdog_ = options;
+}
+
+WatchdogOptions CommImpl::watchdog() const {
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  return watchdog_;
+}
+
+Deadline CommImpl::wait_deadline() const {
+  Deadline d;
+  const std::chrono::milliseconds limit = watchdog().wait_timeout;
+  if (limit.count() > 0) {
+    d.at = d.start + limit;
+    d.limit = limit;
+    d.limit_name = "wait_timeout";
+  }
+  if (current_step_deadline().armed() && current_step_deadline().at < d.at) {
+    Deadline step = current_step_deadline();
+    step.start = d.start;  // the time waited is this wait's own
+    return step;
+  }
+  return d;
+}
+
+void CommImpl::fail_timeout(const std::string& what, const Deadline& deadline) {
+  const WatchClock::time_point now = WatchClock::now();
+  std::string msg = what;
+  const std::string& label = OperationLabel::current();
+  if (!label.empty() && what.find(label) == std::string::npos) msg += " (" + label + ")";
+  msg += " on rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " did not complete: waited " +
+         std::to_string(ms_between(deadline.start, now)) + " ms";
+  if (std::string(deadline.limit_name) == "step_timeout") {
+    msg += ", and the replayed step" + (current_step_what().empty() ? std::string() : " (" + current_step_what() + ")") +
+           " has run " + std::to_string(ms_between(current_step_deadline().start, now)) + " ms, past its step_timeout of " +
+           std::to_string(deadline.limit.count()) + " ms";
+  } else {
+    msg += ", past the wait_timeout of " + std::to_string(deadline.limit.count()) + " ms";
+  }
+  msg += ". A rank is dead, stuck or skipped this collective; this communicator is now failed";
+  if (backend_ == Backend::Cuda) msg += " (its NCCL communicator aborted)";
+  msg += ": rebuild the Communicator and the optimizer on every rank, from the last checkpoint";
+  mark_failed(msg, ErrorCode::Timeout);
+  throw Error(ErrorCode::Timeout, msg);
+}
+
+void CommImpl::synchronize(Stream stream, const std::string& what) {
+  require_usable(what.c_str());
+  check_stream_device(backend_, device_, stream);
+  const Deadline d = wait_deadline();
+  wait_until([&] { return stream_done(backend_, stream); }, what, d);
+}
+
+void CommImpl::inject_fault_for_test(InjectedFault fault, int after) {
+  (void)fault;
+  (void)after;
+  SHARDOPT_REQUIRE(false, ErrorCode::Unsupported, "fault injection is implemented for the host backend (MPI) only");
 }
 
 void CommImpl::check_count(std::int64_t count, const void* data, const char* call) const {
@@ -137,7 +229,18 @@ std::shared_ptr<CommImpl> CommImpl::split(int color, int key) {
   return guarded([&] {
     SHARDOPT_REQUIRE(color >= 0, ErrorCode::InvalidArgument,
                      "split: color " + std::to_string(color) + " is negative; colors must be >= 0");
-    return do_split(color, key);
+    std::shared_ptr<CommImpl> child = do_split(color, key);
+    child->set_watchdog(watchdog());
+    // A group and the groups split from it fail together (a dead rank breaks them all).
+    {
+      std::lock_guard<std::mutex> lock(failure_mutex_);
+      linked_.push_back(child);
+    }
+    {
+      std::lock_guard<std::mutex> lock(child->failure_mutex_);
+      child->linked_.push_back(weak_from_this());
+    }
+    return child;
   });
 }
 
@@ -159,6 +262,8 @@ void CommImpl::grouped(const std::function<void()>& calls) {
     }
     --group_depth_;
     if (error) std::rethrow_exception(error);  // the guard now tears the group down
+    // Marked failed from another thread (the step watchdog) while the group was open.
+    if (failed() && group_depth_.load(std::memory_order_acquire) == 0) on_failure();
   });
 }
 

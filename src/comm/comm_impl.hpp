@@ -8,23 +8,39 @@
 // error propagates, and every later call throws Error(InvalidState) quoting the first
 // failure. A rank whose call failed is out of step with its peers; continuing could only
 // hang or mix up data.
+//
+// Deadlines (shardopt/watchdog.hpp): every blocking wait of a backend asks
+// wait_deadline() when to give up, which is the earlier of the group's wait_timeout and
+// the deadline of the replayed step the calling thread is running (StepDeadlineScope),
+// and polls with wait_until(); a missed deadline marks the group failed with
+// ErrorCode::Timeout and throws. The collectives enqueued while an OperationLabel lives
+// carry its text into those messages ("bucket 3 gradient reduce-scatter").
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "shardopt/backend.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/dtype.hpp"
 #include "shardopt/error.hpp"
+#include "shardopt/watchdog.hpp"
+#include "comm/deadline.hpp"
 
 namespace shardopt::detail {
+
+/// Faults a test can inject into a host-backend (MPI) group (internal, never public):
+/// from its `after`-th collective on (counting from 0, blocking helpers included), the
+/// rank skips every collective (it never enters them) or exits the process at once.
+enum class InjectedFault { None, SkipCollectives, ExitProcess };
 
 /// A group of ranks: the state shared by every copy of a Communicator.
 class CommImpl : public std::enable_shared_from_this<CommImpl> {
@@ -57,8 +73,38 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   bool failed() const noexcept { return failed_.load(std::memory_order_acquire); }
   /// The first failure's message ("" while not failed).
   std::string failure() const;
-  /// Throws Error(InvalidState) quoting the first failure when the group has failed.
+  /// Timeout when the first failure was a missed deadline, else InvalidState.
+  ErrorCode failure_code() const noexcept { return failure_code_.load(std::memory_order_acquire); }
+  /// Throws quoting the first failure when the group has failed: Error(Timeout) after a
+  /// missed deadline, else Error(InvalidState).
   void require_usable(const char* call) const;
+
+  /// The group's deadlines (Communicator::set_watchdog).
+  void set_watchdog(const WatchdogOptions& options);
+  WatchdogOptions watchdog() const;
+  /// The deadline of a blocking wait starting now: now + wait_timeout, or the calling
+  /// thread's step deadline (StepDeadlineScope) when that is earlier.
+  Deadline wait_deadline() const;
+  /// Marks the group failed with ErrorCode::Timeout (the backend tears down: NCCL is
+  /// aborted) and throws Error(Timeout) naming `what`, the limit and the time waited.
+  [[noreturn]] void fail_timeout(const std::string& what, const Deadline& deadline);
+  /// Polls `done()` until it is true; between polls checks the group (a failure marked
+  /// by another thread throws here) and the backend's asynchronous errors; gives up at
+  /// `deadline` through fail_timeout. Yields for the first millisecond, then sleeps
+  /// 50 us between polls.
+  template <class Done>
+  void wait_until(Done&& done, const std::string& what, const Deadline& deadline);
+  /// Blocks until the work queued on `stream` so far has finished, within wait_timeout
+  /// (Communicator::synchronize). Host backend: its streams have nothing in flight.
+  void synchronize(Stream stream, const std::string& what);
+  /// Errors the backend found asynchronously (NCCL: ncclCommGetAsyncError, a peer's
+  /// failure or a network error): marks the group failed and throws. Thread-safe.
+  virtual void poll_async_error() {}
+  /// True once the backend's own communicator was torn down after a failure (NCCL:
+  /// ncclCommAbort returned); the other backends have nothing to tear down.
+  virtual bool backend_released() const noexcept { return failed(); }
+  /// Test hook: arms an InjectedFault (host backend only; Error(Unsupported) elsewhere).
+  virtual void inject_fault_for_test(InjectedFault fault, int after);
 
   /// Registers a buffer with the backend; nullptr where it has no registration (see
   /// Communicator::register_buffer). Not a collective; does not mark the group failed.
@@ -76,15 +122,20 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   /// every rank. Always throws the backend's error.
   void provoke_backend_error_for_test();
 
-  /// Marks the group failed with `what` (only the first failure is kept) and lets the
-  /// backend tear down (ncclCommAbort), once no grouped() call is open.
-  void mark_failed(const std::string& what) noexcept;
+  /// Marks the group failed with `what` (only the first failure and its code are kept)
+  /// and lets the backend tear down (ncclCommAbort), once no grouped() call is open; the
+  /// groups linked by split() (its parent, its children) are marked failed with it.
+  /// Thread-safe: the step watchdog calls it from its own thread.
+  void mark_failed(const std::string& what, ErrorCode code = ErrorCode::InvalidState) noexcept;
 
   /// Runs `f`; an exception marks the group failed and propagates.
   template <class F>
   auto guarded(F&& f) -> decltype(f()) {
     try {
       return f();
+    } catch (const Error& e) {
+      mark_failed(e.what(), e.code() == ErrorCode::Timeout ? ErrorCode::Timeout : ErrorCode::InvalidState);
+      throw;
     } catch (const std::exception& e) {
       mark_failed(e.what());
       throw;
@@ -118,10 +169,30 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   int size_;
   int device_;
   std::atomic<bool> failed_{false};
-  int group_depth_ = 0;  // open grouped() calls
+  std::atomic<ErrorCode> failure_code_{ErrorCode::InvalidState};
+  std::atomic<int> group_depth_{0};  // open grouped() calls
   mutable std::mutex failure_mutex_;
   std::string failure_;
+  WatchdogOptions watchdog_;  // under failure_mutex_
+  std::vector<std::weak_ptr<CommImpl>> linked_;  // split parent and children, under failure_mutex_
 };
+
+template <class Done>
+void CommImpl::wait_until(Done&& done, const std::string& what, const Deadline& deadline) {
+  const WatchClock::time_point spin_until = WatchClock::now() + std::chrono::milliseconds(1);
+  for (;;) {
+    if (done()) return;
+    require_usable(what.c_str());
+    poll_async_error();
+    const WatchClock::time_point now = WatchClock::now();
+    if (now >= deadline.at) fail_timeout(what, deadline);
+    if (now < spin_until) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
 
 /// The impl behind a handle; throws Error(InvalidState) for an empty Communicator.
 CommImpl& require_impl(CommImpl* impl);
@@ -136,6 +207,9 @@ struct CommAccess {
 /// Test hook (CommImpl::provoke_backend_error_for_test) on the group behind `comm`:
 /// collective, always throws the backend's error and marks the group failed.
 void provoke_backend_error_for_test(const Communicator& comm);
+
+/// Test hook (CommImpl::inject_fault_for_test) on the group behind `comm`.
+void inject_fault_for_test(const Communicator& comm, InjectedFault fault, int after);
 
 /// A one-rank group (Communicator::self): collectives are identities.
 std::shared_ptr<CommImpl> make_self_comm(Backend backend);

@@ -57,6 +57,12 @@ BufferRegistration Communicator::register_buffer(void* data, std::size_t bytes) 
   return r;
 }
 
+void Communicator::set_watchdog(const WatchdogOptions& options) const { usable(impl_).set_watchdog(options); }
+
+WatchdogOptions Communicator::watchdog() const { return usable(impl_).watchdog(); }
+
+void Communicator::synchronize(Stream stream) const { usable(impl_).synchronize(stream, "synchronize"); }
+
 bool Communicator::failed() const noexcept { return impl_ != nullptr && impl_->failed(); }
 
 void Communicator::require_usable(const char* call) const { usable(impl_).require_usable(call); }
@@ -82,6 +88,9 @@ void BufferRegistration::reset() noexcept {
 
 namespace detail {
 void provoke_backend_error_for_test(const Communicator& comm) { CommAccess::require(comm).provoke_backend_error_for_test(); }
+void inject_fault_for_test(const Communicator& comm, InjectedFault fault, int after) {
+  CommAccess::require(comm).inject_fault_for_test(fault, after);
+}
 }  // namespace detail
 
 }  // namespace shardopt

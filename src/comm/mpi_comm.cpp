@@ -2,6 +2,9 @@
 // caller's HostStream, so a HostStream capture records them; the MPI calls themselves
 // are blocking inside the recorded operation.
 //
+// Every collective is started nonblocking and completed by wait(): MPI_Wait when no
+// deadline applies, else MPI_Test polled against the deadline (shardopt/watchdog.hpp).
+//
 // Numerics, chosen to mirror NCCL:
 //  * f32 and u32 use MPI's built-in MPI_SUM / MPI_MAX on MPI_FLOAT / MPI_UINT32_T; e8m0
 //    (MXFP8 scale bytes, Max only) uses MPI_MAX on MPI_UINT8_T.
@@ -15,6 +18,8 @@
 //  * Max of bf16/f16 returns NaN if either operand is NaN, else the larger one (bits kept).
 #include "comm/mpi_comm.hpp"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -127,6 +132,14 @@ void divide(void* data, std::int64_t count, DType t, int n) {
   }
 }
 
+// Buffers of collectives abandoned at a deadline. MPI cannot cancel a collective, and
+// a late peer may still complete it (inside a later MPI call of this process), so the
+// memory it writes to stays allocated until the process exits (reachable, not leaked).
+std::vector<std::vector<unsigned char>>& abandoned_buffers() {
+  static auto* kept = new std::vector<std::vector<unsigned char>>();
+  return *kept;
+}
+
 class MpiCommImpl final : public CommImpl {
  public:
   MpiCommImpl(MPI_Comm owned, int rank, int size) : CommImpl(Backend::Host, rank, size, -1), comm_(owned) {}
@@ -139,15 +152,24 @@ class MpiCommImpl final : public CommImpl {
 
   MPI_Comm handle() const noexcept { return comm_; }
 
+  void inject_fault_for_test(InjectedFault fault, int after) override {
+    SHARDOPT_REQUIRE(after >= 0, ErrorCode::InvalidArgument, "inject_fault_for_test: `after` must be >= 0");
+    fault_ = fault;
+    fault_after_ = after;
+    calls_ = 0;
+  }
+
  protected:
   void do_reduce_scatter(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) override {
-    enqueue(stream, "reduce_scatter", [data, count, dtype, op](MpiCommImpl& self) {
+    enqueue(stream, "reduce_scatter", [data, count, dtype, op](MpiCommImpl& self, const std::string& what) {
       const std::size_t bytes = static_cast<std::size_t>(count) * size_of(dtype);
       // MPI_IN_PLACE would leave the result in slice 0 and clobber it; reduce into a
       // temporary so that, as with NCCL, only this rank's slice changes.
       std::vector<unsigned char> reduced(bytes);
-      SHARDOPT_MPI_CHECK(MPI_Reduce_scatter_block(data, reduced.data(), static_cast<int>(count),
-                                                  reduce_type(dtype), reduce_op(dtype, op), self.comm_));
+      MPI_Request req = MPI_REQUEST_NULL;
+      SHARDOPT_MPI_CHECK(MPI_Ireduce_scatter_block(data, reduced.data(), static_cast<int>(count),
+                                                   reduce_type(dtype), reduce_op(dtype, op), self.comm_, &req));
+      self.wait(req, what, &reduced);
       if (op == ReduceOp::Average) divide(reduced.data(), count, dtype, self.size());
       std::memcpy(static_cast<unsigned char*>(data) + static_cast<std::size_t>(self.rank()) * bytes, reduced.data(),
                   bytes);
@@ -155,32 +177,53 @@ class MpiCommImpl final : public CommImpl {
   }
 
   void do_all_gather(void* data, std::int64_t count, DType dtype, Stream stream) override {
-    enqueue(stream, "all_gather", [data, count, dtype](MpiCommImpl& self) {
-      SHARDOPT_MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, static_cast<int>(count),
-                                       raw_type(size_of(dtype)), self.comm_));
+    enqueue(stream, "all_gather", [data, count, dtype](MpiCommImpl& self, const std::string& what) {
+      MPI_Request req = MPI_REQUEST_NULL;
+      SHARDOPT_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, static_cast<int>(count),
+                                        raw_type(size_of(dtype)), self.comm_, &req));
+      self.wait(req, what, nullptr);
     });
   }
 
   void do_all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) override {
-    enqueue(stream, "all_reduce", [data, count, dtype, op](MpiCommImpl& self) {
-      SHARDOPT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), reduce_type(dtype),
-                                       reduce_op(dtype, op), self.comm_));
+    enqueue(stream, "all_reduce", [data, count, dtype, op](MpiCommImpl& self, const std::string& what) {
+      MPI_Request req = MPI_REQUEST_NULL;
+      SHARDOPT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), reduce_type(dtype),
+                                        reduce_op(dtype, op), self.comm_, &req));
+      self.wait(req, what, nullptr);
       if (op == ReduceOp::Average) divide(data, count, dtype, self.size());
     });
   }
 
-  void do_barrier() override { SHARDOPT_MPI_CHECK(MPI_Barrier(comm_)); }
+  void do_barrier() override {
+    const std::string what = named("barrier");
+    if (inject(what)) return;
+    MPI_Request req = MPI_REQUEST_NULL;
+    SHARDOPT_MPI_CHECK(MPI_Ibarrier(comm_, &req));
+    wait(req, what, nullptr);
+  }
 
   std::shared_ptr<CommImpl> do_split(int color, int key) override {
+    // MPI has no nonblocking split: this wait is not bounded by the deadlines.
     MPI_Comm sub = MPI_COMM_NULL;
     SHARDOPT_MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
     return make_mpi_comm(sub);
   }
 
   std::vector<std::uint64_t> do_all_gather_u64(const std::vector<std::uint64_t>& mine) override {
-    std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(size()));
-    const int n = static_cast<int>(mine.size());
-    SHARDOPT_MPI_CHECK(MPI_Allgather(mine.data(), n, MPI_UINT64_T, all.data(), n, MPI_UINT64_T, comm_));
+    const std::string what = named("all_gather_value");
+    const std::size_t n = mine.size();
+    std::vector<std::uint64_t> all(n * static_cast<std::size_t>(size()));
+    if (inject(what)) return all;
+    // One buffer for the send and receive sides, kept if the wait is abandoned.
+    std::vector<unsigned char> io((n + all.size()) * sizeof(std::uint64_t));
+    std::memcpy(io.data(), mine.data(), n * sizeof(std::uint64_t));
+    auto* send = reinterpret_cast<std::uint64_t*>(io.data());
+    MPI_Request req = MPI_REQUEST_NULL;
+    SHARDOPT_MPI_CHECK(MPI_Iallgather(send, static_cast<int>(n), MPI_UINT64_T, send + n, static_cast<int>(n),
+                                      MPI_UINT64_T, comm_, &req));
+    wait(req, what, &io);
+    std::memcpy(all.data(), send + n, all.size() * sizeof(std::uint64_t));
     return all;
   }
 
@@ -190,18 +233,64 @@ class MpiCommImpl final : public CommImpl {
   }
 
  private:
-  // Enqueues `work` on the HostStream. The recorded operation holds the group alive and
-  // re-checks it when it runs (a replay after a failure throws InvalidState).
+  // "all_reduce (bucket 3 ...)": the call and the label of the thread that enqueued it.
+  static std::string named(const char* call) {
+    const std::string& label = OperationLabel::current();
+    return label.empty() ? std::string(call) : std::string(call) + " (" + label + ")";
+  }
+
+  // Applies an injected fault to the collective about to start; true: skip it.
+  bool inject(const std::string& what) {
+    if (fault_ == InjectedFault::None || calls_++ < fault_after_) return false;
+    if (fault_ == InjectedFault::ExitProcess) {
+      std::fprintf(stderr, "[shardopt test] rank %d exits in the middle of %s (injected fault)\n", rank(),
+                   what.c_str());
+      std::fflush(nullptr);
+      std::_Exit(0);
+    }
+    return true;  // SkipCollectives: this rank never enters it
+  }
+
+  // Completes `req`. Without a deadline: MPI_Wait. With one: MPI_Test polled until the
+  // deadline, then the group fails with Error(Timeout); the request stays with MPI (a
+  // collective cannot be cancelled) and `scratch` (memory it may still write) is kept.
+  void wait(MPI_Request& req, const std::string& what, std::vector<unsigned char>* scratch) {
+    const Deadline deadline = wait_deadline();
+    if (!deadline.armed()) {
+      SHARDOPT_MPI_CHECK(MPI_Wait(&req, MPI_STATUS_IGNORE));
+      return;
+    }
+    try {
+      wait_until(
+          [&] {
+            int done = 0;
+            SHARDOPT_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+            return done != 0;
+          },
+          what, deadline);
+    } catch (...) {
+      if (scratch != nullptr) abandoned_buffers().push_back(std::move(*scratch));
+      throw;
+    }
+  }
+
+  // Enqueues `work` on the HostStream. The recorded operation holds the group alive,
+  // re-checks it when it runs (a replay after a failure throws) and names itself with
+  // the label of the thread that enqueued it.
   template <class Work>
   void enqueue(Stream stream, const char* call, Work work) {
     auto self = std::static_pointer_cast<MpiCommImpl>(shared_from_this());
-    host_enqueue(stream, [self, call, work] {
+    host_enqueue(stream, [self, call, work, what = named(call)] {
       self->require_usable(call);
-      self->guarded([&] { work(*self); });
+      if (self->inject(what)) return;
+      self->guarded([&] { work(*self, what); });
     });
   }
 
   MPI_Comm comm_;
+  InjectedFault fault_ = InjectedFault::None;
+  int fault_after_ = 0;
+  int calls_ = 0;
 };
 
 }  // namespace

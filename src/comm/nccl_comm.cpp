@@ -1,6 +1,8 @@
 // The NCCL backend: every collective is enqueued on the caller's stream (so it can be
 // captured into a CUDA graph); the host-blocking helpers (barrier, all_gather_value)
-// run on a private stream.
+// run on a private stream and wait for it by polling, against the group's deadline and
+// NCCL's asynchronous errors (a missed deadline aborts the communicator, which ends the
+// NCCL kernels still waiting for a peer).
 #include "comm/nccl_comm.hpp"
 
 #include <atomic>
@@ -11,6 +13,7 @@
 #include "core/check.hpp"
 #include "core/device_guard.hpp"
 #include "core/memory.hpp"
+#include "core/streams.hpp"
 
 namespace shardopt {
 
@@ -114,8 +117,7 @@ class NcclCommImpl final : public CommImpl {
   void do_barrier() override {
     DeviceGuard guard(device());
     SHARDOPT_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, live(), aux_));
-    SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(aux_));
-    check_async();
+    wait_aux("barrier");
   }
 
   std::shared_ptr<CommImpl> do_split(int color, int key) override {
@@ -146,8 +148,7 @@ class NcclCommImpl final : public CommImpl {
     SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(own, mine.data(), slot, cudaMemcpyHostToDevice, aux_));
     SHARDOPT_NCCL_CHECK(ncclAllGather(own, base, slot, ncclUint8, live(), aux_));
     SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(all.data(), base, buffer.bytes(), cudaMemcpyDeviceToHost, aux_));
-    SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(aux_));
-    check_async();
+    wait_aux("all_gather_value");
     return all;
   }
 
@@ -163,6 +164,18 @@ class NcclCommImpl final : public CommImpl {
     SHARDOPT_NCCL_CHECK(ncclGroupEnd());
     check_async();
   }
+
+  void poll_async_error() override {
+    if (handle() == nullptr) return;  // aborted: the failure is already recorded
+    try {
+      check_async();
+    } catch (const Error& e) {
+      mark_failed(e.what());
+      throw;
+    }
+  }
+
+  bool backend_released() const noexcept override { return handle() == nullptr; }
 
   void on_failure() noexcept override {
     ncclComm_t c = comm_.exchange(nullptr, std::memory_order_acq_rel);
@@ -193,6 +206,21 @@ class NcclCommImpl final : public CommImpl {
     SHARDOPT_REQUIRE(c != nullptr, ErrorCode::InvalidState,
                      "the NCCL communicator was aborted after an error; create a new Communicator");
     return c;
+  }
+
+  // Waits for the private stream within the group's deadline (CommImpl::wait_until). On
+  // a missed deadline the communicator is aborted, and the stream is drained before the
+  // error leaves (its NCCL kernel ends with the abort; the copies behind it must not land
+  // in host memory this call has already released).
+  void wait_aux(const char* call) {
+    const Deadline deadline = wait_deadline();
+    try {
+      wait_until([&] { return stream_done(Backend::Cuda, aux_); }, call, deadline);
+    } catch (...) {
+      (void)cudaStreamSynchronize(aux_);
+      throw;
+    }
+    check_async();
   }
 
   // Errors NCCL found while running earlier work (a peer died, a network failure).

@@ -15,6 +15,7 @@ const char* to_string(ErrorCode code) noexcept {
     case ErrorCode::Cuda: return "cuda";
     case ErrorCode::Nccl: return "nccl";
     case ErrorCode::Mpi: return "mpi";
+    case ErrorCode::Timeout: return "timeout";
     case ErrorCode::Internal: return "internal";
   }
   return "unknown";

@@ -66,6 +66,28 @@ void Event::wait(Stream stream) const {
 #endif
 }
 
+bool Event::done() const {
+#if SHARDOPT_HAVE_CUDA
+  if (event_ == nullptr) return true;
+  const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event_));
+  if (e == cudaErrorNotReady) return false;
+  SHARDOPT_CUDA_CHECK(e);
+#endif
+  return true;
+}
+
+bool stream_done(Backend backend, Stream stream) {
+  SHARDOPT_REQUIRE(!is_capturing(backend, stream), ErrorCode::InvalidState,
+                   "a wait on a stream that is being captured; end the capture first");
+  if (backend == Backend::Host) return true;
+#if SHARDOPT_HAVE_CUDA
+  const cudaError_t e = cudaStreamQuery(reinterpret_cast<cudaStream_t>(stream));
+  if (e == cudaErrorNotReady) return false;
+  SHARDOPT_CUDA_CHECK(e);
+#endif
+  return true;
+}
+
 void order_after(Backend backend, Stream from, Stream to) {
   if (backend == Backend::Host || from == to) return;
   Event e(backend);

@@ -38,10 +38,19 @@ class Event {
   void record(Stream stream);
   /// Makes `stream` wait for the last record (legal inside a capture).
   void wait(Stream stream) const;
+  /// True once the work before the last record has finished (always on the host
+  /// backend, whose work runs when it is enqueued). Throws Error(Cuda) for an error the
+  /// device reported.
+  bool done() const;
 
  private:
   void* event_ = nullptr;  // cudaEvent_t
 };
+
+/// True when every piece of work queued on `stream` has finished (host backend: always;
+/// its work runs when it is enqueued). Error(InvalidState) while the stream is being
+/// captured; Error(Cuda) for an error the device reported.
+bool stream_done(Backend backend, Stream stream);
 
 /// `to` waits for everything queued so far on `from` (a temporary event).
 void order_after(Backend backend, Stream from, Stream to);

@@ -432,7 +432,7 @@ void finish_save(const CheckpointTarget& t, const std::string& dir, const std::e
 
 SavedState current_state(const CheckpointTarget& t, Stream stream) {
   SavedState st;
-  st.step = t.engine->read_scalars(stream).step;
+  st.step = t.engine->read_scalars(*t.all, stream).step;
   st.loss_scale = t.engine->loss_scale();
   st.lr = t.engine->lr_slot();
   return st;

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "comm/comm_impl.hpp"
 #include "core/check.hpp"
 #include "core/live.hpp"
 #include "core/memory.hpp"
@@ -14,11 +15,18 @@
 #include "shardopt/bucket_store.hpp"
 #include "mxfp8/mxfp8_params.hpp"
 #include "optimizer/checkpoint.hpp"
+#include "optimizer/options_agreement.hpp"
 #include "optimizer/shard_engine.hpp"
 #include "optimizer/step_target.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt {
+namespace {
+// Named by the errors of the calls that need an initialized master.
+constexpr const char* kInitCalls =
+    "init_master(stream) (after writing the param views) or init_from_master(stream) (after writing "
+    "shard_master(i))";
+}  // namespace
 namespace {
 
 Layout make_layout(std::vector<ParamSpec> specs, int world, const DistributedAdamOptions& o) {
@@ -182,6 +190,7 @@ class DistributedAdam::Impl final : public detail::StepTarget {
 
   // StepGraph's interface.
   Backend step_backend() const override { return backend; }
+  const Communicator& step_comm() const override { return comm; }
   int iteration_microbatches() const override { return opt.microbatches; }
   bool separate_last_microbatch() const override { return opt.microbatches == 1 || opt.overlap_grad_reduce; }
   bool whole_iteration_only() const override { return false; }
@@ -221,6 +230,23 @@ detail::StepTarget& DistributedAdam::step_target() { return live(impl_); }
 
 DistributedAdam::DistributedAdam(Communicator comm, std::vector<ParamSpec> specs, DistributedAdamOptions options) {
   SHARDOPT_REQUIRE(comm.valid(), ErrorCode::InvalidArgument, "DistributedAdam needs a valid Communicator");
+  // The deadlines first (they bound the agreement's own all-gathers), then the options,
+  // so that a rank whose options differ (or are invalid) fails together with the others.
+  comm.set_watchdog(options.watchdog);
+  std::vector<detail::OptionField> fields = detail::adam_fields(options);
+  const char* reduce_ops[] = {"Sum", "Average", "Max"};
+  fields.insert(fields.end(),
+                {{"grad_dtype", to_string(options.grad_dtype)},
+                 {"param_dtype", options.param_dtype ? to_string(*options.param_dtype) : "unset"},
+                 {"param_format", options.param_format == ParamFormat::Mxfp8 ? "Mxfp8" : "Native"},
+                 {"grad_reduce", reduce_ops[static_cast<int>(options.grad_reduce)]},
+                 {"bucket_numel", options.bucket_numel ? std::to_string(*options.bucket_numel) : "unset"},
+                 {"overlap_grad_reduce", options.overlap_grad_reduce ? "true" : "false"},
+                 {"overlap_param_gather", options.overlap_param_gather ? "true" : "false"},
+                 {"grouped_collectives", options.grouped_collectives ? "true" : "false"},
+                 {"gather_pipeline", std::to_string(options.gather_pipeline)},
+                 {"nccl_registered", options.nccl_registered ? "true" : "false"}});
+  detail::check_options_agree(comm, "DistributedAdamOptions", fields);
   detail::validate(options, options.grad_dtype);
   SHARDOPT_REQUIRE(options.gather_pipeline >= 1, ErrorCode::InvalidArgument,
                    "gather_pipeline must be >= 1 (1 = no pipelining)");
@@ -342,6 +368,8 @@ void DistributedAdam::init_from_master(Stream stream) {
 
 void DistributedAdam::grad_ready(int i, Stream stream) {
   (void)live(impl_).state.piece(i);
+  if (!live(impl_).state.initialized())
+    live(impl_).state.require_initialized("grad_ready(" + param_name(layout(), i) + ")", kInitCalls);
   live(impl_).require_mx_idle(layout().params()[static_cast<std::size_t>(i)].bucket,
                          "grad_ready(" + param_name(layout(), i) + ")");
   if (!live(impl_).grad_sync || !live(impl_).opt.overlap_grad_reduce) return;
@@ -353,6 +381,7 @@ void DistributedAdam::set_grad_sync(bool enabled) { live(impl_).grad_sync = enab
 bool DistributedAdam::grad_sync() const { return live(impl_).grad_sync; }
 
 void DistributedAdam::Impl::reduce_grads(Stream stream) {
+  state.require_initialized("reduce_grads()", kInitCalls);
   require_all_mx_idle("reduce_grads");
   grads_live = true;
   const int nb = static_cast<int>(store.layout().buckets().size());
@@ -368,6 +397,7 @@ void DistributedAdam::Impl::reduce_grads(Stream stream) {
 
 void DistributedAdam::Impl::step(Stream stream) {
   Impl& m = *this;
+  m.state.require_initialized("step()", kInitCalls);
   // An MXFP8 gather still in its gradient region means the gradients were written over
   // it (no wait_param / zero_grad since the last step): refuse rather than mix them.
   m.require_all_mx_idle("step");
@@ -398,6 +428,7 @@ void DistributedAdam::Impl::step(Stream stream) {
 
 void DistributedAdam::gather_params(Stream stream) {
   Impl& m = live(impl_);
+  m.state.require_initialized("gather_params()", kInitCalls);
   const bool defer = m.opt.overlap_param_gather && !is_capturing(m.backend, stream);
   const int nb = m.num_buckets();
   m.settle(0, nb, stream);
@@ -442,7 +473,12 @@ void DistributedAdam::Impl::zero_grad(Stream stream) {
 void DistributedAdam::set_lr(float lr) { live(impl_).state.set_lr(lr); }
 void DistributedAdam::set_loss_scale(float scale) { live(impl_).state.set_loss_scale(scale); }
 StepScalars* DistributedAdam::device_scalars() const { return live(impl_).state.scalars(); }
-StepScalars DistributedAdam::read_scalars(Stream stream) const { return live(impl_).state.read_scalars(stream); }
+StepScalars DistributedAdam::read_scalars(Stream stream) const {
+  return live(impl_).state.read_scalars(live(impl_).comm, stream);
+}
+void DistributedAdam::synchronize(Stream stream) const {
+  detail::CommAccess::require(live(impl_).comm).synchronize(stream, "DistributedAdam::synchronize");
+}
 MicrobatchState* DistributedAdam::device_microbatch() const { return live(impl_).state.microbatch(); }
 void DistributedAdam::advance_microbatch(Stream stream) { live(impl_).state.advance_microbatch(stream); }
 

@@ -2,20 +2,28 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "comm/comm_impl.hpp"
+#include "comm/deadline.hpp"
 #include "core/check.hpp"
 #include "core/live.hpp"
 #include "core/memory.hpp"
 #include "core/streams.hpp"
 #include "kernels/convert.hpp"
 #include "optimizer/checkpoint.hpp"
+#include "optimizer/options_agreement.hpp"
 #include "optimizer/shard_engine.hpp"
 #include "optimizer/step_target.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt {
+namespace {
+// Named by the errors of the calls that need an initialized master.
+constexpr const char* kInitCalls = "init_master(stream) (after writing the shard_param(i) pieces)";
+}  // namespace
 namespace {
 
 int shard_size_of(const Communicator& comm, const FsdpOptions& o) {
@@ -114,7 +122,7 @@ class Fsdp::Impl final : public detail::StepTarget {
     grad_slot = DeviceBuffer(backend, static_cast<std::size_t>(max_unit) * slot_gsize);
     fill_zero_async(backend, param_shard.data(), param_shard.bytes(), nullptr);
     fill_zero_async(backend, grad_shard.data(), grad_shard.bytes(), nullptr);
-    synchronize(backend, nullptr);
+    shardopt::synchronize(backend, nullptr);
     state.bind(0, grad_shard.data(), param_shard.data());
   }
 
@@ -151,6 +159,8 @@ class Fsdp::Impl final : public detail::StepTarget {
       copy_async(backend, at + static_cast<std::size_t>(r * count) * psize,
                  static_cast<const char*>(param_shard.data()) + static_cast<std::size_t>(bk.shard_offset) * psize,
                  static_cast<std::size_t>(count) * psize, gs);
+      std::optional<detail::OperationLabel> label;  // names the unit if a host-backend wait times out
+      if (backend == Backend::Host) label.emplace("unit '" + units[static_cast<std::size_t>(u)].name + "' parameter all-gather");
       shard_comm.all_gather(at, count, opt.param_dtype, gs);
     }
     slot_ready[static_cast<std::size_t>(slot)].record(gs);
@@ -185,6 +195,7 @@ class Fsdp::Impl final : public detail::StepTarget {
   // StepGraph's interface: FSDP captures only as one whole iteration (its gathers differ
   // per position in the learned order).
   Backend step_backend() const override { return backend; }
+  const Communicator& step_comm() const override { return world; }
   int iteration_microbatches() const override { return opt.microbatches; }
   bool separate_last_microbatch() const override { return true; }
   bool whole_iteration_only() const override { return true; }
@@ -242,6 +253,22 @@ detail::StepTarget& Fsdp::step_target() { return live(impl_); }
 
 Fsdp::Fsdp(Communicator comm, std::vector<ParamSpec> specs, std::vector<FsdpUnit> units, FsdpOptions options) {
   SHARDOPT_REQUIRE(comm.valid(), ErrorCode::InvalidArgument, "Fsdp needs a valid Communicator");
+  // The deadlines first (they bound the agreement's own all-gathers, and the shard and
+  // replica groups split from `comm` inherit them), then the options, so that a rank
+  // whose options differ (or are invalid) fails together with the others.
+  comm.set_watchdog(options.watchdog);
+  std::vector<detail::OptionField> fields = detail::adam_fields(options);
+  const char* reduce_ops[] = {"Sum", "Average", "Max"};
+  fields.insert(fields.end(),
+                {{"param_dtype", to_string(options.param_dtype)},
+                 {"grad_dtype", to_string(options.grad_dtype)},
+                 {"slot_grad_dtype", to_string(options.slot_grad_dtype)},
+                 {"grad_reduce", reduce_ops[static_cast<int>(options.grad_reduce)]},
+                 {"bucket_numel", options.bucket_numel ? std::to_string(*options.bucket_numel) : "unset"},
+                 {"keep_last_unit", options.keep_last_unit ? "true" : "false"},
+                 {"prefetch", options.prefetch ? "true" : "false"},
+                 {"shard_group_size", std::to_string(options.shard_group_size)}});
+  detail::check_options_agree(comm, "FsdpOptions", fields);
   detail::validate(options, options.grad_dtype);
   impl_ = std::make_unique<Impl>(std::move(comm), std::move(specs), std::move(units), std::move(options));
 }
@@ -267,6 +294,8 @@ int Fsdp::unit_of(int param) const {
 std::vector<ParamView> Fsdp::wait_param(int unit, Stream stream) {
   Impl& m = live(impl_);
   m.check_unit(unit);
+  if (!m.state.initialized())
+    m.state.require_initialized("wait_param('" + m.units[static_cast<std::size_t>(unit)].name + "')", kInitCalls);
   std::size_t k = m.pos;
   if (!m.learned) {
     // First iteration: learn the order and plan a slot per position.
@@ -327,6 +356,8 @@ std::vector<GradView> Fsdp::grad_slot(int unit, Stream stream) {
 void Fsdp::grad_ready(int unit, Stream stream) {
   Impl& m = live(impl_);
   m.check_unit(unit);
+  if (!m.state.initialized())
+    m.state.require_initialized("grad_ready('" + m.units[static_cast<std::size_t>(unit)].name + "')", kInitCalls);
   SHARDOPT_REQUIRE(m.grad_unit == unit, ErrorCode::InvalidState,
                    "grad_ready('" + m.units[static_cast<std::size_t>(unit)].name +
                        "') without grad_slot for it; take the unit's gradient views with grad_slot first");
@@ -342,6 +373,9 @@ void Fsdp::grad_ready(int unit, Stream stream) {
     const Bucket& bk = m.layout.buckets()[static_cast<std::size_t>(b)];
     const std::int64_t count = bk.range.size() / m.shard_size;
     char* at = base + static_cast<std::size_t>(bk.range.begin - ui.begin) * m.slot_gsize;
+    std::optional<detail::OperationLabel> label;  // names the unit if a host-backend wait times out
+    if (m.backend == Backend::Host)
+      label.emplace("unit '" + m.units[static_cast<std::size_t>(unit)].name + "' gradient reduce-scatter");
     m.shard_comm.reduce_scatter(at, count, m.opt.slot_grad_dtype, m.opt.grad_reduce, rs);
     char* mine = at + static_cast<std::size_t>(r * count) * m.slot_gsize;
     if (m.replica_comm.size() > 1) m.replica_comm.all_reduce(mine, count, m.opt.slot_grad_dtype, m.opt.grad_reduce, rs);
@@ -356,6 +390,7 @@ void Fsdp::grad_ready(int unit, Stream stream) {
 
 void Fsdp::Impl::step(Stream stream) {
   Impl& m = *this;
+  m.state.require_initialized("step()", kInitCalls);
   SHARDOPT_REQUIRE(m.grad_unit < 0, ErrorCode::InvalidState,
                    "step() while unit '" + (m.grad_unit >= 0 ? m.units[static_cast<std::size_t>(m.grad_unit)].name : "") +
                        "' holds the gradient slot; call grad_ready for it first");
@@ -401,7 +436,10 @@ void Fsdp::init_master(Stream stream) { live(impl_).state.init_master(stream); }
 void Fsdp::set_lr(float lr) { live(impl_).state.set_lr(lr); }
 void Fsdp::set_loss_scale(float scale) { live(impl_).state.set_loss_scale(scale); }
 StepScalars* Fsdp::device_scalars() const { return live(impl_).state.scalars(); }
-StepScalars Fsdp::read_scalars(Stream stream) const { return live(impl_).state.read_scalars(stream); }
+StepScalars Fsdp::read_scalars(Stream stream) const { return live(impl_).state.read_scalars(live(impl_).world, stream); }
+void Fsdp::synchronize(Stream stream) const {
+  detail::CommAccess::require(live(impl_).world).synchronize(stream, "Fsdp::synchronize");
+}
 MicrobatchState* Fsdp::device_microbatch() const { return live(impl_).state.microbatch(); }
 void Fsdp::advance_microbatch(Stream stream) { live(impl_).state.advance_microbatch(stream); }
 Stream Fsdp::gather_stream() const { return live(impl_).gather_stream.get(); }

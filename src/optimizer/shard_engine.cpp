@@ -4,8 +4,11 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <optional>
 #include <string>
 
+#include "comm/comm_impl.hpp"
+#include "comm/deadline.hpp"
 #include "core/check.hpp"
 #include "kernels/convert.hpp"
 #include "kernels/step_control.hpp"
@@ -128,6 +131,7 @@ void ShardEngine::publish_master(Stream stream) {
                        params + static_cast<std::size_t>(dst) * size_of(dt), dt, own.size(), backend_, stream);
     }
   }
+  initialized_ = true;
 }
 
 void ShardEngine::init_master(Stream stream) {
@@ -144,6 +148,16 @@ void ShardEngine::init_master(Stream stream) {
                        DType::f32, own.size(), backend_, stream);
     }
   }
+  initialized_ = true;
+}
+
+void ShardEngine::require_initialized(const std::string& call, const std::string& init_calls) const {
+  SHARDOPT_REQUIRE(initialized_, ErrorCode::InvalidState,
+                   call + " before the fp32 master was initialized: it is still zero, and a step would overwrite "
+                          "the weights written into the parameters with values computed from it. Call " +
+                       init_calls +
+                       " once after writing the initial values (a trainer that wants zeros calls it too), or load a "
+                       "checkpoint");
 }
 
 void ShardEngine::step(const Communicator& norm_comm, Stream stream) {
@@ -186,7 +200,11 @@ void ShardEngine::begin_step(const Communicator& norm_comm, Stream stream) {
   fill_zero_async(backend_, &sc->grad_sumsq, 4 * sizeof(float), stream);
   // Global norm and found-inf: shard partial sums, one all-reduce of two adjacent floats.
   for (const auto& sh : shards_) accumulate_grad_sumsq(settings_.grad_dtype, sh.ptrs, sc, backend_, stream);
-  if (norm_comm.size() > 1) norm_comm.all_reduce(&sc->grad_sumsq, 2, DType::f32, ReduceOp::Sum, stream);
+  if (norm_comm.size() > 1) {
+    std::optional<OperationLabel> label;  // names it if a host-backend wait times out
+    if (backend_ == Backend::Host) label.emplace("gradient norm and found-inf all-reduce");
+    norm_comm.all_reduce(&sc->grad_sumsq, 2, DType::f32, ReduceOp::Sum, stream);
+  }
   finalize_grad_norm(settings_.adam.clip_max_norm, sc, backend_, stream);
   adam_step_prologue(shards_.front().config, sc, backend_, stream);
 }
@@ -233,12 +251,12 @@ void ShardEngine::set_loss_scale(float scale) {
   slots_.as<float>()[1] = 1.0f / scale;
 }
 
-StepScalars ShardEngine::read_scalars(Stream stream) const {
+StepScalars ShardEngine::read_scalars(const Communicator& comm, Stream stream) const {
   SHARDOPT_REQUIRE(!is_capturing(backend_, stream), ErrorCode::InvalidState,
                    "read_scalars() synchronizes and cannot run inside a capture; read device_scalars() from a "
                    "kernel instead, or call it after replay");
   copy_async(backend_, readback_.data(), scalars(), sizeof(StepScalars), stream);
-  synchronize(backend_, stream);
+  CommAccess::require(comm).synchronize(stream, "read_scalars");
   StepScalars out;
   std::memcpy(&out, readback_.data(), sizeof out);
   return out;

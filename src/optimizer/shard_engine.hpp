@@ -62,11 +62,18 @@ class ShardEngine {
   void bind(int buffer, const void* grads, void* params);
 
   /// master <- the bound params of this rank's slices (converted to fp32); buffers bound
-  /// without params are left as they are.
+  /// without params are left as they are. Marks the engine initialized.
   void init_master(Stream stream);
   /// The reverse: the bound params of this rank's slices <- master (rounded to the param
   /// dtype; padding included, where the master is zero). Buffers without params skipped.
+  /// Marks the engine initialized (the master is what the trainer publishes).
   void publish_master(Stream stream);
+  /// True once the master holds the trainer's values: after init_master, publish_master
+  /// (init_from_master, a checkpoint load) or mark_initialized.
+  bool initialized() const noexcept { return initialized_; }
+  /// Throws Error(InvalidState) from `call` (a front end's step, reduce or gather) while
+  /// the master is not initialized; `init_calls` names the front end's init calls.
+  void require_initialized(const std::string& call, const std::string& init_calls) const;
   /// fp32 master of this rank's shard of buffer `buffer` (shard_numel elements).
   float* master(int buffer) const;
   /// The device-side step: lr (slot or schedule), inverse loss scale, grad norm over the
@@ -109,7 +116,9 @@ class ShardEngine {
   float loss_scale() const noexcept { return 1.0f / slots_.as<float>()[1]; }
   /// Writes the device step count (a checkpoint's position), ordered on `stream`.
   void set_step(std::int64_t step, Stream stream);
-  StepScalars read_scalars(Stream stream) const;
+  /// The device scalars after `stream`'s work, waited for through `comm`'s deadline
+  /// (Communicator::synchronize).
+  StepScalars read_scalars(const Communicator& comm, Stream stream) const;
   void advance_microbatch(Stream stream);
 
   /// Adds master, moments, this shard's padding in them and the cast copies to a report.
@@ -138,6 +147,7 @@ class ShardEngine {
   DeviceBuffer scalars_, microbatch_, slots_, readback_, step_slot_;
   std::map<std::pair<int, DType>, DeviceBuffer> copies_;  // shard_grad cast copies
   bool copies_requested_ = false;
+  bool initialized_ = false;
 };
 
 }  // namespace shardopt::detail

@@ -1,7 +1,9 @@
 #include "shardopt/step_graph.hpp"
 
+#include <string>
 #include <utility>
 
+#include "comm/deadline.hpp"
 #include "core/graph.hpp"
 #include "core/live.hpp"
 #include "core/streams.hpp"
@@ -9,14 +11,19 @@
 #include "shardopt/error.hpp"
 #include "shardopt/fsdp.hpp"
 #include "shardopt/host_stream.hpp"
+#include "optimizer/replay_watch.hpp"
 #include "optimizer/step_target.hpp"
 
 namespace shardopt {
 
 class StepGraph::Impl {
  public:
-  Impl(detail::StepTarget& t, MicrobatchFn f, StepGraphOptions opts)
-      : target(t), fn(std::move(f)), options(opts), one_graph(opts.one_graph || t.whole_iteration_only()) {
+  Impl(detail::StepTarget& t, MicrobatchFn f, StepGraphOptions opts, const char* optimizer)
+      : target(t),
+        fn(std::move(f)),
+        options(opts),
+        one_graph(opts.one_graph || t.whole_iteration_only()),
+        watch(t.step_comm(), optimizer) {
     SHARDOPT_REQUIRE(fn != nullptr, ErrorCode::InvalidArgument, "StepGraph needs a microbatch function");
     SHARDOPT_REQUIRE(options.warmup_iterations >= 0, ErrorCode::InvalidArgument, "warmup_iterations must be >= 0");
   }
@@ -49,6 +56,24 @@ class StepGraph::Impl {
   StepGraphOptions options;
   bool one_graph;
   std::unique_ptr<detail::CapturedGraph> accumulate, last, step_graph, whole;
+  // The step watchdog: CUDA replays are watched against step_timeout by its thread.
+  detail::ReplayWatch watch;
+
+  // Runs `launch` (the graph launches of one replay) under the watchdog: refused once the
+  // communicator has failed; host backend: every wait inside bounded by step_timeout;
+  // CUDA: watched from the launch on.
+  template <class Launch>
+  void watched(Stream stream, const char* call, Launch&& launch) {
+    watch.before_replay();
+    if (target.step_backend() == Backend::Host) {
+      detail::StepDeadlineScope scope(target.step_comm().watchdog().step_timeout,
+                                      std::string(call) + " of iteration #" + std::to_string(watch.next_number()));
+      launch();
+    } else {
+      launch();
+    }
+    watch.after_replay(stream);
+  }
 };
 
 namespace {
@@ -58,10 +83,10 @@ StepGraph::Impl& live(const std::unique_ptr<StepGraph::Impl>& impl) {
 }  // namespace
 
 StepGraph::StepGraph(DistributedAdam& o, MicrobatchFn microbatch, StepGraphOptions options)
-    : impl_(std::make_unique<Impl>(o.step_target(), std::move(microbatch), options)) {}
+    : impl_(std::make_unique<Impl>(o.step_target(), std::move(microbatch), options, "DistributedAdam")) {}
 
 StepGraph::StepGraph(Fsdp& o, MicrobatchFn microbatch, StepGraphOptions options)
-    : impl_(std::make_unique<Impl>(o.step_target(), std::move(microbatch), options)) {}
+    : impl_(std::make_unique<Impl>(o.step_target(), std::move(microbatch), options, "Fsdp")) {}
 
 StepGraph::~StepGraph() = default;
 StepGraph::StepGraph(StepGraph&&) noexcept = default;
@@ -109,23 +134,25 @@ void StepGraph::replay(Stream stream) {
   Impl& m = live(impl_);
   SHARDOPT_REQUIRE(captured(), ErrorCode::InvalidState, "StepGraph::replay() before capture()");
   const Backend be = m.target.step_backend();
-  if (m.whole) {
-    m.whole->replay(be, stream);
-    return;
-  }
-  const int k = m.target.iteration_microbatches();
-  const bool separate_last = m.target.separate_last_microbatch();
-  const int accumulate_replays = separate_last ? k - 1 : k;
-  for (int i = 0; i < accumulate_replays; ++i) m.accumulate->replay(be, stream);
-  if (separate_last) m.last->replay(be, stream);
-  m.step_graph->replay(be, stream);
+  m.watched(stream, "StepGraph::replay", [&] {
+    if (m.whole) {
+      m.whole->replay(be, stream);
+      return;
+    }
+    const int k = m.target.iteration_microbatches();
+    const bool separate_last = m.target.separate_last_microbatch();
+    const int accumulate_replays = separate_last ? k - 1 : k;
+    for (int i = 0; i < accumulate_replays; ++i) m.accumulate->replay(be, stream);
+    if (separate_last) m.last->replay(be, stream);
+    m.step_graph->replay(be, stream);
+  });
 }
 
 void StepGraph::replay_step(Stream stream) {
   Impl& m = live(impl_);
   SHARDOPT_REQUIRE(m.step_graph != nullptr, ErrorCode::InvalidState,
                    "StepGraph::replay_step() needs a captured step graph (not in one-graph mode, after capture())");
-  m.step_graph->replay(m.target.step_backend(), stream);
+  m.watched(stream, "StepGraph::replay_step", [&] { m.step_graph->replay(m.target.step_backend(), stream); });
 }
 
 bool StepGraph::captured() const {

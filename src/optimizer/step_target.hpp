@@ -5,6 +5,7 @@
 #pragma once
 
 #include "shardopt/backend.hpp"
+#include "shardopt/communicator.hpp"
 
 namespace shardopt::detail {
 
@@ -12,6 +13,9 @@ class StepTarget {
  public:
   virtual ~StepTarget() = default;
   virtual Backend step_backend() const = 0;
+  /// The communicator whose step_timeout bounds a replay and which a late replay fails
+  /// (the groups split from it fail with it).
+  virtual const Communicator& step_comm() const = 0;
   /// Microbatches per iteration (the options' value).
   virtual int iteration_microbatches() const = 0;
   /// True when the last microbatch needs a graph of its own (its backward reduces).

@@ -1,0 +1,99 @@
+#include "optimizer/options_agreement.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include "comm/deadline.hpp"
+#include "shardopt/error.hpp"
+
+namespace shardopt::detail {
+namespace {
+
+std::string real(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+std::string group_text(const AdamGroup& g) {
+  return "{weight_decay=" + real(g.weight_decay) + ", lr_scale=" + real(g.lr_scale) + "}";
+}
+
+// FNV-1a, 64 bit: the same value on every rank for the same text.
+std::uint64_t hash_text(const std::string& s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+constexpr std::size_t kTextWords = 24;  // up to 191 characters of a value per rank
+
+}  // namespace
+
+std::vector<OptionField> adam_fields(const AdamOptions& a) {
+  std::string groups;
+  for (const auto& [name, g] : a.groups) groups += (groups.empty() ? "" : "; ") + name + group_text(g);
+  const LrSchedule& s = a.lr_schedule;
+  const char* kinds[] = {"host", "constant", "warmup_cosine"};
+  const std::string schedule = std::string(kinds[static_cast<int>(s.kind)]) + "(peak=" + real(s.peak) +
+                               ", min_lr=" + real(s.min_lr) + ", warmup_steps=" + std::to_string(s.warmup_steps) +
+                               ", total_steps=" + std::to_string(s.total_steps) + ")";
+  return {{"beta1", real(a.beta1)},
+          {"beta2", real(a.beta2)},
+          {"eps", real(a.eps)},
+          {"decoupled_weight_decay", a.decoupled_weight_decay ? "true" : "false"},
+          {"default_group", group_text(a.default_group)},
+          {"groups", "{" + groups + "}"},
+          {"clip_max_norm", real(a.clip_max_norm)},
+          {"moment_dtype", to_string(a.moment_dtype)},
+          {"lr_schedule", schedule},
+          {"microbatches", std::to_string(a.microbatches)}};
+}
+
+void check_options_agree(const Communicator& comm, const std::string& what, const std::vector<OptionField>& fields) {
+  if (comm.size() == 1) return;
+  OperationLabel label("the agreement on " + what);  // named if a rank never arrives
+  std::vector<std::uint64_t> mine;
+  mine.reserve(fields.size() + 1);
+  mine.push_back(fields.size());
+  for (const auto& f : fields) mine.push_back(hash_text(f.first + "=" + f.second));
+  const std::vector<std::uint64_t> all = comm.all_gather_values(mine);
+  const std::size_t n = mine.size();
+  // The first field (in order) where some rank differs from rank 0; every rank finds the same.
+  std::size_t bad = n;
+  for (std::size_t k = 0; k < n && bad == n; ++k)
+    for (int r = 1; r < comm.size(); ++r)
+      if (all[static_cast<std::size_t>(r) * n + k] != all[k]) bad = k;
+  if (bad == n) return;
+  if (bad == 0)
+    throw Error(ErrorCode::LayoutMismatch, what + ": ranks run different shardopt builds (their option lists differ); "
+                                                  "use one build on every rank");
+  const OptionField& field = fields[bad - 1];
+  std::vector<std::uint64_t> text(kTextWords, 0);
+  std::memcpy(text.data(), field.second.data(), std::min(field.second.size(), kTextWords * 8 - 1));
+  const std::vector<std::uint64_t> texts = comm.all_gather_values(text);
+  // "rank 0, 2: X; rank 1: Y", ranks grouped by value in order of first appearance.
+  std::vector<std::string> values(static_cast<std::size_t>(comm.size()));
+  for (int r = 0; r < comm.size(); ++r) {
+    const char* c = reinterpret_cast<const char*>(texts.data() + static_cast<std::size_t>(r) * kTextWords);
+    values[static_cast<std::size_t>(r)] = std::string(c, strnlen(c, kTextWords * 8));
+  }
+  std::vector<std::string> order;
+  std::map<std::string, std::string> ranks;
+  for (int r = 0; r < comm.size(); ++r) {
+    const std::string& v = values[static_cast<std::size_t>(r)];
+    if (!ranks.count(v)) order.push_back(v);
+    ranks[v] += (ranks[v].empty() ? "" : ", ") + std::to_string(r);
+  }
+  std::string list;
+  for (const std::string& v : order) list += (list.empty() ? "" : "; ") + std::string("rank ") + ranks[v] + ": " + v;
+  throw Error(ErrorCode::LayoutMismatch, what + ": ranks pass different " + field.first + " (" + list +
+                                             "); pass the same options on every rank");
+}
+
+}  // namespace shardopt::detail

@@ -1,0 +1,162 @@
+#include "optimizer/replay_watch.hpp"
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+
+#include "comm/comm_impl.hpp"
+#include "core/device_guard.hpp"
+#include "shardopt/error.hpp"
+
+namespace shardopt::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+long long ms(Clock::duration d) {
+  return static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+}
+
+// How often the thread looks while replays are pending: often enough to notice a missed
+// deadline within 5% of it, at most once a second (NCCL's asynchronous errors).
+Clock::duration poll_period(std::chrono::milliseconds limit) {
+  const auto twentieth = std::chrono::duration_cast<Clock::duration>(limit) / 20;
+  return std::clamp<Clock::duration>(twentieth, std::chrono::milliseconds(1), std::chrono::seconds(1));
+}
+
+}  // namespace
+
+ReplayWatch::ReplayWatch(Communicator comm, std::string what) : comm_(std::move(comm)), what_(std::move(what)) {}
+
+ReplayWatch::~ReplayWatch() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void ReplayWatch::reap_locked() {
+  while (!pending_.empty() && pending_.front().done->done()) {
+    free_.push_back(pending_.front().done);
+    pending_.pop_front();
+  }
+}
+
+std::string ReplayWatch::late_message(const Entry& e, Clock::time_point now) const {
+  return "StepGraph::replay: iteration #" + std::to_string(e.number) + " of " + what_ + " (rank " +
+         std::to_string(comm_.rank()) + " of " + std::to_string(comm_.size()) + "), replayed " +
+         std::to_string(ms(now - e.start)) + " ms ago, has not completed within its step_timeout of " +
+         std::to_string(e.limit.count()) +
+         " ms: a rank is dead or stuck, or a kernel queued on the stream never finishes. The communicator was "
+         "aborted (NCCL kernels waiting for a peer end) and every call that needs it now throws Error(Timeout): "
+         "rebuild the Communicator and the optimizer on every rank, from the last checkpoint";
+}
+
+void ReplayWatch::before_replay() {
+  comm_.require_usable("StepGraph::replay");
+  if (comm_.backend() != Backend::Cuda) return;
+  CommImpl& impl = CommAccess::require(comm_);
+  std::unique_lock<std::mutex> lock(mutex_);
+  reap_locked();
+  while (pending_.size() >= kMaxInFlight) {
+    const Entry oldest = pending_.front();
+    lock.unlock();
+    const Clock::time_point spin_until = Clock::now() + std::chrono::milliseconds(1);
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> relock(mutex_);
+        if (pending_.empty() || pending_.front().number != oldest.number || oldest.done->done()) break;
+      }
+      comm_.require_usable("StepGraph::replay");
+      impl.poll_async_error();
+      const Clock::time_point now = Clock::now();
+      if (now >= oldest.deadline) {
+        const std::string msg = late_message(oldest, now);
+        impl.mark_failed(msg, ErrorCode::Timeout);
+        throw Error(ErrorCode::Timeout, msg);
+      }
+      if (now < spin_until) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+    lock.lock();
+    reap_locked();
+  }
+}
+
+void ReplayWatch::after_replay(Stream stream) {
+  ++number_;
+  if (comm_.backend() != Backend::Cuda) return;
+  const std::chrono::milliseconds limit = comm_.watchdog().step_timeout;
+  if (limit.count() == 0) return;
+  Event* event = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!free_.empty()) {
+      event = free_.back();
+      free_.pop_back();
+    }
+  }
+  if (event == nullptr) {
+    DeviceGuard guard(comm_.device());
+    auto made = std::make_unique<Event>(Backend::Cuda);
+    event = made.get();
+    std::lock_guard<std::mutex> lock(mutex_);
+    events_.push_back(std::move(made));
+  }
+  try {
+    event->record(stream);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(event);
+    throw;
+  }
+  const Clock::time_point now = Clock::now();
+  std::lock_guard<std::mutex> lock(mutex_);
+  pending_.push_back(Entry{event, now, now + limit, limit, number_});
+  if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+}
+
+void ReplayWatch::run() {
+  CommImpl& impl = CommAccess::require(comm_);
+  std::unique_lock<std::mutex> lock(mutex_);
+  Clock::duration poll = std::chrono::seconds(1);
+  while (!stop_) {
+    try {
+      reap_locked();
+    } catch (const std::exception& e) {  // the device reported an error: the replays cannot finish
+      lock.unlock();
+      impl.mark_failed(e.what());
+      return;
+    }
+    if (!pending_.empty()) {
+      const Entry& front = pending_.front();
+      poll = poll_period(front.limit);
+      const Clock::time_point now = Clock::now();
+      if (now >= front.deadline) {
+        const std::string msg = late_message(front, now);
+        lock.unlock();
+        impl.mark_failed(msg, ErrorCode::Timeout);  // aborts NCCL, fails the split groups
+        return;
+      }
+      lock.unlock();
+      try {
+        impl.poll_async_error();  // a peer's failure: marks the group failed itself
+      } catch (...) {
+        return;
+      }
+      lock.lock();
+      if (stop_) break;
+    }
+    if (impl.failed()) return;
+    Clock::time_point next = Clock::now() + poll;
+    if (!pending_.empty()) next = std::min(next, pending_.front().deadline);
+    wake_.wait_until(lock, next, [this] { return stop_; });
+  }
+}
+
+}  // namespace shardopt::detail

@@ -1,0 +1,82 @@
+// replay_watch.hpp - the step watchdog of a StepGraph (shardopt/watchdog.hpp): each
+// replayed iteration must complete within the communicator's step_timeout of its
+// replay() call.
+//
+// CUDA: after a replay is launched, a CUDA event is recorded behind it on the caller's
+// stream and handed to a background thread, which sleeps until the oldest replay's
+// deadline (waking at least every step_timeout / 20, and every second to poll NCCL's
+// asynchronous errors) and queries the event then; a replay not done by its deadline
+// marks the communicator failed with Error(Timeout), which aborts NCCL (its kernels
+// waiting for a dead peer end) and fails the groups split from it. Nothing is added to
+// the graph, and the caller's thread pays one event record and two short locks per
+// replay. At most kMaxInFlight replays may be unfinished: a later replay() first waits
+// for the oldest (as the bounded CUDA launch queue would), so a trainer that only calls
+// replay() still gets Error(Timeout) instead of blocking in the driver forever.
+//
+// Host backend: a replay runs on the caller's thread; StepGraph bounds it with a
+// StepDeadlineScope instead, and nothing here runs.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/streams.hpp"
+#include "shardopt/communicator.hpp"
+
+namespace shardopt::detail {
+
+class ReplayWatch {
+ public:
+  /// Replays still unfinished when a new one may start.
+  static constexpr std::size_t kMaxInFlight = 8;
+
+  /// Watches replays that fail `comm` (a copy is kept) when late; `what` names the
+  /// optimizer in messages ("DistributedAdam").
+  ReplayWatch(Communicator comm, std::string what);
+  /// Stops and joins the thread; unfinished replays are no longer watched.
+  ~ReplayWatch();
+  ReplayWatch(const ReplayWatch&) = delete;
+  ReplayWatch& operator=(const ReplayWatch&) = delete;
+
+  /// Before launching a replay: Error(Timeout) (or the group's other failure) if the
+  /// communicator has failed; forgets finished replays; with kMaxInFlight unfinished,
+  /// waits for the oldest (Error(Timeout) once it is past its deadline).
+  void before_replay();
+  /// After launching a replay on `stream` (CUDA, step_timeout > 0): records its
+  /// completion and watches it (starts the thread on first use).
+  void after_replay(Stream stream);
+  /// Number of the next replay (1-based, counted over this watch's life).
+  std::uint64_t next_number() const noexcept { return number_ + 1; }
+
+ private:
+  struct Entry {
+    Event* done = nullptr;
+    std::chrono::steady_clock::time_point start, deadline;
+    std::chrono::milliseconds limit{0};
+    std::uint64_t number = 0;
+  };
+  void run();
+  // Pops finished entries from the front (the lock held); returns their events.
+  void reap_locked();
+  std::string late_message(const Entry& e, std::chrono::steady_clock::time_point now) const;
+
+  Communicator comm_;
+  std::string what_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Entry> pending_;                  // oldest first (deadlines increase)
+  std::vector<std::unique_ptr<Event>> events_; // every event made, reused
+  std::vector<Event*> free_;
+  std::uint64_t number_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace shardopt::detail

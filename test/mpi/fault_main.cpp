@@ -1,0 +1,182 @@
+// A dead or stuck rank becomes Error(Timeout) on every other rank (host backend under
+// mpiexec; test/mpi/run_fault.sh runs each scenario under `timeout` and counts the
+// PASS lines). The last rank is the faulty one: an injected fault makes it skip every
+// collective from some point on (it never enters them, then goes on to MPI_Finalize) or
+// exit the process in the middle of a step. Every other rank must get Error(Timeout)
+// within the deadline + 20%, naming the collective, the bucket or unit and the time
+// waited; then every further call that needs the communicator throws Error(Timeout) at
+// once, and the process exits cleanly.
+//
+//   mpi_fault_cases <scenario> <timeout_ms>
+//   scenarios: skip_eager, exit_mid_step, skip_replay, skip_fsdp, skip_construct
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/comm_impl.hpp"
+#include "common/fsdp_cases.hpp"
+#include "shardopt/host_stream.hpp"
+#include "shardopt/step_graph.hpp"
+
+namespace {
+using namespace shardopt;
+using namespace shardopt::test;
+using Clock = std::chrono::steady_clock;
+
+int failures = 0;
+
+void check(bool ok, const std::string& what) {
+  if (!ok) {
+    ++failures;
+    std::printf("FAIL rank %d: %s\n", world_rank(), what.c_str());
+    std::fflush(stdout);
+  }
+}
+
+long long ms_since(Clock::time_point t0) {
+  return static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
+}
+
+// The Error `call` throws, if any.
+std::optional<Error> error_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    return e;
+  }
+  return std::nullopt;
+}
+
+// Runs `call`, which must throw Error(Timeout) after about `timeout_ms`, with a message
+// holding every string of `names`.
+void expect_timeout(const std::string& label, long long timeout_ms, const std::vector<std::string>& names,
+                    const std::function<void()>& call) {
+  const Clock::time_point t0 = Clock::now();
+  const std::optional<Error> err = error_of(call);
+  const long long took = ms_since(t0);
+  check(err.has_value(), label + ": no error (returned after " + std::to_string(took) + " ms)");
+  if (!err) return;
+  const std::string what = err->what();
+  check(err->code() == ErrorCode::Timeout, label + ": code " + to_string(err->code()) + ", not timeout: " + what);
+  check(took >= timeout_ms, label + ": gave up after " + std::to_string(took) + " ms, before the deadline");
+  check(took <= timeout_ms + timeout_ms / 5, label + ": gave up after " + std::to_string(took) + " ms, past " +
+                                                  std::to_string(timeout_ms) + " ms + 20%");
+  for (const std::string& n : names) check(what.find(n) != std::string::npos, label + ": '" + n + "' not in: " + what);
+  std::printf("rank %d %s: Error(Timeout) after %lld ms: %s\n", world_rank(), label.c_str(), took, what.c_str());
+}
+
+// After a timeout: refused at once with Error(Timeout), and the communicator is failed.
+void expect_refused(const std::string& label, const Communicator& comm, const std::function<void()>& call) {
+  const Clock::time_point t0 = Clock::now();
+  const std::optional<Error> err = error_of(call);
+  check(err.has_value(), label + ": a call after the timeout did not throw");
+  if (err) {
+    check(err->code() == ErrorCode::Timeout, label + ": code " + to_string(err->code()) + ": " + err->what());
+    check(std::string(err->what()).find("refused") != std::string::npos, label + ": not a refusal: " + err->what());
+  }
+  check(ms_since(t0) < 1000, label + ": the refusal took " + std::to_string(ms_since(t0)) + " ms");
+  check(comm.failed(), label + ": the communicator is not marked failed");
+}
+
+void arm(const Communicator& comm, detail::InjectedFault fault, int after) {
+  if (comm.rank() == comm.size() - 1) detail::inject_fault_for_test(comm, fault, after);
+}
+
+DistributedAdamOptions with_wait_timeout(long long ms) {
+  DistributedAdamOptions o = base_options(DType::f32);
+  o.watchdog.wait_timeout = std::chrono::milliseconds(ms);
+  return o;
+}
+
+void run(const std::string& scenario, long long t) {
+  HostStream hs;
+  const Stream s = hs.handle();
+  Communicator comm = make_comm(Backend::Host);
+  const bool faulty = comm.rank() == comm.size() - 1;
+
+  if (scenario == "skip_construct") {
+    // The faulty rank never constructs: the others give up in the options agreement.
+    if (faulty) return;
+    DistributedAdamOptions o = with_wait_timeout(t);
+    expect_timeout(scenario, t, {"all_gather_value", "wait_timeout", "waited"},
+                   [&] { DistributedAdam opt(comm, small_model(), o); });
+    expect_refused(scenario, comm, [&] { comm.barrier(); });
+  } else if (scenario == "skip_eager" || scenario == "exit_mid_step") {
+    DistributedAdam opt(comm, small_model(), with_wait_timeout(t));
+    init_params(opt, s);
+    opt.step(s);  // a healthy step first
+    const bool exits = scenario == "exit_mid_step";
+    // exit_mid_step: the first reduce-scatter of the step completes, the rank dies in the second.
+    arm(comm, exits ? detail::InjectedFault::ExitProcess : detail::InjectedFault::SkipCollectives, exits ? 1 : 0);
+    if (faulty) {
+      opt.step(s);  // skips its collectives (or exits inside)
+      return;
+    }
+    expect_timeout(scenario, t, {"reduce_scatter", exits ? "bucket 1 gradient reduce-scatter" : "bucket 0 gradient reduce-scatter",
+                                 "wait_timeout", "waited", "rank " + std::to_string(comm.rank())},
+                   [&] { opt.step(s); });
+    expect_refused(scenario + " step", comm, [&] { opt.step(s); });
+    expect_refused(scenario + " gather_params", comm, [&] { opt.gather_params(s); });
+  } else if (scenario == "skip_replay") {
+    // No wait_timeout: the replay's step_timeout alone bounds it.
+    DistributedAdamOptions o = base_options(DType::f32);
+    o.watchdog.step_timeout = std::chrono::milliseconds(t);
+    DistributedAdam opt(comm, small_model(), o);
+    init_params(opt, s);
+    StepGraph graph(opt, [](Stream, bool) {});
+    graph.capture(s);
+    graph.replay(s);  // a healthy replay first
+    arm(comm, detail::InjectedFault::SkipCollectives, 0);
+    if (faulty) {
+      graph.replay(s);
+      return;
+    }
+    expect_timeout(scenario, t, {"step_timeout", "iteration #2", "gradient reduce-scatter", "waited"},
+                   [&] { graph.replay(s); });
+    expect_refused(scenario + " replay", comm, [&] { graph.replay(s); });
+    expect_refused(scenario + " synchronize", comm, [&] { opt.synchronize(s); });
+  } else if (scenario == "skip_fsdp") {
+    FsdpOptions o = fsdp_options(base_options(DType::f32));
+    o.watchdog.wait_timeout = std::chrono::milliseconds(t);
+    Fsdp f(comm, small_model(), small_units(), o);
+    init_fsdp(f, s);
+    arm(comm, detail::InjectedFault::SkipCollectives, 0);
+    if (faulty) {
+      (void)f.wait_param(1, s);
+      return;
+    }
+    expect_timeout(scenario, t, {"all_gather", "unit 'block0' parameter all-gather", "waited"},
+                   [&] { (void)f.wait_param(1, s); });
+    expect_refused(scenario + " step", comm, [&] { f.step(s); });
+  } else {
+    check(false, "unknown scenario '" + scenario + "'");
+    return;
+  }
+  if (failures == 0) {
+    std::printf("PASS %s rank %d\n", scenario.c_str(), comm.rank());
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s <scenario> <timeout_ms>\n", argv[0]);
+    MPI_Finalize();
+    return 2;
+  }
+  try {
+    run(argv[1], std::stoll(argv[2]));
+  } catch (const std::exception& e) {
+    check(false, std::string("unexpected exception: ") + e.what());
+  }
+  MPI_Finalize();
+  return failures == 0 ? 0 : 1;
+}

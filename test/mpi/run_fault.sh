@@ -1,0 +1,24 @@
+#!/bin/sh
+# Runs one fault scenario of mpi_fault_cases on N ranks under `timeout` and passes only
+# when every rank but the faulty last one printed PASS and the job ended by itself (no
+# hang: `timeout` would end it with 124). mpiexec's orte_allowed_exit_without_sync lets
+# the other ranks live on when the faulty rank exits without MPI_Finalize (by default
+# mpiexec kills the whole job at once, which would hide the timeout under test).
+# Usage: run_fault.sh MPIEXEC N BINARY SCENARIO TIMEOUT_MS
+mpiexec="$1"; n="$2"; exe="$3"; scenario="$4"; ms="$5"
+# The deadline, the job's start-up and teardown, with room for a slow shared machine.
+limit=$(( ms / 1000 * 3 + 60 ))
+out=$(timeout "$limit" "$mpiexec" -n "$n" --oversubscribe --bind-to none \
+        --mca orte_allowed_exit_without_sync 1 "$exe" "$scenario" "$ms" 2>&1)
+rc=$?
+printf '%s\n' "$out"
+if [ "$rc" -eq 124 ]; then
+  echo "run_fault: '$scenario' still running after ${limit} s: a rank hangs"
+  exit 1
+fi
+passes=$(printf '%s\n' "$out" | grep -c "^PASS $scenario rank ")
+if [ "$rc" -ne 0 ] || [ "$passes" -ne $(( n - 1 )) ]; then
+  echo "run_fault: '$scenario' exit status $rc, $passes of $(( n - 1 )) live ranks passed"
+  exit 1
+fi
+echo "run_fault: '$scenario' passed on the $(( n - 1 )) live ranks of $n"

@@ -1,0 +1,89 @@
+// Ranks that pass different options are refused at construction, on every rank, with an
+// error that names the option and each rank's value (host backend under mpiexec, 2 and 4
+// ranks): the last rank changes one option at a time.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/fsdp_cases.hpp"
+
+namespace {
+using namespace shardopt;
+using namespace shardopt::test;
+
+template <class Options>
+struct Variant {
+  std::string field;
+  std::string other_value;  // how the last rank's value is printed
+  std::function<void(Options&)> change;
+};
+
+template <class Make>
+void expect_refused_everywhere(const std::string& field, const std::string& other, const Make& make) {
+  SCOPED_TRACE(field);
+  std::optional<Error> e;
+  try {
+    make();
+  } catch (const Error& err) {
+    e = err;
+  }
+  ASSERT_TRUE(e.has_value()) << "construction with a different " << field << " on one rank did not fail";
+  EXPECT_EQ(e->code(), ErrorCode::LayoutMismatch) << e->what();
+  const std::string what = e->what();
+  EXPECT_NE(what.find("ranks pass different " + field + " ("), std::string::npos) << what;
+  EXPECT_NE(what.find("rank " + std::to_string(world_size() - 1) + ": " + other), std::string::npos) << what;
+  EXPECT_NE(what.find("rank 0"), std::string::npos) << what;
+}
+
+TEST(OptionsAgreementHost, DistributedAdamOptionsThatDifferAreNamed) {
+  Communicator comm = make_comm(Backend::Host);
+  const bool last = comm.rank() == comm.size() - 1;
+  const std::vector<Variant<DistributedAdamOptions>> variants = {
+      {"beta1", "0.91000000000000003", [](auto& o) { o.beta1 = 0.91; }},
+      {"beta2", "0.995", [](auto& o) { o.beta2 = 0.995; }},
+      {"eps", "9.9999999999999995e-07", [](auto& o) { o.eps = 1e-6; }},
+      {"decoupled_weight_decay", "false", [](auto& o) { o.decoupled_weight_decay = false; }},
+      {"default_group", "{weight_decay=0.01", [](auto& o) { o.default_group = AdamGroup{0.01, 1.0}; }},
+      {"groups", "{decay{weight_decay=0.20000000000000001", [](auto& o) { o.groups["decay"] = AdamGroup{0.2, 1.0}; }},
+      {"clip_max_norm", "2", [](auto& o) { o.clip_max_norm = 2.0f; }},
+      {"moment_dtype", "bf16", [](auto& o) { o.moment_dtype = DType::bf16; }},
+      {"lr_schedule", "constant(", [](auto& o) { o.lr_schedule = LrSchedule::constant(1e-3f); }},
+      {"microbatches", "2", [](auto& o) { o.microbatches = 2; }},
+      {"grad_dtype", "bf16", [](auto& o) { o.grad_dtype = DType::bf16; }},
+      {"param_format", "Mxfp8", [](auto& o) { o.param_format = ParamFormat::Mxfp8; }},
+      {"grad_reduce", "Sum", [](auto& o) { o.grad_reduce = ReduceOp::Sum; }},
+      {"overlap_grad_reduce", "false", [](auto& o) { o.overlap_grad_reduce = false; }},
+      {"grouped_collectives", "false", [](auto& o) { o.grouped_collectives = false; }},
+      {"gather_pipeline", "2", [](auto& o) { o.gather_pipeline = 2; }},
+      // An invalid value on one rank is a disagreement too: every rank fails, none hangs.
+      {"beta1", "1.5", [](auto& o) { o.beta1 = 1.5; }},
+  };
+  for (const auto& v : variants) {
+    DistributedAdamOptions o = base_options(DType::f32);
+    if (last) v.change(o);
+    expect_refused_everywhere(v.field, v.other_value, [&] { DistributedAdam opt(comm, small_model(), o); });
+  }
+  // The same options everywhere still construct.
+  DistributedAdam ok(comm, small_model(), base_options(DType::f32));
+  EXPECT_EQ(ok.num_params(), 7);
+}
+
+TEST(OptionsAgreementHost, FsdpOptionsThatDifferAreNamed) {
+  Communicator comm = make_comm(Backend::Host);
+  const bool last = comm.rank() == comm.size() - 1;
+  const std::vector<Variant<FsdpOptions>> variants = {
+      {"beta2", "0.995", [](auto& o) { o.beta2 = 0.995; }},
+      {"clip_max_norm", "2", [](auto& o) { o.clip_max_norm = 2.0f; }},
+      {"slot_grad_dtype", "f32", [](auto& o) { o.slot_grad_dtype = DType::f32; }},
+      {"prefetch", "false", [](auto& o) { o.prefetch = false; }},
+      {"keep_last_unit", "false", [](auto& o) { o.keep_last_unit = false; }},
+      {"shard_group_size", "1", [](auto& o) { o.shard_group_size = 1; }},
+  };
+  for (const auto& v : variants) {
+    FsdpOptions o = fsdp_options(base_options(DType::bf16));
+    if (last) v.change(o);
+    expect_refused_everywhere(v.field, v.other_value, [&] { Fsdp f(comm, small_model(), small_units(), o); });
+  }
+}
+
+}  // namespace
