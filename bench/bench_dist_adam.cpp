@@ -182,6 +182,19 @@ void host_cpu_sweep(const Communicator& comm, Stream s, const Args& a, const std
       g.launch(s);
       SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)));
       const HostTimes replay = host_us(s, host_iters, [&] { g.launch(s); });
+      // The same iteration through StepGraph::replay (one graph: reduce, step, zero_grad),
+      // with the step watchdog on (the default step_timeout) and off, in this process.
+      StepGraph sg(opt, [](Stream, bool) {}, StepGraphOptions{1, true});
+      sg.capture(s);
+      sg.replay(s);
+      SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)));
+      const WatchdogOptions watchdog_on = comm.watchdog();
+      const HostTimes watched = host_us(s, host_iters, [&] { sg.replay(s); });
+      WatchdogOptions off = watchdog_on;
+      off.step_timeout = std::chrono::milliseconds(0);
+      comm.set_watchdog(off);
+      const HostTimes unwatched = host_us(s, host_iters, [&] { sg.replay(s); });
+      comm.set_watchdog(watchdog_on);
       if (comm.rank() == 0) {
         bench::Result r;
         r.bench = "dist_adam_host_cpu";
@@ -193,6 +206,9 @@ void host_cpu_sweep(const Communicator& comm, Stream s, const Args& a, const std
         r.numbers["replay_host_us"] = replay.median;
         r.numbers["eager_host_us_p90"] = eager.p90;
         r.numbers["replay_host_us_p90"] = replay.p90;
+        r.numbers["stepgraph_replay_host_us_watchdog_on"] = watched.median;
+        r.numbers["stepgraph_replay_host_us_watchdog_off"] = unwatched.median;
+        r.numbers["watchdog_step_timeout_ms"] = static_cast<double>(watchdog_on.step_timeout.count());
         r.numbers["host_samples"] = host_iters;
         r.notes["NCCL_GRAPH_MIXING_SUPPORT"] = mixing != nullptr ? mixing : "unset (NCCL default 1)";
         r.numbers["buckets"] = static_cast<double>(opt.layout().buckets().size());
@@ -200,7 +216,9 @@ void host_cpu_sweep(const Communicator& comm, Stream s, const Args& a, const std
         r.numbers["floor_one_allreduce_graph_us"] = nccl_floor;
         r.numbers["floor_16_memset_graph_us"] = memset_floor;
         add_node_counts(r, static_cast<cudaGraph_t>(g.graph()));
-        r.notes["what"] = "host CPU time to enqueue one step: eager step() vs cudaGraphLaunch of the captured step";
+        r.notes["what"] =
+            "host CPU time to enqueue one step: eager step() vs cudaGraphLaunch of the captured step; "
+            "StepGraph::replay of the whole iteration (one graph) with the step watchdog on and off";
         r.command = cmd;
         bench::write(r, a.results);
       }

@@ -88,7 +88,7 @@ phase_comm() {
 }
 
 phase_dist() {
-  for n in "$GPUS" 2 1; do
+  for n in $(printf '%s\n' "$GPUS" 2 1 | awk '!seen[$0]++'); do  # each count once
     [ "$n" -le "$GPUS" ] || continue
     log "== dist-adam ($n ranks)"
     timeout 150 $TORCHRUN --nproc_per_node "$n" bench/peers/dist_adam_peer.py --out /tmp/peer_dist.tsv >>"$OUT/bench.log" 2>&1 || log "dist peer failed"
@@ -98,7 +98,7 @@ phase_dist() {
 }
 
 phase_hostcpu() {
-  for n in "$GPUS" 2 1; do
+  for n in $(printf '%s\n' "$GPUS" 2 1 | awk '!seen[$0]++'); do  # each count once
     [ "$n" -le "$GPUS" ] || continue
     for mixing in default 0; do  # NCCL's graph-mixing support adds event nodes per NCCL launch
       [ "$n" -gt 1 ] || [ "$mixing" = default ] || continue

@@ -16,4 +16,26 @@ void spin_then_fill(cudaStream_t stream, std::uint64_t ns, void* data, long long
 /// On `stream`: waits `ns` nanoseconds of GPU time.
 void spin(cudaStream_t stream, std::uint64_t ns);
 
+/// On `stream`: a kernel that spins until the host writes nonzero into `*flag` (mapped
+/// pinned memory, HostFlag) or `max_ns` of GPU time have passed (a safety bound, so that
+/// a failing test cannot leave a kernel running forever). A stream that never finishes.
+void spin_until_flag(cudaStream_t stream, const volatile int* flag, std::uint64_t max_ns);
+
+/// One int of mapped pinned host memory that a kernel can poll (spin_until_flag).
+class HostFlag {
+ public:
+  HostFlag();
+  ~HostFlag();
+  HostFlag(const HostFlag&) = delete;
+  HostFlag& operator=(const HostFlag&) = delete;
+  /// The address kernels read.
+  const volatile int* device() const noexcept { return device_; }
+  /// Releases the kernels spinning on it.
+  void set() noexcept { *host_ = 1; }
+
+ private:
+  volatile int* host_ = nullptr;
+  const volatile int* device_ = nullptr;
+};
+
 }  // namespace shardopt::test
