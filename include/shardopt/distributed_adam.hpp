@@ -144,7 +144,10 @@ class DistributedAdam {
   ShardView shard_grad(int i, DType dtype, Stream stream);
 
   /// Seeds the fp32 master from this rank's param slices, then all-gathers the params so
-  /// every rank holds the owners' values. Call once after writing initial params.
+  /// every rank holds the owners' values. Call once after writing initial params: until
+  /// init_master, init_from_master or load has run, step(), reduce_grads(),
+  /// gather_params() and grad_ready() throw Error(InvalidState) (the master is still zero
+  /// and a step would overwrite the weights written into the views).
   /// Error(InvalidState) with MXFP8 parameters (they have no param views): use
   /// init_from_master.
   void init_master(Stream stream);

@@ -128,7 +128,8 @@ class Fsdp {
   ShardView shard_exp_avg(int i) const;
   ShardView shard_exp_avg_sq(int i) const;
   ShardView shard_grad(int i, DType dtype, Stream stream);
-  /// Seeds the fp32 master from the parameter shard.
+  /// Seeds the fp32 master from the parameter shard. Until init_master or load has run,
+  /// step(), wait_param() and grad_ready() throw Error(InvalidState).
   void init_master(Stream stream);
 
   /// Learning rate (LrSchedule::Kind::Host) and loss scale: pinned host slots that every
