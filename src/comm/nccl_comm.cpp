@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/check.hpp"
@@ -83,7 +84,10 @@ class NcclCommImpl final : public CommImpl {
     }
   }
 
-  ~NcclCommImpl() override { release(/*abort=*/false); }
+  ~NcclCommImpl() override {
+    if (abort_thread_.joinable()) abort_thread_.join();
+    release(/*abort=*/false);
+  }
 
   ncclComm_t handle() const noexcept { return comm_.load(std::memory_order_acquire); }
 
@@ -175,12 +179,23 @@ class NcclCommImpl final : public CommImpl {
     }
   }
 
-  bool backend_released() const noexcept override { return handle() == nullptr; }
+  bool backend_released() const noexcept override { return aborted_.load(std::memory_order_acquire); }
 
+  // Aborts on a thread of its own: the failing call (or the step watchdog) returns at
+  // once even if the abort has to wait for the device, and no later NCCL call is made
+  // on the communicator (live() sees null from here on).
   void on_failure() noexcept override {
     ncclComm_t c = comm_.exchange(nullptr, std::memory_order_acq_rel);
     if (c == nullptr) return;
-    on_device([c] { (void)ncclCommAbort(c); });
+    auto abort = [this, c] {
+      on_device([c] { (void)ncclCommAbort(c); });
+      aborted_.store(true, std::memory_order_release);
+    };
+    try {
+      abort_thread_ = std::thread(abort);
+    } catch (...) {
+      abort();
+    }
   }
 
   void* register_buffer(void* data, std::size_t bytes) override {
@@ -259,6 +274,8 @@ class NcclCommImpl final : public CommImpl {
   }
 
   std::atomic<ncclComm_t> comm_;
+  std::thread abort_thread_;  // the one abort after a failure (on_failure)
+  std::atomic<bool> aborted_{false};
   cudaStream_t aux_ = nullptr;
   void* scratch_ = nullptr;
 };
