@@ -143,6 +143,10 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
     } else if (opt == "--resume") {
       if (val.empty()) throw std::invalid_argument("--resume needs a checkpoint directory");
       o.resume = val;
+    } else if (opt == "--timeout-ms") {
+      const long long ms = parse_int(opt, val);
+      if (ms < 0) throw std::invalid_argument("--timeout-ms takes milliseconds >= 0 (0: off), not '" + val + "'");
+      o.timeout_ms = ms;
     } else if (opt == "--vocab" || opt == "--hidden" || opt == "--layers" || opt == "--mlp" ||
                opt == "--num-experts" || opt == "--expert-mlp" || opt == "--tokens" || opt == "--capacity-factor") {
       overrides.emplace_back(opt, val);
@@ -201,6 +205,9 @@ std::string usage() {
        "  --save-every K                also save after every K-th step (K >= 1; needs --save-dir)\n"
        "  --resume CKPT                 load the checkpoint directory CKPT (e.g. DIR/step-00010) before\n"
        "                                training and continue from its step: --steps is the total to reach\n"
+       "  --timeout-ms MS               a collective, wait or replayed step slower than MS ms (a dead or\n"
+       "                                stuck rank) stops every live rank with a timeout error (0: off;\n"
+       "                                default: replays 5 minutes, waits unbounded)\n"
        "  --quiet                       only the summary\n"
        "  --expect-loss-below X         exit 1 unless the last logged loss is below X\n"
        "  size overrides: --vocab --hidden --layers --mlp --num-experts --expert-mlp --tokens\n"

@@ -67,6 +67,10 @@ struct TrainOptions {
   /// A checkpoint directory to load before training (Trainer::load); training continues
   /// at its step, up to `steps` in all.
   std::string resume;
+  /// The watchdog (shardopt/watchdog.hpp): a blocking wait or a replayed step that takes
+  /// longer than this many milliseconds raises Error(Timeout) on every live rank.
+  /// -1: the library's defaults (waits unbounded, replays 5 minutes); 0: off.
+  long long timeout_ms = -1;
 };
 
 /// Where the program saves the checkpoint of step `step`: DIR/step-NNNNN (at least 5

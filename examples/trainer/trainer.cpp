@@ -1,5 +1,6 @@
 #include "trainer.hpp"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -22,6 +23,13 @@ shardopt::Backend choose_backend(const TrainOptions& o) {
 }
 
 namespace {
+
+// --timeout-ms: both deadlines of the optimizer's watchdog (-1 keeps the library's).
+void apply_timeout(const TrainOptions& t, shardopt::AdamOptions& o) {
+  if (t.timeout_ms < 0) return;
+  o.watchdog.wait_timeout = std::chrono::milliseconds(t.timeout_ms);
+  o.watchdog.step_timeout = std::chrono::milliseconds(t.timeout_ms);
+}
 
 shardopt::LrSchedule schedule_of(const TrainOptions& o, float lr) {
   const int warmup = o.warmup_steps >= 0 ? o.warmup_steps : o.steps / 10;
@@ -59,6 +67,7 @@ Trainer::Trainer(const TrainOptions& options, shardopt::Communicator comm, Train
   const shardopt::StepScalars* scalars = nullptr;
   if (options_.mode == "dist-adam") {
     shardopt::DistributedAdamOptions o;
+    apply_timeout(options_, o);
     if (mxfp8())
       o.param_format = shardopt::ParamFormat::Mxfp8;  // 2-D weights MXFP8, 1-D ones native f32
     else
@@ -76,6 +85,7 @@ Trainer::Trainer(const TrainOptions& options, shardopt::Communicator comm, Train
     scalars = adam_->device_scalars();
   } else if (options_.mode == "fsdp") {
     shardopt::FsdpOptions o;
+    apply_timeout(options_, o);
     o.param_dtype = shardopt::DType::bf16;
     o.grad_dtype = grad_dtype;
     o.slot_grad_dtype = grad_dtype;
@@ -184,10 +194,20 @@ void Trainer::optimizer_step_only() {
   }
 }
 
-void Trainer::synchronize() { ops_->synchronize(); }
+// Waits for the trainer's stream through the optimizer, so that the watchdog's deadline
+// and failure state apply (a bare stream synchronization would block forever on a hang).
+void Trainer::synchronize() {
+  if (adam_) {
+    adam_->synchronize(ops_->stream());
+  } else if (fsdp_) {
+    fsdp_->synchronize(ops_->stream());
+  } else {
+    ops_->synchronize();
+  }
+}
 
 StepStats Trainer::stats() {
-  ops_->synchronize();
+  synchronize();
   StepStats st;
   const shardopt::StepScalars sc = adam_ ? adam_->read_scalars(ops_->stream()) : fsdp_->read_scalars(ops_->stream());
   st.step = sc.step;
