@@ -132,11 +132,16 @@ void divide(void* data, std::int64_t count, DType t, int n) {
   }
 }
 
-// Buffers of collectives abandoned at a deadline. MPI cannot cancel a collective, and
-// a late peer may still complete it (inside a later MPI call of this process), so the
-// memory it writes to stays allocated until the process exits (reachable, not leaked).
-std::vector<std::vector<unsigned char>>& abandoned_buffers() {
-  static auto* kept = new std::vector<std::vector<unsigned char>>();
+// A collective abandoned at a deadline. MPI cannot cancel a collective (nor free its
+// request), and a late peer may still complete it inside a later MPI call of this
+// process, so its request and the scratch memory it may write stay alive until the
+// process exits: kept here, reachable, rather than dropped.
+struct Abandoned {
+  MPI_Request request = MPI_REQUEST_NULL;
+  std::vector<unsigned char> scratch;
+};
+std::vector<Abandoned>& abandoned() {
+  static auto* kept = new std::vector<Abandoned>();
   return *kept;
 }
 
@@ -253,7 +258,8 @@ class MpiCommImpl final : public CommImpl {
 
   // Completes `req`. Without a deadline: MPI_Wait. With one: MPI_Test polled until the
   // deadline, then the group fails with Error(Timeout); the request stays with MPI (a
-  // collective cannot be cancelled) and `scratch` (memory it may still write) is kept.
+  // collective cannot be cancelled) and is kept, with `scratch` (memory it may still
+  // write), until the process exits.
   void wait(MPI_Request& req, const std::string& what, std::vector<unsigned char>* scratch) {
     const Deadline deadline = wait_deadline();
     if (!deadline.armed()) {
@@ -269,7 +275,10 @@ class MpiCommImpl final : public CommImpl {
           },
           what, deadline);
     } catch (...) {
-      if (scratch != nullptr) abandoned_buffers().push_back(std::move(*scratch));
+      Abandoned a;
+      a.request = req;
+      if (scratch != nullptr) a.scratch = std::move(*scratch);
+      abandoned().push_back(std::move(a));
       throw;
     }
   }
