@@ -1,5 +1,7 @@
 #include "comm/comm_impl.hpp"
 
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -154,9 +156,21 @@ void CommImpl::synchronize(Stream stream, const std::string& what) {
 }
 
 void CommImpl::inject_fault_for_test(InjectedFault fault, int after) {
-  (void)fault;
-  (void)after;
-  SHARDOPT_REQUIRE(false, ErrorCode::Unsupported, "fault injection is implemented for the host backend (MPI) only");
+  SHARDOPT_REQUIRE(can_inject_faults(), ErrorCode::Unsupported, "fault injection needs a group with peers (MPI or NCCL)");
+  SHARDOPT_REQUIRE(after >= 0, ErrorCode::InvalidArgument, "inject_fault_for_test: `after` must be >= 0");
+  fault_ = fault;
+  fault_after_ = after;
+  fault_calls_ = 0;
+}
+
+bool CommImpl::inject_fault(const std::string& what) {
+  if (fault_ == InjectedFault::None || fault_calls_++ < fault_after_) return false;
+  if (fault_ == InjectedFault::ExitProcess) {
+    std::fprintf(stderr, "[shardopt test] rank %d exits in the middle of %s (injected fault)\n", rank_, what.c_str());
+    std::fflush(nullptr);
+    std::_Exit(0);
+  }
+  return true;  // SkipCollectives: this rank never enters it
 }
 
 void CommImpl::check_count(std::int64_t count, const void* data, const char* call) const {

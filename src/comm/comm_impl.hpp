@@ -103,8 +103,9 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   /// True once the backend's own communicator was torn down after a failure (NCCL:
   /// ncclCommAbort returned); the other backends have nothing to tear down.
   virtual bool backend_released() const noexcept { return failed(); }
-  /// Test hook: arms an InjectedFault (host backend only; Error(Unsupported) elsewhere).
-  virtual void inject_fault_for_test(InjectedFault fault, int after);
+  /// Test hook: arms an InjectedFault (MPI and NCCL groups; Error(Unsupported) on a
+  /// one-rank group, which has no peers to fail).
+  void inject_fault_for_test(InjectedFault fault, int after);
 
   /// Registers a buffer with the backend; nullptr where it has no registration (see
   /// Communicator::register_buffer). Not a collective; does not mark the group failed.
@@ -155,6 +156,13 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   virtual std::shared_ptr<CommImpl> do_split(int color, int key) = 0;
   virtual std::vector<std::uint64_t> do_all_gather_u64(const std::vector<std::uint64_t>& mine) = 0;
   virtual void do_invalid_call_for_test() = 0;
+  /// Applies an armed InjectedFault to the collective `what` about to start: exits the
+  /// process, or returns true when this rank skips it. Backends call it where the
+  /// collective starts (the MPI backend when its host-stream operation runs).
+  bool inject_fault(const std::string& what);
+  bool fault_armed() const noexcept { return fault_ != InjectedFault::None; }
+  /// False for a backend without peers (the one-rank group).
+  virtual bool can_inject_faults() const noexcept { return true; }
   virtual void do_group_start() {}
   virtual void do_group_end() {}
   /// Called when the group fails (NCCL: ncclCommAbort), possibly more than once: it must
@@ -174,6 +182,9 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   mutable std::mutex failure_mutex_;
   std::string failure_;
   WatchdogOptions watchdog_;  // under failure_mutex_
+  InjectedFault fault_ = InjectedFault::None;  // test hook (one thread: the rank's own)
+  int fault_after_ = 0;
+  int fault_calls_ = 0;
   std::vector<std::weak_ptr<CommImpl>> linked_;  // split parent and children, under failure_mutex_
 };
 

@@ -18,8 +18,6 @@
 //  * Max of bf16/f16 returns NaN if either operand is NaN, else the larger one (bits kept).
 #include "comm/mpi_comm.hpp"
 
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -157,13 +155,6 @@ class MpiCommImpl final : public CommImpl {
 
   MPI_Comm handle() const noexcept { return comm_; }
 
-  void inject_fault_for_test(InjectedFault fault, int after) override {
-    SHARDOPT_REQUIRE(after >= 0, ErrorCode::InvalidArgument, "inject_fault_for_test: `after` must be >= 0");
-    fault_ = fault;
-    fault_after_ = after;
-    calls_ = 0;
-  }
-
  protected:
   void do_reduce_scatter(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) override {
     enqueue(stream, "reduce_scatter", [data, count, dtype, op](MpiCommImpl& self, const std::string& what) {
@@ -202,7 +193,7 @@ class MpiCommImpl final : public CommImpl {
 
   void do_barrier() override {
     const std::string what = named("barrier");
-    if (inject(what)) return;
+    if (inject_fault(what)) return;
     MPI_Request req = MPI_REQUEST_NULL;
     SHARDOPT_MPI_CHECK(MPI_Ibarrier(comm_, &req));
     wait(req, what, nullptr);
@@ -219,7 +210,7 @@ class MpiCommImpl final : public CommImpl {
     const std::string what = named("all_gather_value");
     const std::size_t n = mine.size();
     std::vector<std::uint64_t> all(n * static_cast<std::size_t>(size()));
-    if (inject(what)) return all;
+    if (inject_fault(what)) return all;
     // One buffer for the send and receive sides, kept if the wait is abandoned.
     std::vector<unsigned char> io((n + all.size()) * sizeof(std::uint64_t));
     std::memcpy(io.data(), mine.data(), n * sizeof(std::uint64_t));
@@ -242,18 +233,6 @@ class MpiCommImpl final : public CommImpl {
   static std::string named(const char* call) {
     const std::string& label = OperationLabel::current();
     return label.empty() ? std::string(call) : std::string(call) + " (" + label + ")";
-  }
-
-  // Applies an injected fault to the collective about to start; true: skip it.
-  bool inject(const std::string& what) {
-    if (fault_ == InjectedFault::None || calls_++ < fault_after_) return false;
-    if (fault_ == InjectedFault::ExitProcess) {
-      std::fprintf(stderr, "[shardopt test] rank %d exits in the middle of %s (injected fault)\n", rank(),
-                   what.c_str());
-      std::fflush(nullptr);
-      std::_Exit(0);
-    }
-    return true;  // SkipCollectives: this rank never enters it
   }
 
   // Completes `req`. Without a deadline: MPI_Wait. With one: MPI_Test polled until the
@@ -291,15 +270,12 @@ class MpiCommImpl final : public CommImpl {
     auto self = std::static_pointer_cast<MpiCommImpl>(shared_from_this());
     host_enqueue(stream, [self, call, work, what = named(call)] {
       self->require_usable(call);
-      if (self->inject(what)) return;
+      if (self->inject_fault(what)) return;
       self->guarded([&] { work(*self, what); });
     });
   }
 
   MPI_Comm comm_;
-  InjectedFault fault_ = InjectedFault::None;
-  int fault_after_ = 0;
-  int calls_ = 0;
 };
 
 }  // namespace

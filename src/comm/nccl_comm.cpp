@@ -93,6 +93,7 @@ class NcclCommImpl final : public CommImpl {
 
  protected:
   void do_reduce_scatter(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) override {
+    if (fault_armed() && inject_fault(labelled("reduce_scatter"))) return;
     DeviceGuard guard(device());
     char* base = static_cast<char*>(data);
     void* mine = base + static_cast<std::size_t>(rank()) * static_cast<std::size_t>(count) * size_of(dtype);
@@ -102,6 +103,7 @@ class NcclCommImpl final : public CommImpl {
   }
 
   void do_all_gather(void* data, std::int64_t count, DType dtype, Stream stream) override {
+    if (fault_armed() && inject_fault(labelled("all_gather"))) return;
     DeviceGuard guard(device());
     // An all-gather only moves bytes: gather every dtype (fp8 and e8m0 scales included) as bytes.
     const std::size_t bytes = static_cast<std::size_t>(count) * size_of(dtype);
@@ -112,6 +114,7 @@ class NcclCommImpl final : public CommImpl {
   }
 
   void do_all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) override {
+    if (fault_armed() && inject_fault(labelled("all_reduce"))) return;
     DeviceGuard guard(device());
     SHARDOPT_NCCL_CHECK(ncclAllReduce(data, data, static_cast<std::size_t>(count), reduce_type(dtype), nccl_op(op),
                                       live(), cuda(stream)));
@@ -119,6 +122,7 @@ class NcclCommImpl final : public CommImpl {
   }
 
   void do_barrier() override {
+    if (fault_armed() && inject_fault(labelled("barrier"))) return;
     DeviceGuard guard(device());
     SHARDOPT_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, live(), aux_));
     wait_aux("barrier");
@@ -142,6 +146,7 @@ class NcclCommImpl final : public CommImpl {
   }
 
   std::vector<std::uint64_t> do_all_gather_u64(const std::vector<std::uint64_t>& mine) override {
+    if (fault_armed() && inject_fault(labelled("all_gather_value"))) return std::vector<std::uint64_t>(mine.size() * static_cast<std::size_t>(size()));
     DeviceGuard guard(device());
     const std::size_t slot = mine.size() * sizeof(std::uint64_t);
     std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(size()));
@@ -215,6 +220,12 @@ class NcclCommImpl final : public CommImpl {
 
  private:
   static cudaStream_t cuda(Stream s) { return reinterpret_cast<cudaStream_t>(s); }
+
+  // "all_reduce (bucket 3 ...)": the call and the caller's label (fault messages).
+  static std::string labelled(const char* call) {
+    const std::string& label = OperationLabel::current();
+    return label.empty() ? std::string(call) : std::string(call) + " (" + label + ")";
+  }
 
   ncclComm_t live() const {
     ncclComm_t c = handle();

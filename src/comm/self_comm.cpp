@@ -13,6 +13,8 @@ class SelfCommImpl final : public CommImpl {
  public:
   SelfCommImpl(Backend backend, int device) : CommImpl(backend, 0, 1, device) {}
 
+  bool can_inject_faults() const noexcept override { return false; }
+
  protected:
   void do_reduce_scatter(void*, std::int64_t, DType, ReduceOp, Stream) override {}
   void do_all_gather(void*, std::int64_t, DType, Stream) override {}

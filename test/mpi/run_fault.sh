@@ -4,8 +4,15 @@
 # hang: `timeout` would end it with 124). mpiexec's orte_allowed_exit_without_sync lets
 # the other ranks live on when the faulty rank exits without MPI_Finalize (by default
 # mpiexec kills the whole job at once, which would hide the timeout under test).
-# Usage: run_fault.sh MPIEXEC N BINARY SCENARIO TIMEOUT_MS
+# Usage: run_fault.sh MPIEXEC N BINARY SCENARIO TIMEOUT_MS   (SHARDOPT_BACKEND=host|cuda)
 mpiexec="$1"; n="$2"; exe="$3"; scenario="$4"; ms="$5"
+# With SHARDOPT_BACKEND=cuda (the GPU registration): one GPU per rank, NCCL, multicast off.
+if [ "${SHARDOPT_BACKEND:-}" = cuda ]; then
+  gpus=0
+  if command -v nvidia-smi >/dev/null 2>&1; then gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); fi
+  if [ "$gpus" -lt "$n" ]; then echo "needs $n GPUs, found $gpus: skipping"; exit 77; fi
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+fi
 # Sanitized runs: OpenMPI's blocks behind an abandoned collective are expected here, and
 # only here (test/sanitize/lsan_faults.supp says why).
 case "${LSAN_OPTIONS:-}" in
