@@ -32,17 +32,6 @@ int code_at(const ref::Quantized& q, std::int64_t i) {
   return (q.data[static_cast<std::size_t>(i / 2)] >> (4 * (i % 2))) & 0xF;
 }
 
-std::string first_diff(const std::vector<std::uint8_t>& a, const std::vector<std::uint8_t>& b) {
-  if (a.size() != b.size()) return "sizes " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (a[i] != b[i]) {
-      char buf[96];
-      std::snprintf(buf, sizeof buf, "first difference at %zu: 0x%02x vs 0x%02x", i, a[i], b[i]);
-      return buf;
-    }
-  return "equal";
-}
-
 void expect_same(const ref::Quantized& got, const ref::Quantized& want, const std::string& what) {
   EXPECT_TRUE(got.data == want.data) << what << " data: " << first_diff(got.data, want.data);
   EXPECT_TRUE(got.scale == want.scale) << what << " scale: " << first_diff(got.scale, want.scale);

@@ -15,7 +15,9 @@
 
 namespace nvfp4_test {
 
+using mxfp8_test::bounds_str;
 using mxfp8_test::download;
+using mxfp8_test::first_diff;
 using mxfp8_test::kPoison;
 using mxfp8_test::upload;
 

@@ -20,15 +20,6 @@ namespace ref = nvfp4_ref;
 
 constexpr Backend kHost = Backend::Host;
 
-std::string bounds_str(const std::vector<std::int64_t>& b) {
-  std::string s;
-  for (std::int64_t v : b) {
-    s += s.empty() ? "{" : ",";
-    s += std::to_string(v);
-  }
-  return s + "}";
-}
-
 // Runs the protocol and compares with the oracle; false after the first failure.
 bool check_sharding(const Nvfp4Shape& s, const std::vector<float>& master, const ref::Quantized& want,
                     const std::vector<std::int64_t>& bounds) {
