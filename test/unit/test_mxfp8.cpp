@@ -33,18 +33,6 @@ ref::Quantized quantize_host(const Mxfp8Shape& s, const std::vector<std::uint16_
   return q;
 }
 
-// First index where two byte vectors differ, for messages.
-std::string first_diff(const std::vector<std::uint8_t>& a, const std::vector<std::uint8_t>& b) {
-  if (a.size() != b.size()) return "sizes " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (a[i] != b[i]) {
-      char buf[96];
-      std::snprintf(buf, sizeof buf, "first difference at %zu: 0x%02x vs 0x%02x", i, a[i], b[i]);
-      return buf;
-    }
-  return "equal";
-}
-
 void expect_same(const ref::Quantized& got, const ref::Quantized& want, const std::string& what) {
   EXPECT_TRUE(got.data_row == want.data_row) << what << " data_row: " << first_diff(got.data_row, want.data_row);
   EXPECT_TRUE(got.scale_row == want.scale_row) << what << " scale_row: " << first_diff(got.scale_row, want.scale_row);

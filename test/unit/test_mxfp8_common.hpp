@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/mxfp8_shard_calls.hpp"
@@ -126,6 +128,28 @@ inline mxfp8_ref::Quantized poisoned(const shardopt::Mxfp8Shape& s) {
   q.scale_row.assign(static_cast<std::size_t>(s.scale_row_numel()), kPoison);
   q.scale_col.assign(static_cast<std::size_t>(s.scale_col_numel()), kPoison);
   return q;
+}
+
+/// First index where two byte vectors differ, for messages.
+inline std::string first_diff(const std::vector<std::uint8_t>& a, const std::vector<std::uint8_t>& b) {
+  if (a.size() != b.size()) return "sizes " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "first difference at %zu: 0x%02x vs 0x%02x", i, a[i], b[i]);
+      return buf;
+    }
+  return "equal";
+}
+
+/// Rank boundaries as text, for messages: "{0,17,40}".
+inline std::string bounds_str(const std::vector<std::int64_t>& b) {
+  std::string s = "{";
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    if (i) s += ",";
+    s += std::to_string(b[i]);
+  }
+  return s + "}";
 }
 
 /// Rank boundaries 0 = b0 <= b1 <= ... <= bW = numel: an even split moved by `shift`.

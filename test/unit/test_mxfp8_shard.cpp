@@ -24,15 +24,6 @@ namespace ref = mxfp8_ref;
 
 constexpr Backend kHost = Backend::Host;
 
-std::string bounds_str(const std::vector<std::int64_t>& b) {
-  std::string s = "{";
-  for (std::size_t i = 0; i < b.size(); ++i) {
-    if (i) s += ",";
-    s += std::to_string(b[i]);
-  }
-  return s + "}";
-}
-
 // Runs both schemes and compares with the oracle; returns false after the first failure.
 bool check_sharding(const Mxfp8Shape& s, const std::vector<float>& master, const ref::Quantized& want,
                     const std::vector<std::int64_t>& bounds) {

@@ -1,0 +1,126 @@
+// nvfp4.cpp - the NVFP4 entry points of one tensor (shape, whole-tensor quantize,
+// dequantize): argument checks, then the CUDA launch or the host twin (enqueued on the
+// HostStream so that it joins captures). Shards: nvfp4_shard.cpp; lists: nvfp4_batch.cpp.
+#include "shardopt/nvfp4.hpp"
+
+#include <limits>
+#include <string>
+
+#include "core/check.hpp"
+#include "core/memory.hpp"
+#include "kernels/nvfp4_checks.hpp"
+#include "kernels/nvfp4_launch.hpp"
+#include "shardopt/error.hpp"
+#include "shardopt/host_stream.hpp"
+#include "shardopt_config.h"
+
+namespace shardopt {
+
+namespace nvfp4 {
+
+void require_ptr(const void* p, const std::string& what) {
+  SHARDOPT_REQUIRE(p != nullptr, ErrorCode::InvalidArgument,
+                   "NVFP4: " + what + " is null; pass memory of the backend of the right size");
+}
+
+void require_planes(const Nvfp4Planes& out, const std::string& prefix) {
+  require_ptr(out.data, prefix + "out.data");
+  require_ptr(out.scale, prefix + "out.scale");
+  require_ptr(out.amax, prefix + "out.amax");
+  require_ptr(out.decode_scale, prefix + "out.decode_scale");
+}
+
+QuantizeEntry make_quantize_entry(const Nvfp4Shape& shape, const std::uint16_t* src, const Nvfp4Planes& out,
+                                  std::int64_t first_block, std::int64_t first_byte) {
+  QuantizeEntry e;
+  e.shape = shape;
+  e.src = src;
+  e.out = out;
+  e.first_block = first_block;
+  e.first_byte = first_byte;
+  return e;
+}
+
+}  // namespace nvfp4
+
+void validate(const Nvfp4Shape& s) {
+  std::string dims = "[";
+  dims += std::to_string(s.rows);
+  dims += " x ";
+  dims += std::to_string(s.cols);
+  dims += "]";
+  SHARDOPT_REQUIRE(s.rows > 0 && s.cols > 0, ErrorCode::InvalidArgument,
+                   "NVFP4 shape " + dims + " has a dimension <= 0; rows and cols must be positive");
+  SHARDOPT_REQUIRE(s.rows <= std::numeric_limits<std::int64_t>::max() / 8 / s.cols, ErrorCode::InvalidArgument,
+                   "NVFP4 shape " + dims + " has too many elements; split the tensor");
+}
+
+Nvfp4Shape Nvfp4Shape::of(const Shape& shape) {
+  SHARDOPT_REQUIRE(shape.size() >= 2, ErrorCode::InvalidArgument,
+                   "NVFP4 needs matrices: a shape of " + std::to_string(shape.size()) +
+                       " dimension(s) has fewer than 2; keep 1-D tensors (norm weights, biases) in bf16");
+  Nvfp4Shape s;
+  s.rows = 1;
+  for (std::size_t d = 0; d + 1 < shape.size(); ++d) s.rows *= shape[d];
+  s.cols = shape.back();
+  validate(s);
+  return s;
+}
+
+Range nvfp4_shard_bytes(Range range) {
+  if (range.size() <= 0) return {range.begin / 2, range.begin / 2};
+  return {range.begin / 2, (range.end + 1) / 2};
+}
+
+void quantize_nvfp4(const Nvfp4Shape& shape, const std::uint16_t* src, const Nvfp4Planes& out, Backend backend,
+                    Stream stream) {
+  validate(shape);
+  nvfp4::require_ptr(src, "the bf16 source");
+  nvfp4::require_planes(out, "");
+  const nvfp4::QuantizeEntry entry = nvfp4::make_quantize_entry(shape, src, out, 0, 0);
+  if (backend == Backend::Host) {
+    host_enqueue(stream, [entry] { nvfp4::host_quantize(&entry, 1); });
+    return;
+  }
+  nvfp4::launch_quantize(nullptr, 1, entry, shape.scale_numel(), shape.data_bytes(), stream);
+}
+
+namespace {
+
+void dequantize(const Nvfp4Shape& shape, const std::uint8_t* data, const std::uint8_t* scale,
+                const float* decode_scale, float* out_f32, std::uint16_t* out_bf16, Backend backend, Stream stream) {
+  validate(shape);
+  nvfp4::require_ptr(data, "data");
+  nvfp4::require_ptr(scale, "scale");
+  nvfp4::require_ptr(decode_scale, "decode_scale");
+  nvfp4::require_ptr(out_f32 != nullptr ? static_cast<const void*>(out_f32) : out_bf16, "out");
+  if (backend == Backend::Host) {
+    host_enqueue(stream, [=] { nvfp4::host_dequantize(shape, data, scale, decode_scale, out_f32, out_bf16); });
+    return;
+  }
+  nvfp4::launch_dequantize(shape, data, scale, decode_scale, out_f32, out_bf16, stream);
+}
+
+}  // namespace
+
+void dequantize_nvfp4(const Nvfp4Shape& shape, const std::uint8_t* data, const std::uint8_t* scale,
+                      const float* decode_scale, float* out, Backend backend, Stream stream) {
+  dequantize(shape, data, scale, decode_scale, out, nullptr, backend, stream);
+}
+
+void dequantize_nvfp4(const Nvfp4Shape& shape, const std::uint8_t* data, const std::uint8_t* scale,
+                      const float* decode_scale, std::uint16_t* out, Backend backend, Stream stream) {
+  dequantize(shape, data, scale, decode_scale, nullptr, out, backend, stream);
+}
+
+}  // namespace shardopt
+
+#if !SHARDOPT_HAVE_CUDA
+// A build without CUDA compiles no .cu file: the launches refuse.
+namespace shardopt::nvfp4 {
+void launch_quantize(const QuantizeEntry*, int, const QuantizeEntry&, std::int64_t, std::int64_t, Stream) { detail::no_cuda("NVFP4"); }
+void launch_dequantize(const Nvfp4Shape&, const std::uint8_t*, const std::uint8_t*, const float*, float*, std::uint16_t*, Stream) { detail::no_cuda("NVFP4"); }
+void launch_partial_amax(const Nvfp4Shape&, Range, const float*, std::uint32_t*, Stream) { detail::no_cuda("NVFP4"); }
+void launch_quantize_shard(const Nvfp4Shape&, Range, const float*, const std::uint32_t*, const Nvfp4Planes&, Stream) { detail::no_cuda("NVFP4"); }
+}  // namespace shardopt::nvfp4
+#endif

@@ -1,0 +1,83 @@
+// nvfp4_batch.cpp - multi-tensor NVFP4 quantization: the Nvfp4Batch table (checks,
+// upload) and quantize_nvfp4_batch (the CUDA launches or the host twin, enqueued on the
+// HostStream so that it joins captures).
+#include <string>
+#include <vector>
+
+#include "core/check.hpp"
+#include "kernels/entry_table.hpp"
+#include "kernels/nvfp4_checks.hpp"
+#include "kernels/nvfp4_launch.hpp"
+#include "shardopt/error.hpp"
+#include "shardopt/host_stream.hpp"
+#include "shardopt/nvfp4.hpp"
+
+namespace shardopt {
+
+struct Nvfp4Batch::Impl {
+  detail::EntryTable table;  // the QuantizeEntry of every tensor, in order
+  std::int64_t numel = 0;
+  std::int64_t blocks = 0;  // 16 x 16 blocks of all tensors
+  std::int64_t bytes = 0;   // data bytes of all tensors
+};
+
+namespace {
+
+// The batch's state; a moved-from batch has none. (A template: it never names the
+// private Impl.)
+template <class ImplPtr>
+const auto& live(const ImplPtr& impl) {
+  SHARDOPT_REQUIRE(impl != nullptr, ErrorCode::InvalidState,
+                   "this Nvfp4Batch was moved from; use the batch it was moved to");
+  return *impl;
+}
+
+}  // namespace
+
+Nvfp4Batch::Nvfp4Batch(const std::vector<Nvfp4Tensor>& tensors, Backend backend) : impl_(std::make_unique<Impl>()) {
+  SHARDOPT_REQUIRE(!tensors.empty(), ErrorCode::InvalidArgument,
+                   "Nvfp4Batch of an empty tensor list; give it at least one tensor to quantize");
+  SHARDOPT_REQUIRE(tensors.size() <= 0x7FFFFFFF, ErrorCode::InvalidArgument,
+                   "Nvfp4Batch of more than 2^31 - 1 tensors; split the list into several batches");
+  if (backend == Backend::Cuda && !cuda_compiled()) detail::no_cuda("Nvfp4Batch");
+  Impl& im = *impl_;
+  std::vector<nvfp4::QuantizeEntry> entries;
+  entries.reserve(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const Nvfp4Tensor& t = tensors[i];
+    try {
+      validate(t.shape);
+      nvfp4::require_ptr(t.src, "the bf16 source");
+      nvfp4::require_planes(t.out, "");
+    } catch (const Error& e) {
+      throw Error(e.code(), "Nvfp4Batch tensor " + std::to_string(i) + ": " + e.what());
+    }
+    entries.push_back(nvfp4::make_quantize_entry(t.shape, t.src, t.out, im.blocks, im.bytes));
+    im.blocks += t.shape.scale_numel();
+    im.bytes += t.shape.data_bytes();
+    im.numel += t.shape.numel();
+  }
+  im.table = detail::EntryTable(backend, entries);
+}
+
+Nvfp4Batch::~Nvfp4Batch() = default;
+Nvfp4Batch::Nvfp4Batch(Nvfp4Batch&&) noexcept = default;
+Nvfp4Batch& Nvfp4Batch::operator=(Nvfp4Batch&&) noexcept = default;
+
+Backend Nvfp4Batch::backend() const { return live(impl_).table.backend(); }
+std::size_t Nvfp4Batch::size() const { return static_cast<std::size_t>(live(impl_).table.count()); }
+std::int64_t Nvfp4Batch::numel() const { return live(impl_).numel; }
+
+void quantize_nvfp4_batch(const Nvfp4Batch& batch, Backend backend, Stream stream) {
+  const Nvfp4Batch::Impl& im = live(batch.impl_);
+  im.table.require_call(backend, "quantize_nvfp4_batch");
+  const auto* entries = im.table.entries<nvfp4::QuantizeEntry>();
+  const int count = im.table.count();
+  if (backend == Backend::Host) {
+    host_enqueue(stream, [entries, count] { nvfp4::host_quantize(entries, count); });
+    return;
+  }
+  nvfp4::launch_quantize(entries, count, nvfp4::QuantizeEntry{}, im.blocks, im.bytes, stream);
+}
+
+}  // namespace shardopt

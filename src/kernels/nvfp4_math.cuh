@@ -1,0 +1,117 @@
+// nvfp4_math.cuh - the NVFP4 element math shared by the CUDA kernels and their host
+// twins (rules in docs/nvfp4.md). Integer code on bit patterns plus a few IEEE f32
+// multiplies and divisions, each rounded once to nearest even on both sides (the
+// device path names the rounding with __fmul_rn / __fdiv_rn; -fmad=false keeps the
+// compiler from fusing), so both produce the same bytes.
+#pragma once
+
+#include <cstdint>
+
+#include "shardopt/numerics.hpp"
+
+namespace shardopt::nvfp4 {
+
+inline constexpr std::uint32_t kAmaxNonFinite = 0x7FC00000u;  ///< amax bits of a NaN / Inf element
+inline constexpr std::uint8_t kScaleRefused = 0x7F;  ///< scale byte (E4M3 NaN) of a refused tensor
+inline constexpr float kF32Max = 3.40282347e+38f;   ///< FLT_MAX
+inline constexpr float kEncodeNumerator = 2688.0f;  ///< 448 (E4M3 max) * 6 (E2M1 max)
+inline constexpr float kInvE2m1Max = 1.0f / 6.0f;    ///< fl32(1/6)
+
+/// fl32(a * b) and fl32(a / b), rounded to nearest even on the host and the device.
+SHARDOPT_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+SHARDOPT_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+/// Exchanged amax of one bf16 element: the f32 bits of |x|, kAmaxNonFinite for NaN and
+/// +-Inf. Non-negative f32 bits order as unsigned integers, so an integer max is the amax.
+SHARDOPT_HD std::uint32_t amax_bits(std::uint16_t bf16) {
+  const std::uint32_t magnitude = bf16 & 0x7FFFu;
+  return magnitude >= 0x7F80u ? kAmaxNonFinite : magnitude << 16;
+}
+
+/// True when a tensor's amax bits refuse it (a NaN or Inf element somewhere).
+SHARDOPT_HD bool refused(std::uint32_t tensor_amax) { return tensor_amax >= 0x7F800000u; }
+
+/// S_enc = min(fl32(2688 / amax), FLT_MAX), 1 when amax is 0 or S_enc is 0.
+SHARDOPT_HD float encode_scale(float amax) {
+  float s = div_rn(kEncodeNumerator, amax);
+  s = s < kF32Max ? s : kF32Max;
+  return amax == 0.0f || s == 0.0f ? 1.0f : s;
+}
+
+/// The tensor's two stored fp32 values from its amax bits: amax (NaN if refused) and
+/// S_dec = fl32(1 / S_enc) (NaN if refused).
+struct GlobalScale {
+  float amax;
+  float encode;  ///< S_enc
+  float decode;  ///< S_dec
+};
+SHARDOPT_HD GlobalScale global_scale(std::uint32_t tensor_amax) {
+  if (refused(tensor_amax)) {
+    const float nan = num::f32_from_bits(kAmaxNonFinite);
+    return {nan, nan, nan};
+  }
+  const float amax = num::f32_from_bits(tensor_amax);
+  const float enc = encode_scale(amax);
+  return {amax, enc, div_rn(1.0f, enc)};
+}
+
+/// E4M3 decode scale of a block: RNE saturating e4m3 of fl32(block_amax * fl32(S_enc *
+/// fl32(1/6))); kScaleRefused for a refused tensor.
+SHARDOPT_HD std::uint8_t block_scale(std::uint32_t block_amax, std::uint32_t tensor_amax) {
+  if (refused(tensor_amax)) return kScaleRefused;
+  const float enc = encode_scale(num::f32_from_bits(tensor_amax));
+  return num::f32_to_e4m3(mul_rn(num::f32_from_bits(block_amax), mul_rn(enc, kInvE2m1Max)));
+}
+
+/// The multiplier of a block's elements: min(fl32(1 / fl32(e4m3(scale) * S_dec)), FLT_MAX).
+/// A zero scale gives FLT_MAX (1 / 0 is Inf, clamped).
+SHARDOPT_HD float element_multiplier(std::uint8_t scale, float decode) {
+  const float r = div_rn(1.0f, mul_rn(num::e4m3_to_f32(scale), decode));
+  return r < kF32Max ? r : kF32Max;
+}
+
+/// E2M1 code of an f32: RNE on the grid {0, 0.5, 1, 1.5, 2, 3, 4, 6}, saturating to 6
+/// (Inf included); sign << 3 | index, the sign kept when the magnitude rounds to 0.
+/// NaN is never passed (refused tensors write no elements); it would give 0.
+SHARDOPT_HD std::uint8_t f32_to_e2m1(float f) {
+  const std::uint32_t u = num::f32_bits(f);
+  const std::uint32_t sign = (u >> 28) & 0x8u;
+  const std::uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return 0;
+  std::uint32_t code = a == 0x7F800000u ? 7u : num::detail::round_magnitude<2, 1>(a);
+  if (code > 7u) code = 7u;
+  return static_cast<std::uint8_t>(sign | code);
+}
+
+/// f32 value of an E2M1 code (exact).
+SHARDOPT_HD float e2m1_to_f32(std::uint8_t code) {
+  const float magnitude = num::detail::decode_magnitude<2, 1>(code & 0x7u);
+  return (code & 0x8u) ? -magnitude : magnitude;
+}
+
+/// One element's code: e2m1(fl32(x * multiplier)).
+SHARDOPT_HD std::uint8_t encode_element(std::uint16_t bf16, float multiplier) {
+  return f32_to_e2m1(mul_rn(num::bf16_to_f32(bf16), multiplier));
+}
+
+/// f32 value of an element: fl32(e2m1 * fl32(e4m3(scale) * S_dec)).
+SHARDOPT_HD float decode_element(std::uint8_t code, std::uint8_t scale, float decode) {
+  return mul_rn(e2m1_to_f32(code), mul_rn(num::e4m3_to_f32(scale), decode));
+}
+
+/// bf16 of an fp32 master value (the sharded path quantizes bf16(master)).
+SHARDOPT_HD std::uint16_t master_to_bf16(float master) { return num::f32_to_bf16(master); }
+
+}  // namespace shardopt::nvfp4
