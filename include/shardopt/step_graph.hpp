@@ -62,10 +62,16 @@ class StepGraph {
   /// Warm-up, then capture (see the file comment). Throws Error(CaptureRefused) before
   /// capturing when the optimizer's configuration would allocate or free in the step.
   void capture(Stream stream);
-  /// One iteration from the captured graphs.
+  /// One iteration from the captured graphs. Watched by the step watchdog
+  /// (AdamOptions::watchdog.step_timeout, shardopt/watchdog.hpp): an iteration that has
+  /// not finished within step_timeout of this call fails the communicator (NCCL is
+  /// aborted) and this and every later call that needs it throw Error(Timeout). CUDA: a
+  /// background thread of this StepGraph watches one event per replay; at most 8
+  /// replays may be unfinished, a further replay() first waits for the oldest. Host
+  /// backend: every collective inside the replay is bounded by the step's deadline.
   void replay(Stream stream);
   /// Only the captured step graph (step + zero_grad), e.g. to time the step alone
-  /// (Error(InvalidState) in one-graph mode).
+  /// (Error(InvalidState) in one-graph mode). Watched like replay().
   void replay_step(Stream stream);
   bool captured() const;
 
