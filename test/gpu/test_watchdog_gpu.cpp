@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "comm/comm_impl.hpp"
+#include "common/error_of.hpp"
 #include "common/dist_adam_cases.hpp"
 #include "gpu/comm_test_kernels.hpp"
 #include "shardopt/step_graph.hpp"
@@ -24,15 +25,6 @@ constexpr std::uint64_t kSpinBoundNs = 60ull * 1000 * 1000 * 1000;  // a failing
 
 long long ms_since(Clock::time_point t0) {
   return static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
-}
-
-std::optional<Error> error_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e;
-  }
-  return std::nullopt;
 }
 
 cudaStream_t cuda(Stream s) { return reinterpret_cast<cudaStream_t>(s); }

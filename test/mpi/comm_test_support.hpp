@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "comm/comm_impl.hpp"
+#include "common/error_of.hpp"
 #include "core/memory.hpp"
 #include "shardopt/backend.hpp"
 #include "shardopt/communicator.hpp"
@@ -39,17 +40,6 @@ namespace shardopt::test {
 using Bytes = std::vector<std::uint8_t>;
 
 // ------------------------------------------------------------------ errors
-
-/// The shardopt::Error `f` throws, or nothing.
-template <class F>
-std::optional<Error> error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  return std::nullopt;
-}
 
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 

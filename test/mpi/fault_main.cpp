@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "comm/comm_impl.hpp"
+#include "common/error_of.hpp"
 #include "common/device_util.hpp"
 #include "common/fsdp_cases.hpp"
 #include "shardopt/host_stream.hpp"
@@ -44,16 +45,6 @@ void check(bool ok, const std::string& what) {
 
 long long ms_since(Clock::time_point t0) {
   return static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
-}
-
-// The Error `call` throws, if any.
-std::optional<Error> error_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e;
-  }
-  return std::nullopt;
 }
 
 // Runs `call`, which must throw Error(Timeout) after about `timeout_ms`, with a message

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "comm/comm_impl.hpp"
+#include "common/error_of.hpp"
 #include "common/fsdp_cases.hpp"
 #include "shardopt/step_graph.hpp"
 
@@ -16,15 +17,6 @@ namespace {
 using namespace shardopt;
 using namespace shardopt::test;
 using std::chrono::milliseconds;
-
-std::optional<Error> error_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e;
-  }
-  return std::nullopt;
-}
 
 TEST(WatchdogHost, OptionsAreCheckedSharedAndInherited) {
   const WatchdogOptions defaults;
