@@ -38,8 +38,8 @@ ReplayWatch::~ReplayWatch() {
 }
 
 void ReplayWatch::reap_locked() {
-  while (!pending_.empty() && pending_.front().done->done()) {
-    free_.push_back(pending_.front().done);
+  while (!pending_.empty() && pending_.front().finished()) {
+    if (pending_.front().done != nullptr) free_.push_back(pending_.front().done);
     pending_.pop_front();
   }
 }
@@ -56,9 +56,9 @@ std::string ReplayWatch::late_message(const Entry& e, Clock::time_point now) con
 
 void ReplayWatch::before_replay() {
   comm_.require_usable("StepGraph::replay");
-  if (comm_.backend() != Backend::Cuda) return;
   CommImpl& impl = CommAccess::require(comm_);
   std::unique_lock<std::mutex> lock(mutex_);
+  if (comm_.backend() != Backend::Cuda && !probes_) return;
   reap_locked();
   while (pending_.size() >= kMaxInFlight) {
     const Entry oldest = pending_.front();
@@ -67,7 +67,7 @@ void ReplayWatch::before_replay() {
     for (;;) {
       {
         std::lock_guard<std::mutex> relock(mutex_);
-        if (pending_.empty() || pending_.front().number != oldest.number || oldest.done->done()) break;
+        if (pending_.empty() || pending_.front().number != oldest.number || oldest.finished()) break;
       }
       comm_.require_usable("StepGraph::replay");
       impl.poll_async_error();
@@ -117,7 +117,27 @@ void ReplayWatch::after_replay(Stream stream) {
   }
   const Clock::time_point now = Clock::now();
   std::lock_guard<std::mutex> lock(mutex_);
-  pending_.push_back(Entry{event, now, now + limit, limit, number_});
+  Entry e;
+  e.done = event;
+  e.start = now;
+  e.deadline = now + limit;
+  e.limit = limit;
+  e.number = number_;
+  pending_.push_back(std::move(e));
+  if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+}
+
+void ReplayWatch::watch_for_test(std::function<bool()> done, std::chrono::milliseconds limit) {
+  const Clock::time_point now = Clock::now();
+  std::lock_guard<std::mutex> lock(mutex_);
+  probes_ = true;
+  Entry e;
+  e.probe = std::move(done);
+  e.start = now;
+  e.deadline = now + limit;
+  e.limit = limit;
+  e.number = ++number_;
+  pending_.push_back(std::move(e));
   if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
 }
 

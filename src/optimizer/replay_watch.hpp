@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -55,9 +56,17 @@ class ReplayWatch {
   /// Number of the next replay (1-based, counted over this watch's life).
   std::uint64_t next_number() const noexcept { return number_ + 1; }
 
+  /// Test hook (any backend): watches one more "replay" whose completion is `done()`
+  /// instead of a CUDA event, with deadline `limit` from now; from then on
+  /// before_replay() applies its in-flight bound on this backend too. Lets the host
+  /// suites drive the thread, the deadlines and the bound without a GPU.
+  void watch_for_test(std::function<bool()> done, std::chrono::milliseconds limit);
+
  private:
   struct Entry {
-    Event* done = nullptr;
+    Event* done = nullptr;              // the replay's event (returned to free_ when reaped)
+    std::function<bool()> probe;        // instead of `done`: watch_for_test
+    bool finished() const { return probe ? probe() : done->done(); }
     std::chrono::steady_clock::time_point start, deadline;
     std::chrono::milliseconds limit{0};
     std::uint64_t number = 0;
@@ -75,6 +84,7 @@ class ReplayWatch {
   std::vector<std::unique_ptr<Event>> events_; // every event made, reused
   std::vector<Event*> free_;
   std::uint64_t number_ = 0;
+  bool probes_ = false;  // watch_for_test was used: bound replays on any backend
   bool stop_ = false;
   std::thread thread_;
 };
