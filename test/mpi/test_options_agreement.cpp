@@ -1,6 +1,7 @@
 // Ranks that pass different options are refused at construction, on every rank, with an
 // error that names the option and each rank's value (host backend under mpiexec, 2 and 4
 // ranks): the last rank changes one option at a time.
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
@@ -66,6 +67,16 @@ TEST(OptionsAgreementHost, DistributedAdamOptionsThatDifferAreNamed) {
   // The same options everywhere still construct.
   DistributedAdam ok(comm, small_model(), base_options(DType::f32));
   EXPECT_EQ(ok.num_params(), 7);
+  // Rank-local options are not compared: memory (persistent_grad_copies) and the
+  // watchdog's deadlines (they change when an error is raised, not what is computed).
+  DistributedAdamOptions local = base_options(DType::f32);
+  if (last) {
+    local.persistent_grad_copies = true;
+    local.watchdog.wait_timeout = std::chrono::milliseconds(60000);
+    local.watchdog.step_timeout = std::chrono::milliseconds(0);
+  }
+  DistributedAdam differs_locally(comm, small_model(), local);
+  EXPECT_EQ(differs_locally.options().watchdog.wait_timeout.count(), last ? 60000 : 0);
 }
 
 TEST(OptionsAgreementHost, FsdpOptionsThatDifferAreNamed) {
