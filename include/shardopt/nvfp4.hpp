@@ -25,15 +25,18 @@
 //   1. nvfp4_partial_amax      -> u32 amaxes of the blocks it touches and of its range
 //   2. all_reduce(amax, DType::u32, Max) over the ranks
 //   3. quantize_nvfp4_shard    -> every scale, amax, decode_scale, and the data bytes of
-//                                 nvfp4_shard_bytes(range), nibbles of other ranks' elements 0
+//                                 nvfp4_shard_bytes(range) (from out.data[0] on), nibbles
+//                                 of other ranks' elements 0
 //   4. gather the data bytes; where two ranks' byte spans share a byte (an odd
 //      boundary) the byte is the bitwise OR of the two ranks' bytes.
 // Every rank must make the phase-1 call (an empty range if it owns nothing of the
-// tensor) so its zeros join the reduction.
+// tensor) so its zeros join the reduction. Nvfp4ShardBatch runs phases 1 and 3 for many
+// tensors in a fixed number of launches (nvfp4_partial_amax_batch,
+// quantize_nvfp4_shard_batch).
 //
 // Every entry point is stream-ordered and capturable: no host reads of device data, no
-// allocation (building an Nvfp4Batch allocates: do it before capturing); the host
-// backend records the work on a capturing HostStream.
+// allocation (building an Nvfp4Batch or Nvfp4ShardBatch allocates: do it before
+// capturing); the host backend records the work on a capturing HostStream.
 #pragma once
 
 #include <cstdint>
@@ -91,9 +94,12 @@ struct Nvfp4Planes {
 Range nvfp4_shard_bytes(Range range);
 
 /// Whole-tensor quantization of bf16 `src` (bit patterns, numel values) into `out`.
-/// Throws Error(InvalidArgument) for a bad shape or a null pointer.
+/// `skip_flag` (device int32, may be null) is read when the work runs: nonzero writes
+/// nothing, so one captured graph serves steps that must not quantize (a host flag read
+/// at capture time would be frozen into the graph). Throws Error(InvalidArgument) for a
+/// bad shape or a null pointer.
 void quantize_nvfp4(const Nvfp4Shape& shape, const std::uint16_t* src, const Nvfp4Planes& out,
-                    Backend backend, Stream stream);
+                    const std::int32_t* skip_flag, Backend backend, Stream stream);
 
 /// One tensor of a multi-tensor quantization: the arguments of one quantize_nvfp4 call.
 struct Nvfp4Tensor {
@@ -126,16 +132,18 @@ class Nvfp4Batch {
   std::int64_t numel() const;
 
  private:
-  friend void quantize_nvfp4_batch(const Nvfp4Batch&, Backend, Stream);
+  friend void quantize_nvfp4_batch(const Nvfp4Batch&, const std::int32_t*, Backend, Stream);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 
 /// Quantizes every tensor of `batch`, bitwise as one quantize_nvfp4 call per tensor, in
-/// a fixed number of launches whatever the number of tensors. Throws
-/// Error(InvalidArgument) when `backend` is not the batch's (or, on CUDA, the current
-/// device is not the batch's).
-void quantize_nvfp4_batch(const Nvfp4Batch& batch, Backend backend, Stream stream);
+/// a fixed number of launches whatever the number of tensors. `skip_flag` (device int32,
+/// may be null): read when the work runs, nonzero writes nothing, as in quantize_nvfp4.
+/// Throws Error(InvalidArgument) when `backend` is not the batch's (or, on CUDA, the
+/// current device is not the batch's).
+void quantize_nvfp4_batch(const Nvfp4Batch& batch, const std::int32_t* skip_flag, Backend backend,
+                          Stream stream);
 
 /// Sharded phase 1: writes `amax` (amax_numel() u32 entries) with, for every block that
 /// `range` touches, the f32 bit pattern of the amax of bf16(master) over the block's
@@ -149,12 +157,64 @@ void nvfp4_partial_amax(const Nvfp4Shape& shape, Range range, const float* maste
                         Backend backend, Stream stream);
 
 /// Sharded phase 2: from the combined `amax` buffer, writes every scale byte, the amax
-/// and decode_scale of `out`, and the data bytes out.data[k] for k in
-/// nvfp4_shard_bytes(range) only (nibbles of elements outside the range are 0; out.data
-/// may point before the memory it writes, e.g. a staging slice minus the span's begin).
-/// Same errors as nvfp4_partial_amax.
+/// and decode_scale of `out`, and the data bytes of nvfp4_shard_bytes(range): byte k of
+/// the data plane at out.data[k - range.begin / 2], so out.data is the first byte of the
+/// span's memory (e.g. a staging slice; it may be null for an empty range). Nibbles of
+/// elements outside the range are 0. Same errors as nvfp4_partial_amax.
 void quantize_nvfp4_shard(const Nvfp4Shape& shape, Range range, const float* master, const std::uint32_t* amax,
                           const Nvfp4Planes& out, Backend backend, Stream stream);
+
+/// One tensor of a rank's sharded quantization: the arguments of one nvfp4_partial_amax +
+/// quantize_nvfp4_shard pair (memory of the batch's backend).
+struct Nvfp4ShardTensor {
+  Nvfp4Shape shape;
+  Range range;                     ///< this rank's flat elements [begin, end) (may be empty)
+  const float* master = nullptr;   ///< element i at master[i - range.begin]; null if range is empty
+  std::uint32_t* amax = nullptr;   ///< amax_numel() u32 entries: phase 1 writes, phase 2 reads
+  Nvfp4Planes out;                 ///< whole scale plane; data: the span's bytes (null if range is empty)
+};
+
+/// The tensors of one rank's sharded quantization as a table in the backend's memory
+/// (owned: RAII), for both phases over all of them in a fixed number of launches. Built
+/// once (it validates, allocates, uploads and waits; not while capturing); then any
+/// number of captured or eager calls. Pointers are used as given at every call; the
+/// batch must outlive the graphs that captured a call. On CUDA it belongs to the device
+/// current when it is built.
+class Nvfp4ShardBatch {
+ public:
+  /// Throws, naming the tensor's index, what the per-tensor calls throw: Error(OutOfRange)
+  /// for a range outside the tensor, Error(InvalidArgument) for a bad shape or a null
+  /// pointer; and Error(InvalidArgument) for an empty list.
+  Nvfp4ShardBatch(const std::vector<Nvfp4ShardTensor>& tensors, Backend backend);
+  ~Nvfp4ShardBatch();
+  Nvfp4ShardBatch(Nvfp4ShardBatch&&) noexcept;
+  Nvfp4ShardBatch& operator=(Nvfp4ShardBatch&&) noexcept;
+  Nvfp4ShardBatch(const Nvfp4ShardBatch&) = delete;
+  Nvfp4ShardBatch& operator=(const Nvfp4ShardBatch&) = delete;
+
+  /// The backend whose memory holds the table.
+  Backend backend() const;
+  /// Number of tensors.
+  std::size_t size() const;
+  /// Elements of all ranges together (master values read by each phase).
+  std::int64_t numel() const;
+
+ private:
+  friend void nvfp4_partial_amax_batch(const Nvfp4ShardBatch&, Backend, Stream);
+  friend void quantize_nvfp4_shard_batch(const Nvfp4ShardBatch&, Backend, Stream);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// nvfp4_partial_amax of every tensor of `batch`, bitwise, in two launches (zero every
+/// amax buffer, then the partial amaxes). Next, all-reduce the amax buffers with u32 Max
+/// (lay them out back to back to reduce them in one call). Throws Error(InvalidArgument)
+/// when `backend` is not the batch's (or, on CUDA, the current device is not the batch's).
+void nvfp4_partial_amax_batch(const Nvfp4ShardBatch& batch, Backend backend, Stream stream);
+
+/// quantize_nvfp4_shard of every tensor of `batch`, bitwise, in two launches (scales,
+/// then data bytes). Same errors as nvfp4_partial_amax_batch.
+void quantize_nvfp4_shard_batch(const Nvfp4ShardBatch& batch, Backend backend, Stream stream);
 
 /// Decodes the data plane to f32: out[i] = fl32(e2m1 * fl32(e4m3(scale of i's block) *
 /// decode_scale)); NaN everywhere for a refused tensor.

@@ -72,17 +72,19 @@ Range nvfp4_shard_bytes(Range range) {
   return {range.begin / 2, (range.end + 1) / 2};
 }
 
-void quantize_nvfp4(const Nvfp4Shape& shape, const std::uint16_t* src, const Nvfp4Planes& out, Backend backend,
-                    Stream stream) {
+void quantize_nvfp4(const Nvfp4Shape& shape, const std::uint16_t* src, const Nvfp4Planes& out,
+                    const std::int32_t* skip_flag, Backend backend, Stream stream) {
   validate(shape);
   nvfp4::require_ptr(src, "the bf16 source");
   nvfp4::require_planes(out, "");
   const nvfp4::QuantizeEntry entry = nvfp4::make_quantize_entry(shape, src, out, 0, 0);
   if (backend == Backend::Host) {
-    host_enqueue(stream, [entry] { nvfp4::host_quantize(&entry, 1); });
+    host_enqueue(stream, [entry, skip_flag] {
+      if (skip_flag == nullptr || *skip_flag == 0) nvfp4::host_quantize(&entry, 1);
+    });
     return;
   }
-  nvfp4::launch_quantize(nullptr, 1, entry, shape.scale_numel(), shape.data_bytes(), stream);
+  nvfp4::launch_quantize(nullptr, 1, entry, shape.scale_numel(), shape.data_bytes(), skip_flag, stream);
 }
 
 namespace {
@@ -118,9 +120,9 @@ void dequantize_nvfp4(const Nvfp4Shape& shape, const std::uint8_t* data, const s
 #if !SHARDOPT_HAVE_CUDA
 // A build without CUDA compiles no .cu file: the launches refuse.
 namespace shardopt::nvfp4 {
-void launch_quantize(const QuantizeEntry*, int, const QuantizeEntry&, std::int64_t, std::int64_t, Stream) { detail::no_cuda("NVFP4"); }
+void launch_quantize(const QuantizeEntry*, int, const QuantizeEntry&, std::int64_t, std::int64_t, const std::int32_t*, Stream) { detail::no_cuda("NVFP4"); }
 void launch_dequantize(const Nvfp4Shape&, const std::uint8_t*, const std::uint8_t*, const float*, float*, std::uint16_t*, Stream) { detail::no_cuda("NVFP4"); }
-void launch_partial_amax(const Nvfp4Shape&, Range, const float*, std::uint32_t*, Stream) { detail::no_cuda("NVFP4"); }
-void launch_quantize_shard(const Nvfp4Shape&, Range, const float*, const std::uint32_t*, const Nvfp4Planes&, Stream) { detail::no_cuda("NVFP4"); }
+void launch_partial_amax(const ShardEntry*, int, const ShardEntry&, const ShardUnits&, Stream) { detail::no_cuda("NVFP4"); }
+void launch_quantize_shard(const ShardEntry*, int, const ShardEntry&, const ShardUnits&, Stream) { detail::no_cuda("NVFP4"); }
 }  // namespace shardopt::nvfp4
 #endif

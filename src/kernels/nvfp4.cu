@@ -13,7 +13,9 @@
 // the API has no scratch, and the reads are cheap next to correctness of the layout.
 // Step 4 works per byte, so two elements of one byte (an odd cols puts them in two
 // blocks) are written by one thread.
-// A unit finds its tensor by a binary search over the entries' first unit.
+// A unit finds its tensor by a binary search over the entries' first unit. Every kernel
+// returns at once when the device skip flag is set (all four read the same flag, so a
+// skipped call writes nothing).
 #include <cuda_runtime.h>
 
 #include "core/check.hpp"
@@ -25,36 +27,19 @@
 namespace shardopt::nvfp4 {
 namespace {
 
-// The tensors of a launch: a device table, or one entry in the kernel's parameters.
-struct Table {
-  const QuantizeEntry* list;
-  int count;
-  QuantizeEntry one;
-
-  __device__ const QuantizeEntry& at(int i) const { return list != nullptr ? list[i] : one; }
-
-  // The entry holding unit u of the sequence whose starts are `first` (first_block or
-  // first_byte): the last entry whose start is <= u.
-  __device__ int find(std::int64_t u, std::int64_t QuantizeEntry::*first) const {
-    int lo = 0, hi = count - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (at(mid).*first <= u) lo = mid;
-      else hi = mid - 1;
-    }
-    return lo;
-  }
-};
+using QuantizeTable = Table<QuantizeEntry>;
 
 __device__ std::uint32_t tensor_amax(const QuantizeEntry& e) {
   return *reinterpret_cast<const std::uint32_t*>(e.out.amax);
 }
 
-__global__ void zero_amax_kernel(Table t) {
+__global__ void zero_amax_kernel(QuantizeTable t, const std::int32_t* skip_flag) {
+  if (skipped(skip_flag)) return;
   for (std::int64_t i = first_unit(); i < t.count; i += unit_stride()) *t.at(static_cast<int>(i)).out.amax = 0.0f;
 }
 
-__global__ void amax_kernel(Table t, std::int64_t blocks) {
+__global__ void amax_kernel(QuantizeTable t, std::int64_t blocks, const std::int32_t* skip_flag) {
+  if (skipped(skip_flag)) return;
   for (std::int64_t u = first_unit(); u < blocks; u += unit_stride()) {
     const QuantizeEntry& e = t.at(t.find(u, &QuantizeEntry::first_block));
     const std::uint32_t a = block_amax(e.shape, u - e.first_block, Bf16Source{e.src}, 0, e.shape.numel());
@@ -62,7 +47,8 @@ __global__ void amax_kernel(Table t, std::int64_t blocks) {
   }
 }
 
-__global__ void scales_kernel(Table t, std::int64_t blocks) {
+__global__ void scales_kernel(QuantizeTable t, std::int64_t blocks, const std::int32_t* skip_flag) {
+  if (skipped(skip_flag)) return;
   for (std::int64_t u = first_unit(); u < blocks; u += unit_stride()) {
     const QuantizeEntry& e = t.at(t.find(u, &QuantizeEntry::first_block));
     const std::int64_t b = u - e.first_block;
@@ -72,7 +58,8 @@ __global__ void scales_kernel(Table t, std::int64_t blocks) {
   }
 }
 
-__global__ void data_kernel(Table t, std::int64_t bytes) {
+__global__ void data_kernel(QuantizeTable t, std::int64_t bytes, const std::int32_t* skip_flag) {
+  if (skipped(skip_flag)) return;
   for (std::int64_t u = first_unit(); u < bytes; u += unit_stride()) {
     const QuantizeEntry& e = t.at(t.find(u, &QuantizeEntry::first_byte));
     const float decode = global_scale(tensor_amax(e)).decode;
@@ -94,16 +81,16 @@ __global__ void dequantize_kernel(Nvfp4Shape s, const std::uint8_t* data, const 
 }  // namespace
 
 void launch_quantize(const QuantizeEntry* entries, int count, const QuantizeEntry& one, std::int64_t blocks,
-                     std::int64_t bytes, Stream stream) {
-  const Table t{entries, count, one};
+                     std::int64_t bytes, const std::int32_t* skip_flag, Stream stream) {
+  const QuantizeTable t{entries, count, one};
   const auto s = reinterpret_cast<cudaStream_t>(stream);
-  zero_amax_kernel<<<grid_for(count), kThreads, 0, s>>>(t);
+  zero_amax_kernel<<<grid_for(count), kThreads, 0, s>>>(t, skip_flag);
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
-  amax_kernel<<<grid_for(blocks), kThreads, 0, s>>>(t, blocks);
+  amax_kernel<<<grid_for(blocks), kThreads, 0, s>>>(t, blocks, skip_flag);
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
-  scales_kernel<<<grid_for(blocks), kThreads, 0, s>>>(t, blocks);
+  scales_kernel<<<grid_for(blocks), kThreads, 0, s>>>(t, blocks, skip_flag);
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
-  data_kernel<<<grid_for(bytes), kThreads, 0, s>>>(t, bytes);
+  data_kernel<<<grid_for(bytes), kThreads, 0, s>>>(t, bytes, skip_flag);
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -68,16 +68,19 @@ Backend Nvfp4Batch::backend() const { return live(impl_).table.backend(); }
 std::size_t Nvfp4Batch::size() const { return static_cast<std::size_t>(live(impl_).table.count()); }
 std::int64_t Nvfp4Batch::numel() const { return live(impl_).numel; }
 
-void quantize_nvfp4_batch(const Nvfp4Batch& batch, Backend backend, Stream stream) {
+void quantize_nvfp4_batch(const Nvfp4Batch& batch, const std::int32_t* skip_flag, Backend backend, Stream stream) {
   const Nvfp4Batch::Impl& im = live(batch.impl_);
   im.table.require_call(backend, "quantize_nvfp4_batch");
   const auto* entries = im.table.entries<nvfp4::QuantizeEntry>();
   const int count = im.table.count();
   if (backend == Backend::Host) {
-    host_enqueue(stream, [entries, count] { nvfp4::host_quantize(entries, count); });
+    // The flag, the table and the sources are read when the work runs (a replay reads them then).
+    host_enqueue(stream, [entries, count, skip_flag] {
+      if (skip_flag == nullptr || *skip_flag == 0) nvfp4::host_quantize(entries, count);
+    });
     return;
   }
-  nvfp4::launch_quantize(entries, count, nvfp4::QuantizeEntry{}, im.blocks, im.bytes, stream);
+  nvfp4::launch_quantize(entries, count, nvfp4::QuantizeEntry{}, im.blocks, im.bytes, skip_flag, stream);
 }
 
 }  // namespace shardopt

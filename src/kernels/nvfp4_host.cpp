@@ -22,11 +22,11 @@ void write_scales(const Nvfp4Shape& s, const std::uint32_t* block_amaxes, std::u
 }
 
 // The data bytes `bytes` (elements outside `elements` left 0) from the scales and
-// decode_scale already written.
+// decode_scale already written; byte k at out.data[k - bytes.begin].
 template <class Source>
 void write_bytes(const Nvfp4Shape& s, Source src, Range bytes, Range elements, const Nvfp4Planes& out) {
   for (std::int64_t k = bytes.begin; k < bytes.end; ++k)
-    out.data[k] = encode_byte(s, k, src, out.scale, *out.decode_scale, elements.begin, elements.end);
+    out.data[k - bytes.begin] = encode_byte(s, k, src, out.scale, *out.decode_scale, elements.begin, elements.end);
 }
 
 }  // namespace
@@ -44,21 +44,26 @@ void host_quantize(const QuantizeEntry* entries, int count) {
   }
 }
 
-void host_partial_amax(const Nvfp4Shape& s, Range range, const float* master, std::uint32_t* amax) {
-  std::memset(amax, 0, static_cast<std::size_t>(s.amax_numel()) * sizeof(std::uint32_t));
-  const MasterSource src{master, range.begin};
-  const Range blocks = touched_blocks(s, range);
-  std::uint32_t& tensor = amax[s.scale_numel()];
-  for (std::int64_t b = blocks.begin; b < blocks.end; ++b) {
-    amax[b] = block_amax(s, b, src, range.begin, range.end);
-    tensor = std::max(tensor, amax[b]);
+void host_partial_amax(const ShardEntry* entries, int count) {
+  for (int t = 0; t < count; ++t) {
+    const ShardEntry& e = entries[t];
+    const Nvfp4Shape& s = e.shape;
+    std::memset(e.amax, 0, static_cast<std::size_t>(s.amax_numel()) * sizeof(std::uint32_t));
+    const MasterSource src{e.master, e.range.begin};
+    std::uint32_t& tensor = e.amax[s.scale_numel()];
+    for (std::int64_t b = e.touched.begin; b < e.touched.end; ++b) {
+      e.amax[b] = block_amax(s, b, src, e.range.begin, e.range.end);
+      tensor = std::max(tensor, e.amax[b]);
+    }
   }
 }
 
-void host_quantize_shard(const Nvfp4Shape& s, Range range, const float* master, const std::uint32_t* amax,
-                         const Nvfp4Planes& out) {
-  write_scales(s, amax, amax[s.scale_numel()], out);
-  write_bytes(s, MasterSource{master, range.begin}, nvfp4_shard_bytes(range), range, out);
+void host_quantize_shard(const ShardEntry* entries, int count) {
+  for (int t = 0; t < count; ++t) {
+    const ShardEntry& e = entries[t];
+    write_scales(e.shape, e.amax, e.amax[e.shape.scale_numel()], e.out);
+    write_bytes(e.shape, MasterSource{e.master, e.range.begin}, nvfp4_shard_bytes(e.range), e.range, e.out);
+  }
 }
 
 void host_dequantize(const Nvfp4Shape& s, const std::uint8_t* data, const std::uint8_t* scale,

@@ -1,53 +1,84 @@
-// nvfp4_shard.cpp - the sharded NVFP4 entry points (phase 1: partial amaxes; phase 2:
-// scales and the shard's data bytes): argument checks, then the CUDA launch or the host
-// twin (enqueued on the HostStream so that it joins captures).
+// nvfp4_shard.cpp - the sharded NVFP4 entry points of one tensor (phase 1: partial
+// amaxes; phase 2: scales and the shard's data bytes), their argument checks (shared with
+// Nvfp4ShardBatch) and the ShardEntry of one range: the checks, then the CUDA launches
+// or the host twins (enqueued on the HostStream so that they join captures) over that
+// one entry. Lists: nvfp4_shard_batch.cpp.
 #include <string>
 
-#include "core/memory.hpp"
 #include "kernels/nvfp4_checks.hpp"
 #include "kernels/nvfp4_launch.hpp"
+#include "kernels/nvfp4_units.cuh"
 #include "shardopt/error.hpp"
 #include "shardopt/host_stream.hpp"
 #include "shardopt/nvfp4.hpp"
 
 namespace shardopt {
-namespace {
 
-void check_range(const Nvfp4Shape& s, Range range) {
+namespace nvfp4 {
+
+void require_shard(const Nvfp4Shape& s, Range range, const float* master, const void* amax) {
+  validate(s);
   SHARDOPT_REQUIRE(range.begin >= 0 && range.begin <= range.end && range.end <= s.numel(), ErrorCode::OutOfRange,
                    "NVFP4 shard range [" + std::to_string(range.begin) + ", " + std::to_string(range.end) +
                        ") is not inside the tensor's " + std::to_string(s.numel()) +
                        " elements; pass the rank's param_offset and param_offset + length");
+  if (range.size() > 0) require_ptr(master, "the master shard");
+  require_ptr(amax, "amax");
 }
 
-}  // namespace
+void require_shard_planes(const Nvfp4Planes& out, Range range) {
+  if (range.size() > 0) require_ptr(out.data, "out.data (the first byte of the shard's span)");
+  require_ptr(out.scale, "out.scale");
+  require_ptr(out.amax, "out.amax");
+  require_ptr(out.decode_scale, "out.decode_scale");
+}
+
+ShardEntry make_shard_entry(const Nvfp4Shape& shape, Range range, const float* master, std::uint32_t* amax,
+                            const Nvfp4Planes& out, const ShardUnits& first) {
+  ShardEntry e;
+  e.shape = shape;
+  e.range = range;
+  e.master = master;
+  e.amax = amax;
+  e.out = out;
+  e.touched = touched_blocks(shape, range);
+  e.first_amax = first.amax;
+  e.first_touched = first.touched;
+  e.first_block = first.blocks;
+  e.first_byte = first.bytes;
+  return e;
+}
+
+ShardUnits units_after(const ShardEntry& e) {
+  return {e.first_amax + e.shape.amax_numel(), e.first_touched + e.touched.size(),
+          e.first_block + e.shape.scale_numel(), e.first_byte + nvfp4_shard_bytes(e.range).size()};
+}
+
+}  // namespace nvfp4
 
 void nvfp4_partial_amax(const Nvfp4Shape& shape, Range range, const float* master, std::uint32_t* amax,
                         Backend backend, Stream stream) {
-  validate(shape);
-  check_range(shape, range);
-  if (range.size() > 0) nvfp4::require_ptr(master, "the master shard");
-  nvfp4::require_ptr(amax, "amax");
+  nvfp4::require_shard(shape, range, master, amax);
+  const nvfp4::ShardEntry entry = nvfp4::make_shard_entry(shape, range, master, amax, Nvfp4Planes{}, {});
   if (backend == Backend::Host) {
-    host_enqueue(stream, [=] { nvfp4::host_partial_amax(shape, range, master, amax); });
+    host_enqueue(stream, [entry] { nvfp4::host_partial_amax(&entry, 1); });
     return;
   }
-  fill_zero_async(backend, amax, static_cast<std::size_t>(shape.amax_numel()) * sizeof(std::uint32_t), stream);
-  if (range.size() > 0) nvfp4::launch_partial_amax(shape, range, master, amax, stream);
+  nvfp4::launch_partial_amax(nullptr, 1, entry, nvfp4::units_after(entry), stream);
 }
 
 void quantize_nvfp4_shard(const Nvfp4Shape& shape, Range range, const float* master, const std::uint32_t* amax,
                           const Nvfp4Planes& out, Backend backend, Stream stream) {
-  validate(shape);
-  check_range(shape, range);
-  if (range.size() > 0) nvfp4::require_ptr(master, "the master shard");
-  nvfp4::require_ptr(amax, "amax");
-  nvfp4::require_planes(out, "");
+  nvfp4::require_shard(shape, range, master, amax);
+  nvfp4::require_shard_planes(out, range);
+  // Phase 2 only reads the amax buffer (the entry's pointer is mutable for phase 1).
+  const nvfp4::ShardEntry entry =
+      nvfp4::make_shard_entry(shape, range, master, const_cast<std::uint32_t*>(amax), out, {});
   if (backend == Backend::Host) {
-    host_enqueue(stream, [=] { nvfp4::host_quantize_shard(shape, range, master, amax, out); });
+    host_enqueue(stream, [entry] { nvfp4::host_quantize_shard(&entry, 1); });
     return;
   }
-  nvfp4::launch_quantize_shard(shape, range, master, amax, out, stream);
+  nvfp4::launch_quantize_shard(nullptr, 1, entry, nvfp4::units_after(entry), stream);
 }
 
 }  // namespace shardopt

@@ -1,10 +1,14 @@
-// nvfp4_shard.cu - the sharded NVFP4 kernels, one thread per unit in grid-stride loops:
-//   phase 1 (partial_amax_kernel): per block of the block rows the range touches, the
-//     block's amax over the range's elements (the caller zeroed the buffer), folded into
-//     the range's amax at [scale_numel()] with atomicMax;
-//   phase 2 (shard_scales_kernel, shard_data_kernel): per block, its scale byte from the
-//     combined amaxes (thread 0 also writes the two fp32 values); per data byte of the
-//     range's byte span, the codes of the range's elements in it (others' nibbles 0).
+// nvfp4_shard.cu - the sharded NVFP4 kernels over one tensor or a list (an
+// Nvfp4ShardBatch), one thread per unit in grid-stride loops over the units of all
+// tensors, two launches per phase whatever the number of tensors:
+//   phase 1: zero_amax_kernel (per amax entry: 0), then partial_amax_kernel (per block of
+//     the block rows a range touches, the block's amax over the range's elements, folded
+//     into the range's amax at [scale_numel()] with atomicMax);
+//   phase 2: shard_scales_kernel (per block, its scale byte from the combined amaxes;
+//     block 0 also writes the two fp32 values), then shard_data_kernel (per data byte of
+//     a range's byte span, the codes of the range's elements in it, others' nibbles 0,
+//     written at out.data[k - span.begin]).
+// A unit finds its tensor by a binary search over the entries' first unit.
 #include <cuda_runtime.h>
 
 #include "core/check.hpp"
@@ -16,52 +20,69 @@
 namespace shardopt::nvfp4 {
 namespace {
 
-__global__ void partial_amax_kernel(Nvfp4Shape s, Range range, Range blocks, const float* master,
-                                    std::uint32_t* amax) {
-  for (std::int64_t b = blocks.begin + first_unit(); b < blocks.end; b += unit_stride()) {
-    const std::uint32_t a = block_amax(s, b, MasterSource{master, range.begin}, range.begin, range.end);
-    amax[b] = a;
-    if (a != 0) atomicMax(reinterpret_cast<unsigned int*>(amax + s.scale_numel()), a);
+using ShardTable = Table<ShardEntry>;
+
+__global__ void zero_amax_kernel(ShardTable t, std::int64_t units) {
+  for (std::int64_t u = first_unit(); u < units; u += unit_stride()) {
+    const ShardEntry& e = t.at(t.find(u, &ShardEntry::first_amax));
+    e.amax[u - e.first_amax] = 0;
   }
 }
 
-__global__ void shard_scales_kernel(Nvfp4Shape s, const std::uint32_t* amax, Nvfp4Planes out) {
-  const std::uint32_t tensor = amax[s.scale_numel()];
-  for (std::int64_t b = first_unit(); b < s.scale_numel(); b += unit_stride()) {
-    out.scale[b] = block_scale(amax[b], tensor);
+__global__ void partial_amax_kernel(ShardTable t, std::int64_t units) {
+  for (std::int64_t u = first_unit(); u < units; u += unit_stride()) {
+    const ShardEntry& e = t.at(t.find(u, &ShardEntry::first_touched));
+    const std::int64_t b = e.touched.begin + (u - e.first_touched);
+    const std::uint32_t a =
+        block_amax(e.shape, b, MasterSource{e.master, e.range.begin}, e.range.begin, e.range.end);
+    e.amax[b] = a;
+    if (a != 0) atomicMax(reinterpret_cast<unsigned int*>(e.amax + e.shape.scale_numel()), a);
+  }
+}
+
+__global__ void shard_scales_kernel(ShardTable t, std::int64_t units) {
+  for (std::int64_t u = first_unit(); u < units; u += unit_stride()) {
+    const ShardEntry& e = t.at(t.find(u, &ShardEntry::first_block));
+    const std::int64_t b = u - e.first_block;
+    const std::uint32_t tensor = e.amax[e.shape.scale_numel()];
+    e.out.scale[b] = block_scale(e.amax[b], tensor);
     if (b == 0) {
       const GlobalScale g = global_scale(tensor);
-      *out.amax = g.amax;
-      *out.decode_scale = g.decode;
+      *e.out.amax = g.amax;
+      *e.out.decode_scale = g.decode;
     }
   }
 }
 
-__global__ void shard_data_kernel(Nvfp4Shape s, Range range, Range bytes, const float* master,
-                                  const std::uint32_t* amax, Nvfp4Planes out) {
-  const float decode = global_scale(amax[s.scale_numel()]).decode;
-  for (std::int64_t k = bytes.begin + first_unit(); k < bytes.end; k += unit_stride())
-    out.data[k] = encode_byte(s, k, MasterSource{master, range.begin}, out.scale, decode, range.begin, range.end);
+__global__ void shard_data_kernel(ShardTable t, std::int64_t units) {
+  for (std::int64_t u = first_unit(); u < units; u += unit_stride()) {
+    const ShardEntry& e = t.at(t.find(u, &ShardEntry::first_byte));
+    const float decode = global_scale(e.amax[e.shape.scale_numel()]).decode;
+    const std::int64_t j = u - e.first_byte;  // the byte's index in the shard's span
+    e.out.data[j] = encode_byte(e.shape, e.range.begin / 2 + j, MasterSource{e.master, e.range.begin}, e.out.scale,
+                                decode, e.range.begin, e.range.end);
+  }
 }
 
 }  // namespace
 
-void launch_partial_amax(const Nvfp4Shape& shape, Range range, const float* master, std::uint32_t* amax,
+void launch_partial_amax(const ShardEntry* entries, int count, const ShardEntry& one, const ShardUnits& units,
                          Stream stream) {
-  const Range blocks = touched_blocks(shape, range);
-  partial_amax_kernel<<<grid_for(blocks.size()), kThreads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
-      shape, range, blocks, master, amax);
+  const ShardTable t{entries, count, one};
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  zero_amax_kernel<<<grid_for(units.amax), kThreads, 0, s>>>(t, units.amax);
+  SHARDOPT_CUDA_CHECK(cudaGetLastError());
+  partial_amax_kernel<<<grid_for(units.touched), kThreads, 0, s>>>(t, units.touched);
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_quantize_shard(const Nvfp4Shape& shape, Range range, const float* master, const std::uint32_t* amax,
-                           const Nvfp4Planes& out, Stream stream) {
+void launch_quantize_shard(const ShardEntry* entries, int count, const ShardEntry& one, const ShardUnits& units,
+                           Stream stream) {
+  const ShardTable t{entries, count, one};
   const auto s = reinterpret_cast<cudaStream_t>(stream);
-  shard_scales_kernel<<<grid_for(shape.scale_numel()), kThreads, 0, s>>>(shape, amax, out);
+  shard_scales_kernel<<<grid_for(units.blocks), kThreads, 0, s>>>(t, units.blocks);
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
-  const Range bytes = nvfp4_shard_bytes(range);
-  if (bytes.size() == 0) return;
-  shard_data_kernel<<<grid_for(bytes.size()), kThreads, 0, s>>>(shape, range, bytes, master, amax, out);
+  shard_data_kernel<<<grid_for(units.bytes), kThreads, 0, s>>>(t, units.bytes);
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -88,7 +88,7 @@ TEST(Nvfp4Gpu, BatchEqualsHostBatch) {
     tensors.push_back({shapes[t], srcs.back().as<std::uint16_t>(), outs.back()->planes()});
   }
   const Nvfp4Batch batch(tensors, kCuda);
-  quantize_nvfp4_batch(batch, kCuda, nullptr);
+  quantize_nvfp4_batch(batch, nullptr, kCuda, nullptr);
   for (std::size_t t = 0; t < shapes.size(); ++t)
     EXPECT_TRUE(outs[t]->get(kCuda, shapes[t]) == quantize_on(kHost, shapes[t], xs[t])) << "tensor " << t;
 }

@@ -240,7 +240,7 @@ TEST(Nvfp4, BatchEqualsOneCallPerTensor) {
   }
   const Nvfp4Batch batch(tensors, kHost);
   EXPECT_EQ(batch.size(), shapes.size());
-  quantize_nvfp4_batch(batch, kHost, nullptr);
+  quantize_nvfp4_batch(batch, nullptr, kHost, nullptr);
   for (std::size_t t = 0; t < shapes.size(); ++t)
     expect_same(outs[t]->get(kHost, shapes[t]), quantize_on(kHost, shapes[t], xs[t]), "tensor " + std::to_string(t));
 }
@@ -251,7 +251,7 @@ TEST(Nvfp4, CapturedEqualsEager) {
   DevicePlanes out(kHost, s);
   HostStream stream;
   stream.begin_capture();
-  quantize_nvfp4(s, x.data(), out.planes(), kHost, stream.handle());
+  quantize_nvfp4(s, x.data(), out.planes(), nullptr, kHost, stream.handle());
   HostGraph graph = stream.end_capture();
   EXPECT_TRUE(out.get(kHost, s).data == std::vector<std::uint8_t>(static_cast<std::size_t>(s.data_bytes()), kPoison));
   for (int rep = 0; rep < 2; ++rep) {
@@ -296,11 +296,11 @@ TEST(Nvfp4, ErrorsSayWhatToDo) {
   DevicePlanes out(kHost, s);
   Nvfp4Planes missing = out.planes();
   missing.decode_scale = nullptr;
-  expect_error([&] { quantize_nvfp4(s, nullptr, out.planes(), kHost, nullptr); }, ErrorCode::InvalidArgument,
+  expect_error([&] { quantize_nvfp4(s, nullptr, out.planes(), nullptr, kHost, nullptr); }, ErrorCode::InvalidArgument,
                "bf16 source is null");
-  expect_error([&] { quantize_nvfp4(s, x.data(), missing, kHost, nullptr); }, ErrorCode::InvalidArgument,
+  expect_error([&] { quantize_nvfp4(s, x.data(), missing, nullptr, kHost, nullptr); }, ErrorCode::InvalidArgument,
                "out.decode_scale is null");
-  expect_error([&] { quantize_nvfp4(Nvfp4Shape{-1, 3}, x.data(), out.planes(), kHost, nullptr); },
+  expect_error([&] { quantize_nvfp4(Nvfp4Shape{-1, 3}, x.data(), out.planes(), nullptr, kHost, nullptr); },
                ErrorCode::InvalidArgument, "positive");
   std::vector<float> master(256, 1.0f);
   std::vector<std::uint32_t> amax(static_cast<std::size_t>(s.amax_numel()));
@@ -314,7 +314,7 @@ TEST(Nvfp4, ErrorsSayWhatToDo) {
   expect_error([&] { Nvfp4Batch({{s, x.data(), out.planes()}, {s, nullptr, out.planes()}}, kHost); },
                ErrorCode::InvalidArgument, "tensor 1");
   const Nvfp4Batch batch({{s, x.data(), out.planes()}}, kHost);
-  expect_error([&] { quantize_nvfp4_batch(batch, Backend::Cuda, nullptr); }, ErrorCode::InvalidArgument,
+  expect_error([&] { quantize_nvfp4_batch(batch, nullptr, Backend::Cuda, nullptr); }, ErrorCode::InvalidArgument,
                "built for Backend::host");
 }
 

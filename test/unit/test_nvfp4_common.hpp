@@ -38,6 +38,13 @@ struct DevicePlanes {
   shardopt::Nvfp4Planes planes() const {
     return {data.as<std::uint8_t>(), scale.as<std::uint8_t>(), amax.as<float>(), decode_scale.as<float>()};
   }
+  /// The planes of a rank's phase 2: data at the first byte of the range's span (inside
+  /// this whole-plane buffer, so that a stray write shows), null for an empty range.
+  shardopt::Nvfp4Planes shard_planes(shardopt::Range range) const {
+    shardopt::Nvfp4Planes p = planes();
+    p.data = range.size() > 0 ? p.data + shardopt::nvfp4_shard_bytes(range).begin : nullptr;
+    return p;
+  }
   nvfp4_ref::Quantized get(shardopt::Backend b, const shardopt::Nvfp4Shape& s) const {
     return {download<std::uint8_t>(b, data, static_cast<std::size_t>(s.data_bytes())),
             download<std::uint8_t>(b, scale, static_cast<std::size_t>(s.scale_numel())),
@@ -50,7 +57,7 @@ inline nvfp4_ref::Quantized quantize_on(shardopt::Backend b, const shardopt::Nvf
                                         const std::vector<std::uint16_t>& x) {
   const shardopt::DeviceBuffer src = upload(b, x);
   DevicePlanes out(b, s);
-  shardopt::quantize_nvfp4(s, src.as<std::uint16_t>(), out.planes(), b, nullptr);
+  shardopt::quantize_nvfp4(s, src.as<std::uint16_t>(), out.planes(), nullptr, b, nullptr);
   return out.get(b, s);
 }
 
@@ -80,8 +87,8 @@ inline std::vector<std::uint32_t> dequantize_on(shardopt::Backend b, const shard
 /// sharded protocol of shardopt/nvfp4.hpp on backend `b`: phase 1 on every rank into a
 /// poisoned amax buffer, the u32 Max all-reduce, phase 2 on every rank into its own
 /// poisoned planes, then the data bytes gathered with a bitwise OR of the ranks' byte
-/// spans. Appends to `problems` a byte a rank wrote outside its span, or scales / fp32
-/// values that differ between ranks.
+/// spans (each rank's data pointer at its span's first byte). Appends to `problems` a
+/// byte a rank wrote outside its span, or scales / fp32 values that differ between ranks.
 inline nvfp4_ref::Quantized simulate(shardopt::Backend b, const shardopt::Nvfp4Shape& s,
                                      const std::vector<float>& master, const std::vector<std::int64_t>& bounds,
                                      std::string* problems) {
@@ -107,7 +114,7 @@ inline nvfp4_ref::Quantized simulate(shardopt::Backend b, const shardopt::Nvfp4S
   for (int r = 0; r < world; ++r) {
     const Range range = range_of(r), span = nvfp4_shard_bytes(range);
     DevicePlanes p(b, s);
-    quantize_nvfp4_shard(s, range, shard_of(r), combined.as<std::uint32_t>(), p.planes(), b, nullptr);
+    quantize_nvfp4_shard(s, range, shard_of(r), combined.as<std::uint32_t>(), p.shard_planes(range), b, nullptr);
     const nvfp4_ref::Quantized q = p.get(b, s);
     if (r == 0) {
       out.scale = q.scale;

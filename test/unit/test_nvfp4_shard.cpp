@@ -100,14 +100,15 @@ TEST(Nvfp4Shard, MastersRoundToBf16First) {
 }
 
 TEST(Nvfp4Shard, ARankWritesItsOwnNibblesOnly) {
-  // Range [3, 8) of a [1, 16] tensor: bytes 1..3; element 2's nibble (the low one of
-  // byte 1) stays 0, element 3's is the rank's; nothing outside the span is written.
+  // Range [3, 8) of a [1, 16] tensor: bytes 1..3, written from out.data[0] on (here the
+  // plane's byte 1); element 2's nibble (the low one of byte 1) stays 0, element 3's is
+  // the rank's; nothing outside the span is written.
   const Nvfp4Shape s{1, 16};
   const std::vector<float> master = {6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6};
   std::vector<std::uint32_t> amax(static_cast<std::size_t>(s.amax_numel()), 0);
   amax[0] = amax[1] = ref::bits(6.0f);  // as the all-reduce would give
   DevicePlanes out(kHost, s);
-  quantize_nvfp4_shard(s, {3, 8}, master.data() + 3, amax.data(), out.planes(), kHost, nullptr);
+  quantize_nvfp4_shard(s, {3, 8}, master.data() + 3, amax.data(), out.shard_planes({3, 8}), kHost, nullptr);
   const ref::Quantized q = out.get(kHost, s);
   EXPECT_EQ(q.data[0], kPoison);
   EXPECT_EQ(q.data[1], 0x70);

@@ -1,0 +1,101 @@
+// nvfp4_shard_batch.cpp - a rank's sharded NVFP4 quantization over many tensors: the
+// Nvfp4ShardBatch table (the per-tensor checks naming the tensor, upload) and the two
+// phase calls (the CUDA launches or the host twins, enqueued on the HostStream so that
+// they join captures).
+#include <string>
+#include <vector>
+
+#include "core/check.hpp"
+#include "kernels/entry_table.hpp"
+#include "kernels/nvfp4_checks.hpp"
+#include "kernels/nvfp4_launch.hpp"
+#include "shardopt/error.hpp"
+#include "shardopt/host_stream.hpp"
+#include "shardopt/nvfp4.hpp"
+
+namespace shardopt {
+
+struct Nvfp4ShardBatch::Impl {
+  detail::EntryTable table;  // the ShardEntry of every tensor, in order
+  std::int64_t numel = 0;
+  nvfp4::ShardUnits units;  // of all tensors
+};
+
+namespace {
+
+// The batch's state; a moved-from batch has none. (A template: it never names the
+// private Impl.)
+template <class ImplPtr>
+const auto& live(const ImplPtr& impl) {
+  SHARDOPT_REQUIRE(impl != nullptr, ErrorCode::InvalidState,
+                   "this Nvfp4ShardBatch was moved from; use the batch it was moved to");
+  return *impl;
+}
+
+// The batch's state, checked against the call's backend and (CUDA) current device.
+template <class ImplPtr>
+const auto& for_call(const ImplPtr& impl, Backend backend, const char* call) {
+  const auto& im = live(impl);
+  im.table.require_call(backend, call);
+  return im;
+}
+
+}  // namespace
+
+Nvfp4ShardBatch::Nvfp4ShardBatch(const std::vector<Nvfp4ShardTensor>& tensors, Backend backend)
+    : impl_(std::make_unique<Impl>()) {
+  SHARDOPT_REQUIRE(!tensors.empty(), ErrorCode::InvalidArgument,
+                   "Nvfp4ShardBatch of an empty tensor list; give it at least one tensor");
+  SHARDOPT_REQUIRE(tensors.size() <= 0x7FFFFFFF, ErrorCode::InvalidArgument,
+                   "Nvfp4ShardBatch of more than 2^31 - 1 tensors; split the list into several batches");
+  if (backend == Backend::Cuda && !cuda_compiled()) detail::no_cuda("Nvfp4ShardBatch");
+  Impl& im = *impl_;
+  std::vector<nvfp4::ShardEntry> entries;
+  entries.reserve(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const Nvfp4ShardTensor& t = tensors[i];
+    try {
+      nvfp4::require_shard(t.shape, t.range, t.master, t.amax);
+      nvfp4::require_shard_planes(t.out, t.range);
+    } catch (const Error& e) {
+      throw Error(e.code(), "Nvfp4ShardBatch tensor " + std::to_string(i) + ": " + e.what());
+    }
+    entries.push_back(nvfp4::make_shard_entry(t.shape, t.range, t.master, t.amax, t.out, im.units));
+    im.units = nvfp4::units_after(entries.back());
+    im.numel += t.range.size();
+  }
+  im.table = detail::EntryTable(backend, entries);
+}
+
+Nvfp4ShardBatch::~Nvfp4ShardBatch() = default;
+Nvfp4ShardBatch::Nvfp4ShardBatch(Nvfp4ShardBatch&&) noexcept = default;
+Nvfp4ShardBatch& Nvfp4ShardBatch::operator=(Nvfp4ShardBatch&&) noexcept = default;
+
+Backend Nvfp4ShardBatch::backend() const { return live(impl_).table.backend(); }
+std::size_t Nvfp4ShardBatch::size() const { return static_cast<std::size_t>(live(impl_).table.count()); }
+std::int64_t Nvfp4ShardBatch::numel() const { return live(impl_).numel; }
+
+void nvfp4_partial_amax_batch(const Nvfp4ShardBatch& batch, Backend backend, Stream stream) {
+  const Nvfp4ShardBatch::Impl& im = for_call(batch.impl_, backend, "nvfp4_partial_amax_batch");
+  const auto* entries = im.table.entries<nvfp4::ShardEntry>();
+  const int count = im.table.count();
+  if (backend == Backend::Host) {
+    // The table and the masters are read when the work runs (a replay reads them then).
+    host_enqueue(stream, [entries, count] { nvfp4::host_partial_amax(entries, count); });
+    return;
+  }
+  nvfp4::launch_partial_amax(entries, count, nvfp4::ShardEntry{}, im.units, stream);
+}
+
+void quantize_nvfp4_shard_batch(const Nvfp4ShardBatch& batch, Backend backend, Stream stream) {
+  const Nvfp4ShardBatch::Impl& im = for_call(batch.impl_, backend, "quantize_nvfp4_shard_batch");
+  const auto* entries = im.table.entries<nvfp4::ShardEntry>();
+  const int count = im.table.count();
+  if (backend == Backend::Host) {
+    host_enqueue(stream, [entries, count] { nvfp4::host_quantize_shard(entries, count); });
+    return;
+  }
+  nvfp4::launch_quantize_shard(entries, count, nvfp4::ShardEntry{}, im.units, stream);
+}
+
+}  // namespace shardopt
