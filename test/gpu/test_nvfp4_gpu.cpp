@@ -1,16 +1,24 @@
 // NVFP4 on the GPU: the CUDA kernels equal the host twin bitwise (and so the oracle) on
 // the host suite's cases: ties and tiny blocks, every bf16 block amax, random data from
 // 1e-30 to 1e30, subnormals, the NaN / Inf refusal, large and odd shapes, the batch,
-// dequantize to f32 and bf16, and the sharded protocol simulated on the device (world
-// sizes 1-8, boundaries at every element of a block).
+// dequantize to f32 and bf16, the sharded protocol simulated on the device (world
+// sizes 1-8, boundaries at every element of a block), Nvfp4ShardBatch (against the
+// per-tensor calls on the device and the oracle), and the skip flag read on the device
+// (eagerly and in a captured CUDA graph whose flag changes between replays).
 #include <gtest/gtest.h>
 
+#include <cuda_runtime.h>
+
 #include <memory>
+#include <string>
 #include <random>
 #include <vector>
 
+#include "core/check.hpp"
+#include "core/memory.hpp"
 #include "shardopt/nvfp4.hpp"
 #include "unit/test_nvfp4_common.hpp"
+#include "unit/test_nvfp4_shard_batch_common.hpp"
 
 namespace {
 using namespace shardopt;
@@ -112,6 +120,89 @@ TEST(Nvfp4Gpu, ShardedProtocolEqualsHost) {
       for (int t = 0; t < 4; ++t)
         if (!check(mxfp8_test::random_bounds(s.numel(), world, rng))) return;
   }
+}
+
+TEST(Nvfp4Gpu, ShardBatchEqualsPerTensorCallsAndOracle) {
+  const std::vector<Nvfp4Shape> shapes = {{37, 45}, {16, 16}, {1, 301}, {301, 1}, {640, 48}, {3, 5}};
+  std::mt19937 rng(12);
+  std::uint32_t seed = 200;
+  for (int world = 1; world <= 8; ++world) {
+    std::vector<ShardCase> cases;
+    for (std::size_t t = 0; t < shapes.size(); ++t) {
+      const Nvfp4Shape& s = shapes[t];
+      cases.push_back({s, mxfp8_test::random_master(s.numel(), s.cols, seed++, 0.02, false),
+                       t % 2 == 0 ? mxfp8_test::even_bounds(s.numel(), world, static_cast<std::int64_t>(t) * 7 - 17)
+                                  : mxfp8_test::random_bounds(s.numel(), world, rng)});
+    }
+    std::string problems;
+    const auto got = simulate_batch(kCuda, cases, &problems);
+    for (std::size_t t = 0; t < cases.size(); ++t)
+      if (!(got[t] == reference(cases[t].shape, mxfp8_test::to_bf16(cases[t].master))))
+        problems += "tensor " + std::to_string(t) + " differs from the oracle; ";
+    ASSERT_TRUE(problems.empty()) << "world " << world << ": " << problems;
+  }
+}
+
+TEST(Nvfp4Gpu, SkipFlagReadOnTheDevice) {
+  const std::vector<Nvfp4Shape> shapes = {{16, 16}, {17, 33}, {130, 129}};
+  std::vector<std::vector<std::uint16_t>> xs;
+  std::vector<DeviceBuffer> srcs;
+  std::vector<std::unique_ptr<DevicePlanes>> outs;
+  std::vector<Nvfp4Tensor> tensors;
+  for (std::size_t t = 0; t < shapes.size(); ++t) {
+    xs.push_back(mxfp8_test::random_bf16(shapes[t].numel(), shapes[t].cols, 60 + static_cast<std::uint32_t>(t), -9, 9));
+    srcs.push_back(upload(kCuda, xs.back()));
+    outs.push_back(std::make_unique<DevicePlanes>(kCuda, shapes[t]));
+    tensors.push_back({shapes[t], srcs.back().as<std::uint16_t>(), outs.back()->planes()});
+  }
+  const Nvfp4Batch batch(tensors, kCuda);
+  const Nvfp4Shape one_shape{24, 40};
+  const auto one_x = mxfp8_test::random_bf16(one_shape.numel(), one_shape.cols, 70, -5, 5);
+  const DeviceBuffer one_src = upload(kCuda, one_x);
+  DevicePlanes one(kCuda, one_shape);
+  const DeviceBuffer flag = upload(kCuda, std::vector<std::int32_t>{1});
+  auto set_flag = [&](std::int32_t v) {
+    SHARDOPT_CUDA_CHECK(cudaMemcpy(flag.data(), &v, sizeof v, cudaMemcpyHostToDevice));
+  };
+  auto untouched = [](const Nvfp4Shape& s) {
+    return ref::Quantized{std::vector<std::uint8_t>(static_cast<std::size_t>(s.data_bytes()), kPoison),
+                          std::vector<std::uint8_t>(static_cast<std::size_t>(s.scale_numel()), kPoison), kPoisonWord,
+                          kPoisonWord};
+  };
+  auto expect_all = [&](bool written, const char* what) {
+    for (std::size_t t = 0; t < shapes.size(); ++t)
+      EXPECT_TRUE(outs[t]->get(kCuda, shapes[t]) ==
+                  (written ? quantize_on(kHost, shapes[t], xs[t]) : untouched(shapes[t])))
+          << what << ": tensor " << t;
+    EXPECT_TRUE(one.get(kCuda, one_shape) == (written ? quantize_on(kHost, one_shape, one_x) : untouched(one_shape)))
+        << what << ": one tensor";
+  };
+  // Captured once with the flag set; each replay reads it on the device.
+  cudaStream_t stream = nullptr;
+  SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  SHARDOPT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  quantize_nvfp4_batch(batch, flag.as<std::int32_t>(), kCuda, reinterpret_cast<Stream>(stream));
+  quantize_nvfp4(one_shape, one_src.as<std::uint16_t>(), one.planes(), flag.as<std::int32_t>(), kCuda,
+                 reinterpret_cast<Stream>(stream));
+  cudaGraph_t graph = nullptr;
+  SHARDOPT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  SHARDOPT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  SHARDOPT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  expect_all(false, "replay with the flag set");
+  set_flag(0);
+  SHARDOPT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  expect_all(true, "replay with the flag clear");
+  SHARDOPT_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  SHARDOPT_CUDA_CHECK(cudaGraphDestroy(graph));
+  SHARDOPT_CUDA_CHECK(cudaStreamDestroy(stream));
+  // Eagerly: set writes nothing over fresh poison.
+  DevicePlanes fresh(kCuda, one_shape);
+  set_flag(7);
+  quantize_nvfp4(one_shape, one_src.as<std::uint16_t>(), fresh.planes(), flag.as<std::int32_t>(), kCuda, nullptr);
+  EXPECT_TRUE(fresh.get(kCuda, one_shape) == untouched(one_shape)) << "eager, flag set";
 }
 
 }  // namespace
