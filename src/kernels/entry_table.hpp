@@ -1,13 +1,16 @@
 // entry_table.hpp - internal: the device-resident table of a multi-tensor kernel
-// (Mxfp8Batch, Mxfp8ShardBatch): its entries uploaded once, the backend and the CUDA
-// device it belongs to, and the check every call makes against them.
+// (Mxfp8Batch, Mxfp8ShardBatch, Nvfp4Batch, Nvfp4ShardBatch): its entries uploaded
+// once, the backend and the CUDA device it belongs to, the check every call makes
+// against them, and the moved-from check of the batch that owns it.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/memory.hpp"
 #include "shardopt/backend.hpp"
+#include "shardopt/error.hpp"
 
 namespace shardopt::detail {
 
@@ -38,5 +41,23 @@ class EntryTable {
   int count_ = 0;
   int device_ = 0;  // CUDA: the device the table lives on
 };
+
+/// The state behind a batch's `impl` pointer (a struct holding `table`); throws
+/// Error(InvalidState) naming the batch `type` when the batch was moved from. (A
+/// template: it never names the batch's private Impl.)
+template <class ImplPtr>
+const auto& live_batch(const ImplPtr& impl, const char* type) {
+  SHARDOPT_REQUIRE(impl != nullptr, ErrorCode::InvalidState,
+                   std::string("this ") + type + " was moved from; use the batch it was moved to");
+  return *impl;
+}
+
+/// live_batch, checked against the call's backend and (CUDA) current device.
+template <class ImplPtr>
+const auto& batch_for_call(const ImplPtr& impl, const char* type, Backend backend, const char* call) {
+  const auto& im = live_batch(impl, type);
+  im.table.require_call(backend, call);
+  return im;
+}
 
 }  // namespace shardopt::detail

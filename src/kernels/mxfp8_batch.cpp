@@ -69,14 +69,11 @@ void require_ptr(const void* p, std::size_t i, const char* what) {
                        " is null; pass device memory of the right size");
 }
 
-// The batch's state; a moved-from batch has none. (A template: it never names the
-// private Impl.)
+constexpr const char* kType = "Mxfp8Batch";
+
+// The batch's state (detail::live_batch: a moved-from batch has none).
 template <class ImplPtr>
-const auto& live(const ImplPtr& impl) {
-  SHARDOPT_REQUIRE(impl != nullptr, ErrorCode::InvalidState,
-                   "this Mxfp8Batch was moved from; use the batch it was moved to");
-  return *impl;
-}
+const auto& live(const ImplPtr& impl) { return detail::live_batch(impl, kType); }
 
 }  // namespace
 

@@ -114,22 +114,11 @@ void require_disjoint(std::vector<Extent> extents) {
   }
 }
 
-// The batch's state; a moved-from batch has none. (A template: it never names the
-// private Impl.)
-template <class ImplPtr>
-const auto& live(const ImplPtr& impl) {
-  SHARDOPT_REQUIRE(impl != nullptr, ErrorCode::InvalidState,
-                   "this Mxfp8ShardBatch was moved from; use the batch it was moved to");
-  return *impl;
-}
+constexpr const char* kType = "Mxfp8ShardBatch";
 
-// The batch's state, checked against the call's backend and (CUDA) current device.
+// The batch's state (detail::live_batch: a moved-from batch has none).
 template <class ImplPtr>
-const auto& for_call(const ImplPtr& impl, Backend backend, const char* call) {
-  const auto& im = live(impl);
-  im.table.require_call(backend, call);
-  return im;
-}
+const auto& live(const ImplPtr& impl) { return detail::live_batch(impl, kType); }
 
 }  // namespace
 
@@ -212,7 +201,7 @@ int Mxfp8ShardBatch::grid() const { return live(impl_).grid; }
 std::size_t Mxfp8ShardBatch::scale_spans() const { return live(impl_).spans.size(); }
 
 void mxfp8_partial_scales_batch(const Mxfp8ShardBatch& batch, Backend backend, Stream stream) {
-  const Mxfp8ShardBatch::Impl& im = for_call(batch.impl_, backend, "mxfp8_partial_scales_batch");
+  const auto& im = detail::batch_for_call(batch.impl_, kType, backend, "mxfp8_partial_scales_batch");
   const auto* entries = im.table.entries<mxfp8::ShardEntry>();
   const int count = im.table.count();
   if (backend == Backend::Host) {
@@ -225,7 +214,7 @@ void mxfp8_partial_scales_batch(const Mxfp8ShardBatch& batch, Backend backend, S
 }
 
 void quantize_mxfp8_shard_data_batch(const Mxfp8ShardBatch& batch, Backend backend, Stream stream) {
-  const Mxfp8ShardBatch::Impl& im = for_call(batch.impl_, backend, "quantize_mxfp8_shard_data_batch");
+  const auto& im = detail::batch_for_call(batch.impl_, kType, backend, "quantize_mxfp8_shard_data_batch");
   const auto* entries = im.table.entries<mxfp8::ShardEntry>();
   const int count = im.table.count();
   if (backend == Backend::Host) {

@@ -23,14 +23,11 @@ struct Nvfp4Batch::Impl {
 
 namespace {
 
-// The batch's state; a moved-from batch has none. (A template: it never names the
-// private Impl.)
+constexpr const char* kType = "Nvfp4Batch";
+
+// The batch's state (detail::live_batch: a moved-from batch has none).
 template <class ImplPtr>
-const auto& live(const ImplPtr& impl) {
-  SHARDOPT_REQUIRE(impl != nullptr, ErrorCode::InvalidState,
-                   "this Nvfp4Batch was moved from; use the batch it was moved to");
-  return *impl;
-}
+const auto& live(const ImplPtr& impl) { return detail::live_batch(impl, kType); }
 
 }  // namespace
 
@@ -69,8 +66,7 @@ std::size_t Nvfp4Batch::size() const { return static_cast<std::size_t>(live(impl
 std::int64_t Nvfp4Batch::numel() const { return live(impl_).numel; }
 
 void quantize_nvfp4_batch(const Nvfp4Batch& batch, const std::int32_t* skip_flag, Backend backend, Stream stream) {
-  const Nvfp4Batch::Impl& im = live(batch.impl_);
-  im.table.require_call(backend, "quantize_nvfp4_batch");
+  const auto& im = detail::batch_for_call(batch.impl_, kType, backend, "quantize_nvfp4_batch");
   const auto* entries = im.table.entries<nvfp4::QuantizeEntry>();
   const int count = im.table.count();
   if (backend == Backend::Host) {

@@ -23,22 +23,11 @@ struct Nvfp4ShardBatch::Impl {
 
 namespace {
 
-// The batch's state; a moved-from batch has none. (A template: it never names the
-// private Impl.)
-template <class ImplPtr>
-const auto& live(const ImplPtr& impl) {
-  SHARDOPT_REQUIRE(impl != nullptr, ErrorCode::InvalidState,
-                   "this Nvfp4ShardBatch was moved from; use the batch it was moved to");
-  return *impl;
-}
+constexpr const char* kType = "Nvfp4ShardBatch";
 
-// The batch's state, checked against the call's backend and (CUDA) current device.
+// The batch's state (detail::live_batch: a moved-from batch has none).
 template <class ImplPtr>
-const auto& for_call(const ImplPtr& impl, Backend backend, const char* call) {
-  const auto& im = live(impl);
-  im.table.require_call(backend, call);
-  return im;
-}
+const auto& live(const ImplPtr& impl) { return detail::live_batch(impl, kType); }
 
 }  // namespace
 
@@ -76,7 +65,7 @@ std::size_t Nvfp4ShardBatch::size() const { return static_cast<std::size_t>(live
 std::int64_t Nvfp4ShardBatch::numel() const { return live(impl_).numel; }
 
 void nvfp4_partial_amax_batch(const Nvfp4ShardBatch& batch, Backend backend, Stream stream) {
-  const Nvfp4ShardBatch::Impl& im = for_call(batch.impl_, backend, "nvfp4_partial_amax_batch");
+  const auto& im = detail::batch_for_call(batch.impl_, kType, backend, "nvfp4_partial_amax_batch");
   const auto* entries = im.table.entries<nvfp4::ShardEntry>();
   const int count = im.table.count();
   if (backend == Backend::Host) {
@@ -88,7 +77,7 @@ void nvfp4_partial_amax_batch(const Nvfp4ShardBatch& batch, Backend backend, Str
 }
 
 void quantize_nvfp4_shard_batch(const Nvfp4ShardBatch& batch, Backend backend, Stream stream) {
-  const Nvfp4ShardBatch::Impl& im = for_call(batch.impl_, backend, "quantize_nvfp4_shard_batch");
+  const auto& im = detail::batch_for_call(batch.impl_, kType, backend, "quantize_nvfp4_shard_batch");
   const auto* entries = im.table.entries<nvfp4::ShardEntry>();
   const int count = im.table.count();
   if (backend == Backend::Host) {

@@ -9,8 +9,10 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <random>
 #include <vector>
 
@@ -82,20 +84,33 @@ TEST(Nvfp4Gpu, EveryBf16BlockAmax) {
   expect_twins(s, x, "every block amax");
 }
 
-TEST(Nvfp4Gpu, BatchEqualsHostBatch) {
-  const std::vector<Nvfp4Shape> shapes = {{16, 16}, {17, 33}, {1, 1}, {640, 48}, {3, 301}};
+// Tensors of `shapes` with random bf16 values (magnitudes 2^-k..2^k, seeds from
+// `seed`; tensor `refused`, if any, holds a NaN) in device memory, and their poisoned
+// outputs: the list of an Nvfp4Batch.
+struct CudaTensors {
+  std::vector<Nvfp4Shape> shapes;
   std::vector<std::vector<std::uint16_t>> xs;
   std::vector<DeviceBuffer> srcs;
   std::vector<std::unique_ptr<DevicePlanes>> outs;
   std::vector<Nvfp4Tensor> tensors;
-  for (std::size_t t = 0; t < shapes.size(); ++t) {
-    xs.push_back(mxfp8_test::random_bf16(shapes[t].numel(), shapes[t].cols, 20 + static_cast<std::uint32_t>(t), -40, 40));
-    if (t == 2) xs.back()[0] = 0x7FC0;
-    srcs.push_back(upload(kCuda, xs.back()));
-    outs.push_back(std::make_unique<DevicePlanes>(kCuda, shapes[t]));
-    tensors.push_back({shapes[t], srcs.back().as<std::uint16_t>(), outs.back()->planes()});
+  CudaTensors(std::vector<Nvfp4Shape> list, std::uint32_t seed, int k, std::size_t refused)
+      : shapes(std::move(list)) {
+    for (std::size_t t = 0; t < shapes.size(); ++t) {
+      xs.push_back(mxfp8_test::random_bf16(shapes[t].numel(), shapes[t].cols, seed + static_cast<std::uint32_t>(t), -k, k));
+      if (t == refused) xs.back()[0] = 0x7FC0;
+      srcs.push_back(upload(kCuda, xs.back()));
+      outs.push_back(std::make_unique<DevicePlanes>(kCuda, shapes[t]));
+      tensors.push_back({shapes[t], srcs.back().as<std::uint16_t>(), outs.back()->planes()});
+    }
   }
-  const Nvfp4Batch batch(tensors, kCuda);
+};
+
+TEST(Nvfp4Gpu, BatchEqualsHostBatch) {
+  const CudaTensors c({{16, 16}, {17, 33}, {1, 1}, {640, 48}, {3, 301}}, 20, 40, 2);
+  const auto& shapes = c.shapes;
+  const auto& xs = c.xs;
+  const auto& outs = c.outs;
+  const Nvfp4Batch batch(c.tensors, kCuda);
   quantize_nvfp4_batch(batch, nullptr, kCuda, nullptr);
   for (std::size_t t = 0; t < shapes.size(); ++t)
     EXPECT_TRUE(outs[t]->get(kCuda, shapes[t]) == quantize_on(kHost, shapes[t], xs[t])) << "tensor " << t;
@@ -144,18 +159,11 @@ TEST(Nvfp4Gpu, ShardBatchEqualsPerTensorCallsAndOracle) {
 }
 
 TEST(Nvfp4Gpu, SkipFlagReadOnTheDevice) {
-  const std::vector<Nvfp4Shape> shapes = {{16, 16}, {17, 33}, {130, 129}};
-  std::vector<std::vector<std::uint16_t>> xs;
-  std::vector<DeviceBuffer> srcs;
-  std::vector<std::unique_ptr<DevicePlanes>> outs;
-  std::vector<Nvfp4Tensor> tensors;
-  for (std::size_t t = 0; t < shapes.size(); ++t) {
-    xs.push_back(mxfp8_test::random_bf16(shapes[t].numel(), shapes[t].cols, 60 + static_cast<std::uint32_t>(t), -9, 9));
-    srcs.push_back(upload(kCuda, xs.back()));
-    outs.push_back(std::make_unique<DevicePlanes>(kCuda, shapes[t]));
-    tensors.push_back({shapes[t], srcs.back().as<std::uint16_t>(), outs.back()->planes()});
-  }
-  const Nvfp4Batch batch(tensors, kCuda);
+  const CudaTensors c({{16, 16}, {17, 33}, {130, 129}}, 60, 9, SIZE_MAX);
+  const auto& shapes = c.shapes;
+  const auto& xs = c.xs;
+  const auto& outs = c.outs;
+  const Nvfp4Batch batch(c.tensors, kCuda);
   const Nvfp4Shape one_shape{24, 40};
   const auto one_x = mxfp8_test::random_bf16(one_shape.numel(), one_shape.cols, 70, -5, 5);
   const DeviceBuffer one_src = upload(kCuda, one_x);
