@@ -184,7 +184,9 @@ class Nvfp4ShardBatch {
  public:
   /// Throws, naming the tensor's index, what the per-tensor calls throw: Error(OutOfRange)
   /// for a range outside the tensor, Error(InvalidArgument) for a bad shape or a null
-  /// pointer; and Error(InvalidArgument) for an empty list.
+  /// pointer; and Error(InvalidArgument) for an empty list and for memory written that
+  /// overlaps (amax buffers, scales, the fp32 values, the data of the ranges; of two
+  /// tensors or of one).
   Nvfp4ShardBatch(const std::vector<Nvfp4ShardTensor>& tensors, Backend backend);
   ~Nvfp4ShardBatch();
   Nvfp4ShardBatch(Nvfp4ShardBatch&&) noexcept;

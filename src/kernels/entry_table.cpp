@@ -1,6 +1,7 @@
 // entry_table.cpp - EntryTable: upload and the backend / device check of a call.
 #include "kernels/entry_table.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "core/device_guard.hpp"
@@ -25,6 +26,17 @@ void EntryTable::require_call(Backend backend, const char* call) const {
                      std::string(call) + ": the batch was built on CUDA device " + std::to_string(device_) +
                          " but device " + std::to_string(device) + " is current; make device " +
                          std::to_string(device_) + " current (cudaSetDevice) or build a batch on this one");
+  }
+}
+
+void require_disjoint(std::vector<Extent> extents, const char* type) {
+  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
+  for (std::size_t k = 1; k < extents.size(); ++k) {
+    const Extent& a = extents[k - 1];
+    const Extent& b = extents[k];
+    SHARDOPT_REQUIRE(b.begin >= a.end, ErrorCode::InvalidArgument,
+                     std::string(type) + " tensor " + std::to_string(b.tensor) + ": its " + b.what + " overlaps the " +
+                         a.what + " of tensor " + std::to_string(a.tensor) + "; give every tensor its own output memory");
   }
 }
 

@@ -1,7 +1,8 @@
 // entry_table.hpp - internal: the device-resident table of a multi-tensor kernel
 // (Mxfp8Batch, Mxfp8ShardBatch, Nvfp4Batch, Nvfp4ShardBatch): its entries uploaded
 // once, the backend and the CUDA device it belongs to, the check every call makes
-// against them, and the moved-from check of the batch that owns it.
+// against them, the moved-from check of the batch that owns it, and the check that the
+// tensors' outputs do not overlap.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +42,17 @@ class EntryTable {
   int count_ = 0;
   int device_ = 0;  // CUDA: the device the table lives on
 };
+
+/// Memory a batch's tensor writes: the bytes [begin, end), the tensor's index and what.
+struct Extent {
+  std::uintptr_t begin, end;
+  std::size_t tensor;
+  const char* what;
+};
+
+/// Throws Error(InvalidArgument) naming the batch `type` and the first two extents that
+/// overlap (of two tensors or of one).
+void require_disjoint(std::vector<Extent> extents, const char* type);
 
 /// The state behind a batch's `impl` pointer (a struct holding `table`); throws
 /// Error(InvalidState) naming the batch `type` when the batch was moved from. (A

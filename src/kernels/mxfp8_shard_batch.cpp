@@ -95,24 +95,7 @@ void require_ptr(const void* p, std::size_t i, const char* what) {
                    tensor_str(i) + ": " + what + " is null; pass device memory of the right size");
 }
 
-// Memory a tensor writes: [begin, end) bytes, whose tensor and what.
-struct Extent {
-  std::uintptr_t begin, end;
-  std::size_t tensor;
-  const char* what;
-};
-
-// Throws naming the first two extents that overlap.
-void require_disjoint(std::vector<Extent> extents) {
-  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
-  for (std::size_t k = 1; k < extents.size(); ++k) {
-    const Extent& a = extents[k - 1];
-    const Extent& b = extents[k];
-    SHARDOPT_REQUIRE(b.begin >= a.end, ErrorCode::InvalidArgument,
-                     tensor_str(b.tensor) + ": its " + b.what + " overlaps the " + a.what + " of tensor " +
-                         std::to_string(a.tensor) + "; give every tensor its own output memory");
-  }
-}
+using detail::Extent;
 
 constexpr const char* kType = "Mxfp8ShardBatch";
 
@@ -171,7 +154,7 @@ Mxfp8ShardBatch::Mxfp8ShardBatch(const std::vector<Mxfp8ShardTensor>& tensors, B
     numel += r.size();
   }
   written.insert(written.end(), scales.begin(), scales.end());
-  require_disjoint(written);
+  detail::require_disjoint(written, kType);
 
   Impl& im = *impl_;
   // Scale memory as few contiguous spans as the layout allows (one memset each).

@@ -2,7 +2,9 @@
 // Nvfp4ShardBatch table (the per-tensor checks naming the tensor, upload) and the two
 // phase calls (the CUDA launches or the host twins, enqueued on the HostStream so that
 // they join captures).
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/check.hpp"
@@ -41,6 +43,8 @@ Nvfp4ShardBatch::Nvfp4ShardBatch(const std::vector<Nvfp4ShardTensor>& tensors, B
   Impl& im = *impl_;
   std::vector<nvfp4::ShardEntry> entries;
   entries.reserve(tensors.size());
+  std::vector<detail::Extent> written;  // what each tensor's two phases write
+  const auto at = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const Nvfp4ShardTensor& t = tensors[i];
     try {
@@ -49,10 +53,19 @@ Nvfp4ShardBatch::Nvfp4ShardBatch(const std::vector<Nvfp4ShardTensor>& tensors, B
     } catch (const Error& e) {
       throw Error(e.code(), "Nvfp4ShardBatch tensor " + std::to_string(i) + ": " + e.what());
     }
+    const auto amax_bytes = static_cast<std::uintptr_t>(t.shape.amax_numel()) * sizeof(std::uint32_t);
+    written.push_back({at(t.amax), at(t.amax) + amax_bytes, i, "amax buffer"});
+    written.push_back({at(t.out.scale), at(t.out.scale) + static_cast<std::uintptr_t>(t.shape.scale_numel()), i,
+                       "scales"});
+    written.push_back({at(t.out.amax), at(t.out.amax) + sizeof(float), i, "out.amax"});
+    written.push_back({at(t.out.decode_scale), at(t.out.decode_scale) + sizeof(float), i, "out.decode_scale"});
+    const auto span = static_cast<std::uintptr_t>(nvfp4_shard_bytes(t.range).size());
+    if (span > 0) written.push_back({at(t.out.data), at(t.out.data) + span, i, "data of its range"});
     entries.push_back(nvfp4::make_shard_entry(t.shape, t.range, t.master, t.amax, t.out, im.units));
     im.units = nvfp4::units_after(entries.back());
     im.numel += t.range.size();
   }
+  detail::require_disjoint(std::move(written), kType);
   im.table = detail::EntryTable(backend, entries);
 }
 

@@ -135,15 +135,17 @@ void expect_error(F&& f, ErrorCode code, const std::vector<std::string>& needles
 }
 
 TEST(Nvfp4ShardBatch, ErrorsNameTheTensor) {
-  const Nvfp4Shape s{16, 16};
-  std::vector<float> master(256, 1.0f);
-  RankTensor m(kHost, s);
-  auto* amax = m.amax.as<std::uint32_t>();
-  const Nvfp4ShardTensor good{s, {0, 256}, master.data(), amax, m.out.shard_planes({0, 256})};
-  auto with = [&](Nvfp4ShardTensor bad) { return std::vector<Nvfp4ShardTensor>{good, good, bad}; };
+  const Nvfp4Shape s{32, 32};  // 4 scale bytes, 5 amax entries
+  std::vector<float> master(1024, 1.0f);
+  RankTensor m0(kHost, s), m1(kHost, s), m2(kHost, s);
+  auto tensor_of = [&](const RankTensor& m) {
+    return Nvfp4ShardTensor{s, {0, 1024}, master.data(), m.amax.as<std::uint32_t>(), m.out.shard_planes({0, 1024})};
+  };
+  const Nvfp4ShardTensor good = tensor_of(m2);
+  auto with = [&](Nvfp4ShardTensor bad) { return std::vector<Nvfp4ShardTensor>{tensor_of(m0), tensor_of(m1), bad}; };
   Nvfp4ShardTensor t = good;
   expect_error([] { Nvfp4ShardBatch({}, kHost); }, ErrorCode::InvalidArgument, {"empty"});
-  t.range = {10, 300};
+  t.range = {10, 3000};
   expect_error([&] { Nvfp4ShardBatch(with(t), kHost); }, ErrorCode::OutOfRange, {"tensor 2", "not inside"});
   t = good;
   t.shape = {0, 16};
@@ -160,6 +162,17 @@ TEST(Nvfp4ShardBatch, ErrorsNameTheTensor) {
   t = good;
   t.out.scale = nullptr;
   expect_error([&] { Nvfp4ShardBatch(with(t), kHost); }, ErrorCode::InvalidArgument, {"tensor 2", "out.scale"});
+  t = good;
+  t.out.scale = m0.out.planes().scale + 1;
+  expect_error([&] { Nvfp4ShardBatch(with(t), kHost); }, ErrorCode::InvalidArgument,
+               {"tensor 2", "scales overlaps the scales of tensor 0"});
+  t = good;
+  t.amax = m1.amax.as<std::uint32_t>() + 2;
+  expect_error([&] { Nvfp4ShardBatch(with(t), kHost); }, ErrorCode::InvalidArgument,
+               {"tensor 2", "amax buffer overlaps the amax buffer of tensor 1"});
+  t = good;
+  t.out.data = t.out.scale;  // one tensor's own outputs
+  expect_error([&] { Nvfp4ShardBatch({t}, kHost); }, ErrorCode::InvalidArgument, {"tensor 0", "overlaps"});
   // An empty range needs neither a master nor data memory.
   t = good;
   t.range = {7, 7};
