@@ -17,7 +17,7 @@
 namespace shardopt {
 
 /// The deadlines of a communicator (Communicator::set_watchdog; the optimizers apply
-/// AdamOptions::watchdog to theirs). 0 turns a deadline off.
+/// AdamOptions::watchdog to theirs). 0 turns a deadline off; at most a year.
 struct WatchdogOptions {
   /// Longest time one blocking wait of the library may take: a host-backend collective,
   /// a barrier or agreement all-gather (optimizer construction, checkpoints), and the
@@ -25,11 +25,11 @@ struct WatchdogOptions {
   /// waits only through its own stream synchronizations pays nothing.
   std::chrono::milliseconds wait_timeout{0};
   /// Longest time one replayed StepGraph iteration may take, counted from its replay()
-  /// call. CUDA: a background thread watches each replay's completion (a CUDA event
-  /// recorded after the launch, queried a few times per deadline, never inside the
-  /// graph) and aborts the communicator when it is late; host backend: it bounds every
-  /// collective inside the replay. Default 5 minutes: far above any real step (seconds),
-  /// far below the hours a hung job would waste.
+  /// call, or from the moment the replay queued before it finished if that is later.
+  /// CUDA: a background thread watches each replay's completion (a CUDA event recorded
+  /// after the launch, never inside the graph) and aborts the communicator when it is
+  /// late; host backend: it bounds every collective inside the replay. Default 5
+  /// minutes: far above any real step (seconds), far below the hours a hung job wastes.
   std::chrono::milliseconds step_timeout{std::chrono::minutes(5)};
 };
 

@@ -76,15 +76,18 @@ void CommImpl::mark_failed(const std::string& what, ErrorCode code) noexcept {
         failure_ = what;
       } catch (...) {
       }
-      failure_code_.store(code, std::memory_order_release);
-      failed_.store(true, std::memory_order_release);
+      failure_code_.store(code);
+      failed_.store(true);
       first = true;
-      linked = linked_;
+      try {
+        linked = linked_;
+      } catch (...) {  // out of memory: the linked groups are not failed with it
+      }
     }
   }
   // Inside an open group the teardown waits until the group is closed (an NCCL group
   // must not end on an aborted communicator); grouped() tears down when it closes.
-  if (group_depth_.load(std::memory_order_acquire) == 0) on_failure();
+  if (group_depth_.load() == 0) on_failure();
   if (!first) return;
   for (const std::weak_ptr<CommImpl>& w : linked) {
     if (std::shared_ptr<CommImpl> other = w.lock()) {
@@ -97,11 +100,14 @@ void CommImpl::mark_failed(const std::string& what, ErrorCode code) noexcept {
 }
 
 void CommImpl::set_watchdog(const WatchdogOptions& options) {
-  SHARDOPT_REQUIRE(options.wait_timeout.count() >= 0 && options.step_timeout.count() >= 0,
+  // The upper bound keeps now + limit far from the clock's range (292 years).
+  constexpr std::int64_t kMaxMs = std::int64_t{365} * 24 * 3600 * 1000;
+  SHARDOPT_REQUIRE(options.wait_timeout.count() >= 0 && options.step_timeout.count() >= 0 &&
+                       options.wait_timeout.count() <= kMaxMs && options.step_timeout.count() <= kMaxMs,
                    ErrorCode::InvalidArgument,
                    "WatchdogOptions: wait_timeout (" + std::to_string(options.wait_timeout.count()) +
                        " ms) and step_timeout (" + std::to_string(options.step_timeout.count()) +
-                       " ms) must be >= 0 (0 turns a deadline off)");
+                       " ms) must be >= 0 and at most a year (0 turns a deadline off)");
   std::lock_guard<std::mutex> lock(failure_mutex_);
   watchdog_ = options;
 }
@@ -277,7 +283,7 @@ void CommImpl::grouped(const std::function<void()>& calls) {
     --group_depth_;
     if (error) std::rethrow_exception(error);  // the guard now tears the group down
     // Marked failed from another thread (the step watchdog) while the group was open.
-    if (failed() && group_depth_.load(std::memory_order_acquire) == 0) on_failure();
+    if (failed() && group_depth_.load() == 0) on_failure();
   });
 }
 

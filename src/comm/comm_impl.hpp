@@ -70,11 +70,11 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   std::vector<std::uint64_t> all_gather_u64(const std::vector<std::uint64_t>& mine);
 
   /// True once a call has failed.
-  bool failed() const noexcept { return failed_.load(std::memory_order_acquire); }
+  bool failed() const noexcept { return failed_.load(); }
   /// The first failure's message ("" while not failed).
   std::string failure() const;
   /// Timeout when the first failure was a missed deadline, else InvalidState.
-  ErrorCode failure_code() const noexcept { return failure_code_.load(std::memory_order_acquire); }
+  ErrorCode failure_code() const noexcept { return failure_code_.load(); }
   /// Throws quoting the first failure when the group has failed: Error(Timeout) after a
   /// missed deadline, else Error(InvalidState).
   void require_usable(const char* call) const;
@@ -192,8 +192,8 @@ template <class Done>
 void CommImpl::wait_until(Done&& done, const std::string& what, const Deadline& deadline) {
   const WatchClock::time_point spin_until = WatchClock::now() + std::chrono::milliseconds(1);
   for (;;) {
+    require_usable(what.c_str());  // first: a failure marked by another thread wins
     if (done()) return;
-    require_usable(what.c_str());
     poll_async_error();
     const WatchClock::time_point now = WatchClock::now();
     if (now >= deadline.at) fail_timeout(what, deadline);

@@ -19,6 +19,8 @@
 #include "comm/mpi_comm.hpp"
 
 #include <cstring>
+#include <initializer_list>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -136,11 +138,15 @@ void divide(void* data, std::int64_t count, DType t, int n) {
 // process exits: kept here, reachable, rather than dropped.
 struct Abandoned {
   MPI_Request request = MPI_REQUEST_NULL;
-  std::vector<unsigned char> scratch;
+  std::vector<std::vector<unsigned char>> scratch;
 };
 std::vector<Abandoned>& abandoned() {
   static auto* kept = new std::vector<Abandoned>();
   return *kept;
+}
+std::mutex& abandoned_mutex() {
+  static std::mutex m;
+  return m;
 }
 
 class MpiCommImpl final : public CommImpl {
@@ -156,37 +162,58 @@ class MpiCommImpl final : public CommImpl {
   MPI_Comm handle() const noexcept { return comm_; }
 
  protected:
+  // With a deadline armed, every collective works on scratch copies of the caller's
+  // memory: a collective abandoned at the deadline keeps its scratch (a late peer may
+  // still complete it) and never writes into, or reads from, the caller's buffers, which
+  // the trainer frees when it rebuilds.
   void do_reduce_scatter(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) override {
     enqueue(stream, "reduce_scatter", [data, count, dtype, op](MpiCommImpl& self, const std::string& what) {
+      const Deadline deadline = self.wait_deadline();
       const std::size_t bytes = static_cast<std::size_t>(count) * size_of(dtype);
+      auto* caller = static_cast<unsigned char*>(data);
       // MPI_IN_PLACE would leave the result in slice 0 and clobber it; reduce into a
       // temporary so that, as with NCCL, only this rank's slice changes.
       std::vector<unsigned char> reduced(bytes);
+      std::vector<unsigned char> input;
+      if (deadline.armed()) input.assign(caller, caller + bytes * static_cast<std::size_t>(self.size()));
       MPI_Request req = MPI_REQUEST_NULL;
-      SHARDOPT_MPI_CHECK(MPI_Ireduce_scatter_block(data, reduced.data(), static_cast<int>(count),
-                                                   reduce_type(dtype), reduce_op(dtype, op), self.comm_, &req));
-      self.wait(req, what, &reduced);
+      SHARDOPT_MPI_CHECK(MPI_Ireduce_scatter_block(deadline.armed() ? input.data() : caller, reduced.data(),
+                                                   static_cast<int>(count), reduce_type(dtype), reduce_op(dtype, op),
+                                                   self.comm_, &req));
+      self.wait(req, what, deadline, {&reduced, &input});
       if (op == ReduceOp::Average) divide(reduced.data(), count, dtype, self.size());
-      std::memcpy(static_cast<unsigned char*>(data) + static_cast<std::size_t>(self.rank()) * bytes, reduced.data(),
-                  bytes);
+      std::memcpy(caller + static_cast<std::size_t>(self.rank()) * bytes, reduced.data(), bytes);
     });
   }
 
   void do_all_gather(void* data, std::int64_t count, DType dtype, Stream stream) override {
     enqueue(stream, "all_gather", [data, count, dtype](MpiCommImpl& self, const std::string& what) {
+      const Deadline deadline = self.wait_deadline();
+      const std::size_t total = static_cast<std::size_t>(count) * size_of(dtype) * static_cast<std::size_t>(self.size());
+      auto* caller = static_cast<unsigned char*>(data);
+      std::vector<unsigned char> io;
+      if (deadline.armed()) io.assign(caller, caller + total);
       MPI_Request req = MPI_REQUEST_NULL;
-      SHARDOPT_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, static_cast<int>(count),
-                                        raw_type(size_of(dtype)), self.comm_, &req));
-      self.wait(req, what, nullptr);
+      SHARDOPT_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, deadline.armed() ? io.data() : caller,
+                                        static_cast<int>(count), raw_type(size_of(dtype)), self.comm_, &req));
+      self.wait(req, what, deadline, {&io});
+      if (deadline.armed()) std::memcpy(caller, io.data(), total);
     });
   }
 
   void do_all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) override {
     enqueue(stream, "all_reduce", [data, count, dtype, op](MpiCommImpl& self, const std::string& what) {
+      const Deadline deadline = self.wait_deadline();
+      const std::size_t bytes = static_cast<std::size_t>(count) * size_of(dtype);
+      auto* caller = static_cast<unsigned char*>(data);
+      std::vector<unsigned char> io;
+      if (deadline.armed()) io.assign(caller, caller + bytes);
+      void* buffer = deadline.armed() ? static_cast<void*>(io.data()) : data;
       MPI_Request req = MPI_REQUEST_NULL;
-      SHARDOPT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), reduce_type(dtype),
+      SHARDOPT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buffer, static_cast<int>(count), reduce_type(dtype),
                                         reduce_op(dtype, op), self.comm_, &req));
-      self.wait(req, what, nullptr);
+      self.wait(req, what, deadline, {&io});
+      if (deadline.armed()) std::memcpy(caller, io.data(), bytes);
       if (op == ReduceOp::Average) divide(data, count, dtype, self.size());
     });
   }
@@ -196,7 +223,7 @@ class MpiCommImpl final : public CommImpl {
     if (inject_fault(what)) return;
     MPI_Request req = MPI_REQUEST_NULL;
     SHARDOPT_MPI_CHECK(MPI_Ibarrier(comm_, &req));
-    wait(req, what, nullptr);
+    wait(req, what, wait_deadline(), {});
   }
 
   std::shared_ptr<CommImpl> do_split(int color, int key) override {
@@ -218,7 +245,7 @@ class MpiCommImpl final : public CommImpl {
     MPI_Request req = MPI_REQUEST_NULL;
     SHARDOPT_MPI_CHECK(MPI_Iallgather(send, static_cast<int>(n), MPI_UINT64_T, send + n, static_cast<int>(n),
                                       MPI_UINT64_T, comm_, &req));
-    wait(req, what, &io);
+    wait(req, what, wait_deadline(), {&io});
     std::memcpy(all.data(), send + n, all.size() * sizeof(std::uint64_t));
     return all;
   }
@@ -237,10 +264,10 @@ class MpiCommImpl final : public CommImpl {
 
   // Completes `req`. Without a deadline: MPI_Wait. With one: MPI_Test polled until the
   // deadline, then the group fails with Error(Timeout); the request stays with MPI (a
-  // collective cannot be cancelled) and is kept, with `scratch` (memory it may still
-  // write), until the process exits.
-  void wait(MPI_Request& req, const std::string& what, std::vector<unsigned char>* scratch) {
-    const Deadline deadline = wait_deadline();
+  // collective cannot be cancelled) and is kept, with the `scratch` buffers it may still
+  // read or write, until the process exits.
+  void wait(MPI_Request& req, const std::string& what, const Deadline& deadline,
+            std::initializer_list<std::vector<unsigned char>*> scratch) {
     if (!deadline.armed()) {
       SHARDOPT_MPI_CHECK(MPI_Wait(&req, MPI_STATUS_IGNORE));
       return;
@@ -256,7 +283,8 @@ class MpiCommImpl final : public CommImpl {
     } catch (...) {
       Abandoned a;
       a.request = req;
-      if (scratch != nullptr) a.scratch = std::move(*scratch);
+      for (std::vector<unsigned char>* buffer : scratch) a.scratch.push_back(std::move(*buffer));
+      std::lock_guard<std::mutex> lock(abandoned_mutex());
       abandoned().push_back(std::move(a));
       throw;
     }

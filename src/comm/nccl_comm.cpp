@@ -6,6 +6,9 @@
 #include "comm/nccl_comm.hpp"
 
 #include <atomic>
+#include <chrono>
+#include <memory>
+#include <optional>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -85,7 +88,13 @@ class NcclCommImpl final : public CommImpl {
   }
 
   ~NcclCommImpl() override {
-    if (abort_thread_.joinable()) abort_thread_.join();
+    if (abort_thread_.joinable()) {
+      // Not joined: ncclCommAbort may wait for the CUDA graphs that still hold this
+      // communicator, which the trainer may destroy later. Past abort_issued_ the thread
+      // no longer touches this object.
+      while (!abort_issued_.load()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      abort_thread_.detach();
+    }
     release(/*abort=*/false);
   }
 
@@ -95,11 +104,12 @@ class NcclCommImpl final : public CommImpl {
   void do_reduce_scatter(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) override {
     if (fault_armed() && inject_fault(labelled("reduce_scatter"))) return;
     DeviceGuard guard(device());
+    const Use use(*this);
     char* base = static_cast<char*>(data);
     void* mine = base + static_cast<std::size_t>(rank()) * static_cast<std::size_t>(count) * size_of(dtype);
     SHARDOPT_NCCL_CHECK(ncclReduceScatter(base, mine, static_cast<std::size_t>(count), reduce_type(dtype),
-                                          nccl_op(op), live(), cuda(stream)));
-    check_async();
+                                          nccl_op(op), use.get(), cuda(stream)));
+    check_async(use.get());
   }
 
   void do_all_gather(void* data, std::int64_t count, DType dtype, Stream stream) override {
@@ -108,23 +118,28 @@ class NcclCommImpl final : public CommImpl {
     // An all-gather only moves bytes: gather every dtype (fp8 and e8m0 scales included) as bytes.
     const std::size_t bytes = static_cast<std::size_t>(count) * size_of(dtype);
     char* base = static_cast<char*>(data);
+    const Use use(*this);
     SHARDOPT_NCCL_CHECK(ncclAllGather(base + static_cast<std::size_t>(rank()) * bytes, base, bytes, ncclUint8,
-                                      live(), cuda(stream)));
-    check_async();
+                                      use.get(), cuda(stream)));
+    check_async(use.get());
   }
 
   void do_all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) override {
     if (fault_armed() && inject_fault(labelled("all_reduce"))) return;
     DeviceGuard guard(device());
+    const Use use(*this);
     SHARDOPT_NCCL_CHECK(ncclAllReduce(data, data, static_cast<std::size_t>(count), reduce_type(dtype), nccl_op(op),
-                                      live(), cuda(stream)));
-    check_async();
+                                      use.get(), cuda(stream)));
+    check_async(use.get());
   }
 
   void do_barrier() override {
     if (fault_armed() && inject_fault(labelled("barrier"))) return;
     DeviceGuard guard(device());
-    SHARDOPT_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, live(), aux_));
+    {
+      const Use use(*this);
+      SHARDOPT_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, use.get(), aux_));
+    }
     wait_aux("barrier");
   }
 
@@ -133,7 +148,10 @@ class NcclCommImpl final : public CommImpl {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 1;
     ncclComm_t sub = nullptr;
-    SHARDOPT_NCCL_CHECK(ncclCommSplit(live(), color, key, &sub, &config));
+    {
+      const Use use(*this);
+      SHARDOPT_NCCL_CHECK(ncclCommSplit(use.get(), color, key, &sub, &config));
+    }
     SHARDOPT_REQUIRE(sub != nullptr, ErrorCode::Internal, "ncclCommSplit returned no communicator for a color >= 0");
     int sub_rank = 0, sub_size = 0;
     const ncclResult_t r1 = ncclCommUserRank(sub, &sub_rank);
@@ -155,7 +173,10 @@ class NcclCommImpl final : public CommImpl {
     char* base = buffer.as<char>();
     char* own = base + static_cast<std::size_t>(rank()) * slot;
     SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(own, mine.data(), slot, cudaMemcpyHostToDevice, aux_));
-    SHARDOPT_NCCL_CHECK(ncclAllGather(own, base, slot, ncclUint8, live(), aux_));
+    {
+      const Use use(*this);
+      SHARDOPT_NCCL_CHECK(ncclAllGather(own, base, slot, ncclUint8, use.get(), aux_));
+    }
     SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(all.data(), base, buffer.bytes(), cudaMemcpyDeviceToHost, aux_));
     wait_aux("all_gather_value");
     return all;
@@ -163,38 +184,70 @@ class NcclCommImpl final : public CommImpl {
 
   void do_invalid_call_for_test() override {
     DeviceGuard guard(device());
+    const Use use(*this);
     SHARDOPT_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, static_cast<ncclDataType_t>(ncclNumTypes), ncclSum,
-                                      live(), aux_));
+                                      use.get(), aux_));
   }
 
-  void do_group_start() override { SHARDOPT_NCCL_CHECK(ncclGroupStart()); }
+  // A group counts as one use from start to end: an abort waits until NCCL has launched
+  // (or dropped) what the group recorded.
+  void do_group_start() override {
+    group_use_.emplace(*this);
+    try {
+      SHARDOPT_NCCL_CHECK(ncclGroupStart());
+    } catch (...) {
+      group_use_.reset();
+      throw;
+    }
+  }
 
   void do_group_end() override {
+    struct Release {
+      std::optional<Use>& use;
+      ~Release() { use.reset(); }
+    } release{group_use_};
     SHARDOPT_NCCL_CHECK(ncclGroupEnd());
-    check_async();
+    if (group_use_) check_async(group_use_->get());
   }
 
   void poll_async_error() override {
     if (handle() == nullptr) return;  // aborted: the failure is already recorded
+    std::optional<Use> use;
     try {
-      check_async();
+      use.emplace(*this);
+    } catch (const Error&) {
+      return;  // aborted meanwhile
+    }
+    try {
+      check_async(use->get());
     } catch (const Error& e) {
+      use.reset();
       mark_failed(e.what());
       throw;
     }
   }
 
-  bool backend_released() const noexcept override { return aborted_.load(std::memory_order_acquire); }
+  bool backend_released() const noexcept override { return abort_issued_.load(); }
 
-  // Aborts on a thread of its own: the failing call (or the step watchdog) returns at
-  // once even if the abort has to wait for the device, and no later NCCL call is made
-  // on the communicator (live() sees null from here on).
+  // Aborts on a thread of its own, so that the failing call (or the step watchdog)
+  // returns at once even when the abort has to wait for the device or for CUDA graphs
+  // that hold the communicator. New uses are refused from the exchange on; the thread
+  // first waits for the uses in flight (NCCL allows one thread per communicator at a
+  // time), then aborts, and past abort_issued_ touches nothing of this object.
   void on_failure() noexcept override {
-    ncclComm_t c = comm_.exchange(nullptr, std::memory_order_acq_rel);
+    ncclComm_t c = comm_.exchange(nullptr);
     if (c == nullptr) return;
-    auto abort = [this, c] {
-      on_device([c] { (void)ncclCommAbort(c); });
-      aborted_.store(true, std::memory_order_release);
+    std::shared_ptr<std::atomic<bool>> done = abort_done_;
+    const int dev = device();
+    auto abort = [this, c, done, dev] {
+      while (in_flight_.load() != 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      abort_issued_.store(true);  // the last access to this object
+      int previous = -1;
+      const bool have_previous = cudaGetDevice(&previous) == cudaSuccess;
+      (void)cudaSetDevice(dev);
+      (void)ncclCommAbort(c);
+      if (have_previous) (void)cudaSetDevice(previous);
+      done->store(true);
     };
     try {
       abort_thread_ = std::thread(abort);
@@ -204,18 +257,20 @@ class NcclCommImpl final : public CommImpl {
   }
 
   void* register_buffer(void* data, std::size_t bytes) override {
-    ncclComm_t c = handle();
-    if (c == nullptr) return nullptr;  // aborted after an error
+    if (handle() == nullptr) return nullptr;  // aborted after an error
     DeviceGuard guard(device());
+    const Use use(*this);
     void* registration = nullptr;
-    SHARDOPT_NCCL_CHECK(ncclCommRegister(c, data, bytes, &registration));
+    SHARDOPT_NCCL_CHECK(ncclCommRegister(use.get(), data, bytes, &registration));
     return registration;
   }
 
   void deregister_buffer(void* registration) noexcept override {
+    in_flight_.fetch_add(1);
     ncclComm_t c = handle();
-    if (c == nullptr) return;  // aborted after an error: NCCL released the registration with it
-    on_device([c, registration] { (void)ncclCommDeregister(c, registration); });
+    // Aborted after an error: NCCL released the registration with the communicator.
+    if (c != nullptr) on_device([c, registration] { (void)ncclCommDeregister(c, registration); });
+    in_flight_.fetch_sub(1);
   }
 
  private:
@@ -227,12 +282,28 @@ class NcclCommImpl final : public CommImpl {
     return label.empty() ? std::string(call) : std::string(call) + " (" + label + ")";
   }
 
-  ncclComm_t live() const {
-    ncclComm_t c = handle();
-    SHARDOPT_REQUIRE(c != nullptr, ErrorCode::InvalidState,
-                     "the NCCL communicator was aborted after an error; create a new Communicator");
-    return c;
-  }
+  // One use of the NCCL handle by a caller, counted while it lives (see on_failure).
+  // Throws Error(InvalidState) once the communicator was given up.
+  class Use {
+   public:
+    explicit Use(const NcclCommImpl& comm) : comm_(comm) {
+      comm_.in_flight_.fetch_add(1);
+      handle_ = comm_.handle();
+      if (handle_ == nullptr) {
+        comm_.in_flight_.fetch_sub(1);
+        throw Error(ErrorCode::InvalidState,
+                    "the NCCL communicator was aborted after an error; create a new Communicator");
+      }
+    }
+    ~Use() { comm_.in_flight_.fetch_sub(1); }
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+    ncclComm_t get() const noexcept { return handle_; }
+
+   private:
+    const NcclCommImpl& comm_;
+    ncclComm_t handle_ = nullptr;
+  };
 
   // Waits for the private stream within the group's deadline (CommImpl::wait_until). On
   // a missed deadline the communicator is aborted, and the stream is drained before the
@@ -246,13 +317,15 @@ class NcclCommImpl final : public CommImpl {
       (void)cudaStreamSynchronize(aux_);
       throw;
     }
-    check_async();
+    const Use use(*this);
+    check_async(use.get());
   }
 
-  // Errors NCCL found while running earlier work (a peer died, a network failure).
-  void check_async() const {
+  // Errors NCCL found while running earlier work (a peer died, a network failure); the
+  // caller holds a Use of `c`.
+  static void check_async(ncclComm_t c) {
     ncclResult_t state = ncclSuccess;
-    SHARDOPT_NCCL_CHECK(ncclCommGetAsyncError(live(), &state));
+    SHARDOPT_NCCL_CHECK(ncclCommGetAsyncError(c, &state));
     if (state != ncclSuccess && state != ncclInProgress) SHARDOPT_NCCL_CHECK(state);
   }
 
@@ -266,6 +339,11 @@ class NcclCommImpl final : public CommImpl {
           (void)ncclCommDestroy(c);
         }
       }
+      // While an abort is still running (waiting for the device) the scratch and the
+      // stream stay: NCCL kernels on aux_ may still touch the scratch, and freeing
+      // would wait for the device. They are left to the process's exit.
+      const bool abort_running = abort_issued_.load() && !abort_done_->load();
+      if (abort_running) return;
       if (scratch_ != nullptr) (void)cudaFree(scratch_);
       if (aux_ != nullptr) (void)cudaStreamDestroy(aux_);
       scratch_ = nullptr;
@@ -285,8 +363,11 @@ class NcclCommImpl final : public CommImpl {
   }
 
   std::atomic<ncclComm_t> comm_;
-  std::thread abort_thread_;  // the one abort after a failure (on_failure)
-  std::atomic<bool> aborted_{false};
+  mutable std::atomic<int> in_flight_{0};  // Uses of the handle (see Use)
+  std::optional<Use> group_use_;           // held across an open group
+  std::thread abort_thread_;               // the one abort after a failure (on_failure)
+  std::atomic<bool> abort_issued_{false};  // the abort thread is past its wait
+  std::shared_ptr<std::atomic<bool>> abort_done_ = std::make_shared<std::atomic<bool>>(false);
   cudaStream_t aux_ = nullptr;
   void* scratch_ = nullptr;
 };

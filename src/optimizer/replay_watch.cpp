@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <exception>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "comm/comm_impl.hpp"
@@ -38,9 +40,21 @@ ReplayWatch::~ReplayWatch() {
 }
 
 void ReplayWatch::reap_locked() {
+  bool reaped = false;
   while (!pending_.empty() && pending_.front().finished()) {
     if (pending_.front().done != nullptr) free_.push_back(pending_.front().done);
     pending_.pop_front();
+    reaped = true;
+  }
+  // A replay queued behind others starts when they finish: its deadline counts from the
+  // moment the one before it is seen finished, if that is later than its replay() call.
+  if (reaped && !pending_.empty()) {
+    Entry& next = pending_.front();
+    const Clock::time_point now = Clock::now();
+    if (now > next.start) {
+      next.start = now;
+      next.deadline = now + next.limit;
+    }
   }
 }
 
@@ -143,6 +157,17 @@ void ReplayWatch::watch_for_test(std::function<bool()> done, std::chrono::millis
 
 void ReplayWatch::run() {
   CommImpl& impl = CommAccess::require(comm_);
+  // The events and NCCL live on the communicator's device: make it this thread's
+  // current device, so that the thread creates no context on another GPU.
+  std::optional<DeviceGuard> device;
+  if (comm_.backend() == Backend::Cuda) {
+    try {
+      device.emplace(comm_.device());
+    } catch (const std::exception& e) {
+      impl.mark_failed(std::string("the step watchdog could not select its device: ") + e.what());
+      return;
+    }
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   Clock::duration poll = std::chrono::seconds(1);
   while (!stop_) {

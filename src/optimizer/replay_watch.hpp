@@ -1,6 +1,7 @@
 // replay_watch.hpp - the step watchdog of a StepGraph (shardopt/watchdog.hpp): each
 // replayed iteration must complete within the communicator's step_timeout of its
-// replay() call.
+// replay() call, or from the moment the replay queued before it was seen finished, if
+// that is later (a replay waiting behind others is not yet running).
 //
 // CUDA: after a replay is launched, a CUDA event is recorded behind it on the caller's
 // stream and handed to a background thread, which sleeps until the oldest replay's

@@ -22,8 +22,8 @@ class StepGraph::Impl {
       : target(t),
         fn(std::move(f)),
         options(opts),
-        one_graph(opts.one_graph || t.whole_iteration_only()),
-        watch(t.step_comm(), optimizer) {
+        watch(t.step_comm(), optimizer),
+        one_graph(opts.one_graph || t.whole_iteration_only()) {
     SHARDOPT_REQUIRE(fn != nullptr, ErrorCode::InvalidArgument, "StepGraph needs a microbatch function");
     SHARDOPT_REQUIRE(options.warmup_iterations >= 0, ErrorCode::InvalidArgument, "warmup_iterations must be >= 0");
   }
@@ -54,10 +54,13 @@ class StepGraph::Impl {
   detail::StepTarget& target;
   MicrobatchFn fn;
   StepGraphOptions options;
+  // The step watchdog: CUDA replays are watched against step_timeout by its thread.
+  // Declared before the graphs so that they are destroyed first: after a failure NCCL's
+  // abort waits for the graphs that hold the communicator, and the watch's copy of the
+  // communicator may be the last one.
+  detail::ReplayWatch watch;
   bool one_graph;
   std::unique_ptr<detail::CapturedGraph> accumulate, last, step_graph, whole;
-  // The step watchdog: CUDA replays are watched against step_timeout by its thread.
-  detail::ReplayWatch watch;
 
   // Runs `launch` (the graph launches of one replay) under the watchdog: refused once the
   // communicator has failed; host backend: every wait inside bounded by step_timeout;
