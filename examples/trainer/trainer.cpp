@@ -27,8 +27,8 @@ namespace {
 // --timeout-ms: both deadlines of the optimizer's watchdog (-1 keeps the library's).
 void apply_timeout(const TrainOptions& t, shardopt::AdamOptions& o) {
   if (t.timeout_ms < 0) return;
-  o.watchdog.wait_timeout = std::chrono::milliseconds(t.timeout_ms);
-  o.watchdog.step_timeout = std::chrono::milliseconds(t.timeout_ms);
+  o.watchdog = shardopt::WatchdogOptions{std::chrono::milliseconds(t.timeout_ms),
+                                         std::chrono::milliseconds(t.timeout_ms)};
 }
 
 shardopt::LrSchedule schedule_of(const TrainOptions& o, float lr) {

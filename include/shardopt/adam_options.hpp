@@ -8,6 +8,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "shardopt/dtype.hpp"
@@ -37,9 +38,11 @@ struct AdamOptions {
   /// Microbatches per step (the size of the device microbatch counter).
   int microbatches = 1;
   /// Deadlines of the optimizer's collectives, blocking waits and replayed steps
-  /// (shardopt/watchdog.hpp), set on its communicator at construction. Rank-local (not
-  /// compared across ranks: they change when an error is raised, not the math).
-  WatchdogOptions watchdog{};
+  /// (shardopt/watchdog.hpp). When set, the constructor sets them on its communicator
+  /// (Communicator::set_watchdog: every user of that group gets them); unset keeps the
+  /// communicator's (its defaults, or an earlier set_watchdog). Rank-local: not compared
+  /// across ranks (they change when an error is raised, not the math).
+  std::optional<WatchdogOptions> watchdog;
 };
 
 }  // namespace shardopt

@@ -142,8 +142,9 @@ class Communicator {
   BufferRegistration register_buffer(void* data, std::size_t bytes) const;
 
   /// Sets this group's deadlines (shardopt/watchdog.hpp; shared by every copy of the
-  /// handle and inherited by later split()s). The optimizers set AdamOptions::watchdog
-  /// here when they are constructed. Error(InvalidArgument) for a negative timeout.
+  /// handle and inherited by later split()s). An optimizer whose AdamOptions::watchdog
+  /// is set sets it here when it is constructed. Error(InvalidArgument) for a negative
+  /// timeout or one above a year.
   void set_watchdog(const WatchdogOptions& options) const;
   /// The deadlines in force.
   WatchdogOptions watchdog() const;

@@ -232,7 +232,7 @@ DistributedAdam::DistributedAdam(Communicator comm, std::vector<ParamSpec> specs
   SHARDOPT_REQUIRE(comm.valid(), ErrorCode::InvalidArgument, "DistributedAdam needs a valid Communicator");
   // The deadlines first (they bound the agreement's own all-gathers), then the options,
   // so that a rank whose options differ (or are invalid) fails together with the others.
-  comm.set_watchdog(options.watchdog);
+  if (options.watchdog) comm.set_watchdog(*options.watchdog);
   std::vector<detail::OptionField> fields = detail::adam_fields(options);
   const char* reduce_ops[] = {"Sum", "Average", "Max"};
   fields.insert(fields.end(),

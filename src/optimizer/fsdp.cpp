@@ -256,7 +256,7 @@ Fsdp::Fsdp(Communicator comm, std::vector<ParamSpec> specs, std::vector<FsdpUnit
   // The deadlines first (they bound the agreement's own all-gathers, and the shard and
   // replica groups split from `comm` inherit them), then the options, so that a rank
   // whose options differ (or are invalid) fails together with the others.
-  comm.set_watchdog(options.watchdog);
+  if (options.watchdog) comm.set_watchdog(*options.watchdog);
   std::vector<detail::OptionField> fields = detail::adam_fields(options);
   const char* reduce_ops[] = {"Sum", "Average", "Max"};
   fields.insert(fields.end(),

@@ -51,7 +51,7 @@ TEST(WatchdogGpu, StuckReplayTimesOutAndAbortsTheCommunicator) {
   TestStream ts(Backend::Cuda);
   const Stream s = ts.get();
   DistributedAdamOptions o = base_options(DType::f32);
-  o.watchdog.step_timeout = std::chrono::milliseconds(2000);  // wait_timeout stays off
+  o.watchdog = WatchdogOptions{std::chrono::milliseconds(0), std::chrono::milliseconds(2000)};  // no wait_timeout
   DistributedAdam opt(comm, small_model(), o);
   init_params(opt, s);
   StepGraph graph(opt, [](Stream, bool) {});
@@ -88,7 +88,7 @@ TEST(WatchdogGpu, BlockingWaitOnAStuckStreamIsBounded) {
   TestStream ts(Backend::Cuda);
   const Stream s = ts.get();
   DistributedAdamOptions o = base_options(DType::f32);
-  o.watchdog.wait_timeout = std::chrono::milliseconds(1000);
+  o.watchdog = WatchdogOptions{std::chrono::milliseconds(1000), std::chrono::minutes(5)};
   DistributedAdam opt(comm, small_model(), o);
   init_params(opt, s);
   opt.synchronize(s);
@@ -116,8 +116,7 @@ TEST(WatchdogGpu, HealthyReplaysAreNeverFlagged) {
   TestStream ts(Backend::Cuda);
   const Stream s = ts.get();
   DistributedAdamOptions o = base_options(DType::f32);
-  o.watchdog.step_timeout = std::chrono::milliseconds(2000);
-  o.watchdog.wait_timeout = std::chrono::milliseconds(2000);
+  o.watchdog = WatchdogOptions{std::chrono::milliseconds(2000), std::chrono::milliseconds(2000)};
   DistributedAdam opt(comm, small_model(), o);
   init_params(opt, s);
   StepGraph graph(opt, [](Stream, bool) {});

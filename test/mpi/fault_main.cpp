@@ -84,7 +84,7 @@ void arm(const Communicator& comm, detail::InjectedFault fault, int after) {
 
 DistributedAdamOptions with_wait_timeout(long long ms) {
   DistributedAdamOptions o = base_options(DType::f32);
-  o.watchdog.wait_timeout = std::chrono::milliseconds(ms);
+  o.watchdog = WatchdogOptions{std::chrono::milliseconds(ms), std::chrono::minutes(5)};
   return o;
 }
 
@@ -138,7 +138,7 @@ void run(const std::string& scenario, long long t) {
   } else if (scenario == "skip_replay") {
     // No wait_timeout: the replay's step_timeout alone bounds it.
     DistributedAdamOptions o = base_options(DType::f32);
-    o.watchdog.step_timeout = std::chrono::milliseconds(t);
+    o.watchdog = WatchdogOptions{std::chrono::milliseconds(0), std::chrono::milliseconds(t)};
     DistributedAdam opt(comm, small_model(), o);
     init_params(opt, s);
     StepGraph graph(opt, [](Stream, bool) {});
@@ -161,7 +161,7 @@ void run(const std::string& scenario, long long t) {
     expect_refused(scenario + " synchronize", comm, [&] { opt.synchronize(s); });
   } else if (scenario == "skip_fsdp") {
     FsdpOptions o = fsdp_options(base_options(DType::f32));
-    o.watchdog.wait_timeout = std::chrono::milliseconds(t);
+    o.watchdog = WatchdogOptions{std::chrono::milliseconds(t), std::chrono::minutes(5)};
     Fsdp f(comm, small_model(), small_units(), o);
     init_fsdp(f, s);
     f.synchronize(s);

@@ -72,11 +72,10 @@ TEST(OptionsAgreementHost, DistributedAdamOptionsThatDifferAreNamed) {
   DistributedAdamOptions local = base_options(DType::f32);
   if (last) {
     local.persistent_grad_copies = true;
-    local.watchdog.wait_timeout = std::chrono::milliseconds(60000);
-    local.watchdog.step_timeout = std::chrono::milliseconds(0);
+    local.watchdog = WatchdogOptions{std::chrono::milliseconds(60000), std::chrono::milliseconds(0)};
   }
   DistributedAdam differs_locally(comm, small_model(), local);
-  EXPECT_EQ(differs_locally.options().watchdog.wait_timeout.count(), last ? 60000 : 0);
+  EXPECT_EQ(comm.watchdog().wait_timeout.count(), last ? 60000 : 0);
 }
 
 TEST(OptionsAgreementHost, FsdpOptionsThatDifferAreNamed) {

@@ -40,8 +40,12 @@ TEST(WatchdogHost, OptionsAreCheckedSharedAndInherited) {
 
   // The optimizers set AdamOptions::watchdog on their communicator.
   DistributedAdamOptions o = base_options(DType::f32);
-  o.watchdog.wait_timeout = milliseconds(4321);
+  o.watchdog = WatchdogOptions{milliseconds(4321), milliseconds(8765)};
   DistributedAdam opt(comm, small_model(), o);
+  EXPECT_EQ(comm.watchdog().wait_timeout, milliseconds(4321));
+  EXPECT_EQ(comm.watchdog().step_timeout, milliseconds(8765));
+  // Unset keeps the communicator's deadlines (here: those the first optimizer set).
+  DistributedAdam second(comm, small_model(), base_options(DType::f32));
   EXPECT_EQ(comm.watchdog().wait_timeout, milliseconds(4321));
 }
 
@@ -123,7 +127,7 @@ TEST(WatchdogHost, FsdpSynchronizeAndSplitGroupsInherit) {
   Communicator comm = make_comm(Backend::Host);
   FsdpOptions o = fsdp_options(base_options(DType::f32));
   o.shard_group_size = comm.size() % 2 == 0 ? 2 : 0;  // hybrid where it can be: shard + replica groups
-  o.watchdog.wait_timeout = milliseconds(60000);
+  o.watchdog = WatchdogOptions{milliseconds(60000), std::chrono::minutes(5)};
   HostStream hs;
   Fsdp f(comm, small_model(), small_units(), o);
   init_fsdp(f, hs.handle());
