@@ -93,7 +93,13 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   /// `deadline` through fail_timeout. Yields for the first millisecond, then sleeps
   /// 50 us between polls.
   template <class Done>
-  void wait_until(Done&& done, const std::string& what, const Deadline& deadline);
+  void wait_until(Done&& done, const std::string& what, const Deadline& deadline) {
+    wait_until(done, what, deadline, [&] { fail_timeout(what, deadline); });
+  }
+  /// The same loop; at the deadline it calls `late()`, which must mark the group failed
+  /// and throw (a caller with a message of its own: the step watchdog).
+  template <class Done, class Late>
+  void wait_until(Done&& done, const std::string& what, const Deadline& deadline, Late&& late);
   /// Blocks until the work queued on `stream` so far has finished, within wait_timeout
   /// (Communicator::synchronize). Host backend: its streams have nothing in flight.
   void synchronize(Stream stream, const std::string& what);
@@ -188,15 +194,15 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   std::vector<std::weak_ptr<CommImpl>> linked_;  // split parent and children, under failure_mutex_
 };
 
-template <class Done>
-void CommImpl::wait_until(Done&& done, const std::string& what, const Deadline& deadline) {
+template <class Done, class Late>
+void CommImpl::wait_until(Done&& done, const std::string& what, const Deadline& deadline, Late&& late) {
   const WatchClock::time_point spin_until = WatchClock::now() + std::chrono::milliseconds(1);
   for (;;) {
     require_usable(what.c_str());  // first: a failure marked by another thread wins
     if (done()) return;
     poll_async_error();
     const WatchClock::time_point now = WatchClock::now();
-    if (now >= deadline.at) fail_timeout(what, deadline);
+    if (now >= deadline.at) late();
     if (now < spin_until) {
       std::this_thread::yield();
     } else {

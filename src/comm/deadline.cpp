@@ -13,6 +13,9 @@ thread_local std::string t_step_what;
 OperationLabel::OperationLabel(std::string what) : previous_(std::exchange(t_label, std::move(what))) {}
 OperationLabel::~OperationLabel() { t_label = std::move(previous_); }
 const std::string& OperationLabel::current() { return t_label; }
+std::string OperationLabel::named(const char* call) {
+  return t_label.empty() ? std::string(call) : std::string(call) + " (" + t_label + ")";
+}
 
 StepDeadlineScope::StepDeadlineScope(std::chrono::milliseconds limit, std::string what)
     : previous_(t_step_deadline), previous_what_(std::exchange(t_step_what, std::move(what))) {

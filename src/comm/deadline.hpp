@@ -32,6 +32,8 @@ class OperationLabel {
   OperationLabel& operator=(const OperationLabel&) = delete;
   /// The innermost live label of this thread ("" when none).
   static const std::string& current();
+  /// `call` followed by the current label: "all_reduce (bucket 3 ...)".
+  static std::string named(const char* call);
 
  private:
   std::string previous_;

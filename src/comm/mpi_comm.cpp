@@ -219,7 +219,7 @@ class MpiCommImpl final : public CommImpl {
   }
 
   void do_barrier() override {
-    const std::string what = named("barrier");
+    const std::string what = OperationLabel::named("barrier");
     if (inject_fault(what)) return;
     MPI_Request req = MPI_REQUEST_NULL;
     SHARDOPT_MPI_CHECK(MPI_Ibarrier(comm_, &req));
@@ -234,7 +234,7 @@ class MpiCommImpl final : public CommImpl {
   }
 
   std::vector<std::uint64_t> do_all_gather_u64(const std::vector<std::uint64_t>& mine) override {
-    const std::string what = named("all_gather_value");
+    const std::string what = OperationLabel::named("all_gather_value");
     const std::size_t n = mine.size();
     std::vector<std::uint64_t> all(n * static_cast<std::size_t>(size()));
     if (inject_fault(what)) return all;
@@ -256,12 +256,6 @@ class MpiCommImpl final : public CommImpl {
   }
 
  private:
-  // "all_reduce (bucket 3 ...)": the call and the label of the thread that enqueued it.
-  static std::string named(const char* call) {
-    const std::string& label = OperationLabel::current();
-    return label.empty() ? std::string(call) : std::string(call) + " (" + label + ")";
-  }
-
   // Completes `req`. Without a deadline: MPI_Wait. With one: MPI_Test polled until the
   // deadline, then the group fails with Error(Timeout); the request stays with MPI (a
   // collective cannot be cancelled) and is kept, with the `scratch` buffers it may still
@@ -296,7 +290,7 @@ class MpiCommImpl final : public CommImpl {
   template <class Work>
   void enqueue(Stream stream, const char* call, Work work) {
     auto self = std::static_pointer_cast<MpiCommImpl>(shared_from_this());
-    host_enqueue(stream, [self, call, work, what = named(call)] {
+    host_enqueue(stream, [self, call, work, what = OperationLabel::named(call)] {
       self->require_usable(call);
       if (self->inject_fault(what)) return;
       self->guarded([&] { work(*self, what); });

@@ -102,7 +102,7 @@ class NcclCommImpl final : public CommImpl {
 
  protected:
   void do_reduce_scatter(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) override {
-    if (fault_armed() && inject_fault(labelled("reduce_scatter"))) return;
+    if (fault_armed() && inject_fault(OperationLabel::named("reduce_scatter"))) return;
     DeviceGuard guard(device());
     const Use use(*this);
     char* base = static_cast<char*>(data);
@@ -113,7 +113,7 @@ class NcclCommImpl final : public CommImpl {
   }
 
   void do_all_gather(void* data, std::int64_t count, DType dtype, Stream stream) override {
-    if (fault_armed() && inject_fault(labelled("all_gather"))) return;
+    if (fault_armed() && inject_fault(OperationLabel::named("all_gather"))) return;
     DeviceGuard guard(device());
     // An all-gather only moves bytes: gather every dtype (fp8 and e8m0 scales included) as bytes.
     const std::size_t bytes = static_cast<std::size_t>(count) * size_of(dtype);
@@ -125,7 +125,7 @@ class NcclCommImpl final : public CommImpl {
   }
 
   void do_all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) override {
-    if (fault_armed() && inject_fault(labelled("all_reduce"))) return;
+    if (fault_armed() && inject_fault(OperationLabel::named("all_reduce"))) return;
     DeviceGuard guard(device());
     const Use use(*this);
     SHARDOPT_NCCL_CHECK(ncclAllReduce(data, data, static_cast<std::size_t>(count), reduce_type(dtype), nccl_op(op),
@@ -134,7 +134,7 @@ class NcclCommImpl final : public CommImpl {
   }
 
   void do_barrier() override {
-    if (fault_armed() && inject_fault(labelled("barrier"))) return;
+    if (fault_armed() && inject_fault(OperationLabel::named("barrier"))) return;
     DeviceGuard guard(device());
     {
       const Use use(*this);
@@ -164,7 +164,7 @@ class NcclCommImpl final : public CommImpl {
   }
 
   std::vector<std::uint64_t> do_all_gather_u64(const std::vector<std::uint64_t>& mine) override {
-    if (fault_armed() && inject_fault(labelled("all_gather_value"))) return std::vector<std::uint64_t>(mine.size() * static_cast<std::size_t>(size()));
+    if (fault_armed() && inject_fault(OperationLabel::named("all_gather_value"))) return std::vector<std::uint64_t>(mine.size() * static_cast<std::size_t>(size()));
     DeviceGuard guard(device());
     const std::size_t slot = mine.size() * sizeof(std::uint64_t);
     std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(size()));
@@ -276,11 +276,6 @@ class NcclCommImpl final : public CommImpl {
  private:
   static cudaStream_t cuda(Stream s) { return reinterpret_cast<cudaStream_t>(s); }
 
-  // "all_reduce (bucket 3 ...)": the call and the caller's label (fault messages).
-  static std::string labelled(const char* call) {
-    const std::string& label = OperationLabel::current();
-    return label.empty() ? std::string(call) : std::string(call) + " (" + label + ")";
-  }
 
   // One use of the NCCL handle by a caller, counted while it lives (see on_failure).
   // Throws Error(InvalidState) once the communicator was given up.

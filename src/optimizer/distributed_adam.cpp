@@ -234,18 +234,17 @@ DistributedAdam::DistributedAdam(Communicator comm, std::vector<ParamSpec> specs
   // so that a rank whose options differ (or are invalid) fails together with the others.
   if (options.watchdog) comm.set_watchdog(*options.watchdog);
   std::vector<detail::OptionField> fields = detail::adam_fields(options);
-  const char* reduce_ops[] = {"Sum", "Average", "Max"};
   fields.insert(fields.end(),
                 {{"grad_dtype", to_string(options.grad_dtype)},
                  {"param_dtype", options.param_dtype ? to_string(*options.param_dtype) : "unset"},
                  {"param_format", options.param_format == ParamFormat::Mxfp8 ? "Mxfp8" : "Native"},
-                 {"grad_reduce", reduce_ops[static_cast<int>(options.grad_reduce)]},
+                 {"grad_reduce", detail::option_text(options.grad_reduce)},
                  {"bucket_numel", options.bucket_numel ? std::to_string(*options.bucket_numel) : "unset"},
-                 {"overlap_grad_reduce", options.overlap_grad_reduce ? "true" : "false"},
-                 {"overlap_param_gather", options.overlap_param_gather ? "true" : "false"},
-                 {"grouped_collectives", options.grouped_collectives ? "true" : "false"},
+                 {"overlap_grad_reduce", detail::option_text(options.overlap_grad_reduce)},
+                 {"overlap_param_gather", detail::option_text(options.overlap_param_gather)},
+                 {"grouped_collectives", detail::option_text(options.grouped_collectives)},
                  {"gather_pipeline", std::to_string(options.gather_pipeline)},
-                 {"nccl_registered", options.nccl_registered ? "true" : "false"}});
+                 {"nccl_registered", detail::option_text(options.nccl_registered)}});
   detail::check_options_agree(comm, "DistributedAdamOptions", fields);
   detail::validate(options, options.grad_dtype);
   SHARDOPT_REQUIRE(options.gather_pipeline >= 1, ErrorCode::InvalidArgument,

@@ -258,15 +258,14 @@ Fsdp::Fsdp(Communicator comm, std::vector<ParamSpec> specs, std::vector<FsdpUnit
   // whose options differ (or are invalid) fails together with the others.
   if (options.watchdog) comm.set_watchdog(*options.watchdog);
   std::vector<detail::OptionField> fields = detail::adam_fields(options);
-  const char* reduce_ops[] = {"Sum", "Average", "Max"};
   fields.insert(fields.end(),
                 {{"param_dtype", to_string(options.param_dtype)},
                  {"grad_dtype", to_string(options.grad_dtype)},
                  {"slot_grad_dtype", to_string(options.slot_grad_dtype)},
-                 {"grad_reduce", reduce_ops[static_cast<int>(options.grad_reduce)]},
+                 {"grad_reduce", detail::option_text(options.grad_reduce)},
                  {"bucket_numel", options.bucket_numel ? std::to_string(*options.bucket_numel) : "unset"},
-                 {"keep_last_unit", options.keep_last_unit ? "true" : "false"},
-                 {"prefetch", options.prefetch ? "true" : "false"},
+                 {"keep_last_unit", detail::option_text(options.keep_last_unit)},
+                 {"prefetch", detail::option_text(options.prefetch)},
                  {"shard_group_size", std::to_string(options.shard_group_size)}});
   detail::check_options_agree(comm, "FsdpOptions", fields);
   detail::validate(options, options.grad_dtype);

@@ -35,6 +35,17 @@ constexpr std::size_t kTextWords = 24;  // up to 191 characters of a value per r
 
 }  // namespace
 
+const char* option_text(bool value) noexcept { return value ? "true" : "false"; }
+
+const char* option_text(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::Sum: return "Sum";
+    case ReduceOp::Average: return "Average";
+    case ReduceOp::Max: return "Max";
+  }
+  return "?";
+}
+
 std::vector<OptionField> adam_fields(const AdamOptions& a) {
   std::string groups;
   for (const auto& [name, g] : a.groups) groups += (groups.empty() ? "" : "; ") + name + group_text(g);
@@ -46,7 +57,7 @@ std::vector<OptionField> adam_fields(const AdamOptions& a) {
   return {{"beta1", real(a.beta1)},
           {"beta2", real(a.beta2)},
           {"eps", real(a.eps)},
-          {"decoupled_weight_decay", a.decoupled_weight_decay ? "true" : "false"},
+          {"decoupled_weight_decay", option_text(a.decoupled_weight_decay)},
           {"default_group", group_text(a.default_group)},
           {"groups", "{" + groups + "}"},
           {"clip_max_norm", real(a.clip_max_norm)},

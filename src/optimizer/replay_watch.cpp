@@ -77,26 +77,22 @@ void ReplayWatch::before_replay() {
   while (pending_.size() >= kMaxInFlight) {
     const Entry oldest = pending_.front();
     lock.unlock();
-    const Clock::time_point spin_until = Clock::now() + std::chrono::milliseconds(1);
-    for (;;) {
-      {
-        std::lock_guard<std::mutex> relock(mutex_);
-        if (pending_.empty() || pending_.front().number != oldest.number || oldest.finished()) break;
-      }
-      comm_.require_usable("StepGraph::replay");
-      impl.poll_async_error();
-      const Clock::time_point now = Clock::now();
-      if (now >= oldest.deadline) {
-        const std::string msg = late_message(oldest, now);
-        impl.mark_failed(msg, ErrorCode::Timeout);
-        throw Error(ErrorCode::Timeout, msg);
-      }
-      if (now < spin_until) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
-    }
+    Deadline deadline;
+    deadline.start = oldest.start;
+    deadline.at = oldest.deadline;
+    deadline.limit = oldest.limit;
+    deadline.limit_name = "step_timeout";
+    impl.wait_until(
+        [&] {
+          std::lock_guard<std::mutex> relock(mutex_);
+          return pending_.empty() || pending_.front().number != oldest.number || oldest.finished();
+        },
+        "StepGraph::replay", deadline,
+        [&] {
+          const std::string msg = late_message(oldest, Clock::now());
+          impl.mark_failed(msg, ErrorCode::Timeout);
+          throw Error(ErrorCode::Timeout, msg);
+        });
     lock.lock();
     reap_locked();
   }

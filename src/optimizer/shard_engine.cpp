@@ -151,13 +151,14 @@ void ShardEngine::init_master(Stream stream) {
   initialized_ = true;
 }
 
-void ShardEngine::require_initialized(const std::string& call, const std::string& init_calls) const {
-  SHARDOPT_REQUIRE(initialized_, ErrorCode::InvalidState,
-                   call + " before the fp32 master was initialized: it is still zero, and a step would overwrite "
-                          "the weights written into the parameters with values computed from it. Call " +
-                       init_calls +
-                       " once after writing the initial values (a trainer that wants zeros calls it too), or load a "
-                       "checkpoint");
+void ShardEngine::throw_not_initialized(std::string_view call, std::string_view init_calls) {
+  throw Error(ErrorCode::InvalidState,
+              std::string(call) +
+                  " before the fp32 master was initialized: it is still zero, and a step would overwrite the "
+                  "weights written into the parameters with values computed from it. Call " +
+                  std::string(init_calls) +
+                  " once after writing the initial values (a trainer that wants zeros calls it too), or load a "
+                  "checkpoint");
 }
 
 void ShardEngine::step(const Communicator& norm_comm, Stream stream) {

@@ -10,6 +10,7 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -73,7 +74,9 @@ class ShardEngine {
   bool initialized() const noexcept { return initialized_; }
   /// Throws Error(InvalidState) from `call` (a front end's step, reduce or gather) while
   /// the master is not initialized; `init_calls` names the front end's init calls.
-  void require_initialized(const std::string& call, const std::string& init_calls) const;
+  void require_initialized(std::string_view call, std::string_view init_calls) const {
+    if (!initialized_) throw_not_initialized(call, init_calls);
+  }
   /// fp32 master of this rank's shard of buffer `buffer` (shard_numel elements).
   float* master(int buffer) const;
   /// The device-side step: lr (slot or schedule), inverse loss scale, grad norm over the
@@ -146,6 +149,8 @@ class ShardEngine {
   std::vector<ParamPiece> pieces_;
   DeviceBuffer scalars_, microbatch_, slots_, readback_, step_slot_;
   std::map<std::pair<int, DType>, DeviceBuffer> copies_;  // shard_grad cast copies
+  [[noreturn]] static void throw_not_initialized(std::string_view call, std::string_view init_calls);
+
   bool copies_requested_ = false;
   bool initialized_ = false;
 };
