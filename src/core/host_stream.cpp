@@ -3,6 +3,7 @@
 #include <mutex>
 #include <unordered_set>
 
+#include "core/float_env.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt {
@@ -20,6 +21,7 @@ std::unordered_set<const HostStream*>& registry() {
 }  // namespace
 
 void HostGraph::replay() const {
+  const detail::IeeeSubnormals ieee;  // the host twins' bits do not depend on the process's FTZ / DAZ
   for (const auto& op : ops_) op();
 }
 
@@ -70,6 +72,7 @@ void host_enqueue(Stream stream, std::function<void()> op) {
     hs->recorded_.push_back(std::move(op));
     return;
   }
+  const detail::IeeeSubnormals ieee;  // the host twins' bits do not depend on the process's FTZ / DAZ
   op();
 }
 

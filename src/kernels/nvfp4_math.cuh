@@ -106,9 +106,12 @@ SHARDOPT_HD std::uint8_t encode_element(std::uint16_t bf16, float multiplier) {
   return f32_to_e2m1(mul_rn(num::bf16_to_f32(bf16), multiplier));
 }
 
-/// f32 value of an element: fl32(e2m1 * fl32(e4m3(scale) * S_dec)).
+/// f32 value of an element: fl32(e2m1 * fl32(e4m3(scale) * S_dec)); a refused tensor's
+/// elements (NaN scale and S_dec) give the one quiet NaN 0x7FC00000 on both sides (the
+/// host's SSE keeps an operand's NaN payload and sign, the GPU returns its own NaN).
 SHARDOPT_HD float decode_element(std::uint8_t code, std::uint8_t scale, float decode) {
-  return mul_rn(e2m1_to_f32(code), mul_rn(num::e4m3_to_f32(scale), decode));
+  const float v = mul_rn(e2m1_to_f32(code), mul_rn(num::e4m3_to_f32(scale), decode));
+  return v == v ? v : num::f32_from_bits(kAmaxNonFinite);
 }
 
 /// bf16 of an fp32 master value (the sharded path quantizes bf16(master)).
