@@ -39,5 +39,6 @@ void advance_microbatch(MicrobatchState* state, Backend backend, Stream stream) 
 namespace shardopt::kernels {
 void apply_lr_schedule_cuda(const LrSchedule&, const float*, StepScalars*, Stream) { detail::no_cuda("the step-control kernels"); }
 void advance_microbatch_cuda(MicrobatchState*, Stream) { detail::no_cuda("the step-control kernels"); }
+void count_completion_cuda(unsigned long long*, Stream) { detail::no_cuda("the step-control kernels"); }
 }  // namespace shardopt::kernels
 #endif

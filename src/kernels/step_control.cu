@@ -11,6 +11,11 @@ __global__ void lr_schedule_kernel(LrSchedule schedule, const float* host_lr, St
 
 __global__ void advance_microbatch_kernel(MicrobatchState* state) { advance_microbatch_state(state); }
 
+__global__ void count_completion_kernel(unsigned long long* counter) {
+  atomicAdd_system(counter, 1ull);
+  __threadfence_system();
+}
+
 }  // namespace
 
 void apply_lr_schedule_cuda(const LrSchedule& schedule, const float* host_lr, StepScalars* scalars, Stream stream) {
@@ -20,6 +25,11 @@ void apply_lr_schedule_cuda(const LrSchedule& schedule, const float* host_lr, St
 
 void advance_microbatch_cuda(MicrobatchState* state, Stream stream) {
   advance_microbatch_kernel<<<1, 1, 0, reinterpret_cast<cudaStream_t>(stream)>>>(state);
+  SHARDOPT_CUDA_CHECK(cudaGetLastError());
+}
+
+void count_completion_cuda(unsigned long long* counter, Stream stream) {
+  count_completion_kernel<<<1, 1, 0, reinterpret_cast<cudaStream_t>(stream)>>>(counter);
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -27,6 +27,12 @@ SHARDOPT_HD void advance_microbatch_state(MicrobatchState* s) {
   s->skip_weight_update = s->first ? 0 : 1;
 }
 
+/// CUDA only: adds 1 to *counter when the stream reaches this point (one thread; the
+/// counter may be pinned host memory that a host thread reads: the write is made visible
+/// to the whole system). Captured at the end of a StepGraph's iteration, it counts the
+/// replays that have completed, for the step watchdog.
+void count_completion_cuda(unsigned long long* counter, Stream stream);
+
 void apply_lr_schedule_cuda(const LrSchedule& schedule, const float* host_lr, StepScalars* scalars, Stream stream);
 void advance_microbatch_cuda(MicrobatchState* state, Stream stream);
 

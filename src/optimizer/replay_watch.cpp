@@ -8,6 +8,7 @@
 
 #include "comm/comm_impl.hpp"
 #include "core/device_guard.hpp"
+#include "kernels/step_control.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt::detail {
@@ -28,7 +29,24 @@ Clock::duration poll_period(std::chrono::milliseconds limit) {
 
 }  // namespace
 
-ReplayWatch::ReplayWatch(Communicator comm, std::string what) : comm_(std::move(comm)), what_(std::move(what)) {}
+ReplayWatch::ReplayWatch(Communicator comm, std::string what) : comm_(std::move(comm)), what_(std::move(what)) {
+  if (comm_.backend() == Backend::Cuda) {
+    DeviceGuard guard(comm_.device());
+    counter_ = DeviceBuffer(Backend::Cuda, sizeof(unsigned long long), MemoryKind::Pinned);
+    *counter_.as<unsigned long long>() = 0;
+  }
+}
+
+std::uint64_t ReplayWatch::completed() const noexcept {
+  if (counter_.data() == nullptr) return 0;
+  // The kernel writes it through the system fence; a plain atomic read sees the value.
+  return __atomic_load_n(counter_.as<unsigned long long>(), __ATOMIC_ACQUIRE);
+}
+
+void ReplayWatch::mark_completion(Stream stream) {
+  if (comm_.backend() != Backend::Cuda) return;
+  kernels::count_completion_cuda(counter_.as<unsigned long long>(), stream);
+}
 
 ReplayWatch::~ReplayWatch() {
   {
@@ -41,8 +59,7 @@ ReplayWatch::~ReplayWatch() {
 
 void ReplayWatch::reap_locked() {
   bool reaped = false;
-  while (!pending_.empty() && pending_.front().finished()) {
-    if (pending_.front().done != nullptr) free_.push_back(pending_.front().done);
+  while (!pending_.empty() && finished(pending_.front())) {
     pending_.pop_front();
     reaped = true;
   }
@@ -85,7 +102,7 @@ void ReplayWatch::before_replay() {
     impl.wait_until(
         [&] {
           std::lock_guard<std::mutex> relock(mutex_);
-          return pending_.empty() || pending_.front().number != oldest.number || oldest.finished();
+          return pending_.empty() || pending_.front().number != oldest.number || finished(oldest);
         },
         "StepGraph::replay", deadline,
         [&] {
@@ -98,37 +115,14 @@ void ReplayWatch::before_replay() {
   }
 }
 
-void ReplayWatch::after_replay(Stream stream) {
+void ReplayWatch::after_replay() {
   ++number_;
   if (comm_.backend() != Backend::Cuda) return;
   const std::chrono::milliseconds limit = comm_.watchdog().step_timeout;
   if (limit.count() == 0) return;
-  Event* event = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!free_.empty()) {
-      event = free_.back();
-      free_.pop_back();
-    }
-  }
-  if (event == nullptr) {
-    DeviceGuard guard(comm_.device());
-    auto made = std::make_unique<Event>(Backend::Cuda);
-    event = made.get();
-    std::lock_guard<std::mutex> lock(mutex_);
-    events_.push_back(std::move(made));
-  }
-  try {
-    event->record(stream);
-  } catch (...) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    free_.push_back(event);
-    throw;
-  }
   const Clock::time_point now = Clock::now();
   std::lock_guard<std::mutex> lock(mutex_);
   Entry e;
-  e.done = event;
   e.start = now;
   e.deadline = now + limit;
   e.limit = limit;
@@ -169,7 +163,7 @@ void ReplayWatch::run() {
   while (!stop_) {
     try {
       reap_locked();
-    } catch (const std::exception& e) {  // the device reported an error: the replays cannot finish
+    } catch (const std::exception& e) {  // a test's probe threw: nothing can be watched any more
       lock.unlock();
       impl.mark_failed(e.what());
       return;

@@ -3,16 +3,19 @@
 // replay() call, or from the moment the replay queued before it was seen finished, if
 // that is later (a replay waiting behind others is not yet running).
 //
-// CUDA: after a replay is launched, a CUDA event is recorded behind it on the caller's
-// stream and handed to a background thread, which sleeps until the oldest replay's
-// deadline (waking at least every step_timeout / 20, and every second to poll NCCL's
-// asynchronous errors) and queries the event then; a replay not done by its deadline
-// marks the communicator failed with Error(Timeout), which aborts NCCL (its kernels
-// waiting for a dead peer end) and fails the groups split from it. Nothing is added to
-// the graph, and the caller's thread pays one event record and two short locks per
-// replay. At most kMaxInFlight replays may be unfinished: a later replay() first waits
-// for the oldest (as the bounded CUDA launch queue would), so a trainer that only calls
-// replay() still gets Error(Timeout) instead of blocking in the driver forever.
+// CUDA: the graph that ends an iteration ends with a one-thread kernel that adds 1 to a
+// counter in pinned host memory (mark_completion, captured once), so the counter is the
+// number of replays that have completed. replay() only notes its number and the time:
+// no CUDA call on the caller's thread, one short lock. A background thread sleeps until
+// the oldest replay's deadline (waking at least every step_timeout / 20, and every second
+// to poll NCCL's asynchronous errors) and reads the counter then; a replay not done by its
+// deadline marks the communicator failed with Error(Timeout), which aborts NCCL (its
+// kernels waiting for a dead peer end) and fails the groups split from it. Replays of one
+// StepGraph complete in order (they share its buffers, so the trainer orders them), which
+// is what lets one counter say which ones are done. At most kMaxInFlight replays may be
+// unfinished: a later replay() first waits for the oldest (as the bounded CUDA launch
+// queue would), so a trainer that only calls replay() still gets Error(Timeout) instead
+// of blocking in the driver forever.
 //
 // Host backend: a replay runs on the caller's thread; StepGraph bounds it with a
 // StepDeadlineScope instead, and nothing here runs.
@@ -29,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/memory.hpp"
 #include "core/streams.hpp"
 #include "shardopt/communicator.hpp"
 
@@ -40,7 +44,7 @@ class ReplayWatch {
   static constexpr std::size_t kMaxInFlight = 8;
 
   /// Watches replays that fail `comm` (a copy is kept) when late; `what` names the
-  /// optimizer in messages ("DistributedAdam").
+  /// optimizer in messages ("DistributedAdam"). CUDA: allocates the completion counter.
   ReplayWatch(Communicator comm, std::string what);
   /// Stops and joins the thread; unfinished replays are no longer watched.
   ~ReplayWatch();
@@ -51,9 +55,12 @@ class ReplayWatch {
   /// communicator has failed; forgets finished replays; with kMaxInFlight unfinished,
   /// waits for the oldest (Error(Timeout) once it is past its deadline).
   void before_replay();
-  /// After launching a replay on `stream` (CUDA, step_timeout > 0): records its
-  /// completion and watches it (starts the thread on first use).
-  void after_replay(Stream stream);
+  /// After launching a replay (CUDA, step_timeout > 0): watches it (starts the thread on
+  /// first use). Its completion is the counter reaching its number.
+  void after_replay();
+  /// CUDA, inside the capture of the graph that ends an iteration, as its last work on
+  /// `stream`: the kernel that counts the replay complete. Host backend: nothing.
+  void mark_completion(Stream stream);
   /// Number of the next replay (1-based, counted over this watch's life).
   std::uint64_t next_number() const noexcept { return number_ + 1; }
 
@@ -65,15 +72,16 @@ class ReplayWatch {
 
  private:
   struct Entry {
-    Event* done = nullptr;              // the replay's event (returned to free_ when reaped)
-    std::function<bool()> probe;        // instead of `done`: watch_for_test
-    bool finished() const { return probe ? probe() : done->done(); }
+    std::function<bool()> probe;  // watch_for_test: the completion; else the counter's
     std::chrono::steady_clock::time_point start, deadline;
     std::chrono::milliseconds limit{0};
     std::uint64_t number = 0;
   };
+  bool finished(const Entry& e) const { return e.probe ? e.probe() : completed() >= e.number; }
+  // Replays completed so far (the counter the captured kernel advances).
+  std::uint64_t completed() const noexcept;
   void run();
-  // Pops finished entries from the front (the lock held); returns their events.
+  // Pops finished entries from the front (the lock held).
   void reap_locked();
   std::string late_message(const Entry& e, std::chrono::steady_clock::time_point now) const;
 
@@ -81,9 +89,8 @@ class ReplayWatch {
   std::string what_;
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<Entry> pending_;                  // oldest first (deadlines increase)
-  std::vector<std::unique_ptr<Event>> events_; // every event made, reused
-  std::vector<Event*> free_;
+  std::deque<Entry> pending_;  // oldest first (deadlines increase)
+  DeviceBuffer counter_;       // CUDA: one unsigned long long in pinned host memory
   std::uint64_t number_ = 0;
   bool probes_ = false;  // watch_for_test was used: bound replays on any backend
   bool stop_ = false;

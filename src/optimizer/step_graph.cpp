@@ -64,9 +64,9 @@ class StepGraph::Impl {
 
   // Runs `launch` (the graph launches of one replay) under the watchdog: refused once the
   // communicator has failed; host backend: every wait inside bounded by step_timeout;
-  // CUDA: watched from the launch on.
+  // CUDA: watched from the launch on (the captured graphs count their completion).
   template <class Launch>
-  void watched(Stream stream, const char* call, Launch&& launch) {
+  void watched(const char* call, Launch&& launch) {
     watch.before_replay();
     if (target.step_backend() == Backend::Host) {
       detail::StepDeadlineScope scope(target.step_comm().watchdog().step_timeout,
@@ -75,7 +75,7 @@ class StepGraph::Impl {
     } else {
       launch();
     }
-    watch.after_replay(stream);
+    watch.after_replay();
   }
 };
 
@@ -116,7 +116,10 @@ void StepGraph::capture(Stream stream) {
   m.target.check_step_capturable();
   if (m.one_graph) {
     m.whole = std::make_unique<detail::CapturedGraph>();
-    m.whole->capture(be, stream, [&] { m.eager(stream); });
+    m.whole->capture(be, stream, [&] {
+      m.eager(stream);
+      m.watch.mark_completion(stream);  // the iteration's last work: counts it complete
+    });
     return;
   }
   const int k = m.target.iteration_microbatches();
@@ -130,14 +133,17 @@ void StepGraph::capture(Stream stream) {
     m.last->capture(be, stream, [&] { m.microbatch(stream, true); });
   }
   m.step_graph = std::make_unique<detail::CapturedGraph>();
-  m.step_graph->capture(be, stream, [&] { m.target.step_and_zero_grad(stream); });
+  m.step_graph->capture(be, stream, [&] {
+    m.target.step_and_zero_grad(stream);
+    m.watch.mark_completion(stream);  // the iteration's last work: counts it complete
+  });
 }
 
 void StepGraph::replay(Stream stream) {
   Impl& m = live(impl_);
   SHARDOPT_REQUIRE(captured(), ErrorCode::InvalidState, "StepGraph::replay() before capture()");
   const Backend be = m.target.step_backend();
-  m.watched(stream, "StepGraph::replay", [&] {
+  m.watched("StepGraph::replay", [&] {
     if (m.whole) {
       m.whole->replay(be, stream);
       return;
@@ -155,7 +161,7 @@ void StepGraph::replay_step(Stream stream) {
   Impl& m = live(impl_);
   SHARDOPT_REQUIRE(m.step_graph != nullptr, ErrorCode::InvalidState,
                    "StepGraph::replay_step() needs a captured step graph (not in one-graph mode, after capture())");
-  m.watched(stream, "StepGraph::replay_step", [&] { m.step_graph->replay(m.target.step_backend(), stream); });
+  m.watched("StepGraph::replay_step", [&] { m.step_graph->replay(m.target.step_backend(), stream); });
 }
 
 bool StepGraph::captured() const {
