@@ -19,7 +19,7 @@
 // the sharded rows count what their kernels and memsets move (below). limit_ms =
 // bytes / copy bandwidth (copy bandwidth = (read + written bytes) / time of a 1 GiB
 // cudaMemcpyAsync). Medians of 30 timed runs after 5 warm-ups, CUDA events around the work
-// (bench/common/cuda_bench: time_ms, measure_copy, CapturedGraph).
+// (bench/common/cuda_bench: BandwidthBench, time_ms, measure_copy, CapturedGraph).
 //
 // Usage: bench_mxfp8 [--results DIR] [--peer-json FILE]
 //   --peer-json: JSON lines {"config": ..., "peer": ..., "peer_ms": ...} from a peer script;
@@ -27,12 +27,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <map>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -81,25 +78,6 @@ std::map<std::string, Peer> read_peers(const std::string& path) {
   return out;
 }
 
-// Fills device memory with a repeated pattern of normal(0, 0.02) values, bf16 weights
-// or f32 masters (weight-like magnitudes, unlike bench::fill_random's uniform values).
-void fill_normal(void* dst, std::size_t bytes, bool f32, std::uint32_t seed) {
-  const std::size_t chunk = std::min<std::size_t>(bytes, std::size_t{64} << 20);
-  std::vector<unsigned char> host(chunk);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 0.02f);
-  for (std::size_t i = 0; i + 4 <= chunk; i += 4) {
-    const float v = normal(rng);
-    std::uint32_t u;
-    std::memcpy(&u, &v, 4);
-    if (!f32) u = (u >> 16) | (u & 0xFFFF0000u);  // two bf16 values (truncated: any bits will do)
-    std::memcpy(host.data() + i, &u, 4);
-  }
-  for (std::size_t off = 0; off < bytes; off += chunk)
-    SHARDOPT_CUDA_CHECK(cudaMemcpy(static_cast<char*>(dst) + off, host.data(), std::min(chunk, bytes - off),
-                                   cudaMemcpyHostToDevice));
-}
-
 std::int64_t round_up(std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; }
 
 }  // namespace
@@ -121,38 +99,20 @@ int main(int argc, char** argv) {
     return 0;
   }
   const auto peers = read_peers(peer_json);
-  const std::string device = bench::device_name();
-  const std::string command = bench::command_line(argc, argv);
-  cudaStream_t stream;
-  SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const Stream st = reinterpret_cast<Stream>(stream);
+  const bench::BandwidthBench frame("mxfp8_quantize", argc, argv, kWarmup, kIters);
+  const Stream st = frame.stream();
   constexpr Backend kCuda = Backend::Cuda;
-  auto time_ms = [&](const std::function<void()>& work) { return bench::time_ms(st, kWarmup, kIters, work); };
-
-  // Copy bandwidth: (read + written) bytes / time of a 1 GiB device-to-device copy.
-  const double copy_gbps = bench::measure_copy(std::size_t{1} << 30, st, kIters, kWarmup).gbps;
-  std::printf("device-to-device copy: %.1f GB/s (read + write)\n", copy_gbps);
 
   std::map<std::string, double> extra;  // more numbers for the next report
   auto report = [&](const std::string& config, double ours_ms, double bytes, std::int64_t elements,
                     const std::string& what) {
-    bench::Result r;
-    r.bench = "mxfp8_quantize";
-    r.config = config;
-    r.device = device;
-    r.ours_ms = ours_ms;
-    r.limit_ms = bytes / (copy_gbps * 1e6);
+    bench::Result r = frame.result(config, ours_ms, bytes, elements);
     if (auto it = peers.find(config); it != peers.end()) {
       r.peer = it->second.name;
       r.peer_ms = it->second.ms;
     }
-    r.numbers["bytes"] = bytes;
-    r.numbers["elements"] = static_cast<double>(elements);
-    r.numbers["gbps"] = bytes / (ours_ms * 1e6);
-    r.numbers["copy_gbps"] = copy_gbps;
     for (const auto& [k, v] : extra) r.numbers[k] = v;
     r.notes["what"] = what;
-    r.command = command;
     bench::write(r, results_dir);
   };
 
@@ -179,7 +139,7 @@ int main(int argc, char** argv) {
   DeviceBuffer src(kCuda, static_cast<std::size_t>(total) * 2);
   DeviceBuffer drow(kCuda, static_cast<std::size_t>(total)), dcol(kCuda, static_cast<std::size_t>(total));
   DeviceBuffer srow(kCuda, static_cast<std::size_t>(srows)), scol(kCuda, static_cast<std::size_t>(scols));
-  fill_normal(src.data(), src.bytes(), false, 1);
+  bench::fill_normal(src.data(), src.bytes(), false, 1);
   auto planes = [&](std::size_t i) {
     return Mxfp8Planes{drow.as<std::uint8_t>() + offsets[i], srow.as<std::uint8_t>() + srow_off[i],
                        dcol.as<std::uint8_t>() + offsets[i], scol.as<std::uint8_t>() + scol_off[i]};
@@ -193,13 +153,13 @@ int main(int argc, char** argv) {
   double all_bytes = 0;
   for (const auto& s : shapes) all_bytes += whole_bytes(s);
   for (std::size_t i = 0; i < shapes.size(); ++i) quantize(i);  // warm-up outside any capture
-  SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(st)));
   double per_tensor_ms = 0;
   {
     const bench::CapturedGraph g(st, [&] {
       for (std::size_t i = 0; i < shapes.size(); ++i) quantize(i);
     });
-    per_tensor_ms = time_ms([&] { g.launch(st); });
+    per_tensor_ms = frame.time_ms([&] { g.launch(st); });
     report("llama3.2-1b/2d-weights", per_tensor_ms, all_bytes, elements,
            std::to_string(shapes.size()) + " matrices bf16 -> rowwise+columnwise e4m3 + e8m0 scales, one graph of " +
                std::to_string(shapes.size()) + " launches");
@@ -209,9 +169,9 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < shapes.size(); ++i)
       tensors.push_back({shapes[i], src.as<std::uint16_t>() + offsets[i], planes(i), nullptr});
     const Mxfp8Batch batch(tensors, kCuda);
-    const double eager_ms = time_ms([&] { quantize_mxfp8_batch(batch, nullptr, kCuda, st); });
+    const double eager_ms = frame.time_ms([&] { quantize_mxfp8_batch(batch, nullptr, kCuda, st); });
     const bench::CapturedGraph g(st, [&] { quantize_mxfp8_batch(batch, nullptr, kCuda, st); });
-    const double ms = time_ms([&] { g.launch(st); });
+    const double ms = frame.time_ms([&] { g.launch(st); });
     extra["per_tensor_graph_ms"] = per_tensor_ms;
     extra["speedup_vs_per_tensor_graph"] = per_tensor_ms / ms;
     extra["eager_ms"] = eager_ms;
@@ -234,7 +194,7 @@ int main(int argc, char** argv) {
                                      std::pair<std::string, std::string>{"attn-k-512x2048", "layers.0.attn.k.weight"}}) {
     const std::size_t index = index_of(name);
     const Mxfp8Shape& s = shapes[index];
-    const double ms = time_ms([&] { quantize(index); });
+    const double ms = frame.time_ms([&] { quantize(index); });
     report(config, ms, whole_bytes(s), s.numel(), specs2d[index].name + " bf16 -> both planes + scales, eager");
   }
 
@@ -245,7 +205,7 @@ int main(int argc, char** argv) {
     std::int64_t shard_numel = 0;
     for (const auto& b : layout.buffers()) shard_numel = std::max(shard_numel, b.shard_numel);
     DeviceBuffer master(kCuda, static_cast<std::size_t>(shard_numel) * 4);
-    fill_normal(master.data(), master.bytes(), true, 2);
+    bench::fill_normal(master.data(), master.bytes(), true, 2);
     const auto segments = layout.segments(0, rank);
     std::int64_t shard_elems = 0, full_blocks = 0;
     for (const Segment& g : segments) {
@@ -276,7 +236,7 @@ int main(int argc, char** argv) {
           }
         }
       });
-      const double ms = time_ms([&] { g.launch(st); });
+      const double ms = frame.time_ms([&] { g.launch(st); });
       // Bytes moved: phase 1 reads the shard's masters (4 B) and zero-fills the full
       // exchange buffers; phase 2 reads the masters again (4 B) and writes both planes
       // (2 B); scale / amax traffic of the touched tiles ~ 1/16 (2/8 for u32) per element.
@@ -314,7 +274,7 @@ int main(int argc, char** argv) {
         mxfp8_partial_scales_batch(batch, kCuda, st);
         quantize_mxfp8_shard_data_batch(batch, kCuda, st);
       });
-      const double ms = time_ms([&] { g.launch(st); });
+      const double ms = frame.time_ms([&] { g.launch(st); });
       const double shard = static_cast<double>(shard_elems), blocks = static_cast<double>(full_blocks);
       extra["grid_blocks"] = batch.grid();
       extra["tiles"] = static_cast<double>(batch.tiles());
@@ -326,6 +286,5 @@ int main(int argc, char** argv) {
       extra.clear();
     }
   }
-  SHARDOPT_CUDA_CHECK(cudaStreamDestroy(stream));
   return 0;
 }

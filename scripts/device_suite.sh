@@ -16,6 +16,7 @@
 #   testsN        multi-GPU suites (mpirun, one rank per GPU)
 #   adam          bench_adam + PyTorch peer + the 100-step torch comparison
 #   mxfp8         bench_mxfp8
+#   nvfp4         bench_nvfp4 (NVFP4 quantize: whole tensor, batches, sharded)
 #   comm          bench_comm (all GPUs)
 #   dist          bench_dist_adam + peer (all GPUs, and 2)
 #   hostcpu       bench_dist_adam --host-cpu-only (all GPUs, 2, 1): host CPU per step
@@ -80,6 +81,11 @@ phase_adam() {
 phase_mxfp8() {
   log "== mxfp8"
   timeout 180 "$BUILD/bench/bench_mxfp8" --results bench/results >/tmp/b.log 2>&1; cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+}
+
+phase_nvfp4() {
+  log "== nvfp4"
+  timeout 180 "$BUILD/bench/bench_nvfp4" --results bench/results >/tmp/b.log 2>&1; cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
 }
 
 phase_comm() {
@@ -302,7 +308,7 @@ phase_sanitize() {
 
 phases=("$@")
 if [ ${#phases[@]} -eq 0 ]; then
-  phases=(build tests1 adam mxfp8)
+  phases=(build tests1 adam mxfp8 nvfp4)
   [ "$GPUS" -ge 2 ] && phases+=(testsN comm dist fsdp trainer)
 fi
 : >"$SUMMARY"

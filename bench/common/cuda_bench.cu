@@ -1,4 +1,8 @@
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <utility>
 
 #include "core/check.hpp"
 #include "cuda_bench.hpp"
@@ -70,6 +74,29 @@ CopyBandwidth measure_copy(std::size_t bytes, Stream stream, int iters, int warm
   return r;
 }
 
+BandwidthBench::BandwidthBench(std::string bench, int argc, char** argv, int warmup, int iters)
+    : bench_(std::move(bench)), device_(device_name()), command_(command_line(argc, argv)), warmup_(warmup),
+      iters_(iters) {
+  cudaStream_t s = nullptr;
+  SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  stream_ = reinterpret_cast<Stream>(s);
+  copy_gbps_ = measure_copy(std::size_t{1} << 30, stream_, iters_, warmup_).gbps;
+  std::printf("device-to-device copy: %.1f GB/s (read + write)\n", copy_gbps_);
+}
+
+BandwidthBench::~BandwidthBench() { (void)cudaStreamDestroy(reinterpret_cast<cudaStream_t>(stream_)); }
+
+double BandwidthBench::time_ms(const std::function<void()>& work) const {
+  return bench::time_ms(stream_, warmup_, iters_, work);
+}
+
+Result BandwidthBench::result(const std::string& config, double ours_ms, double bytes, std::int64_t elements) const {
+  Result r = bandwidth_result(bench_, config, ours_ms, bytes, elements, copy_gbps_);
+  r.device = device_;
+  r.command = command_;
+  return r;
+}
+
 CapturedGraph::CapturedGraph(Stream stream, const std::function<void()>& work) {
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   cudaGraph_t graph = nullptr;
@@ -97,6 +124,23 @@ void fill_random(void* data, DType dtype, std::int64_t n, std::uint64_t seed, fl
   fill_kernel<<<static_cast<unsigned>(blocks), 256, 0, reinterpret_cast<cudaStream_t>(stream)>>>(data, dtype, n, seed,
                                                                                                  scale);
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
+}
+
+void fill_normal(void* dst, std::size_t bytes, bool f32, std::uint32_t seed) {
+  const std::size_t chunk = std::min<std::size_t>(bytes, std::size_t{64} << 20);
+  std::vector<unsigned char> host(chunk);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  for (std::size_t i = 0; i + 4 <= chunk; i += 4) {
+    const float v = normal(rng);
+    std::uint32_t u;
+    std::memcpy(&u, &v, 4);
+    if (!f32) u = (u >> 16) | (u & 0xFFFF0000u);  // two bf16 values (truncated: any bits will do)
+    std::memcpy(host.data() + i, &u, 4);
+  }
+  for (std::size_t off = 0; off < bytes; off += chunk)
+    SHARDOPT_CUDA_CHECK(cudaMemcpy(static_cast<char*>(dst) + off, host.data(), std::min(chunk, bytes - off),
+                                   cudaMemcpyHostToDevice));
 }
 
 }  // namespace shardopt::bench

@@ -1,5 +1,5 @@
 // cuda_bench.hpp - timing, graph and data helpers shared by the CUDA benchmarks
-// (bench_adam, bench_mxfp8, bench_dist_adam, bench_fsdp).
+// (bench_adam, bench_mxfp8, bench_nvfp4, bench_dist_adam, bench_fsdp).
 #pragma once
 
 #include <cstdint>
@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "results.hpp"
 #include "shardopt/backend.hpp"
 #include "shardopt/dtype.hpp"
 
@@ -27,6 +28,33 @@ struct CopyBandwidth {
   double gbps = 0;
 };
 CopyBandwidth measure_copy(std::size_t bytes, Stream stream, int iters = 20, int warmup = 3);
+
+/// The frame of a benchmark measured against copy bandwidth (bench_mxfp8, bench_nvfp4):
+/// a non-blocking stream, the copy bandwidth of a 1 GiB device-to-device copy measured on
+/// it (printed), the device name and the command line for its results.
+class BandwidthBench {
+ public:
+  /// Creates the stream and measures the copy (`iters` timed copies after `warmup`);
+  /// time_ms uses the same counts.
+  BandwidthBench(std::string bench, int argc, char** argv, int warmup, int iters);
+  ~BandwidthBench();
+  BandwidthBench(const BandwidthBench&) = delete;
+  BandwidthBench& operator=(const BandwidthBench&) = delete;
+
+  Stream stream() const { return stream_; }
+  /// Copy bandwidth, GB/s of bytes read plus bytes written.
+  double copy_gbps() const { return copy_gbps_; }
+  /// Median milliseconds of `work` on the stream (bench::time_ms).
+  double time_ms(const std::function<void()>& work) const;
+  /// bandwidth_result of this bench on the copy bandwidth, with device and command set.
+  Result result(const std::string& config, double ours_ms, double bytes, std::int64_t elements) const;
+
+ private:
+  std::string bench_, device_, command_;
+  int warmup_ = 0, iters_ = 0;
+  Stream stream_ = nullptr;
+  double copy_gbps_ = 0;
+};
 
 /// A CUDA graph of the work one call issues on a stream (captured in thread-local mode
 /// when constructed, destroyed with the object).
@@ -50,5 +78,10 @@ class CapturedGraph {
 /// Fills n elements of a float storage type with values uniform in [-scale, scale]
 /// from a hash of (seed, index): random-looking, reproducible, never all zero.
 void fill_random(void* data, DType dtype, std::int64_t n, std::uint64_t seed, float scale, Stream stream);
+
+/// Fills `bytes` of device memory with a repeated pattern of normal(0, 0.02) values
+/// (weight-like magnitudes, unlike fill_random's uniform ones): f32 masters when `f32`,
+/// else bf16 weights. Synchronous (cudaMemcpy from a host pattern of at most 64 MiB).
+void fill_normal(void* dst, std::size_t bytes, bool f32, std::uint32_t seed);
 
 }  // namespace shardopt::bench

@@ -119,6 +119,20 @@ void apply_peer(Result& r, const std::string& path) {
   }
 }
 
+Result bandwidth_result(const std::string& bench, const std::string& config, double ours_ms, double bytes,
+                        std::int64_t elements, double copy_gbps) {
+  Result r;
+  r.bench = bench;
+  r.config = config;
+  r.ours_ms = ours_ms;
+  r.limit_ms = bytes / (copy_gbps * 1e6);
+  r.numbers["bytes"] = bytes;
+  r.numbers["elements"] = static_cast<double>(elements);
+  r.numbers["gbps"] = bytes / (ours_ms * 1e6);
+  r.numbers["copy_gbps"] = copy_gbps;
+  return r;
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return NAN;
   std::sort(v.begin(), v.end());

@@ -5,6 +5,7 @@
 // replaces the older line of the same bench, config and device).
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -53,6 +54,12 @@ std::map<std::string, PeerTiming> read_peer_file(const std::string& path);
 /// Fills r.peer and r.peer_ms from the peer file at `path` when it has r.config (an
 /// empty path or a missing config leaves them unset, i.e. null).
 void apply_peer(Result& r, const std::string& path);
+
+/// A result measured against copy bandwidth (bench_mxfp8, bench_nvfp4): ours_ms, limit_ms
+/// = bytes / copy bandwidth, and the numbers bytes, elements, gbps (bytes / ours_ms) and
+/// copy_gbps. The caller sets device, command, notes and any other numbers.
+Result bandwidth_result(const std::string& bench, const std::string& config, double ours_ms, double bytes,
+                        std::int64_t elements, double copy_gbps);
 
 /// Median of a sample (the sample is copied).
 double median(std::vector<double> v);
