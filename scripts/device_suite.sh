@@ -22,7 +22,7 @@
 #   hostcpu       bench_dist_adam --host-cpu-only (all GPUs, 2, 1): host CPU per step
 #   fsdp          bench_fsdp + peer (all GPUs)
 #   trainer       trainer benchmark (all GPUs)
-#   checkpoint    bench_checkpoint: save / load / save_async stall, one rank
+#   checkpoint    bench_checkpoint: save / load / save_async stall, one rank (CKPT_REPS, default 3)
 #   main          the README's main command (trainer on 2 GPUs)
 #   sanitize      compute-sanitizer (needs build; ~6 min on one H100): memcheck on every
 #                 single-GPU suite (and, with 2+ GPUs, one 2-rank suite under mpirun),
@@ -134,7 +134,7 @@ phase_trainer() {
 
 phase_checkpoint() {
   log "== checkpoint (1 rank; disk: $(df -h /tmp | awk 'NR == 2 { print $2 " " $1 }'))"
-  timeout 500 $MPIRUN -n 1 "$BUILD/bench/bench_checkpoint" --results bench/results --dir /tmp/shardopt-bench-ckpt \
+  timeout 500 $MPIRUN -n 1 "$BUILD/bench/bench_checkpoint" --reps "${CKPT_REPS:-3}" --results bench/results --dir /tmp/shardopt-bench-ckpt \
     >/tmp/b.log 2>&1 || log "checkpoint bench failed (exit $?)"
   cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
 }

@@ -125,6 +125,16 @@ void File::pread_exact(void* out, std::size_t n, std::uint64_t offset) const {
                        "is being rewritten");
 }
 
+void File::start_writeback(std::uint64_t offset, std::uint64_t n) noexcept {
+#if defined(__linux__)
+  if (fd_ >= 0 && n > 0)
+    (void)::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(n), SYNC_FILE_RANGE_WRITE);
+#else
+  (void)offset;
+  (void)n;
+#endif
+}
+
 void File::sync() {
   if (::fsync(fd_) != 0) throw_file_error("fsync", path_, errno);
 }

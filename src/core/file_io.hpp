@@ -42,6 +42,11 @@ class File {
   void pwrite_all(const void* data, std::size_t n, std::uint64_t offset);
   /// Reads exactly `n` bytes at `offset` (pread); throws if the file ends first.
   void pread_exact(void* out, std::size_t n, std::uint64_t offset) const;
+  /// Starts writing bytes [offset, offset + n) back to the storage now, without waiting
+  /// (Linux sync_file_range; nothing elsewhere). A large file written this way keeps the
+  /// disk busy from its first bytes instead of from the kernel's dirty threshold, so the
+  /// final sync() has little left to do. Errors show at sync().
+  void start_writeback(std::uint64_t offset, std::uint64_t n) noexcept;
   /// fsync: the data and the size reach the storage.
   void sync();
   /// Closes now, throwing on failure (a deferred write error shows here).

@@ -228,6 +228,7 @@ void SafetensorsWriter::write(std::size_t index, const void* data, std::size_t n
       const std::uint32_t before = crc_;
       auto crc = std::async(std::launch::async, [before, data, n] { return crc32c_update(before, data, n); });
       file_->file().write_all(data, n);
+      file_->file().start_writeback(data_offset_ + written_ - n, n);  // the disk starts now, not at fsync
       crc_ = crc.get();
     } else {
       crc_ = crc32c_update(crc_, data, n);

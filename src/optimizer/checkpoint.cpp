@@ -8,6 +8,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <mutex>
 #include <string>
@@ -771,27 +772,47 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
         r.bytes *= size_of(r.from);
         by_tensor[r.name].push_back(&r);
       }
-      constexpr std::size_t kChunk = std::size_t{8} << 20;
-      std::vector<char> buf(kChunk);
+      // Chunks of the data section in file order; the next one is read by a second thread
+      // while this one is checksummed and copied out, so the disk never waits for us.
+      struct Piece {
+        const SafetensorsEntry* entry;
+        std::uint64_t at;
+        std::size_t n;
+      };
+      constexpr std::size_t kChunk = std::size_t{16} << 20;
+      std::vector<Piece> pieces;
+      for (const SafetensorsEntry& e : reader.tensors())
+        for (std::uint64_t at = 0; at < e.bytes(); at += kChunk)
+          pieces.push_back({&e, at, static_cast<std::size_t>(std::min<std::uint64_t>(kChunk, e.bytes() - at))});
+      std::vector<char> bufs[2] = {std::vector<char>(kChunk), std::vector<char>(kChunk)};
+      auto fetch = [&](std::size_t k) {
+        const Piece& p = pieces[k];
+        return std::async(std::launch::async,
+                          [&reader, &p, dst = bufs[k % 2].data()] { reader.read(*p.entry, p.at, dst, p.n); });
+      };
+      std::future<void> ahead;  // declared after the buffers: a throw waits for it before they go
+      if (!pieces.empty()) ahead = fetch(0);
       std::uint32_t crc = 0;
-      for (const SafetensorsEntry& e : reader.tensors()) {
-        const auto needed = by_tensor.find(e.name);
-        for (std::uint64_t at = 0; at < e.bytes(); at += kChunk) {
-          const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kChunk, e.bytes() - at));
-          reader.read(e, at, buf.data(), n);
-          crc = crc32c_update(crc, buf.data(), n);
-          if (needed == by_tensor.end()) continue;
-          for (Read* r : needed->second) {
-            const std::uint64_t lo = std::max(at, r->begin), hi = std::min<std::uint64_t>(at + n, r->begin + r->bytes);
-            if (lo >= hi) continue;
-            const std::size_t es = size_of(r->from);
-            char* dst = r->dst + (lo - r->begin) / es * size_of(r->to);
-            if (r->from == r->to) {
-              std::memcpy(dst, buf.data() + (lo - at), static_cast<std::size_t>(hi - lo));
-            } else {
-              kernels::convert(buf.data() + (lo - at), r->from, dst, r->to, static_cast<std::int64_t>((hi - lo) / es),
-                               Backend::Host, nullptr);
-            }
+      for (std::size_t k = 0; k < pieces.size(); ++k) {
+        ahead.get();
+        if (k + 1 < pieces.size()) ahead = fetch(k + 1);
+        const Piece& p = pieces[k];
+        const char* buf = bufs[k % 2].data();
+        const std::uint64_t at = p.at;
+        const std::size_t n = p.n;
+        crc = crc32c_update(crc, buf, n);
+        const auto needed = by_tensor.find(p.entry->name);
+        if (needed == by_tensor.end()) continue;
+        for (Read* r : needed->second) {
+          const std::uint64_t lo = std::max(at, r->begin), hi = std::min<std::uint64_t>(at + n, r->begin + r->bytes);
+          if (lo >= hi) continue;
+          const std::size_t es = size_of(r->from);
+          char* dst = r->dst + (lo - r->begin) / es * size_of(r->to);
+          if (r->from == r->to) {
+            std::memcpy(dst, buf + (lo - at), static_cast<std::size_t>(hi - lo));
+          } else {
+            kernels::convert(buf + (lo - at), r->from, dst, r->to, static_cast<std::int64_t>((hi - lo) / es),
+                             Backend::Host, nullptr);
           }
         }
       }
