@@ -76,6 +76,12 @@ bool Event::done() const {
   return true;
 }
 
+void Event::synchronize() const {
+#if SHARDOPT_HAVE_CUDA
+  if (event_ != nullptr) SHARDOPT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
+#endif
+}
+
 bool stream_done(Backend backend, Stream stream) {
   SHARDOPT_REQUIRE(!is_capturing(backend, stream), ErrorCode::InvalidState,
                    "a wait on a stream that is being captured; end the capture first");

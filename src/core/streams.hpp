@@ -42,6 +42,8 @@ class Event {
   /// backend, whose work runs when it is enqueued). Throws Error(Cuda) for an error the
   /// device reported.
   bool done() const;
+  /// Blocks the calling thread until done() (host backend: returns at once).
+  void synchronize() const;
 
  private:
   void* event_ = nullptr;  // cudaEvent_t

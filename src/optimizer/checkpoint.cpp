@@ -611,13 +611,15 @@ DType dtype_of_file(const std::string& name, const std::string& where) {
 }
 
 // A part of a saved slice that this rank needs: bytes [begin, begin + bytes) of the file's
-// tensor `name`, converted from `from` into `count` elements of `to` at `dst`.
+// tensor `name`, converted from `from` into elements of `to` at `dst` (the optimizer's
+// buffer, written only in the second pass).
 struct Read {
   std::string name;
   std::uint64_t begin = 0;
   std::uint64_t bytes = 0;
   DType from = DType::f32, to = DType::f32;
   char* dst = nullptr;
+  const SafetensorsEntry* entry = nullptr;  // in the file's reader (set in pass 1)
 };
 
 const json::Value& member(const json::Value& v, std::string_view key, const std::string& where) {
@@ -659,6 +661,74 @@ json::Value read_index(const std::string& dir) {
   return index;
 }
 
+// Pass 2 of a load: every read of `plan` (files already checked, readers open) into the
+// optimizer's buffers, in chunks through a pinned ring: a few chunks are read by their own
+// threads at once (the bytes are normally in the page cache: several readers go faster
+// than one), converted on the host where the dtype changes, and copied to the device in
+// order on `stream`; a slot is reused once its copy is done.
+void read_into_buffers(Backend backend, const std::map<std::int64_t, std::vector<Read>>& plan,
+                       const std::map<std::int64_t, std::unique_ptr<SafetensorsReader>>& files, Stream stream) {
+  constexpr std::size_t kSlotElems = std::size_t{4} << 20;
+  constexpr std::size_t kSlotBytes = kSlotElems * 4;  // the widest dtype: f32
+  constexpr std::size_t kSlots = 6;
+  struct Chunk {
+    const SafetensorsReader* reader;
+    const Read* read;
+    std::uint64_t first, count;  // elements of the read
+  };
+  std::vector<Chunk> chunks;
+  for (const auto& [f, reads] : plan)
+    for (const Read& r : reads) {
+      const std::uint64_t n = r.bytes / size_of(r.from);
+      for (std::uint64_t first = 0; first < n; first += kSlotElems)
+        chunks.push_back({files.at(f).get(), &r, first, std::min<std::uint64_t>(kSlotElems, n - first)});
+    }
+  if (chunks.empty()) return;
+  // Per slot: the file's bytes, then (dtype changes only) the converted elements.
+  DeviceBuffer ring(backend, kSlots * 2 * kSlotBytes, backend == Backend::Cuda ? MemoryKind::Pinned : MemoryKind::Host);
+  auto raw = [&](std::size_t k) { return ring.as<char>() + (k % kSlots) * 2 * kSlotBytes; };
+  struct Drain {  // on every exit, no copy from the ring is left in flight when it goes
+    Backend backend;
+    Stream stream;
+    ~Drain() {
+      try {
+        synchronize(backend, stream);
+      } catch (...) {  // the device's own error: the caller's next call reports it
+      }
+    }
+  } drain{backend, stream};
+  std::vector<Event> copied;
+  for (std::size_t i = 0; i < kSlots; ++i) copied.emplace_back(backend);
+  std::vector<std::future<void>> reading(kSlots);  // after `ring`: a throw waits for them before it goes
+  auto start = [&](std::size_t k) {
+    copied[k % kSlots].synchronize();  // the slot's previous chunk has reached the device
+    const Chunk c = chunks[k];
+    const std::size_t es = size_of(c.read->from);
+    reading[k % kSlots] = std::async(std::launch::async, [c, es, dst = raw(k)] {
+      c.reader->read(*c.read->entry, c.read->begin + c.first * es, dst, static_cast<std::size_t>(c.count * es));
+    });
+  };
+  for (std::size_t k = 0; k < std::min(kSlots - 1, chunks.size()); ++k) start(k);
+  for (std::size_t k = 0; k < chunks.size(); ++k) {
+    reading[k % kSlots].get();
+    const Chunk& c = chunks[k];
+    const Read& r = *c.read;
+    const char* src = raw(k);
+    if (r.from != r.to) {
+      char* converted = raw(k) + kSlotBytes;
+      kernels::convert(src, r.from, converted, r.to, static_cast<std::int64_t>(c.count), Backend::Host, nullptr);
+      src = converted;
+    }
+    copy_async(backend, r.dst + c.first * size_of(r.to), src, static_cast<std::size_t>(c.count * size_of(r.to)),
+               stream);
+    copied[k % kSlots].record(stream);
+    // Keep kSlots - 1 reads in flight; the slot of chunk k - 1 holds its copy, so the
+    // next chunk goes to the slot after it.
+    if (k + kSlots - 1 < chunks.size()) start(k + kSlots - 1);
+  }
+  synchronize(backend, stream);  // errors of the copies surface here, not in drain
+}
+
 }  // namespace
 
 CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir, Stream stream) {
@@ -666,9 +736,14 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
   const Layout& L = *t.layout;
   const DType moment = t.engine->settings().adam.moment_dtype;
   CheckpointInfo info;
-  // Host images of this rank's items (master and moments), filled in phase A.
+  // Pass 1 reads every byte of every file this rank needs and checks it (header, sizes,
+  // dtypes, checksum) without writing anything; the ranks agree; pass 2 reads the needed
+  // slices again (from the page cache the first pass filled) into the optimizer's buffers.
+  // So a bad checkpoint changes nothing, and no host copy of the state is made.
+  ShardEngine& e = *t.engine;
   std::vector<Item> items;
-  std::vector<std::unique_ptr<char[]>> images;  // uninitialised: every byte is read from the files
+  std::map<std::int64_t, std::vector<Read>> plan;                 // file -> its reads
+  std::map<std::int64_t, std::unique_ptr<SafetensorsReader>> open_files;  // kept open for pass 2
   std::exception_ptr error;
   try {
     const json::Value index = read_index(dir);
@@ -707,12 +782,8 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
       }
     }
     // What this rank needs: its master and moment items.
-    for (Item& it : rank_items(L, param_facts(t), moment, t.shard_rank, /*with_params=*/false)) {
-      images.emplace_back(new char[item_bytes(it)]);
-      items.push_back(std::move(it));
-    }
+    items = rank_items(L, param_facts(t), moment, t.shard_rank, /*with_params=*/false);
     // Plan the reads, file by file.
-    std::map<std::int64_t, std::vector<Read>> plan;
     for (std::size_t i = 0; i < items.size(); ++i) {
       const Item& it = items[i];
       const json::Value* list = slices.find(it.key());
@@ -729,7 +800,10 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
         r.to = it.dtype;
         r.begin = static_cast<std::uint64_t>(lo - so);  // elements for now: bytes once the file's dtype is known
         r.bytes = static_cast<std::uint64_t>(hi - lo);
-        r.dst = images[i].get() + static_cast<std::size_t>(lo - it.offset) * size_of(it.dtype);
+        const ShardView v = it.kind == Kind::Master   ? e.master_view(it.param)
+                            : it.kind == Kind::ExpAvg ? e.exp_avg_view(it.param)
+                                                      : e.exp_avg_sq_view(it.param);
+        r.dst = static_cast<char*>(v.data) + static_cast<std::size_t>(it.src + (lo - it.offset)) * size_of(it.dtype);
         plan[member(s, "file", where).as_int()].push_back(std::move(r));
       }
       if (covered != it.length)
@@ -749,7 +823,7 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
       const std::string path = join(dir, member(fd, "file", where).as_string());
       if (!exists(path))
         throw Error(ErrorCode::InvalidArgument, "checkpoint file '" + path + "' is missing; the checkpoint is incomplete");
-      SafetensorsReader reader(path);  // validates the header and the size against it
+      SafetensorsReader& reader = *(open_files[f] = std::make_unique<SafetensorsReader>(path));  // validates the header
       const std::uint64_t want = static_cast<std::uint64_t>(member(fd, "bytes", where).as_int());
       if (reader.file_bytes() != want)
         throw Error(ErrorCode::InvalidArgument, "checkpoint file '" + path + "' has " + std::to_string(reader.file_bytes()) +
@@ -758,7 +832,6 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
       if (recorded == nullptr || *recorded != member(fd, "checksum", where).as_string())
         throw Error(ErrorCode::InvalidArgument, "checkpoint file '" + path + "' does not carry the checksum the index "
                                                     "names; it belongs to another save");
-      std::map<std::string, std::vector<Read*>> by_tensor;
       for (Read& r : reads) {
         const SafetensorsEntry* e = reader.find(r.name);
         if (e == nullptr)
@@ -770,7 +843,7 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
                                                       ", not a master or moment dtype");
         r.begin *= size_of(r.from);
         r.bytes *= size_of(r.from);
-        by_tensor[r.name].push_back(&r);
+        r.entry = e;
       }
       // Chunks of the data section in file order; the next one is read by a second thread
       // while this one is checksummed and copied out, so the disk never waits for us.
@@ -796,25 +869,7 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
       for (std::size_t k = 0; k < pieces.size(); ++k) {
         ahead.get();
         if (k + 1 < pieces.size()) ahead = fetch(k + 1);
-        const Piece& p = pieces[k];
-        const char* buf = bufs[k % 2].data();
-        const std::uint64_t at = p.at;
-        const std::size_t n = p.n;
-        crc = crc32c_update(crc, buf, n);
-        const auto needed = by_tensor.find(p.entry->name);
-        if (needed == by_tensor.end()) continue;
-        for (Read* r : needed->second) {
-          const std::uint64_t lo = std::max(at, r->begin), hi = std::min<std::uint64_t>(at + n, r->begin + r->bytes);
-          if (lo >= hi) continue;
-          const std::size_t es = size_of(r->from);
-          char* dst = r->dst + (lo - r->begin) / es * size_of(r->to);
-          if (r->from == r->to) {
-            std::memcpy(dst, buf + (lo - at), static_cast<std::size_t>(hi - lo));
-          } else {
-            kernels::convert(buf + (lo - at), r->from, dst, r->to, static_cast<std::int64_t>((hi - lo) / es),
-                             Backend::Host, nullptr);
-          }
-        }
+        crc = crc32c_update(crc, bufs[k % 2].data(), pieces[k].n);
       }
       if (checksum_text(crc) != *recorded)
         throw Error(ErrorCode::InvalidArgument, "checkpoint file '" + path + "' fails its checksum (recorded " +
@@ -825,17 +880,15 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
     error = std::current_exception();
   }
   agree(*t.all, error, "loading the checkpoint '" + dir + "'");
-  // Phase B: every rank has everything; write it into the persistent buffers in place.
-  ShardEngine& e = *t.engine;
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    const Item& it = items[i];
-    const ShardView v = it.kind == Kind::Master   ? e.master_view(it.param)
-                        : it.kind == Kind::ExpAvg ? e.exp_avg_view(it.param)
-                                                  : e.exp_avg_sq_view(it.param);
-    copy_async(t.backend, static_cast<char*>(v.data) + static_cast<std::size_t>(it.src) * size_of(it.dtype),
-               images[i].get(), item_bytes(it), stream);
+  // Pass 2: every rank's files passed; read the slices into the buffers in place.
+  try {
+    read_into_buffers(t.backend, plan, open_files, stream);
+  } catch (...) {
+    error = std::current_exception();
   }
-  synchronize(t.backend, stream);  // the host images go away with this function
+  agree(*t.all, error,
+        "loading the checkpoint '" + dir + "' (its files had passed every check, and reading them a second time "
+        "failed: the optimizer's state is now partly loaded; load a checkpoint again before training)");
   e.set_step(info.step, stream);
   e.set_lr(info.lr);
   e.set_loss_scale(info.loss_scale);

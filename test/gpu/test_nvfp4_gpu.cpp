@@ -36,7 +36,15 @@ std::string name_of(const Nvfp4Shape& s) { return std::to_string(s.rows) + "x" +
 void expect_twins(const Nvfp4Shape& s, const std::vector<std::uint16_t>& x, const std::string& what) {
   const ref::Quantized cuda = quantize_on(kCuda, s, x), host = quantize_on(kHost, s, x);
   EXPECT_TRUE(cuda == host) << what << ": CUDA differs from the host twin";
-  EXPECT_TRUE(host == reference(s, x)) << what << ": host twin differs from the oracle";
+  const ref::Quantized want = reference(s, x);
+  EXPECT_TRUE(host.data == want.data) << what << ": host twin data differs from the oracle: "
+                                      << first_diff(host.data, want.data);
+  EXPECT_TRUE(host.scale == want.scale) << what << ": host twin scales differ from the oracle: "
+                                        << first_diff(host.scale, want.scale);
+  EXPECT_EQ(host.amax, want.amax) << what << ": amax bits (twin, oracle)";
+  EXPECT_EQ(host.decode_scale, want.decode_scale) << what << ": decode scale bits (twin, oracle)";
+  if (!(host == want) && x.size() <= 4)
+    for (std::uint16_t h : x) ADD_FAILURE() << what << ": input bf16 0x" << std::hex << h;
   for (bool bf16 : {false, true})
     EXPECT_TRUE(dequantize_on(kCuda, s, cuda, bf16) == dequantize_on(kHost, s, host, bf16))
         << what << ": dequantize (bf16 " << bf16 << ") differs";
