@@ -11,8 +11,11 @@ __global__ void lr_schedule_kernel(LrSchedule schedule, const float* host_lr, St
 
 __global__ void advance_microbatch_kernel(MicrobatchState* state) { advance_microbatch_state(state); }
 
+// One writer at a time (replays of one graph run in order), so a plain read-modify-write
+// through volatile: PCIe hosts refuse system-scope atomics on pinned host memory.
 __global__ void count_completion_kernel(unsigned long long* counter) {
-  atomicAdd_system(counter, 1ull);
+  volatile unsigned long long* c = counter;
+  *c = *c + 1;
   __threadfence_system();
 }
 

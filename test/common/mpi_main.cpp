@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <string>
 
-#include "core/float_env.hpp"
 #include "shardopt/backend.hpp"
 
 namespace {
@@ -34,11 +33,6 @@ int main(int argc, char** argv) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  // The tests' oracles compute with IEEE subnormals, as the GPU and the host twins do,
-  // even where a library loaded by this process turned flush-to-zero on (-ffast-math).
-  if (shardopt::detail::subnormals_flushed())
-    std::printf("note: this process started with subnormals flushed (FTZ/DAZ); the tests run with IEEE subnormals\n");
-  const shardopt::detail::IeeeSubnormals ieee;
   const char* needs_gpu = std::getenv("SHARDOPT_TEST_NEEDS_GPU");
   if (needs_gpu != nullptr && std::string(needs_gpu) == "1") {
     int have = shardopt::cuda_device_count() > 0 ? 1 : 0, all = 0;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/float_env.hpp"
 #include "core/memory.hpp"
 #include "shardopt/nvfp4.hpp"
 #include "unit/test_mxfp8_common.hpp"
@@ -24,6 +25,9 @@ using mxfp8_test::upload;
 inline constexpr std::uint32_t kPoisonWord = 0xA5A5A5A5u;
 
 inline nvfp4_ref::Quantized reference(const shardopt::Nvfp4Shape& s, const std::vector<std::uint16_t>& x) {
+  // The oracle's float code needs IEEE subnormals; a library the GPU suites load during
+  // CUDA's start-up turns the CPU's FTZ / DAZ on for the thread that loads it.
+  const shardopt::detail::IeeeSubnormals ieee;
   return nvfp4_ref::quantize(s.rows, s.cols, x);
 }
 
