@@ -13,7 +13,7 @@
 #include "kernels/convert.hpp"
 #include "kernels/step_control.hpp"
 #include "shardopt/bucket_store.hpp"
-#include "mxfp8/mxfp8_params.hpp"
+#include "quantized/mxfp8_params.hpp"
 #include "quantized/nvfp4_params.hpp"
 #include "quantized/quantized_params.hpp"
 #include "optimizer/checkpoint.hpp"

@@ -19,7 +19,7 @@
 
 #include "core/memory.hpp"
 #include "core/streams.hpp"
-#include "mxfp8/byte_copies.hpp"
+#include "quantized/byte_copies.hpp"
 #include "shardopt/bucket_store.hpp"
 #include "shardopt/layout.hpp"
 #include "shardopt/mxfp8_param.hpp"

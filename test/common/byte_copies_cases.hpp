@@ -13,7 +13,7 @@
 
 #include "core/check.hpp"
 #include "core/memory.hpp"
-#include "mxfp8/byte_copies.hpp"
+#include "quantized/byte_copies.hpp"
 #include "shardopt/backend.hpp"
 #include "shardopt_config.h"
 

@@ -1,5 +1,5 @@
 #include "core/check.hpp"
-#include "mxfp8/byte_copies.hpp"
+#include "quantized/byte_copies.hpp"
 
 namespace shardopt::detail {
 namespace {

@@ -1,4 +1,4 @@
-#include "mxfp8/mxfp8_params.hpp"
+#include "quantized/mxfp8_params.hpp"
 
 #include <string>
 

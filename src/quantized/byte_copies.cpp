@@ -1,4 +1,4 @@
-#include "mxfp8/byte_copies.hpp"
+#include "quantized/byte_copies.hpp"
 
 #include <cstring>
 
