@@ -192,6 +192,12 @@ class DistributedAdam::Impl final : public detail::StepTarget {
     if (b >= 0) require_mx_idle(b, call);
   }
 
+  // Parameter i is stored in `format` (checks i).
+  bool stored_as(int i, ParamFormat format) const {
+    (void)state.piece(i);
+    return opt.param_format == format && mx.is_param(i);
+  }
+
   // The MXFP8 staging overwrites gradient regions: refuse while they hold live gradients.
   void require_no_live_grads(const std::string& call) const {
     if (!mx.any()) return;
@@ -354,37 +360,34 @@ ShardView DistributedAdam::shard_param(int i) const {
 
 ShardView DistributedAdam::shard_master(int i) const { return live(impl_).state.master_view(i); }
 
-bool DistributedAdam::is_mxfp8(int i) const {
-  (void)live(impl_).state.piece(i);
-  return live(impl_).opt.param_format == ParamFormat::Mxfp8 && live(impl_).mx.is_param(i);
-}
-
-bool DistributedAdam::is_nvfp4(int i) const {
-  (void)live(impl_).state.piece(i);
-  return live(impl_).opt.param_format == ParamFormat::Nvfp4 && live(impl_).mx.is_param(i);
-}
+bool DistributedAdam::is_mxfp8(int i) const { return live(impl_).stored_as(i, ParamFormat::Mxfp8); }
+bool DistributedAdam::is_nvfp4(int i) const { return live(impl_).stored_as(i, ParamFormat::Nvfp4); }
 
 namespace {
-// Why parameter i is not of format `want` (for the errors of mxfp8_param / nvfp4_param).
-std::string not_of_format(const DistributedAdam::Impl& m, ParamFormat want) {
-  if (m.opt.param_format != want) return std::string("param_format is ") + format_name(m.opt.param_format);
-  return "1-D parameters stay native in f32";
+const char* view_call(ParamFormat f) { return f == ParamFormat::Nvfp4 ? "nvfp4_param" : "mxfp8_param"; }
+
+// Error(InvalidArgument) unless parameter i is stored in `want`, saying why and what to
+// call instead (the check of mxfp8_param / nvfp4_param).
+void require_view(const DistributedAdam::Impl& m, int i, ParamFormat want) {
+  if (m.stored_as(i, want)) return;
+  const ParamFormat has = m.opt.param_format;
+  const bool quantized = has != ParamFormat::Native && m.mx.is_param(i);
+  throw Error(ErrorCode::InvalidArgument,
+              std::string(view_call(want)) + "(" + param_name(m.store.layout(), i) + "): not an " +
+                  (want == ParamFormat::Nvfp4 ? "NVFP4" : "MXFP8") + " parameter (" +
+                  (has != want ? std::string("param_format is ") + format_name(has)
+                               : std::string("1-D parameters stay native in f32")) +
+                  "); use " + (quantized ? std::string(view_call(has)) + "(i)" : std::string("param(i)")));
 }
 }  // namespace
 
 Mxfp8View DistributedAdam::mxfp8_param(int i) const {
-  SHARDOPT_REQUIRE(is_mxfp8(i), ErrorCode::InvalidArgument,
-                   "mxfp8_param(" + param_name(layout(), i) + "): not an MXFP8 parameter (" +
-                       not_of_format(live(impl_), ParamFormat::Mxfp8) + "); use " +
-                       (is_nvfp4(i) ? "nvfp4_param(i)" : "param(i)"));
+  require_view(live(impl_), i, ParamFormat::Mxfp8);
   return detail::mxfp8_view(*live(impl_).mx.format(), i);
 }
 
 Nvfp4View DistributedAdam::nvfp4_param(int i) const {
-  SHARDOPT_REQUIRE(is_nvfp4(i), ErrorCode::InvalidArgument,
-                   "nvfp4_param(" + param_name(layout(), i) + "): not an NVFP4 parameter (" +
-                       not_of_format(live(impl_), ParamFormat::Nvfp4) + "); use " +
-                       (is_mxfp8(i) ? "mxfp8_param(i)" : "param(i)"));
+  require_view(live(impl_), i, ParamFormat::Nvfp4);
   return detail::nvfp4_view(*live(impl_).mx.format(), i);
 }
 ShardView DistributedAdam::shard_exp_avg(int i) const { return live(impl_).state.exp_avg_view(i); }

@@ -8,11 +8,7 @@
 namespace shardopt::detail {
 namespace {
 
-constexpr std::size_t kAlign = 16;
-
-std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-
-class Mxfp8Format final : public QuantizedFormat {
+class Mxfp8Format final : public StoredFormat {
  public:
   explicit Mxfp8Format(const FormatContext& ctx);
 
@@ -30,7 +26,6 @@ class Mxfp8Format final : public QuantizedFormat {
                                     backend_, stream);
   }
   void landing(int b, std::vector<BytePiece>& table) const override;
-  std::size_t storage_bytes() const override { return storage_.bytes(); }
 
   Mxfp8View view(int param) const;
 
@@ -45,20 +40,14 @@ class Mxfp8Format final : public QuantizedFormat {
     std::size_t scale_begin = 0, scale_end = 0;  // byte span of its scales in storage_
     int batch = -1;                               // its params' ranges in batches_ (phase 1 and 2)
   };
-  std::uint8_t* at(std::size_t offset) const { return storage_.as<std::uint8_t>() + offset; }
 
-  Backend backend_;
-  const Layout& layout_;
-  const std::vector<Staging>& staging_;
   std::vector<ParamInfo> param_;
   std::vector<BucketInfo> bucket_;
-  DeviceBuffer storage_;
   DeviceBuffer members_;  // Mxfp8Member tables of every MXFP8 param
   std::vector<Mxfp8ShardBatch> batches_;  // per MXFP8 bucket: this rank's ranges of its params
 };
 
-Mxfp8Format::Mxfp8Format(const FormatContext& ctx)
-    : backend_(ctx.backend), layout_(*ctx.layout), staging_(*ctx.staging) {
+Mxfp8Format::Mxfp8Format(const FormatContext& ctx) : StoredFormat(ctx) {
   const Layout& L = layout_;
   const std::vector<bool>& mx_buffer = *ctx.buffers;
   const int world = L.world_size(), rank = ctx.rank;
@@ -95,8 +84,7 @@ Mxfp8Format::Mxfp8Format(const FormatContext& ctx)
     }
     bi.scale_end = cursor;
   }
-  storage_ = DeviceBuffer(backend_, cursor);
-  fill_zero_async(backend_, storage_.data(), storage_.bytes(), nullptr);
+  allocate(cursor);
   members_ = DeviceBuffer(backend_, member_table.size() * sizeof(Mxfp8Member));
   copy_async(backend_, members_.data(), member_table.data(), members_.bytes(), nullptr);
 
@@ -170,9 +158,7 @@ std::unique_ptr<QuantizedFormat> make_mxfp8_format(const FormatContext& ctx) {
 }
 
 Mxfp8View mxfp8_view(const QuantizedFormat& format, int param) {
-  const auto* mx = dynamic_cast<const Mxfp8Format*>(&format);
-  SHARDOPT_REQUIRE(mx != nullptr, ErrorCode::Internal, std::string("mxfp8_view of a ") + format.name() + " format");
-  return mx->view(param);
+  return format_as<Mxfp8Format>(format, "mxfp8_view").view(param);
 }
 
 }  // namespace shardopt::detail

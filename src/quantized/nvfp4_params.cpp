@@ -11,10 +11,6 @@
 namespace shardopt::detail {
 namespace {
 
-constexpr std::size_t kAlign = 16;
-
-std::size_t align_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-
 /// One member's part of a segment: elements `range` of member `member`, whose first
 /// element is element `param_first` of the parameter.
 struct MemberPiece {
@@ -58,7 +54,7 @@ std::int64_t for_staged_pieces(const Layout& L, int bucket, int r, F f) {
   return pos;
 }
 
-class Nvfp4Format final : public QuantizedFormat {
+class Nvfp4Format final : public StoredFormat {
  public:
   explicit Nvfp4Format(const FormatContext& ctx);
 
@@ -69,7 +65,6 @@ class Nvfp4Format final : public QuantizedFormat {
   void partials(int b, Stream stream) const override { nvfp4_partial_amax_batch(batch(b), backend_, stream); }
   void quantize(int b, Stream stream) const override { quantize_nvfp4_shard_batch(batch(b), backend_, stream); }
   void landing(int b, std::vector<BytePiece>& table) const override;
-  std::size_t storage_bytes() const override { return storage_.bytes(); }
 
   Nvfp4View view(int param) const;
 
@@ -84,7 +79,6 @@ class Nvfp4Format final : public QuantizedFormat {
     std::size_t amax_begin = 0, amax_end = 0;  // byte span of its u32 exchange buffers in storage_
     int batch = -1;
   };
-  std::uint8_t* at(std::size_t offset) const { return storage_.as<std::uint8_t>() + offset; }
   std::uint8_t* data(int p, int member) const {
     const ParamInfo& pi = param_[static_cast<std::size_t>(p)];
     return at(pi.data) + member * pi.shape.data_bytes();
@@ -93,17 +87,12 @@ class Nvfp4Format final : public QuantizedFormat {
     return batches_[static_cast<std::size_t>(bucket_[static_cast<std::size_t>(b)].batch)];
   }
 
-  Backend backend_;
-  const Layout& layout_;
-  const std::vector<Staging>& staging_;
   std::vector<ParamInfo> param_;
   std::vector<BucketInfo> bucket_;
-  DeviceBuffer storage_;
   std::vector<Nvfp4ShardBatch> batches_;  // per NVFP4 bucket: every member of its params
 };
 
-Nvfp4Format::Nvfp4Format(const FormatContext& ctx)
-    : backend_(ctx.backend), layout_(*ctx.layout), staging_(*ctx.staging) {
+Nvfp4Format::Nvfp4Format(const FormatContext& ctx) : StoredFormat(ctx) {
   const Layout& L = layout_;
   const std::vector<bool>& quantized = *ctx.buffers;
   param_.resize(L.params().size());
@@ -143,8 +132,7 @@ Nvfp4Format::Nvfp4Format(const FormatContext& ctx)
     pi.decode = cursor;
     cursor = align_up(cursor + static_cast<std::size_t>(pi.members) * sizeof(float));
   }
-  storage_ = DeviceBuffer(backend_, cursor);
-  fill_zero_async(backend_, storage_.data(), storage_.bytes(), nullptr);
+  allocate(cursor);
 
   // Per bucket, one table of every member of its params: this rank's range of it (empty
   // where it owns none: phase 1 still zeroes its exchange buffer for the Max), its
@@ -244,9 +232,7 @@ std::unique_ptr<QuantizedFormat> make_nvfp4_format(const FormatContext& ctx) {
 }
 
 Nvfp4View nvfp4_view(const QuantizedFormat& format, int param) {
-  const auto* f = dynamic_cast<const Nvfp4Format*>(&format);
-  SHARDOPT_REQUIRE(f != nullptr, ErrorCode::Internal, std::string("nvfp4_view of a ") + format.name() + " format");
-  return f->view(param);
+  return format_as<Nvfp4Format>(format, "nvfp4_view").view(param);
 }
 
 }  // namespace shardopt::detail

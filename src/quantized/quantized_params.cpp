@@ -20,6 +20,13 @@ const char* state_name(GatherState s) {
 
 }  // namespace
 
+void throw_internal(const std::string& message) { throw Error(ErrorCode::Internal, message); }
+
+void StoredFormat::allocate(std::size_t bytes) {
+  storage_ = DeviceBuffer(backend_, bytes);
+  fill_zero_async(backend_, storage_.data(), storage_.bytes(), nullptr);
+}
+
 bool is_quantized_spec(const ParamSpec& spec) {
   const std::size_t lead = spec.members() > 1 ? 1 : 0;
   return spec.shape.size() >= lead + 2;

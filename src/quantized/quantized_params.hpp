@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/memory.hpp"
@@ -80,6 +81,37 @@ class QuantizedFormat {
   /// Bytes of the persistent storage (data, scales, exchange buffers, alignment gaps).
   virtual std::size_t storage_bytes() const = 0;
 };
+
+/// Throws Error(Internal) with `message` (format_as's failure).
+[[noreturn]] void throw_internal(const std::string& message);
+
+/// What every format holds: the context it was built from and its one storage allocation
+/// (pieces on 16-byte boundaries; the gaps stay zero, and zero is neutral for Max).
+class StoredFormat : public QuantizedFormat {
+ public:
+  std::size_t storage_bytes() const override { return storage_.bytes(); }
+
+ protected:
+  explicit StoredFormat(const FormatContext& ctx)
+      : backend_(ctx.backend), layout_(*ctx.layout), staging_(*ctx.staging) {}
+  /// Allocates `bytes` of storage and zeroes it (synchronously, at construction).
+  void allocate(std::size_t bytes);
+  std::uint8_t* at(std::size_t offset) const { return storage_.as<std::uint8_t>() + offset; }
+  static std::size_t align_up(std::size_t x) { return (x + 15) / 16 * 16; }
+
+  Backend backend_;
+  const Layout& layout_;
+  const std::vector<Staging>& staging_;
+  DeviceBuffer storage_;
+};
+
+/// `format` as the concrete format F; Error(Internal) naming `call` for another format.
+template <class F>
+const F& format_as(const QuantizedFormat& format, const char* call) {
+  const auto* f = dynamic_cast<const F*>(&format);
+  if (f == nullptr) throw_internal(std::string(call) + " of a " + format.name() + " format");
+  return *f;
+}
 
 class QuantizedParams {
  public:

@@ -43,6 +43,20 @@ inline void bytes_to_host(Backend b, void* dst, const void* src, std::size_t n) 
 #endif
 }
 
+/// Runs `table` (uploaded to the backend) on `dst` (n bytes) and counts the bytes that
+/// then differ from `want`.
+inline std::size_t run_pieces_and_count_diffs(Backend b, const std::vector<detail::BytePiece>& table, void* dst,
+                                              const std::vector<std::uint8_t>& want) {
+  DeviceBuffer dtable(b, table.size() * sizeof(detail::BytePiece));
+  bytes_to_device(b, dtable.data(), table.data(), dtable.bytes());
+  detail::copy_pieces(dtable.as<detail::BytePiece>(), static_cast<std::int64_t>(table.size()), b, nullptr);
+  std::vector<std::uint8_t> got(want.size());
+  bytes_to_host(b, got.data(), dst, want.size());
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) differ += got[i] != want[i] ? 1 : 0;
+  return differ;
+}
+
 /// Random non-overlapping copies from a source arena into a destination arena: lengths
 /// from 0 to several pieces, source and destination offsets with every alignment
 /// modulo 16 (equal and different); untouched destination bytes keep their sentinel.
@@ -72,14 +86,7 @@ inline void case_copy_pieces_match_memcpy(Backend b, std::uint32_t seed) {
     EXPECT_GT(p.bytes, 0);
     EXPECT_LE(p.bytes, detail::kBytePieceMax);
   }
-  DeviceBuffer dtable(b, table.size() * sizeof(detail::BytePiece));
-  bytes_to_device(b, dtable.data(), table.data(), dtable.bytes());
-  detail::copy_pieces(dtable.as<detail::BytePiece>(), static_cast<std::int64_t>(table.size()), b, nullptr);
-  std::vector<std::uint8_t> got(arena);
-  bytes_to_host(b, got.data(), ddst.data(), arena);
-  std::size_t differ = 0;
-  for (std::size_t i = 0; i < arena; ++i) differ += got[i] != dst_want[i] ? 1 : 0;
-  EXPECT_EQ(differ, 0u) << table.size() << " pieces";
+  EXPECT_EQ(run_pieces_and_count_diffs(b, table, ddst.data(), dst_want), 0u) << table.size() << " pieces";
 }
 
 /// Pieces with `also` (the bytes two ranks share at an odd NVFP4 boundary) write the OR
@@ -106,14 +113,7 @@ inline void case_or_pieces(Backend b) {
     table.push_back({dhi.as<std::uint8_t>() + at + 33, ddst.as<std::uint8_t>() + at + 33, 3, dlo.as<std::uint8_t>() + at + 33});
     for (std::size_t k = 33; k < 36; ++k) want[at + k] = static_cast<std::uint8_t>(lo[at + k] | hi[at + k]);
   }
-  DeviceBuffer dtable(b, table.size() * sizeof(detail::BytePiece));
-  bytes_to_device(b, dtable.data(), table.data(), dtable.bytes());
-  detail::copy_pieces(dtable.as<detail::BytePiece>(), static_cast<std::int64_t>(table.size()), b, nullptr);
-  std::vector<std::uint8_t> got(n);
-  bytes_to_host(b, got.data(), ddst.data(), n);
-  std::size_t differ = 0;
-  for (std::size_t i = 0; i < n; ++i) differ += got[i] != want[i] ? 1 : 0;
-  EXPECT_EQ(differ, 0u);
+  EXPECT_EQ(run_pieces_and_count_diffs(b, table, ddst.data(), want), 0u);
 }
 
 }  // namespace shardopt::test

@@ -463,7 +463,9 @@ inline void case_nvfp4_saved_planes(Backend b) {
   da_train(x, s.get(), 3);
   x.save(dir.sub("ckpt"), s.get());
   s.sync();
-  if (world_size() > 1) EXPECT_GT(count_odd_boundaries(x), 0);
+  if (world_size() > 1) {
+    EXPECT_GT(count_odd_boundaries(x), 0);
+  }
   const std::string ck = dir.sub("ckpt");
   const std::vector<std::uint8_t> index_bytes = file_bytes(ck + "/index.json");
   const json::Value index = json::parse(std::string(index_bytes.begin(), index_bytes.end()));

@@ -402,14 +402,62 @@ inline void case_e8m0_all_reduce_max(Backend b) {
 /// buffer (none allocated, nullptr views) gathers staged bytes through its bucket's
 /// gradient region, in place, exactly 2S bytes per rank, leaving the rest of the region
 /// alone; the other buffer gathers its params as before; the checks say what to change.
-inline void case_store_staged_gather(Backend b) {
-  const int rank = world_rank(), world = world_size();
-  Communicator comm = make_comm(b);
+/// The layout of the staged-store cases: a bf16 buffer (to stage) and an f32 one, buckets
+/// of about 700 elements.
+inline Layout staged_store_layout(int world) {
   const std::vector<ParamSpec> specs = {ParamSpec::tensor("a", {37, 11}), ParamSpec::tensor("n", {129}, DType::f32),
                                         ParamSpec::tensor("b", {61, 7}), ParamSpec::tensor("c", {1000})};
   LayoutOptions lo;
   lo.bucket_numel = 700;
-  const Layout layout(specs, world, lo);
+  return Layout(specs, world, lo);
+}
+
+/// Every rank writes a pattern into its staged piece of each bucket of `staged_buffer`
+/// (`rank_bytes(bucket)` bytes at rank * rank_bytes) and sentinels elsewhere in the region;
+/// after the store's staged all-gathers (one by one, then grouped) every rank's piece is
+/// in place and nothing beyond the staging changed.
+template <class RankBytes>
+void expect_staged_gathers(Backend b, BucketStore& st, const Layout& layout, int staged_buffer, RankBytes rank_bytes) {
+  const int rank = world_rank(), world = world_size();
+  const auto gsize = static_cast<std::int64_t>(size_of(st.options().grad_dtype));
+  TestStream s(b);
+  auto pattern = [](int r, int bk, std::int64_t j) { return static_cast<std::uint8_t>(r * 61 + bk * 17 + j * 3 + 5); };
+  for (bool grouped : {false, true}) {
+    // Staged pieces and sentinels in every bucket region of the staged buffer.
+    for (int bk : layout.buffers()[static_cast<std::size_t>(staged_buffer)].buckets) {
+      const Bucket& B = layout.buckets()[static_cast<std::size_t>(bk)];
+      const std::int64_t n = rank_bytes(bk), bytes = B.range.size() * gsize;
+      std::vector<std::uint8_t> region(static_cast<std::size_t>(bytes), 0xEE);
+      for (std::int64_t j = 0; j < n; ++j) region[static_cast<std::size_t>(rank * n + j)] = pattern(rank, bk, j);
+      from_host(b, static_cast<char*>(st.grad_buffer(staged_buffer)) + B.range.begin * gsize, region);
+    }
+    const int nb = static_cast<int>(layout.buckets().size());
+    if (grouped) {
+      st.start_param_gathers(0, nb, s.get());
+    } else {
+      for (int bk = 0; bk < nb; ++bk) st.start_param_gather(bk, s.get());
+    }
+    for (int bk = 0; bk < nb; ++bk) st.wait_param_gather(bk, s.get());
+    s.sync();
+    for (int bk : layout.buffers()[static_cast<std::size_t>(staged_buffer)].buckets) {
+      const Bucket& B = layout.buckets()[static_cast<std::size_t>(bk)];
+      const std::int64_t n = rank_bytes(bk), bytes = B.range.size() * gsize;
+      const auto got = to_host<std::uint8_t>(b, static_cast<char*>(st.grad_buffer(staged_buffer)) + B.range.begin * gsize,
+                                             static_cast<std::size_t>(bytes));
+      std::int64_t wrong_piece = 0, touched = 0;
+      for (int r = 0; r < world; ++r)
+        for (std::int64_t j = 0; j < n; ++j) wrong_piece += got[static_cast<std::size_t>(r * n + j)] != pattern(r, bk, j) ? 1 : 0;
+      for (std::int64_t j = world * n; j < bytes; ++j) touched += got[static_cast<std::size_t>(j)] != 0xEE ? 1 : 0;
+      EXPECT_EQ(wrong_piece, 0) << "bucket " << bk << (grouped ? " (grouped)" : "") << ": staged bytes not gathered";
+      EXPECT_EQ(touched, 0) << "bucket " << bk << ": bytes beyond the staging changed";
+    }
+  }
+}
+
+inline void case_store_staged_gather(Backend b) {
+  const int world = world_size();
+  Communicator comm = make_comm(b);
+  const Layout layout = staged_store_layout(world);
   ASSERT_EQ(layout.buffers().size(), 2u);
   const int staged_buffer = layout.buffers()[0].dtype == DType::bf16 ? 0 : 1;
   BucketStoreOptions o;
@@ -426,39 +474,10 @@ inline void case_store_staged_gather(Backend b) {
                                   size_of(layout.buffers()[static_cast<std::size_t>(1 - staged_buffer)].dtype));
   for (int p = 0; p < static_cast<int>(layout.params().size()); ++p)
     if (layout.params()[static_cast<std::size_t>(p)].buffer == staged_buffer) EXPECT_EQ(st.param_data(p), nullptr);
+  expect_staged_gathers(b, st, layout, staged_buffer, [&](int bk) {
+    return 2 * layout.buckets()[static_cast<std::size_t>(bk)].range.size() / world;  // 2S
+  });
   TestStream s(b);
-  auto pattern = [](int r, int bk, std::int64_t j) { return static_cast<std::uint8_t>(r * 61 + bk * 17 + j * 3 + 5); };
-  for (bool grouped : {false, true}) {
-    // Staged pieces and sentinels in every bucket region of the staged buffer.
-    for (int bk : layout.buffers()[static_cast<std::size_t>(staged_buffer)].buckets) {
-      const Bucket& B = layout.buckets()[static_cast<std::size_t>(bk)];
-      const std::int64_t S = B.range.size() / world, bytes = B.range.size() * 4;
-      std::vector<std::uint8_t> region(static_cast<std::size_t>(bytes), 0xEE);
-      for (std::int64_t j = 0; j < 2 * S; ++j) region[static_cast<std::size_t>(rank * 2 * S + j)] = pattern(rank, bk, j);
-      from_host(b, static_cast<char*>(st.grad_buffer(staged_buffer)) + B.range.begin * 4, region);
-    }
-    const int nb = static_cast<int>(layout.buckets().size());
-    if (grouped) {
-      st.start_param_gathers(0, nb, s.get());
-    } else {
-      for (int bk = 0; bk < nb; ++bk) st.start_param_gather(bk, s.get());
-    }
-    for (int bk = 0; bk < nb; ++bk) st.wait_param_gather(bk, s.get());
-    s.sync();
-    for (int bk : layout.buffers()[static_cast<std::size_t>(staged_buffer)].buckets) {
-      const Bucket& B = layout.buckets()[static_cast<std::size_t>(bk)];
-      const std::int64_t S = B.range.size() / world, bytes = B.range.size() * 4;
-      const auto got = to_host<std::uint8_t>(b, static_cast<char*>(st.grad_buffer(staged_buffer)) + B.range.begin * 4,
-                                             static_cast<std::size_t>(bytes));
-      std::int64_t wrong_piece = 0, touched = 0;
-      for (int r = 0; r < world; ++r)
-        for (std::int64_t j = 0; j < 2 * S; ++j)
-          wrong_piece += got[static_cast<std::size_t>(r * 2 * S + j)] != pattern(r, bk, j) ? 1 : 0;
-      for (std::int64_t j = world * 2 * S; j < bytes; ++j) touched += got[static_cast<std::size_t>(j)] != 0xEE ? 1 : 0;
-      EXPECT_EQ(wrong_piece, 0) << "bucket " << bk << (grouped ? " (grouped)" : "") << ": staged bytes not gathered";
-      EXPECT_EQ(touched, 0) << "bucket " << bk << ": bytes beyond the staging changed";
-    }
-  }
   // Gathering a bucket that has neither params nor staging is refused.
   BucketStoreOptions none = o;
   none.staged_gather_bytes = 0;
@@ -506,7 +525,9 @@ inline void case_mx_matches_oracle(Backend b, DType grad_dtype, int microbatches
     EXPECT_EQ(v.members, 3);
     EXPECT_EQ(v.shape.rows, 35);
     EXPECT_EQ(v.shape.cols, 24);
-    if (!one_rank && world_size() > 1) EXPECT_GT(count_odd_boundaries(opt), 0) << "no rank boundary shares a byte";
+    if (!one_rank && world_size() > 1) {
+      EXPECT_GT(count_odd_boundaries(opt), 0) << "no rank boundary shares a byte";
+    }
   } else {
     // The device member table of the grouped parameter.
     const Mxfp8View v = opt.mxfp8_param(ex);
@@ -671,7 +692,9 @@ inline void case_mx_path(Backend b, MxPath path, bool variant_zero_grad, ParamFo
       sv.sync();
       std::size_t k = 0;
       for (int i = 0; i < var.num_params(); ++i)
-        if (is_quantized(var, i)) EXPECT_TRUE(read_q(var, i) == before_inf[k++]) << "a skipped step rewrites the same bytes";
+        if (is_quantized(var, i)) {
+          EXPECT_TRUE(read_q(var, i) == before_inf[k++]) << "a skipped step rewrites the same bytes";
+        }
     }
   }
   wait_all(var, sv.get());
@@ -847,7 +870,9 @@ inline void case_grouped_vs_discrete(Backend b, int microbatches, ParamFormat fo
     EXPECT_TRUE(qg == qd) << differing_planes(qg, qd);
   }
   EXPECT_EQ(format == ParamFormat::Nvfp4 ? og.nvfp4_param(ex).members : og.mxfp8_param(ex).shape.members, G);
-  if (format == ParamFormat::Nvfp4 && world_size() > 1) EXPECT_GT(count_odd_boundaries(og), 0);
+  if (format == ParamFormat::Nvfp4 && world_size() > 1) {
+    EXPECT_GT(count_odd_boundaries(og), 0);
+  }
   for (const char* name : {"embed", "head"}) EXPECT_TRUE(read_q(og, og.param_index(name)) == read_q(od, od.param_index(name))) << name;
   EXPECT_EQ(read_bytes(b, og.param(og.param_index("norm"))), read_bytes(b, od.param(od.param_index("norm"))));
   const StepScalars x = og.read_scalars(sg.get());

@@ -10,18 +10,17 @@
 
 namespace shardopt::test {
 
+/// The format of the NVFP4 cases (short, for SHARDOPT_NVFP4_PARAMS_CASES).
+inline constexpr ParamFormat kNvfp4 = ParamFormat::Nvfp4;
+
 /// BucketStoreOptions::staged_gather_rank_bytes: each staged bucket all-gathers exactly
 /// its own count of bytes per rank (rank r's piece at r * count), leaving the rest of
 /// the region alone; a count that does not fit, or a list of the wrong length, is the
 /// construction error.
 inline void case_store_staged_rank_bytes(Backend b) {
-  const int rank = world_rank(), world = world_size();
+  const int world = world_size();
   Communicator comm = make_comm(b);
-  const std::vector<ParamSpec> specs = {ParamSpec::tensor("a", {37, 11}), ParamSpec::tensor("n", {129}, DType::f32),
-                                        ParamSpec::tensor("b", {61, 7}), ParamSpec::tensor("c", {1000})};
-  LayoutOptions lo;
-  lo.bucket_numel = 700;
-  const Layout layout(specs, world, lo);
+  const Layout layout = staged_store_layout(world);
   ASSERT_EQ(layout.buffers().size(), 2u);
   const int staged_buffer = layout.buffers()[0].dtype == DType::bf16 ? 0 : 1;
   const int nb = static_cast<int>(layout.buckets().size());
@@ -31,42 +30,13 @@ inline void case_store_staged_rank_bytes(Backend b) {
   o.buffer_params.assign(2, true);
   o.buffer_params[static_cast<std::size_t>(staged_buffer)] = false;
   o.staged_gather_rank_bytes.assign(static_cast<std::size_t>(nb), 0);
-  // Odd counts, different per bucket: S / 2 + 1 + bucket index.
+  // A count of its own per bucket, no multiple of S: S / 2 + 1 + bucket index.
   for (int bk : layout.buffers()[static_cast<std::size_t>(staged_buffer)].buckets)
     o.staged_gather_rank_bytes[static_cast<std::size_t>(bk)] =
         layout.buckets()[static_cast<std::size_t>(bk)].range.size() / world / 2 + 1 + bk;
   BucketStore st(comm, layout, o);
-  TestStream s(b);
-  auto pattern = [](int r, int bk, std::int64_t j) { return static_cast<std::uint8_t>(r * 61 + bk * 17 + j * 3 + 5); };
-  for (bool grouped : {false, true}) {
-    for (int bk : layout.buffers()[static_cast<std::size_t>(staged_buffer)].buckets) {
-      const Bucket& B = layout.buckets()[static_cast<std::size_t>(bk)];
-      const std::int64_t n = o.staged_gather_rank_bytes[static_cast<std::size_t>(bk)], bytes = B.range.size() * 2;
-      std::vector<std::uint8_t> region(static_cast<std::size_t>(bytes), 0xEE);
-      for (std::int64_t j = 0; j < n; ++j) region[static_cast<std::size_t>(rank * n + j)] = pattern(rank, bk, j);
-      from_host(b, static_cast<char*>(st.grad_buffer(staged_buffer)) + B.range.begin * 2, region);
-    }
-    if (grouped) {
-      st.start_param_gathers(0, nb, s.get());
-    } else {
-      for (int bk = 0; bk < nb; ++bk) st.start_param_gather(bk, s.get());
-    }
-    for (int bk = 0; bk < nb; ++bk) st.wait_param_gather(bk, s.get());
-    s.sync();
-    for (int bk : layout.buffers()[static_cast<std::size_t>(staged_buffer)].buckets) {
-      const Bucket& B = layout.buckets()[static_cast<std::size_t>(bk)];
-      const std::int64_t n = o.staged_gather_rank_bytes[static_cast<std::size_t>(bk)], bytes = B.range.size() * 2;
-      const auto got = to_host<std::uint8_t>(b, static_cast<char*>(st.grad_buffer(staged_buffer)) + B.range.begin * 2,
-                                             static_cast<std::size_t>(bytes));
-      std::int64_t wrong_piece = 0, touched = 0;
-      for (int r = 0; r < world; ++r)
-        for (std::int64_t j = 0; j < n; ++j)
-          wrong_piece += got[static_cast<std::size_t>(r * n + j)] != pattern(r, bk, j) ? 1 : 0;
-      for (std::int64_t j = world * n; j < bytes; ++j) touched += got[static_cast<std::size_t>(j)] != 0xEE ? 1 : 0;
-      EXPECT_EQ(wrong_piece, 0) << "bucket " << bk << (grouped ? " (grouped)" : "") << ": staged bytes not gathered";
-      EXPECT_EQ(touched, 0) << "bucket " << bk << ": bytes beyond the staging changed";
-    }
-  }
+  expect_staged_gathers(b, st, layout, staged_buffer,
+                        [&](int bk) { return o.staged_gather_rank_bytes[static_cast<std::size_t>(bk)]; });
   const int first_staged = layout.buffers()[static_cast<std::size_t>(staged_buffer)].buckets.front();
   BucketStoreOptions big = o;
   big.staged_gather_rank_bytes[static_cast<std::size_t>(first_staged)] =
@@ -131,3 +101,29 @@ inline void case_nvfp4_memory(Backend b) {
 }
 
 }  // namespace shardopt::test
+
+/// Instantiates every NVFP4 parameter case (the generic ones with ParamFormat::Nvfp4) as
+/// tests of suite `Suite` on backend `B`.
+#define SHARDOPT_NVFP4_PARAMS_CASES(Suite, B) \
+  TEST(Suite, StoreStagedGatherPerBucketBytes) { case_store_staged_rank_bytes(B); }                               \
+  TEST(Suite, MatchesOracleBf16Grads) { case_mx_matches_oracle(B, DType::bf16, 1, 4, false, kNvfp4); }            \
+  TEST(Suite, MatchesOracleF32GradsMicrobatches) { case_mx_matches_oracle(B, DType::f32, 2, 3, false, kNvfp4); }  \
+  TEST(Suite, MatchesOracleF16Grads) { case_mx_matches_oracle(B, DType::f16, 1, 2, false, kNvfp4); }              \
+  TEST(Suite, MatchesOracleOneRank) { case_mx_matches_oracle(B, DType::bf16, 2, 2, true, kNvfp4); }               \
+  TEST(Suite, MasterEqualsNativeF32Params) { case_mx_master_equals_native(B, kNvfp4); }                           \
+  TEST(Suite, TrainTrainWithoutZeroGrad) { case_mx_path(B, MxPath::TrainTrain, false, kNvfp4); }                  \
+  TEST(Suite, TrainTrainWithZeroGrad) { case_mx_path(B, MxPath::TrainTrain, true, kNvfp4); }                      \
+  TEST(Suite, TrainEvalTrainWithoutZeroGrad) { case_mx_path(B, MxPath::TrainEvalTrain, false, kNvfp4); }          \
+  TEST(Suite, TrainEvalTrainWithZeroGrad) { case_mx_path(B, MxPath::TrainEvalTrain, true, kNvfp4); }              \
+  TEST(Suite, ForcedGatherThenTrainWithoutZeroGrad) { case_mx_path(B, MxPath::ForcedGather, false, kNvfp4); }     \
+  TEST(Suite, FoundInfStepInTheMiddle) { case_mx_path(B, MxPath::FoundInf, false, kNvfp4); }                      \
+  TEST(Suite, DeferredForwardWaitsWithoutZeroGrad) { case_mx_path(B, MxPath::Deferred, false, kNvfp4); }          \
+  TEST(Suite, DeferredEvalThenTrain) { case_mx_path(B, MxPath::DeferredEval, false, kNvfp4); }                    \
+  TEST(Suite, DeferredZeroGradLandsFirstMixedModel) { case_mx_path(B, MxPath::DeferredZeroGrad, true, kNvfp4); }  \
+  TEST(Suite, StateMachineRefusalsAndQueries) { case_mx_state_machine(B, kNvfp4); }                               \
+  TEST(Suite, GroupedEqualsDiscreteMembers) { case_grouped_vs_discrete(B, 1, kNvfp4); }                           \
+  TEST(Suite, GroupedEqualsDiscreteMembersMicrobatches) { case_grouped_vs_discrete(B, 2, kNvfp4); }               \
+  TEST(Suite, MemoryHasNoParamBufferForNvfp4) { case_nvfp4_memory(B); }                                           \
+  TEST(Suite, GraphReplayEqualsEager) { case_mx_graph_equals_eager(B, 2, 6, false, false, kNvfp4); }              \
+  TEST(Suite, OneGraphReplayEqualsEager) { case_mx_graph_equals_eager(B, 3, 5, true, false, kNvfp4); }            \
+  TEST(Suite, GraphReplayEqualsEagerDeferred) { case_mx_graph_equals_eager(B, 2, 5, false, true, kNvfp4); }

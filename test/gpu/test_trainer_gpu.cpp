@@ -64,32 +64,9 @@ TEST(TrainerGpu, Mxfp8ComputeWeightsAreCurrent) {
   case_mxfp8_compute_weights_are_current(kCuda, "discrete", /*graph=*/false, /*one_graph=*/true);
 }
 
-// ---- --params nvfp4 (dist-adam): NVFP4 weights decoded to bf16 for compute
+// ---- --params nvfp4 (dist-adam): the host suite's NVFP4 cases on the CUDA backend
 
-TEST(TrainerGpu, LossBelowThresholdNvfp4) { case_loss_below_threshold(kCuda, "dist-adam", "single", "fp32", "nvfp4"); }
-TEST(TrainerGpu, LossBelowThresholdNvfp4DiscreteBf16Grads) {
-  case_loss_below_threshold(kCuda, "dist-adam", "discrete", "bf16", "nvfp4");
-}
-TEST(TrainerGpu, GraphEqualsEagerNvfp4OneGraph) {
-  compare_graph_and_eager(kCuda, "dist-adam", "single", /*one_graph=*/true, false, 10, 4, true, "nvfp4");
-}
-TEST(TrainerGpu, GraphEqualsEagerNvfp4SplitGraphsDiscrete) {
-  compare_graph_and_eager(kCuda, "dist-adam", "discrete", /*one_graph=*/false, false, 10, 4, true, "nvfp4");
-}
-TEST(TrainerGpu, SingleEqualsDiscreteNvfp4) {
-  if (world_size() > 2) GTEST_SKIP() << "bitwise only where the reduction order cannot differ (<= 2 ranks)";
-  case_single_equals_discrete(kCuda, "dist-adam", "fp32", true, "nvfp4");
-  case_single_equals_discrete(kCuda, "dist-adam", "bf16", false, "nvfp4");
-}
-TEST(TrainerGpu, Nvfp4ComputeWeightsAreCurrent) {
-  case_mxfp8_compute_weights_are_current(kCuda, "single", /*graph=*/true, /*one_graph=*/true, "nvfp4");
-  case_mxfp8_compute_weights_are_current(kCuda, "discrete", /*graph=*/true, /*one_graph=*/false, "nvfp4");
-  case_mxfp8_compute_weights_are_current(kCuda, "discrete", /*graph=*/false, /*one_graph=*/true, "nvfp4");
-}
-TEST(TrainerGpu, ResumeEqualsUninterruptedNvfp4) {
-  case_resume_equals_uninterrupted(kCuda, "dist-adam", "nvfp4", "discrete", /*graph=*/false);
-  case_resume_equals_uninterrupted(kCuda, "dist-adam", "nvfp4", "single", /*graph=*/true);
-}
+SHARDOPT_TRAINER_NVFP4_CASES(TrainerGpu, kCuda)
 
 TEST(TrainerGpu, SmallModelLearns) {
   // --size small (V=4096, H=256, N=4, F=1024, G=8, Fe=256, T=1024), 40 steps: the loss must

@@ -82,59 +82,12 @@ TEST(TrainerHost, Mxfp8ComputeWeightsAreCurrent) {
   case_mxfp8_compute_weights_are_current(kHost, "discrete", /*graph=*/false, /*one_graph=*/true);
 }
 
-TEST(TrainerHost, Mxfp8FsdpIsAClearError) {
-  TrainOptions o = options("tiny", "fsdp", 1, 1);
-  o.params = "mxfp8";
-  try {
-    Trainer t(o, make_comm(kHost));
-    ADD_FAILURE() << "--params mxfp8 --mode fsdp must be refused";
-  } catch (const std::runtime_error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("no MXFP8 parameters in FSDP"), std::string::npos) << what;
-    EXPECT_NE(what.find("--mode dist-adam"), std::string::npos) << "it says what to use instead: " << what;
-  }
-  o.mode = "dist-adam";
-  EXPECT_NO_THROW(check_supported(o)) << "dist-adam takes --params mxfp8";
-}
+TEST(TrainerHost, Mxfp8FsdpIsAClearError) { case_quantized_fsdp_refused(kHost, "mxfp8", "no MXFP8 parameters in FSDP"); }
 
 // ---- --params nvfp4 (dist-adam): NVFP4 weights decoded to bf16 for compute
 
-TEST(TrainerHost, LossBelowThresholdNvfp4) { case_loss_below_threshold(kHost, "dist-adam", "single", "fp32", "nvfp4"); }
-TEST(TrainerHost, LossBelowThresholdNvfp4DiscreteBf16Grads) {
-  case_loss_below_threshold(kHost, "dist-adam", "discrete", "bf16", "nvfp4");
-}
-TEST(TrainerHost, GraphEqualsEagerNvfp4OneGraph) {
-  compare_graph_and_eager(kHost, "dist-adam", "single", /*one_graph=*/true, false, 10, 4, true, "nvfp4");
-}
-TEST(TrainerHost, GraphEqualsEagerNvfp4SplitGraphsDiscrete) {
-  compare_graph_and_eager(kHost, "dist-adam", "discrete", /*one_graph=*/false, false, 10, 4, true, "nvfp4");
-}
-TEST(TrainerHost, SingleEqualsDiscreteNvfp4) {
-  if (world_size() > 2) GTEST_SKIP() << "bitwise only where the reduction order cannot differ (<= 2 ranks)";
-  case_single_equals_discrete(kHost, "dist-adam", "fp32", true, "nvfp4");
-  case_single_equals_discrete(kHost, "dist-adam", "bf16", false, "nvfp4");
-}
-TEST(TrainerHost, Nvfp4ComputeWeightsAreCurrent) {
-  case_mxfp8_compute_weights_are_current(kHost, "single", /*graph=*/true, /*one_graph=*/true, "nvfp4");
-  case_mxfp8_compute_weights_are_current(kHost, "discrete", /*graph=*/true, /*one_graph=*/false, "nvfp4");
-  case_mxfp8_compute_weights_are_current(kHost, "discrete", /*graph=*/false, /*one_graph=*/true, "nvfp4");
-}
-TEST(TrainerHost, ResumeEqualsUninterruptedNvfp4) {
-  case_resume_equals_uninterrupted(kHost, "dist-adam", "nvfp4", "discrete", /*graph=*/false);
-  case_resume_equals_uninterrupted(kHost, "dist-adam", "nvfp4", "single", /*graph=*/true);
-}
-TEST(TrainerHost, Nvfp4FsdpIsAClearError) {
-  TrainOptions o = options("tiny", "fsdp", 1, 1);
-  o.params = "nvfp4";
-  try {
-    Trainer t(o, make_comm(kHost));
-    ADD_FAILURE() << "--params nvfp4 --mode fsdp must be refused";
-  } catch (const std::runtime_error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("no NVFP4 parameters in FSDP"), std::string::npos) << what;
-    EXPECT_NE(what.find("--mode dist-adam"), std::string::npos) << "it says what to use instead: " << what;
-  }
-}
+SHARDOPT_TRAINER_NVFP4_CASES(TrainerHost, kHost)
+TEST(TrainerHost, Nvfp4FsdpIsAClearError) { case_quantized_fsdp_refused(kHost, "nvfp4", "no NVFP4 parameters in FSDP"); }
 
 // ---- checkpoints: resume equals the uninterrupted run, bitwise; across expert layouts
 

@@ -271,9 +271,11 @@ inline void case_mxfp8_compute_weights_are_current(shardopt::Backend b, const st
       const std::vector<std::uint16_t> used = compute_bits(t, i);
       ASSERT_EQ(used, before[k]) << "step " << s << ": the compute buffer of '" << name
                                  << "' is not the decoded MXFP8 weight this iteration started from";
-      for (std::uint16_t bits : used)
-        if (params == "mxfp8")
+      for (std::uint16_t bits : used) {
+        if (params == "mxfp8") {
           ASSERT_EQ(bits & 0x000Fu, 0u) << name << ": " << math::from_bf16(bits) << " is not an E4M3 value x 2^k";
+        }
+      }
       std::vector<std::uint16_t> after = dequantized_bf16(t, i);
       changed = changed || after != before[k];
       before[k] = std::move(after);
@@ -281,6 +283,23 @@ inline void case_mxfp8_compute_weights_are_current(shardopt::Backend b, const st
     EXPECT_EQ(changed, s != kSkippedStep) << "step " << s << ": the MXFP8 parameters change exactly on the "
                                           << "applied steps";
   }
+}
+
+/// --params `params` (mxfp8, nvfp4) with --mode fsdp is refused with an error that says
+/// `phrase` and what to use instead; dist-adam takes it.
+inline void case_quantized_fsdp_refused(shardopt::Backend b, const std::string& params, const std::string& phrase) {
+  TrainOptions o = options("tiny", "fsdp", 1, 1);
+  o.params = params;
+  try {
+    Trainer t(o, make_comm(b));
+    ADD_FAILURE() << "--params " << params << " --mode fsdp must be refused";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(phrase), std::string::npos) << what;
+    EXPECT_NE(what.find("--mode dist-adam"), std::string::npos) << "it says what to use instead: " << what;
+  }
+  o.mode = "dist-adam";
+  EXPECT_NO_THROW(check_supported(o)) << "dist-adam takes --params " << params;
 }
 
 // ---------------------------------------------------------------- checkpoints
@@ -471,3 +490,31 @@ inline void case_checkpoint_across_expert_layouts(shardopt::Backend b, const std
 }
 
 }  // namespace trainer::test
+
+/// Instantiates the --params nvfp4 cases (dist-adam) as tests of suite `Suite` on backend
+/// `B`: the MXFP8 cases' claims for NVFP4 weights.
+#define SHARDOPT_TRAINER_NVFP4_CASES(Suite, B) \
+  TEST(Suite, LossBelowThresholdNvfp4) { case_loss_below_threshold(B, "dist-adam", "single", "fp32", "nvfp4"); }  \
+  TEST(Suite, LossBelowThresholdNvfp4DiscreteBf16Grads) {                                                         \
+    case_loss_below_threshold(B, "dist-adam", "discrete", "bf16", "nvfp4");                                       \
+  }                                                                                                               \
+  TEST(Suite, GraphEqualsEagerNvfp4OneGraph) {                                                                    \
+    compare_graph_and_eager(B, "dist-adam", "single", /*one_graph=*/true, false, 10, 4, true, "nvfp4");           \
+  }                                                                                                               \
+  TEST(Suite, GraphEqualsEagerNvfp4SplitGraphsDiscrete) {                                                         \
+    compare_graph_and_eager(B, "dist-adam", "discrete", /*one_graph=*/false, false, 10, 4, true, "nvfp4");        \
+  }                                                                                                               \
+  TEST(Suite, SingleEqualsDiscreteNvfp4) {                                                                        \
+    if (world_size() > 2) GTEST_SKIP() << "bitwise only where the reduction order cannot differ (<= 2 ranks)";    \
+    case_single_equals_discrete(B, "dist-adam", "fp32", true, "nvfp4");                                           \
+    case_single_equals_discrete(B, "dist-adam", "bf16", false, "nvfp4");                                          \
+  }                                                                                                               \
+  TEST(Suite, Nvfp4ComputeWeightsAreCurrent) {                                                                    \
+    case_mxfp8_compute_weights_are_current(B, "single", /*graph=*/true, /*one_graph=*/true, "nvfp4");             \
+    case_mxfp8_compute_weights_are_current(B, "discrete", /*graph=*/true, /*one_graph=*/false, "nvfp4");          \
+    case_mxfp8_compute_weights_are_current(B, "discrete", /*graph=*/false, /*one_graph=*/true, "nvfp4");          \
+  }                                                                                                               \
+  TEST(Suite, ResumeEqualsUninterruptedNvfp4) {                                                                   \
+    case_resume_equals_uninterrupted(B, "dist-adam", "nvfp4", "discrete", /*graph=*/false);                       \
+    case_resume_equals_uninterrupted(B, "dist-adam", "nvfp4", "single", /*graph=*/true);                          \
+  }
