@@ -127,14 +127,16 @@ class DistributedAdam {
   int param_index(const std::string& name) const;
 
   /// Persistent views of the whole parameter / gradient (identical on every call).
-  /// param(i) of an MXFP8 parameter is Error(InvalidArgument): use mxfp8_param(i).
+  /// param(i) of an MXFP8 / NVFP4 parameter is Error(InvalidArgument): use mxfp8_param(i) /
+  /// nvfp4_param(i).
   ParamView param(int i) const;
   GradView grad(int i) const;
   /// Views of member m of a grouped parameter.
   ParamView member_param(int i, int m) const;
   GradView member_grad(int i, int m) const;
   /// This rank's piece of parameter i in the param buffer / in the fp32 master
-  /// (shard_param of an MXFP8 parameter is Error(InvalidArgument): it has no param buffer).
+  /// (shard_param of an MXFP8 or NVFP4 parameter is Error(InvalidArgument): it has no param
+  /// buffer).
   ShardView shard_param(int i) const;
   ShardView shard_master(int i) const;
   /// True when parameter i is stored as MXFP8 (param_format Mxfp8 and two or more dims).

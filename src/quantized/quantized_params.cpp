@@ -49,6 +49,7 @@ QuantizedParams::QuantizedParams(Backend backend, const Layout& L, BucketStore& 
   for (std::size_t p = 0; p < L.params().size(); ++p)
     if (quantized[static_cast<std::size_t>(L.params()[p].buffer)]) param_[p] = any = true;
   if (!any) return;
+  SHARDOPT_REQUIRE(make != nullptr, ErrorCode::Internal, "quantized parameters without a format");
 
   const std::size_t gsize = size_of(store.options().grad_dtype);
   for (std::size_t b = 0; b < L.buckets().size(); ++b) {

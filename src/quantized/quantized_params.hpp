@@ -94,7 +94,8 @@ class StoredFormat : public QuantizedFormat {
  protected:
   explicit StoredFormat(const FormatContext& ctx)
       : backend_(ctx.backend), layout_(*ctx.layout), staging_(*ctx.staging) {}
-  /// Allocates `bytes` of storage and zeroes it (synchronously, at construction).
+  /// Allocates `bytes` of storage and zeroes it on the null stream (QuantizedParams'
+  /// constructor synchronizes before the first use).
   void allocate(std::size_t bytes);
   std::uint8_t* at(std::size_t offset) const { return storage_.as<std::uint8_t>() + offset; }
   static std::size_t align_up(std::size_t x) { return (x + 15) / 16 * 16; }
@@ -115,7 +116,8 @@ const F& format_as(const QuantizedFormat& format, const char* call) {
 
 class QuantizedParams {
  public:
-  /// `format` null: no quantized parameters (every query says so). Otherwise
+  /// No buffer marked in `quantized`: no quantized parameters (every query says so, and
+  /// `make` is not called). Otherwise
   /// `quantized[b]`: layout buffer b holds the format's parameters (the store has no
   /// param buffer for it and stages its gathers through the gradient buffer). Its
   /// collectives go through `store` (BucketStore::all_reduce), the one owner of the
@@ -123,6 +125,9 @@ class QuantizedParams {
   using MakeFormat = std::unique_ptr<QuantizedFormat> (*)(const FormatContext&);
   QuantizedParams(Backend backend, const Layout& layout, BucketStore& store, const std::vector<MasterPiece>& masters,
                   const std::vector<bool>& quantized, MakeFormat make);
+  // The format refers to staging_: the object stays where it was built.
+  QuantizedParams(const QuantizedParams&) = delete;
+  QuantizedParams& operator=(const QuantizedParams&) = delete;
 
   bool is_param(int param) const { return param_[static_cast<std::size_t>(param)]; }
   bool is_bucket(int bucket) const { return bucket_[static_cast<std::size_t>(bucket)].quantized; }
