@@ -5,8 +5,8 @@
 //
 // Configurations "<size>/<mode>/graph-off/n<ranks>" and ".../graph-on/n<ranks>" (with
 // --params mxfp8 the mode reads "dist-adam-mxfp8": MXFP8 weights, decoded to bf16 once per
-// step for the GEMMs; with --params nvfp4 "dist-adam-nvfp4": NVFP4 weights, decoded to bf16
-// on every microbatch; --graphs on measures only the graph-on row):
+// step for the GEMMs; with --params nvfp4 "dist-adam-nvfp4": NVFP4 weights, likewise;
+// --graphs on measures only the graph-on row):
 //   ours_ms           median iteration (all microbatches, step, zero_grad), slowest rank;
 //                     graph-on: the whole iteration replayed as one graph
 //   step_ms           median optimizer step alone (step + zero_grad): eager for graph-off,
@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
         r.numbers["final_loss"] = t.loss;
         r.notes["param_format"] =
             a.params == "mxfp8"   ? "MXFP8 (E4M3, 32-element blocks) decoded to bf16 once per step for the GEMMs"
-            : a.params == "nvfp4" ? "NVFP4 (E2M1, 16 x 16 E4M3 block scales) decoded to bf16 on every microbatch"
+            : a.params == "nvfp4" ? "NVFP4 (E2M1, 16 x 16 E4M3 block scales) decoded to bf16 once per step"
                                   : "bf16";
         r.notes["step_ms_meaning"] = graph ? "replay_step of a split capture (step + zero_grad alone)"
                                            : "eager step + zero_grad alone";

@@ -153,7 +153,8 @@ void Model::decode(Weights& w, const std::vector<int>& idx, const Tensor& dst, c
     return;
   }
   // NVFP4: the library's decode, member by member (bf16, nearest even, of
-  // e2m1 * (float(scale) * decode_scale)); Hopper has no NVFP4 GEMM either.
+  // e2m1 * (float(scale) * decode_scale)), skipped on the device as the MXFP8 op is;
+  // Hopper has no NVFP4 GEMM either.
   std::int64_t at = 0;
   for (int i : idx) {
     const shardopt::Nvfp4View v = w.nvfp4(i);
@@ -161,7 +162,7 @@ void Model::decode(Weights& w, const std::vector<int>& idx, const Tensor& dst, c
       const shardopt::Nvfp4Planes m = v.member(g);
       if (at + v.shape.numel() > dst.numel) throw std::logic_error("Model::decode: the NVFP4 weights overflow dst");
       shardopt::dequantize_nvfp4(v.shape, m.data, m.scale, m.decode_scale, static_cast<std::uint16_t*>(dst.data) + at,
-                                 ops_.backend(), s);
+                                 skip != nullptr ? &skip->skip_weight_update : nullptr, ops_.backend(), s);
       at += v.shape.numel();
     }
   }

@@ -53,8 +53,8 @@ struct ModelOptions {
   /// per-layer packed buffers). Persistent weights only (not with gathered_weights).
   bool mxfp8_params = false;
   /// The same with NVFP4 parameters (Weights::is_nvfp4): decoded by shardopt::dequantize_nvfp4
-  /// member by member. That call has no skip flag, so these buffers are decoded on every
-  /// microbatch's forward (the same bytes each time within a step), not only on the first.
+  /// member by member, on the first microbatch of a step (its device skip flag reads
+  /// skip_weight_update).
   bool nvfp4_params = false;
   /// DELIBERATELY WRONG, for the regression test's negative control only: weight-gradient
   /// GEMMs overwrite (beta = 0) on the first microbatch, decided by a host counter at
@@ -117,8 +117,8 @@ class Model {
   /// nvfp4_params, and 2-D).
   bool decoded(int i) const;
   /// Decodes the quantized parameters `idx` (member after member, parameter after
-  /// parameter) into the bf16 tensor `dst` on `s`; `skip` as Ops::dequantize_mxfp8 (MXFP8
-  /// only: the NVFP4 decode always runs).
+  /// parameter) into the bf16 tensor `dst` on `s`, unless `skip` (may be null) says so on
+  /// the device when the work runs (as Ops::dequantize_mxfp8).
   void decode(Weights& w, const std::vector<int>& idx, const Tensor& dst, const shardopt::MicrobatchState* skip,
               Stream s);
   /// The weights a GEMM reads for parameter i: the bf16 view, or (MXFP8) its compute

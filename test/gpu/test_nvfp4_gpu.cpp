@@ -213,4 +213,35 @@ TEST(Nvfp4Gpu, SkipFlagReadOnTheDevice) {
   EXPECT_TRUE(fresh.get(kCuda, one_shape) == untouched(one_shape)) << "eager, flag set";
 }
 
+TEST(Nvfp4Gpu, Bf16DequantizeSkipFlagReadOnTheDevice) {
+  const Nvfp4Shape s{130, 129};
+  const auto x = mxfp8_test::random_bf16(s.numel(), s.cols, 71, -9, 9);
+  const ref::Quantized q = quantize_on(kHost, s, x);
+  const std::vector<std::uint32_t> want = dequantize_on(kHost, s, q, /*bf16=*/true);
+  const SkippableDecode d(kCuda, s, q);
+  const DeviceBuffer flag = upload(kCuda, std::vector<std::int32_t>{1});
+  auto set_flag = [&](std::int32_t v) {
+    SHARDOPT_CUDA_CHECK(cudaMemcpy(flag.data(), &v, sizeof v, cudaMemcpyHostToDevice));
+  };
+  // Captured once; each replay reads the flag on the device.
+  cudaStream_t stream = nullptr;
+  SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  SHARDOPT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  d.run(kCuda, flag.as<std::int32_t>(), reinterpret_cast<Stream>(stream));
+  cudaGraph_t graph = nullptr;
+  SHARDOPT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  SHARDOPT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  SHARDOPT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  EXPECT_EQ(d.out(kCuda), d.untouched()) << "replay with the flag set";
+  set_flag(0);
+  SHARDOPT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  EXPECT_EQ(d.out(kCuda), want) << "replay with the flag clear: the host twin's bf16";
+  SHARDOPT_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  SHARDOPT_CUDA_CHECK(cudaGraphDestroy(graph));
+  SHARDOPT_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 }  // namespace
