@@ -579,7 +579,9 @@ inline void write_npy(const std::string& path, const std::string& descr, const v
 /// For test/python/run_cpp_checkpoint.sh: saves a trained checkpoint (bf16 moments, a
 /// grouped parameter, an f32 parameter) into $SHARDOPT_CKPT_OUT/ckpt and, from an
 /// unsharded twin trained identically, every tensor's expected values as
-/// $SHARDOPT_CKPT_OUT/expect/TENSOR__KIND.npy, for the Python tool to compare.
+/// $SHARDOPT_CKPT_OUT/expect/TENSOR__KIND.npy, for the Python tool to compare. Also an
+/// NVFP4 optimizer's checkpoint (odd member sizes: rank boundaries inside bytes) into
+/// ckpt_nvfp4, with the NVFP4 planes it holds as expect_nvfp4/TENSOR__nvfp4_*.npy.
 inline void case_write_for_python(Backend b) {
   const char* out = std::getenv("SHARDOPT_CKPT_OUT");
   if (out == nullptr) GTEST_SKIP() << "SHARDOPT_CKPT_OUT is not set (test/python/run_cpp_checkpoint.sh sets it)";
@@ -593,7 +595,28 @@ inline void case_write_for_python(Backend b) {
   da_train(x, s.get(), 4);
   da_train(ref, rs.get(), 4);
   x.save(std::string(out) + "/ckpt", s.get());
+  DistributedAdamOptions nvo = mx_options(DType::bf16, ParamFormat::Nvfp4);
+  nvo.grad_reduce = ReduceOp::Average;
+  DistributedAdam nv(comm, q_model(ParamFormat::Nvfp4), nvo);
+  TestStream ns(b);
+  mx_init(nv, ns.get());
+  da_train(nv, ns.get(), 2);
+  nv.save(std::string(out) + "/ckpt_nvfp4", ns.get());
+  ns.sync();
   if (comm.rank() != 0) return;
+  const std::string expect_nv = std::string(out) + "/expect_nvfp4";
+  std::filesystem::create_directories(expect_nv);
+  for (int i = 0; i < nv.num_params(); ++i) {
+    if (!nv.is_nvfp4(i)) continue;
+    const ParamSpec& spec = nv.layout().specs()[static_cast<std::size_t>(i)];
+    for (int m = 0; m < spec.members(); ++m) {
+      const nvfp4_ref::Quantized q = read_nvfp4_member(nv, i, m);
+      const std::string base = expect_nv + "/" + spec.member_name(m) + "__";
+      write_npy(base + "nvfp4_data.npy", "|u1", q.data.data(), q.data.size(), 1);
+      write_npy(base + "nvfp4_scale.npy", "|u1", q.scale.data(), q.scale.size(), 1);
+      write_npy(base + "nvfp4_amax.npy", "<f4", &q.amax, 1, 4);
+    }
+  }
   const std::string expect = std::string(out) + "/expect";
   std::filesystem::create_directories(expect);
   auto dump = [&](const std::string& tensor, const char* kind, const TensorView& v, std::int64_t first,
