@@ -1,13 +1,17 @@
 // bench_dist_adam: the distributed-Adam step (reduce-scatter, norm/clip, Adam on the
-// shard, all-gather) for the Llama-3.2-1B-shaped set with bf16 grads, with bf16 params
-// and with MXFP8 params (ParamFormat::Mxfp8: quantize from the master, e8m0 scale
-// all-reduce, all-gather of both e4m3 planes through the grad buffer, landing, zeroing).
+// shard, all-gather) for the Llama-3.2-1B-shaped set with bf16 grads, with bf16 params,
+// with MXFP8 params (ParamFormat::Mxfp8: quantize from the master, e8m0 scale
+// all-reduce, all-gather of both e4m3 planes through the grad buffer, landing, zeroing)
+// and with NVFP4 params (ParamFormat::Nvfp4: partial u32 amaxes, one Max all-reduce,
+// shard quantize, all-gather of the E2M1 bytes through the grad buffer, landing with the
+// shared bytes ORed, zeroing).
 //
 //   mpirun -n 4 bench_dist_adam [--results DIR] [--peer FILE] [--iters N]
 //
 // Per run it measures, in the same process:
 //  * ours: the captured step graph, replayed (CUDA events, median), for bf16 params
-//    ("bf16p-bf16g/1.5B/147/nN") and MXFP8 params ("mxfp8p-bf16g/1.5B/147/nN"), with
+//    ("bf16p-bf16g/1.5B/147/nN"), MXFP8 params ("mxfp8p-bf16g/1.5B/147/nN") and NVFP4
+//    params ("nvfp4p-bf16g/1.5B/147/nN"), with
 //    the bytes each rank all-gathers and all-reduces and its memory (MemoryReport);
 //  * the limit: one NCCL reduce-scatter of the whole grad buffer + one all-gather of the
 //    whole param buffer + our Adam on the shard, each timed alone (median), summed;
@@ -24,6 +28,7 @@
 
 #include "core/check.hpp"
 #include "core/memory.hpp"
+#include "quantized/nvfp4_params.hpp"
 #include "cuda_bench.hpp"
 #include "mpi_bench.hpp"
 #include "results.hpp"
@@ -65,7 +70,7 @@ DistributedAdamOptions step_options() {
 
 #if SHARDOPT_HAVE_CUDA
 void fill_model(DistributedAdam& opt, Stream s) {
-  if (opt.options().param_format == ParamFormat::Mxfp8) {  // no param views: seed the master
+  if (opt.options().param_format != ParamFormat::Native) {  // no param views: seed the master
     for (int i = 0; i < opt.num_params(); ++i) {
       const ShardView m = opt.shard_master(i);
       const GradView g = opt.grad(i);
@@ -73,7 +78,7 @@ void fill_model(DistributedAdam& opt, Stream s) {
       bench::fill_random(g.data, g.dtype, g.numel(), 7000 + static_cast<std::uint64_t>(i), 1e-3f, s);
     }
     opt.init_from_master(s);
-    // init_from_master zeroed the MXFP8 gradient regions it staged through: refill.
+    // init_from_master zeroed the quantized gradient regions it staged through: refill.
     for (int i = 0; i < opt.num_params(); ++i) {
       const GradView g = opt.grad(i);
       bench::fill_random(g.data, g.dtype, g.numel(), 7000 + static_cast<std::uint64_t>(i), 1e-3f, s);
@@ -246,20 +251,36 @@ double step_ms(const Communicator& comm, Stream s, const Args& a, const Distribu
 }
 
 // Bytes one rank receives from the parameter all-gathers of a step (the gathered
-// buffers: what NCCL's all-gather writes), and bytes of the MXFP8 scale all-reduce.
+// buffers: what NCCL's all-gather writes), and bytes of the quantized formats' exchange
+// all-reduce (MXFP8: e8m0 scales; NVFP4: u32 block and tensor amaxes).
 struct StepTraffic {
   double gathered = 0;
   double scales = 0;
 };
 StepTraffic traffic(const Layout& L, ParamFormat format) {
   StepTraffic t;
-  for (const BufferLayout& buf : L.buffers()) {
-    const bool mx = format == ParamFormat::Mxfp8 && buf.dtype == DType::bf16;
-    t.gathered += static_cast<double>(buf.numel) * (mx ? 2.0 : static_cast<double>(size_of(buf.dtype)));
-    if (!mx) continue;
+  std::vector<bool> quantized(L.buffers().size(), false);
+  for (std::size_t b = 0; b < quantized.size(); ++b)
+    quantized[b] = format != ParamFormat::Native && L.buffers()[b].dtype == DType::bf16;
+  const std::vector<std::int64_t> nv = detail::nvfp4_staged_rank_bytes(L, quantized);
+  for (std::size_t b = 0; b < L.buffers().size(); ++b) {
+    const BufferLayout& buf = L.buffers()[b];
+    if (!quantized[b]) {
+      t.gathered += static_cast<double>(buf.numel) * static_cast<double>(size_of(buf.dtype));
+      continue;
+    }
+    if (format == ParamFormat::Mxfp8) t.gathered += static_cast<double>(buf.numel) * 2.0;
+    for (int k : buf.buckets)
+      if (format == ParamFormat::Nvfp4) t.gathered += static_cast<double>(nv[static_cast<std::size_t>(k)] * L.world_size());
     for (int p : buf.params) {
-      const Mxfp8Shape sh = Mxfp8Shape::of(L.specs()[static_cast<std::size_t>(p)]);
-      t.scales += static_cast<double>(sh.scale_row_numel() + sh.scale_col_numel());
+      const ParamSpec& spec = L.specs()[static_cast<std::size_t>(p)];
+      if (format == ParamFormat::Mxfp8) {
+        const Mxfp8Shape sh = Mxfp8Shape::of(spec);
+        t.scales += static_cast<double>(sh.scale_row_numel() + sh.scale_col_numel());
+      } else {
+        const Nvfp4Shape sh = Nvfp4Shape::of(spec.member_shapes.empty() ? spec.shape : spec.member_shapes.front());
+        t.scales += 4.0 * static_cast<double>(spec.members() * sh.amax_numel());
+      }
     }
   }
   return t;
@@ -268,6 +289,7 @@ StepTraffic traffic(const Layout& L, ParamFormat format) {
 void add_memory(bench::Result& r, const MemoryReport& m) {
   r.numbers["mem_params_bytes"] = static_cast<double>(m.params);
   r.numbers["mem_mxfp8_bytes"] = static_cast<double>(m.mxfp8);
+  r.numbers["mem_nvfp4_bytes"] = static_cast<double>(m.nvfp4);
   r.numbers["mem_grads_bytes"] = static_cast<double>(m.grads);
   r.numbers["mem_master_bytes"] = static_cast<double>(m.master);
   r.numbers["mem_moments_bytes"] = static_cast<double>(m.moments);
@@ -284,6 +306,10 @@ void full_step(const Communicator& comm, Stream s, const Args& a, const std::str
   mx_options.param_dtype.reset();  // MXFP8: the 1-D params are f32
   mx_options.param_format = ParamFormat::Mxfp8;
   const double mx_ms = step_ms(comm, s, a, mx_options, &mx_memory);
+  DistributedAdamOptions nv_options = mx_options;
+  nv_options.param_format = ParamFormat::Nvfp4;
+  MemoryReport nv_memory;
+  const double nv_ms = step_ms(comm, s, a, nv_options, &nv_memory);
   const auto specs = presets::transformer(presets::kLlama32_1B, DType::bf16);
   DistributedAdam opt(comm, specs, step_options());
   fill_model(opt, s);
@@ -295,6 +321,9 @@ void full_step(const Communicator& comm, Stream s, const Args& a, const std::str
   void* params = buffer_base<ParamView>(opt, &DistributedAdam::param);
   const double rs = bench::time_ms(s, 3, a.iters, [&] { comm.reduce_scatter(grads, n / comm.size(), DType::bf16, ReduceOp::Average, s); });
   const double ag = bench::time_ms(s, 3, a.iters, [&] { comm.all_gather(params, n / comm.size(), DType::bf16, s); });
+  // NVFP4's limit gathers a quarter of the bf16 bytes (half a byte per element).
+  const double ag_quarter =
+      bench::time_ms(s, 3, a.iters, [&] { comm.all_gather(params, n / comm.size() / 4, DType::bf16, s); });
   const auto chunks = shard_chunks(L, 0, comm.rank());
   DeviceBuffer chunks_dev(Backend::Cuda, chunks.size() * sizeof(ShardChunk));
   SHARDOPT_CUDA_CHECK(cudaMemcpy(chunks_dev.data(), chunks.data(), chunks_dev.bytes(), cudaMemcpyHostToDevice));
@@ -372,20 +401,44 @@ void full_step(const Communicator& comm, Stream s, const Args& a, const std::str
                     "shard quantize into the grad buffer, all-gather there, landing copy, zeroing";
   x.command = cmd;
   bench::write(x, a.results);
+
+  // NVFP4 params: the limit is the bf16 row's with an all-gather of a quarter of the bytes
+  // (half a byte per element); quantization and the u32 amax all-reduce excluded.
+  bench::Result y;
+  y.bench = "dist_adam_step";
+  y.config = "nvfp4p-bf16g/1.5B/147/n" + std::to_string(comm.size());
+  y.device = device;
+  y.ours_ms = nv_ms;
+  y.limit_ms = rs + ag_quarter + adam;
+  bench::apply_peer(y, a.peer);
+  const StepTraffic nv_traffic = traffic(Layout(mx_specs, comm.size()), ParamFormat::Nvfp4);
+  y.numbers["all_gather_bytes_per_rank"] = nv_traffic.gathered;
+  y.numbers["all_reduce_amax_bytes_per_rank"] = nv_traffic.scales;
+  y.numbers["bf16_params_ms"] = ours;
+  y.numbers["mxfp8_params_ms"] = mx_ms;
+  y.numbers["quarter_all_gather_ms"] = ag_quarter;
+  y.numbers["params"] = static_cast<double>(L.param_numel());
+  add_memory(y, nv_memory);
+  y.notes["limit"] = "reduce-scatter + all-gather of a quarter of the bf16 bytes + Adam; excludes quantization and "
+                     "the u32 amax all-reduce";
+  y.notes["what"] = "captured step with NVFP4 params: Adam (master only), partial u32 amaxes, Max all-reduce, shard "
+                    "quantize into the grad buffer, all-gather there, landing copy (shared bytes ORed), zeroing";
+  y.command = cmd;
+  bench::write(y, a.results);
 }
 #endif
 
 void host_smoke(const Communicator& comm) {
-  for (ParamFormat format : {ParamFormat::Native, ParamFormat::Mxfp8}) {
+  for (ParamFormat format : {ParamFormat::Native, ParamFormat::Mxfp8, ParamFormat::Nvfp4}) {
     HostStream hs;
     auto specs = presets::transformer({64, 2, 128, 32, 100}, DType::bf16);
     DistributedAdamOptions o = step_options();
-    if (format == ParamFormat::Mxfp8) {
+    if (format != ParamFormat::Native) {
       o.param_dtype.reset();
-      o.param_format = ParamFormat::Mxfp8;
+      o.param_format = format;
     }
     DistributedAdam opt(comm, specs, o);
-    if (format == ParamFormat::Mxfp8) {
+    if (format != ParamFormat::Native) {
       opt.init_from_master(hs.handle());
     } else {
       opt.init_master(hs.handle());
@@ -397,7 +450,8 @@ void host_smoke(const Communicator& comm) {
     const auto t1 = Clock::now();
     if (comm.rank() == 0)
       std::printf("host smoke (%s params): %d params, 5 replayed steps in %.3f ms, step count %lld\n",
-                  format == ParamFormat::Mxfp8 ? "MXFP8" : "bf16", opt.num_params(),
+                  format == ParamFormat::Mxfp8 ? "MXFP8" : format == ParamFormat::Nvfp4 ? "NVFP4" : "bf16",
+                  opt.num_params(),
                   std::chrono::duration<double, std::milli>(t1 - t0).count(),
                   static_cast<long long>(opt.read_scalars(hs.handle()).step));
   }

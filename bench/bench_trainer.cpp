@@ -5,7 +5,8 @@
 //
 // Configurations "<size>/<mode>/graph-off/n<ranks>" and ".../graph-on/n<ranks>" (with
 // --params mxfp8 the mode reads "dist-adam-mxfp8": MXFP8 weights, decoded to bf16 once per
-// step for the GEMMs; --graphs on measures only the graph-on row):
+// step for the GEMMs; with --params nvfp4 "dist-adam-nvfp4": NVFP4 weights, likewise;
+// --graphs on measures only the graph-on row):
 //   ours_ms           median iteration (all microbatches, step, zero_grad), slowest rank;
 //                     graph-on: the whole iteration replayed as one graph
 //   step_ms           median optimizer step alone (step + zero_grad): eager for graph-off,
@@ -134,7 +135,7 @@ int main(int argc, char** argv) {
     const Timing on = want_on ? measure(a, true, true, comm) : Timing{};
     Timing split;
     if (want_on && a.mode == "dist-adam") split = measure(a, true, false, comm);
-    const std::string mode_name = a.mode + (a.params == "mxfp8" ? "-mxfp8" : "");
+    const std::string mode_name = a.mode + (a.params == "bf16" ? "" : "-" + a.params);
     std::string device;
     {
       auto ops = mo.backend == shardopt::Backend::Cuda ? trainer::make_cuda_ops()
@@ -168,9 +169,10 @@ int main(int argc, char** argv) {
         r.numbers["optimizer_bytes_per_rank"] = static_cast<double>(t.memory.optimizer);
         r.numbers["activation_bytes_per_rank"] = static_cast<double>(t.memory.activations);
         r.numbers["final_loss"] = t.loss;
-        r.notes["param_format"] = a.params == "mxfp8"
-                                      ? "MXFP8 (E4M3, 32-element blocks) decoded to bf16 once per step for the GEMMs"
-                                      : "bf16";
+        r.notes["param_format"] =
+            a.params == "mxfp8"   ? "MXFP8 (E4M3, 32-element blocks) decoded to bf16 once per step for the GEMMs"
+            : a.params == "nvfp4" ? "NVFP4 (E2M1, 16 x 16 E4M3 block scales) decoded to bf16 once per step"
+                                  : "bf16";
         r.notes["step_ms_meaning"] = graph ? "replay_step of a split capture (step + zero_grad alone)"
                                            : "eager step + zero_grad alone";
         shardopt::bench::write(r, a.results);

@@ -5,7 +5,7 @@ shardopt's layers run one way, top to bottom:
 
     api (5)        include/shardopt/shardopt.hpp, the umbrella header
     optimizer (4)  src/optimizer/
-    mxfp8 (3)      src/mxfp8/
+    quantized (3)  src/quantized/
     buffers (2)    src/buffers/
     comm, kernels (1, siblings)  src/comm/, src/kernels/
     core (0)       src/core/
@@ -72,7 +72,7 @@ LAYERS = {
     "comm": 1,
     "kernels": 1,
     "buffers": 2,
-    "mxfp8": 3,
+    "quantized": 3,
     "optimizer": 4,
     "api": 5,  # the public umbrella header only; not a src/ directory
 }
@@ -103,8 +103,9 @@ PUBLIC_HEADER_LAYER = {
     "bucket_store.hpp": "buffers", # src/buffers/bucket_store.cpp
     "layout.hpp": "buffers",       # src/buffers/layout.cpp
     "presets.hpp": "buffers",      # src/buffers/presets.cpp
-    # mxfp8 (between buffers and optimizer)
-    "mxfp8_param.hpp": "mxfp8",    # src/mxfp8/mxfp8_params.cpp (Mxfp8View, GatherState)
+    # quantized parameters (between buffers and optimizer)
+    "mxfp8_param.hpp": "quantized",  # src/quantized/mxfp8_params.cpp (Mxfp8View, GatherState)
+    "nvfp4_param.hpp": "quantized",  # src/quantized/nvfp4_params.cpp (Nvfp4View)
     # optimizer
     "adam_options.hpp": "optimizer",  # src/optimizer/shard_engine.cpp (validate)
     "checkpoint.hpp": "optimizer",    # src/optimizer/checkpoint.cpp (SaveHandle)

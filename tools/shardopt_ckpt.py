@@ -94,9 +94,13 @@ KIND_DTYPES = {
     "mxfp8_col_data": ("U8",),
     "mxfp8_row_scale": ("U8",),
     "mxfp8_col_scale": ("U8",),
+    "nvfp4_data": ("U8",),
+    "nvfp4_scale": ("U8",),
+    "nvfp4_amax": ("F32",),
 }
 KINDS = tuple(KIND_DTYPES)
 MXFP8_BLOCK = 32
+NVFP4_BLOCK = 16
 
 # safetensors dtype -> (numpy dtype string, bytes per element). BF16 is held as uint16 bits.
 DTYPES = {
@@ -392,6 +396,14 @@ def kind_shape(shape, kind):
         if kind == "mxfp8_row_scale":
             return [rows, -(-cols // MXFP8_BLOCK)]
         return [-(-rows // MXFP8_BLOCK), cols]
+    if kind == "nvfp4_data":  # two E2M1 codes per byte, element 2i in the low nibble
+        return [-(-_prod(shape) // 2)]
+    if kind == "nvfp4_scale":  # one E4M3 byte per 16 x 16 block
+        rows = _prod(shape[:-1])
+        cols = shape[-1] if shape else 1
+        return [-(-rows // NVFP4_BLOCK), -(-cols // NVFP4_BLOCK)]
+    if kind == "nvfp4_amax":
+        return [1]
     return list(shape)
 
 
@@ -445,8 +457,9 @@ def _parse_index(obj):
         if not (isinstance(t, dict) and _int_list(t.get("shape"))):
             problems.append(f"index.json: tensors[{name!r}] has no valid shape")
             continue
-        if t.get("format", "native") not in ("native", "mxfp8"):
-            problems.append(f"index.json: tensors[{name!r}] format {t.get('format')!r} is not native or mxfp8")
+        if t.get("format", "native") not in ("native", "mxfp8", "nvfp4"):
+            problems.append(f"index.json: tensors[{name!r}] format {t.get('format')!r} is not native, mxfp8 "
+                            f"or nvfp4")
             continue
         tensors[name] = t
     # slices
@@ -716,8 +729,10 @@ def verify(path):
                 and SHORT_DTYPE[moment_dtype] != dt:
             problems.append(f"{tname}/{kind} is {dt}, options.moment_dtype is {moment_dtype}")
         fmt = tensors[tname].get("format", "native")
-        if fmt == "native" and kind.startswith("mxfp8_"):
-            problems.append(f"{tname}/{kind}: an MXFP8 kind on a native tensor")
+        if fmt != "mxfp8" and kind.startswith("mxfp8_"):
+            problems.append(f"{tname}/{kind}: an MXFP8 kind on a {fmt} tensor")
+        if fmt != "nvfp4" and kind.startswith("nvfp4_"):
+            problems.append(f"{tname}/{kind}: an NVFP4 kind on a {fmt} tensor")
     for tname in tensors:
         if not any((tname, k) in slices for k in KINDS):
             problems.append(f"{tname}: listed in tensors but has no slices")
@@ -758,7 +773,7 @@ def export_plan(ck, kind="param", dtype=None):
             out = SHORT_DTYPE[dtype]
         elif src_kind == "param" or kind == "master":
             out = src
-        elif fmt == "mxfp8":
+        elif fmt in ("mxfp8", "nvfp4"):
             out = "BF16"
         else:
             out = SHORT_DTYPE.get(t.get("param_dtype"), "BF16")

@@ -101,7 +101,7 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
       one_of(opt, val, {"dist-adam", "fsdp"});
       o.mode = val;
     } else if (opt == "--params") {
-      one_of(opt, val, {"bf16", "mxfp8"});
+      one_of(opt, val, {"bf16", "mxfp8", "nvfp4"});
       o.params = val;
     } else if (opt == "--grad-dtype") {
       one_of(opt, val, {"bf16", "fp32"});
@@ -190,8 +190,8 @@ std::string usage() {
   s << "usage: trainer [options]   (one rank per GPU under mpirun; the host backend without GPUs)\n"
        "  --size tiny|small|1b          model size (default tiny)\n"
        "  --mode dist-adam|fsdp         distributed Adam (ZeRO-1/2) or FSDP (ZeRO-3)\n"
-       "  --params bf16|mxfp8           parameter format (mxfp8: 2-D weights stored as MXFP8, decoded\n"
-       "                                to bf16 once per step for the GEMMs; --mode dist-adam only)\n"
+       "  --params bf16|mxfp8|nvfp4     parameter format (mxfp8 / nvfp4: 2-D weights stored as MXFP8 /\n"
+       "                                NVFP4, decoded to bf16 for the GEMMs; --mode dist-adam only)\n"
        "  --grad-dtype fp32|bf16        gradient buffer dtype\n"
        "  --experts single|discrete     one grouped tensor per MoE weight, or G tensors\n"
        "  --graph on|off                capture the whole iteration in one graph\n"

@@ -43,7 +43,7 @@ void validate(const ModelConfig& c);
 struct TrainOptions {
   std::string size = "tiny";
   std::string mode = "dist-adam";    ///< dist-adam | fsdp
-  std::string params = "bf16";       ///< bf16 | mxfp8 (MXFP8 weights; dist-adam only)
+  std::string params = "bf16";       ///< bf16 | mxfp8 | nvfp4 (quantized weights; dist-adam only)
   std::string grad_dtype = "fp32";   ///< fp32 | bf16
   std::string experts = "single";    ///< single (one grouped tensor) | discrete (G tensors)
   bool graph = true;                 ///< capture the iteration in one graph after warm-up

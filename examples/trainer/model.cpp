@@ -5,6 +5,8 @@
 #include <string>
 #include <utility>
 
+#include <shardopt/nvfp4.hpp>
+
 #include "op_math.hpp"
 
 namespace trainer {
@@ -52,11 +54,16 @@ Model::Model(const ModelSpec& spec, Ops& ops, ModelOptions options)
     shared_up_ = make(low, G * E * H);
     shared_down_ = make(low, G * H * E);
   }
-  if (opt_.mxfp8_params) {
+  if (opt_.mxfp8_params && opt_.nvfp4_params)
+    throw std::invalid_argument("ModelOptions: mxfp8_params and nvfp4_params exclude each other");
+  if (opt_.mxfp8_params || opt_.nvfp4_params) {
+    const char* fmt = opt_.mxfp8_params ? "MXFP8" : "NVFP4";
     if (opt_.gathered_weights)
-      throw std::invalid_argument("ModelOptions: MXFP8 parameters are persistent (DistributedAdam), not gathered per use");
-    if (ops.precision() != Precision::Mixed) throw std::invalid_argument("ModelOptions: MXFP8 parameters need mixed precision");
-    // One bf16 compute buffer per MXFP8 parameter; discrete experts decode into the
+      throw std::invalid_argument(std::string("ModelOptions: ") + fmt +
+                                  " parameters are persistent (DistributedAdam), not gathered per use");
+    if (ops.precision() != Precision::Mixed)
+      throw std::invalid_argument(std::string("ModelOptions: ") + fmt + " parameters need mixed precision");
+    // One bf16 compute buffer per quantized parameter; discrete experts decode into the
     // per-layer packed buffers instead.
     compute_.resize(static_cast<std::size_t>(spec.num_params()));
     for (int i = 0; i < spec.num_params(); ++i) {
@@ -121,33 +128,60 @@ float Model::wgrad_beta() const noexcept {
 }
 
 bool Model::decoded(int i) const {
-  return opt_.mxfp8_params && spec_.params()[static_cast<std::size_t>(i)].shape.size() >= 2;
+  return (opt_.mxfp8_params || opt_.nvfp4_params) && spec_.params()[static_cast<std::size_t>(i)].shape.size() >= 2;
 }
 
 namespace {
 
-void check_format(Weights& w, int i, bool decoded, const ModelSpec& spec) {
-  if (w.is_mxfp8(i) != decoded)
-    throw std::logic_error("'" + spec.params()[static_cast<std::size_t>(i)].name + "' is " +
-                           (w.is_mxfp8(i) ? "" : "not ") + "MXFP8 in the optimizer but the model was built " +
-                           (decoded ? "with" : "without") + " ModelOptions::mxfp8_params");
+void check_format(Weights& w, int i, bool decoded, const ModelSpec& spec, bool nvfp4) {
+  const bool stored = nvfp4 ? w.is_nvfp4(i) : w.is_mxfp8(i);
+  const char* fmt = nvfp4 ? "NVFP4" : "MXFP8";
+  if (stored != decoded)
+    throw std::logic_error("'" + spec.params()[static_cast<std::size_t>(i)].name + "' is " + (stored ? "" : "not ") +
+                           fmt + " in the optimizer but the model was built " + (decoded ? "with" : "without") +
+                           " ModelOptions::" + (nvfp4 ? "nvfp4_params" : "mxfp8_params"));
 }
 
 }  // namespace
 
+void Model::decode(Weights& w, const std::vector<int>& idx, const Tensor& dst, const shardopt::MicrobatchState* skip,
+                   Stream s) {
+  if (opt_.mxfp8_params) {
+    std::vector<Mxfp8Source> src;
+    for (int i : idx) src.push_back(w.mxfp8(i));
+    ops_.dequantize_mxfp8(src, dst, skip, s);
+    return;
+  }
+  // NVFP4: the library's decode, member by member (bf16, nearest even, of
+  // e2m1 * (float(scale) * decode_scale)), skipped on the device as the MXFP8 op is;
+  // Hopper has no NVFP4 GEMM either.
+  std::int64_t at = 0;
+  for (int i : idx) {
+    const shardopt::Nvfp4View v = w.nvfp4(i);
+    for (std::int64_t g = 0; g < v.members; ++g) {
+      const shardopt::Nvfp4Planes m = v.member(g);
+      if (at + v.shape.numel() > dst.numel) throw std::logic_error("Model::decode: the NVFP4 weights overflow dst");
+      shardopt::dequantize_nvfp4(v.shape, m.data, m.scale, m.decode_scale, static_cast<std::uint16_t*>(dst.data) + at,
+                                 skip != nullptr ? &skip->skip_weight_update : nullptr, ops_.backend(), s);
+      at += v.shape.numel();
+    }
+  }
+  if (at != dst.numel) throw std::logic_error("Model::decode: the NVFP4 weights do not fill dst");
+}
+
 Tensor Model::compute_weight(Weights& w, int i, Stream s, bool refresh) {
-  check_format(w, i, decoded(i), spec_);
+  check_format(w, i, decoded(i), spec_, opt_.nvfp4_params);
   if (!decoded(i)) return w.param(i);  // bf16 parameters are read as they are
   // MXFP8: Hopper has no MXFP8 GEMM, so the rowwise plane is decoded to bf16 once per step
   // (the weights change only at the step): on the first microbatch, decided on the device
   // (skip_weight_update), never by a host flag, which capture would freeze into the graph.
   const Tensor& dst = compute_[static_cast<std::size_t>(i)].get();
-  if (refresh) ops_.dequantize_mxfp8({w.mxfp8(i)}, dst, opt_.microbatch, s);
+  if (refresh) decode(w, {i}, dst, opt_.microbatch, s);
   return dst;
 }
 
 Tensor Model::compute_experts(Weights& w, const std::vector<int>& idx, const Buffer& packed, Stream s, bool refresh) {
-  for (int i : idx) check_format(w, i, decoded(i), spec_);
+  for (int i : idx) check_format(w, i, decoded(i), spec_, opt_.nvfp4_params);
   if (!spec_.discrete_experts()) return compute_weight(w, idx.front(), s, refresh);  // the grouped tensor
   if (w.persistent() == opt_.gathered_weights)
     throw std::logic_error(opt_.gathered_weights ? "ModelOptions::gathered_weights is set, but these weights persist"
@@ -158,10 +192,8 @@ Tensor Model::compute_experts(Weights& w, const std::vector<int>& idx, const Buf
   // Persistent weights change only at the step: pack (or decode) on the first microbatch,
   // reuse on the others, deciding on the device (skip_weight_update), never by a host flag
   // frozen at capture. Gathered weights are packed on every use.
-  if (opt_.mxfp8_params) {
-    std::vector<Mxfp8Source> src;
-    for (int i : idx) src.push_back(w.mxfp8(i));
-    ops_.dequantize_mxfp8(src, dst, opt_.microbatch, s);
+  if (opt_.mxfp8_params || opt_.nvfp4_params) {
+    decode(w, idx, dst, opt_.microbatch, s);
     return dst;
   }
   std::vector<Tensor> src;
@@ -173,19 +205,17 @@ Tensor Model::compute_experts(Weights& w, const std::vector<int>& idx, const Buf
 void Model::refresh_weights(Weights& w, Stream s) {
   if (opt_.gathered_weights) return;
   for (int i = 0; i < spec_.num_params(); ++i) {
-    check_format(w, i, decoded(i), spec_);
+    check_format(w, i, decoded(i), spec_, opt_.nvfp4_params);
     if (decoded(i) && spec_.params()[static_cast<std::size_t>(i)].expert < 0)
-      ops_.dequantize_mxfp8({w.mxfp8(i)}, compute_[static_cast<std::size_t>(i)].get(), nullptr, s);
+      decode(w, {i}, compute_[static_cast<std::size_t>(i)].get(), nullptr, s);
   }
   if (!spec_.discrete_experts()) return;
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const BlockParams& b = spec_.blocks()[l];
     const Layer& L = layers_[l];
     for (const auto& [idx, packed] : {std::pair{&b.expert_up, &L.packed_up}, std::pair{&b.expert_down, &L.packed_down}}) {
-      if (opt_.mxfp8_params) {
-        std::vector<Mxfp8Source> src;
-        for (int i : *idx) src.push_back(w.mxfp8(i));
-        ops_.dequantize_mxfp8(src, packed->get(), nullptr, s);
+      if (opt_.mxfp8_params || opt_.nvfp4_params) {
+        decode(w, *idx, packed->get(), nullptr, s);
       } else {
         std::vector<Tensor> src;
         for (int i : *idx) src.push_back(w.param(i));
@@ -196,7 +226,8 @@ void Model::refresh_weights(Weights& w, Stream s) {
 }
 
 Tensor Model::compute_buffer(int i, int member) const {
-  if (!decoded(i)) throw std::logic_error("compute_buffer: parameter " + std::to_string(i) + " is not decoded from MXFP8");
+  if (!decoded(i))
+    throw std::logic_error("compute_buffer: parameter " + std::to_string(i) + " is not decoded from MXFP8 or NVFP4");
   const ParamInfo& p = spec_.params()[static_cast<std::size_t>(i)];
   const std::int64_t n = shardopt::numel(p.shape);
   if (p.expert >= 0) {  // a discrete expert: its slice of the layer's packed buffer

@@ -52,6 +52,10 @@ struct ModelOptions {
   /// planes once per step into persistent compute buffers (discrete experts: into the
   /// per-layer packed buffers). Persistent weights only (not with gathered_weights).
   bool mxfp8_params = false;
+  /// The same with NVFP4 parameters (Weights::is_nvfp4): decoded by shardopt::dequantize_nvfp4
+  /// member by member, on the first microbatch of a step (its device skip flag reads
+  /// skip_weight_update).
+  bool nvfp4_params = false;
   /// DELIBERATELY WRONG, for the regression test's negative control only: weight-gradient
   /// GEMMs overwrite (beta = 0) on the first microbatch, decided by a host counter at
   /// enqueue time. Eager runs are still right; a graph that reuses one captured
@@ -109,8 +113,14 @@ class Model {
   };
 
   Buffer make(Elem e, std::int64_t n);
-  /// True when parameter i is read through a compute buffer (mxfp8_params and 2-D).
+  /// True when parameter i is read through a compute buffer (mxfp8_params or
+  /// nvfp4_params, and 2-D).
   bool decoded(int i) const;
+  /// Decodes the quantized parameters `idx` (member after member, parameter after
+  /// parameter) into the bf16 tensor `dst` on `s`, unless `skip` (may be null) says so on
+  /// the device when the work runs (as Ops::dequantize_mxfp8).
+  void decode(Weights& w, const std::vector<int>& idx, const Tensor& dst, const shardopt::MicrobatchState* skip,
+              Stream s);
   /// The weights a GEMM reads for parameter i: the bf16 view, or (MXFP8) its compute
   /// buffer, refreshed on `s` when `refresh` (the forward's use; the device flag still
   /// decides) and as the forward left it otherwise (the backward's use).
@@ -149,7 +159,7 @@ class Model {
   Buffer xf_, rstdf_, logits_buf_, dlogits_, token_loss_, loss_buf_, sumsq_buf_;
   Buffer dh_, dx_, dy_low_, dF_, dF_low_, dye_, dae_, due_, dxe_, dgate_, dlr_, partial_;
   Buffer shared_up_, shared_down_;  // discrete experts with gathered (FSDP) weights
-  std::vector<Buffer> compute_;      // per parameter: MXFP8 compute buffers (bf16), else empty
+  std::vector<Buffer> compute_;      // per parameter: MXFP8 / NVFP4 compute buffers (bf16), else empty
   Tensor tokens_, logits_, loss_slots_, grad_sumsq_;
 };
 

@@ -50,6 +50,11 @@ void check_supported(const TrainOptions& o) {
         "--params mxfp8 --mode fsdp: shardopt has no MXFP8 parameters in FSDP (ZeRO-3); its MXFP8 parameter path "
         "(ParamFormat::Mxfp8, docs/mxfp8.md) is DistributedAdam's. Use --mode dist-adam with --params mxfp8, or "
         "--params bf16 with --mode fsdp.");
+  if (o.params == "nvfp4" && o.mode == "fsdp")
+    throw std::runtime_error(
+        "--params nvfp4 --mode fsdp: shardopt has no NVFP4 parameters in FSDP (ZeRO-3); its NVFP4 parameter path "
+        "(ParamFormat::Nvfp4, docs/nvfp4.md) is DistributedAdam's. Use --mode dist-adam with --params nvfp4, or "
+        "--params bf16 with --mode fsdp.");
 }
 
 Trainer::Trainer(const TrainOptions& options, shardopt::Communicator comm, TrainerTestHooks hooks)
@@ -70,6 +75,8 @@ Trainer::Trainer(const TrainOptions& options, shardopt::Communicator comm, Train
     apply_timeout(options_, o);
     if (mxfp8())
       o.param_format = shardopt::ParamFormat::Mxfp8;  // 2-D weights MXFP8, 1-D ones native f32
+    else if (nvfp4())
+      o.param_format = shardopt::ParamFormat::Nvfp4;  // 2-D weights NVFP4, 1-D ones native f32
     else
       o.param_dtype = shardopt::DType::bf16;
     o.grad_dtype = grad_dtype;
@@ -114,6 +121,7 @@ Trainer::Trainer(const TrainOptions& options, shardopt::Communicator comm, Train
   mo.grad_stats = options_.group_norms;
   mo.gathered_weights = fsdp_ != nullptr;
   mo.mxfp8_params = mxfp8();
+  mo.nvfp4_params = nvfp4();
   mo.seed000_host_flag = hooks_.seed000_host_flag;
   model_ = std::make_unique<Model>(*spec_, *ops_, mo);
 
@@ -136,8 +144,8 @@ Trainer::~Trainer() {
 
 void Trainer::init_params() {
   const shardopt::Stream s = ops_->stream();
-  if (adam_ && mxfp8()) {
-    // MXFP8 parameters have no param views: every rank writes the fp32 initial values of its
+  if (adam_ && (mxfp8() || nvfp4())) {
+    // Quantized parameters have no param views: every rank writes the fp32 initial values of its
     // own master pieces, and init_from_master quantizes, gathers and lands them (the 1-D
     // parameters, native f32, are published as they are).
     for (int i = 0; i < spec_->num_params(); ++i) {
@@ -372,6 +380,7 @@ std::int64_t Trainer::tokens_per_step() const noexcept {
 
 std::vector<std::uint8_t> Trainer::param_bytes(int i, int member) const {
   if (adam_ && adam_->is_mxfp8(i)) return mxfp8_bytes(i, member);
+  if (adam_ && adam_->is_nvfp4(i)) return nvfp4_bytes(i, member);
   Tensor t;
   if (adam_) {
     t = from_view(member < 0 ? shardopt::TensorView(adam_->param(i)) : shardopt::TensorView(adam_->member_param(i, member)));
@@ -405,6 +414,26 @@ std::vector<std::uint8_t> Trainer::mxfp8_bytes(int i, int member) const {
     append(v.planes.scale_row, m.scale_row_offset, sh.rows * sh.row_blocks());
     append(v.planes.data_col, m.element_offset, sh.member_numel());
     append(v.planes.scale_col, m.scale_col_offset, sh.col_blocks() * sh.cols);
+  }
+  return out;
+}
+
+std::vector<std::uint8_t> Trainer::nvfp4_bytes(int i, int member) const {
+  const shardopt::Nvfp4View v = adam_->nvfp4_param(i);
+  if (member >= v.members) throw std::out_of_range("nvfp4_bytes: no member " + std::to_string(member));
+  const std::int64_t first = member < 0 ? 0 : member, count = member < 0 ? v.members : 1;
+  std::vector<std::uint8_t> out;
+  auto append = [&](const void* p, std::int64_t n) {
+    const std::size_t at = out.size();
+    out.resize(at + static_cast<std::size_t>(n));
+    ops_->download(out.data() + at, Tensor{const_cast<void*>(p), Elem::u8, n});
+  };
+  for (std::int64_t g = first; g < first + count; ++g) {
+    const shardopt::Nvfp4Planes m = v.member(g);
+    append(m.data, v.shape.data_bytes());
+    append(m.scale, v.shape.scale_numel());
+    append(m.amax, 4);
+    append(m.decode_scale, 4);
   }
   return out;
 }

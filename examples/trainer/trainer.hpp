@@ -113,14 +113,18 @@ class Trainer {
   /// The bytes of parameter i (member `member` of a grouped tensor, -1: whole) as this
   /// rank holds them: the full view (dist-adam) or this rank's shard piece (fsdp). An MXFP8
   /// parameter gives, member after member, its rowwise data, rowwise scales, columnwise
-  /// data and columnwise scales.
+  /// data and columnwise scales; an NVFP4 parameter, member after member, its data, block
+  /// scales, amax and decode scale.
   std::vector<std::uint8_t> param_bytes(int i, int member = -1) const;
   /// True for --params mxfp8.
   bool mxfp8() const noexcept { return options_.params == "mxfp8"; }
+  /// True for --params nvfp4.
+  bool nvfp4() const noexcept { return options_.params == "nvfp4"; }
 
  private:
   void init_params();
   std::vector<std::uint8_t> mxfp8_bytes(int i, int member) const;
+  std::vector<std::uint8_t> nvfp4_bytes(int i, int member) const;
 
   TrainOptions options_;
   TrainerTestHooks hooks_;

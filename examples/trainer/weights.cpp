@@ -1,6 +1,7 @@
 #include "weights.hpp"
 
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -27,7 +28,8 @@ class DistAdamWeights final : public Weights {
     for (int i = 0; i < spec.num_params(); ++i) {
       const bool mx = opt.is_mxfp8(i);
       mxfp8_.push_back(mx);
-      params_.push_back(mx ? Tensor{} : from_view(opt.param(i)));
+      nvfp4_.push_back(opt.is_nvfp4(i) ? std::optional<shardopt::Nvfp4View>(opt.nvfp4_param(i)) : std::nullopt);
+      params_.push_back(mx || nvfp4_.back() ? Tensor{} : from_view(opt.param(i)));
       Mxfp8Source src;
       if (mx) {
         const shardopt::Mxfp8View v = opt.mxfp8_param(i);
@@ -45,9 +47,10 @@ class DistAdamWeights final : public Weights {
   void backward_unit_done(int, Stream) override {}
   void grad_done(int i, Stream s) override { opt_.grad_ready(i, s); }
   Tensor param(int i, int m) override {
-    if (is_mxfp8(i))
-      throw std::logic_error("'" + info(i).name + "' is an MXFP8 parameter: the model reads it through mxfp8() "
-                             "into a bf16 compute buffer");
+    if (is_mxfp8(i) || is_nvfp4(i))
+      throw std::logic_error("'" + info(i).name + "' is an " + (is_mxfp8(i) ? "MXFP8" : "NVFP4") +
+                             " parameter: the model reads it through " + (is_mxfp8(i) ? "mxfp8()" : "nvfp4()") +
+                             " into a bf16 compute buffer");
     return member_tensor(params_.at(static_cast<std::size_t>(i)), info(i), m);
   }
   Tensor grad(int i, int m) override { return member_tensor(grads_.at(static_cast<std::size_t>(i)), info(i), m); }
@@ -55,6 +58,11 @@ class DistAdamWeights final : public Weights {
   Mxfp8Source mxfp8(int i) const override {
     if (!is_mxfp8(i)) return Weights::mxfp8(i);  // the error
     return sources_[static_cast<std::size_t>(i)];
+  }
+  bool is_nvfp4(int i) const override { return nvfp4_.at(static_cast<std::size_t>(i)).has_value(); }
+  shardopt::Nvfp4View nvfp4(int i) const override {
+    if (!is_nvfp4(i)) return Weights::nvfp4(i);  // the error
+    return *nvfp4_[static_cast<std::size_t>(i)];
   }
   bool persistent() const noexcept override { return true; }
   SumsqWhen sumsq_when() const noexcept override { return SumsqWhen::LastMicrobatch; }
@@ -66,6 +74,7 @@ class DistAdamWeights final : public Weights {
   std::vector<Tensor> params_, grads_;
   std::vector<bool> mxfp8_;
   std::vector<Mxfp8Source> sources_;
+  std::vector<std::optional<shardopt::Nvfp4View>> nvfp4_;
 };
 
 class FsdpWeights final : public Weights {
@@ -120,6 +129,10 @@ class FsdpWeights final : public Weights {
 
 Mxfp8Source Weights::mxfp8(int i) const {
   throw std::logic_error("parameter " + std::to_string(i) + " is not an MXFP8 parameter: read param()");
+}
+
+shardopt::Nvfp4View Weights::nvfp4(int i) const {
+  throw std::logic_error("parameter " + std::to_string(i) + " is not an NVFP4 parameter: read param()");
 }
 
 std::unique_ptr<Weights> make_dist_adam_weights(shardopt::DistributedAdam& opt, const ModelSpec& spec) {

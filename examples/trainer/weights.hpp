@@ -32,7 +32,7 @@ class Weights {
   /// Parameter i's gradient for this microbatch is complete.
   virtual void grad_done(int i, Stream stream) = 0;
   /// Parameter i (member `member` of a grouped tensor; -1: the whole tensor). Refused
-  /// (std::logic_error) for an MXFP8 parameter: read mxfp8(i).
+  /// (std::logic_error) for an MXFP8 or NVFP4 parameter: read mxfp8(i) / nvfp4(i).
   virtual Tensor param(int i, int member = -1) = 0;
   /// True when parameter i is stored as MXFP8 (DistributedAdam with ParamFormat::Mxfp8:
   /// every parameter of two or more dimensions; 1-D ones stay native f32).
@@ -40,6 +40,10 @@ class Weights {
   /// Parameter i's MXFP8 rowwise plane, the whole tensor (members through its device
   /// table). std::logic_error for a native parameter.
   virtual Mxfp8Source mxfp8(int i) const;
+  /// True when parameter i is stored as NVFP4 (ParamFormat::Nvfp4, 2-D parameters).
+  virtual bool is_nvfp4(int) const { return false; }
+  /// Parameter i's NVFP4 storage (every member). std::logic_error for another parameter.
+  virtual shardopt::Nvfp4View nvfp4(int i) const;
   virtual Tensor grad(int i, int member = -1) = 0;
   /// True when parameter views stay valid and unchanged through all microbatches of a
   /// step (then weights prepared for compute on the first microbatch are reused).

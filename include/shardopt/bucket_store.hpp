@@ -57,6 +57,13 @@ struct BucketStoreOptions {
   /// region afterwards. 0: such buckets have no parameter gather. Must be at most
   /// size_of(grad_dtype) (the region's bytes per element), else Error(InvalidArgument).
   int staged_gather_bytes = 0;
+  /// Per bucket (one entry per bucket, or empty): when given, the staged all-gather of
+  /// bucket b moves staged_gather_rank_bytes[b] bytes per rank (rank r's piece at byte
+  /// r * staged_gather_rank_bytes[b] of the region) instead of staged_gather_bytes * S:
+  /// for formats whose bytes per element are not a whole number (NVFP4: half a byte, plus
+  /// the bytes two ranks share at odd boundaries). Entries of buckets with parameter
+  /// buffers are ignored; the others must be 1 to S * size_of(grad_dtype).
+  std::vector<std::int64_t> staged_gather_rank_bytes;
 };
 
 namespace detail {

@@ -11,6 +11,7 @@
 //   then the per-bucket parameter all-gather (or deferred: wait_param before use).
 //   MXFP8 parameters (ParamFormat::Mxfp8): Adam writes only the master; each bucket is
 //   quantized from it and all-gathered through its own gradient region (docs/mxfp8.md).
+//   NVFP4 parameters (ParamFormat::Nvfp4) take the same path (docs/nvfp4.md).
 //
 // Nothing in a step reads device data on the host, allocates, or depends on a host
 // value that changes between steps: learning rate and loss scale come from pinned host
@@ -34,6 +35,7 @@
 #include "shardopt/microbatch.hpp"
 #include "shardopt/mxfp8.hpp"
 #include "shardopt/mxfp8_param.hpp"
+#include "shardopt/nvfp4_param.hpp"
 #include "shardopt/param_spec.hpp"
 #include "shardopt/schedule.hpp"
 #include "shardopt/views.hpp"
@@ -52,6 +54,12 @@ enum class ParamFormat {
   /// storage (mxfp8_param), then zeroes that gradient region. 1-D parameters (norm
   /// weights, biases) stay native, in f32.
   Mxfp8,
+  /// As Mxfp8, in NVFP4 (shardopt/nvfp4.hpp; docs/nvfp4.md): each member is one NVFP4
+  /// tensor (E2M1 data, 16 x 16 block scales, a global amax), rowwise only; the sharded
+  /// quantize exchanges partial u32 block and tensor amaxes in one Max all-reduce, the
+  /// all-gather moves half a byte per element through the gradient buffer, and the
+  /// storage (nvfp4_param) holds numel / 2 bytes plus scales. 1-D parameters stay f32.
+  Nvfp4,
 };
 
 /// Options of a DistributedAdam: the Adam settings (AdamOptions: betas, eps, groups,
@@ -85,9 +93,10 @@ struct DistributedAdamOptions : AdamOptions {
   /// captured pointers stay valid (their bytes are reported under `copies`). Without it
   /// zero_grad releases them, and capturing such a step is refused.
   bool persistent_grad_copies = false;
-  /// Native, or MXFP8 parameters (see ParamFormat). With Mxfp8, param_dtype must be unset
-  /// or f32 (the 1-D parameters' dtype), and the trainer seeds the parameters through
-  /// shard_master + init_from_master.
+  /// Native, MXFP8 or NVFP4 parameters (see ParamFormat). With Mxfp8 or Nvfp4,
+  /// param_dtype must be unset or f32 (the 1-D parameters' dtype), and the trainer seeds
+  /// the parameters through shard_master + init_from_master. Everything said below of
+  /// MXFP8 parameters and buckets holds for NVFP4 ones too.
   ParamFormat param_format = ParamFormat::Native;
 };
 
@@ -118,14 +127,16 @@ class DistributedAdam {
   int param_index(const std::string& name) const;
 
   /// Persistent views of the whole parameter / gradient (identical on every call).
-  /// param(i) of an MXFP8 parameter is Error(InvalidArgument): use mxfp8_param(i).
+  /// param(i) of an MXFP8 / NVFP4 parameter is Error(InvalidArgument): use mxfp8_param(i) /
+  /// nvfp4_param(i).
   ParamView param(int i) const;
   GradView grad(int i) const;
   /// Views of member m of a grouped parameter.
   ParamView member_param(int i, int m) const;
   GradView member_grad(int i, int m) const;
   /// This rank's piece of parameter i in the param buffer / in the fp32 master
-  /// (shard_param of an MXFP8 parameter is Error(InvalidArgument): it has no param buffer).
+  /// (shard_param of an MXFP8 or NVFP4 parameter is Error(InvalidArgument): it has no param
+  /// buffer).
   ShardView shard_param(int i) const;
   ShardView shard_master(int i) const;
   /// True when parameter i is stored as MXFP8 (param_format Mxfp8 and two or more dims).
@@ -134,6 +145,11 @@ class DistributedAdam {
   /// Its bytes are the step's result once the bucket is Idle (after step(), or after
   /// wait_param in deferred mode).
   Mxfp8View mxfp8_param(int i) const;
+  /// True when parameter i is stored as NVFP4 (param_format Nvfp4 and two or more dims).
+  bool is_nvfp4(int i) const;
+  /// The persistent NVFP4 storage of parameter i (Error(InvalidArgument) for another),
+  /// current under the same conditions as mxfp8_param.
+  Nvfp4View nvfp4_param(int i) const;
   /// This rank's piece of parameter i's Adam moments (moment_dtype), e.g. for checkpoints.
   ShardView shard_exp_avg(int i) const;
   ShardView shard_exp_avg_sq(int i) const;

@@ -17,12 +17,13 @@ struct MemoryReport {
   std::int64_t copies = 0;        ///< cast copies made for external optimizers
   std::int64_t pool = 0;          ///< transient gather/grad slots (FSDP)
   std::int64_t mxfp8 = 0;         ///< MXFP8 parameter storage (data + scales)
+  std::int64_t nvfp4 = 0;         ///< NVFP4 parameter storage (data, scales, amaxes, exchange buffers)
   std::int64_t nccl_overhead = 0; ///< allocator rounding of ncclMemAlloc'd buffers
   std::int64_t padding = 0;       ///< part of params + grads + master + moments that is padding
 
   /// Sum of all categories except padding (which is already inside them).
   std::int64_t total() const noexcept {
-    return params + grads + master + moments + copies + pool + mxfp8 + nccl_overhead;
+    return params + grads + master + moments + copies + pool + mxfp8 + nvfp4 + nccl_overhead;
   }
   /// A multi-line human-readable table.
   std::string to_string() const;

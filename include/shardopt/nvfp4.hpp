@@ -227,4 +227,11 @@ void dequantize_nvfp4(const Nvfp4Shape& shape, const std::uint8_t* data, const s
 void dequantize_nvfp4(const Nvfp4Shape& shape, const std::uint8_t* data, const std::uint8_t* scale,
                       const float* decode_scale, std::uint16_t* out, Backend backend, Stream stream);
 
+/// The bf16 decode with a device skip flag (int32, may be null), read when the work runs:
+/// nonzero writes nothing, as in quantize_nvfp4 (a trainer decoding its weights once per
+/// step from a graph replayed for every microbatch).
+void dequantize_nvfp4(const Nvfp4Shape& shape, const std::uint8_t* data, const std::uint8_t* scale,
+                      const float* decode_scale, std::uint16_t* out, const std::int32_t* skip_flag, Backend backend,
+                      Stream stream);
+
 }  // namespace shardopt

@@ -50,7 +50,8 @@ std::uint64_t encode(const BucketStoreOptions& o, bool valid) {
   const auto staged = static_cast<std::uint64_t>(std::clamp(o.staged_gather_bytes, 0, 15));
   return static_cast<std::uint64_t>(o.grad_dtype) | (o.with_params ? 1ull << 8 : 0) |
          (o.nccl_registered ? 1ull << 9 : 0) | (static_cast<std::uint64_t>(o.grad_reduce) << 10) |
-         (valid ? 1ull << 16 : 0) | (staged << 17) | (entries << 24) | (mask << 32);
+         (valid ? 1ull << 16 : 0) | (staged << 17) | (o.staged_gather_rank_bytes.empty() ? 0 : 1ull << 21) |
+         (entries << 24) | (mask << 32);
 }
 
 std::string describe_options(std::uint64_t v) {
@@ -61,7 +62,18 @@ std::string describe_options(std::uint64_t v) {
   return std::string("grad_dtype=") + to_string(dtype) + " with_params=" + ((v >> 8) & 1 ? "true" : "false") +
          " nccl_registered=" + ((v >> 9) & 1 ? "true" : "false") +
          " grad_reduce=" + op_name(static_cast<ReduceOp>((v >> 10) & 3)) +
-         " staged_gather_bytes=" + std::to_string((v >> 17) & 15) + " buffer_params=[" + params + "]";
+         " staged_gather_bytes=" + std::to_string((v >> 17) & 15) +
+         " staged_gather_rank_bytes=" + ((v >> 21) & 1 ? "per bucket" : "unset") + " buffer_params=[" + params + "]";
+}
+
+// FNV-1a of the per-bucket staged byte counts, for the ranks' agreement.
+std::uint64_t hash_of(const std::vector<std::int64_t>& v) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (std::int64_t x : v) {
+    h ^= static_cast<std::uint64_t>(x);
+    h *= 1099511628211ull;
+  }
+  return h;
 }
 
 }  // namespace
@@ -203,7 +215,7 @@ class BucketStoreImpl {
     if (!reduce) {
       for (int b : buckets) {
         const int buf = layout.buckets()[static_cast<std::size_t>(b)].buffer;
-        SHARDOPT_REQUIRE(buffer_has_params(buf) || options.staged_gather_bytes > 0, ErrorCode::InvalidState,
+        SHARDOPT_REQUIRE(buffer_has_params(buf) || staged(), ErrorCode::InvalidState,
                          "start_param_gather(" + std::to_string(b) + "): layout buffer " + std::to_string(buf) +
                              " has no parameter buffer (BucketStoreOptions::with_params / buffer_params) and "
                              "staged_gather_bytes is 0, so the bucket has nothing to gather");
@@ -230,7 +242,7 @@ class BucketStoreImpl {
         comm.all_gather(data, per_rank, dtype, s);
       } else {  // staged: bytes through the bucket's gradient region
         char* data = grads[buf].as<char>() + static_cast<std::size_t>(bk.range.begin) * size_of(options.grad_dtype);
-        comm.all_gather(data, per_rank * options.staged_gather_bytes, DType::e4m3, s);
+        comm.all_gather(data, staged_rank_bytes(b, per_rank), DType::e4m3, s);
       }
     };
     if (backend == Backend::Host) {
@@ -352,6 +364,8 @@ class BucketStoreImpl {
                 " bytes per element (grad_dtype " + to_string(options.grad_dtype) +
                 "); use a wider grad_dtype or fewer staged bytes (0 to " +
                 std::to_string(size_of(options.grad_dtype)) + ")";
+    else if (!options.staged_gather_rank_bytes.empty())
+      problem = check_rank_bytes();
     const std::vector<std::uint64_t> all = comm.all_gather_value(encode(options, problem.empty()));
     SHARDOPT_REQUIRE(problem.empty(), ErrorCode::InvalidArgument, "BucketStoreOptions: " + problem);
     bool equal = true, valid = true;
@@ -366,6 +380,38 @@ class BucketStoreImpl {
         s += (r ? "; rank " : "rank ") + std::to_string(r) + ": " + describe_options(all[r]);
       throw Error(ErrorCode::LayoutMismatch, "ranks pass different BucketStoreOptions (" + s + "); pass the same options on every rank");
     }
+    if (options.staged_gather_rank_bytes.empty()) return;
+    const std::vector<std::uint64_t> hashes = comm.all_gather_value(hash_of(options.staged_gather_rank_bytes));
+    for (std::uint64_t h : hashes)
+      SHARDOPT_REQUIRE(h == hashes.front(), ErrorCode::LayoutMismatch,
+                       "ranks pass different BucketStoreOptions::staged_gather_rank_bytes; pass the same on every rank");
+  }
+
+  // The per-bucket staged byte counts fit their buckets' gradient regions ("" if so).
+  std::string check_rank_bytes() const {
+    const auto& v = options.staged_gather_rank_bytes;
+    if (v.size() != layout.buckets().size())
+      return "staged_gather_rank_bytes has " + std::to_string(v.size()) + " entries but the layout has " +
+             std::to_string(layout.buckets().size()) + " buckets; give one entry per bucket (or none)";
+    for (std::size_t b = 0; b < v.size(); ++b) {
+      const Bucket& bk = layout.buckets()[b];
+      if (buffer_has_params(bk.buffer)) continue;
+      const std::int64_t room = bk.range.size() / comm.size() * static_cast<std::int64_t>(size_of(options.grad_dtype));
+      if (v[b] < 1 || v[b] > room)
+        return "staged_gather_rank_bytes[" + std::to_string(b) + "] = " + std::to_string(v[b]) +
+               " does not fit the bucket's gradient region (1 to " + std::to_string(room) +
+               " bytes per rank); use a wider grad_dtype or fewer staged bytes";
+    }
+    return "";
+  }
+
+  // Buffers without parameters gather staged bytes.
+  bool staged() const { return options.staged_gather_bytes > 0 || !options.staged_gather_rank_bytes.empty(); }
+
+  // Bytes per rank of bucket b's staged all-gather.
+  std::int64_t staged_rank_bytes(int b, std::int64_t per_rank) const {
+    if (!options.staged_gather_rank_bytes.empty()) return options.staged_gather_rank_bytes[static_cast<std::size_t>(b)];
+    return per_rank * options.staged_gather_bytes;
   }
 
   void allocate(MemoryKind kind, Stream zero_stream) {
@@ -423,8 +469,9 @@ class BucketStoreImpl {
         const DType pd = layout.buffers()[buf].dtype;
         char* p = params[buf].as<char>() + static_cast<std::size_t>(bk.range.begin) * size_of(pd);
         comm.all_gather(p, per_rank, pd, comm_stream());
-      } else if (options.staged_gather_bytes > 0) {
-        comm.all_gather(g, per_rank * options.staged_gather_bytes, DType::e4m3, comm_stream());
+      } else if (staged()) {
+        comm.all_gather(g, staged_rank_bytes(static_cast<int>(&bk - layout.buckets().data()), per_rank), DType::e4m3,
+                        comm_stream());
       } else {
         comm.all_gather(g, per_rank, options.grad_dtype, comm_stream());
       }

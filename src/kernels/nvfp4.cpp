@@ -90,29 +90,39 @@ void quantize_nvfp4(const Nvfp4Shape& shape, const std::uint16_t* src, const Nvf
 namespace {
 
 void dequantize(const Nvfp4Shape& shape, const std::uint8_t* data, const std::uint8_t* scale,
-                const float* decode_scale, float* out_f32, std::uint16_t* out_bf16, Backend backend, Stream stream) {
+                const float* decode_scale, float* out_f32, std::uint16_t* out_bf16, const std::int32_t* skip_flag,
+                Backend backend, Stream stream) {
   validate(shape);
   nvfp4::require_ptr(data, "data");
   nvfp4::require_ptr(scale, "scale");
   nvfp4::require_ptr(decode_scale, "decode_scale");
   nvfp4::require_ptr(out_f32 != nullptr ? static_cast<const void*>(out_f32) : out_bf16, "out");
   if (backend == Backend::Host) {
-    host_enqueue(stream, [=] { nvfp4::host_dequantize(shape, data, scale, decode_scale, out_f32, out_bf16); });
+    host_enqueue(stream, [=] {
+      if (skip_flag == nullptr || *skip_flag == 0)
+        nvfp4::host_dequantize(shape, data, scale, decode_scale, out_f32, out_bf16);
+    });
     return;
   }
-  nvfp4::launch_dequantize(shape, data, scale, decode_scale, out_f32, out_bf16, stream);
+  nvfp4::launch_dequantize(shape, data, scale, decode_scale, out_f32, out_bf16, skip_flag, stream);
 }
 
 }  // namespace
 
 void dequantize_nvfp4(const Nvfp4Shape& shape, const std::uint8_t* data, const std::uint8_t* scale,
                       const float* decode_scale, float* out, Backend backend, Stream stream) {
-  dequantize(shape, data, scale, decode_scale, out, nullptr, backend, stream);
+  dequantize(shape, data, scale, decode_scale, out, nullptr, nullptr, backend, stream);
 }
 
 void dequantize_nvfp4(const Nvfp4Shape& shape, const std::uint8_t* data, const std::uint8_t* scale,
                       const float* decode_scale, std::uint16_t* out, Backend backend, Stream stream) {
-  dequantize(shape, data, scale, decode_scale, nullptr, out, backend, stream);
+  dequantize(shape, data, scale, decode_scale, nullptr, out, nullptr, backend, stream);
+}
+
+void dequantize_nvfp4(const Nvfp4Shape& shape, const std::uint8_t* data, const std::uint8_t* scale,
+                      const float* decode_scale, std::uint16_t* out, const std::int32_t* skip_flag, Backend backend,
+                      Stream stream) {
+  dequantize(shape, data, scale, decode_scale, nullptr, out, skip_flag, backend, stream);
 }
 
 }  // namespace shardopt
@@ -121,7 +131,7 @@ void dequantize_nvfp4(const Nvfp4Shape& shape, const std::uint8_t* data, const s
 // A build without CUDA compiles no .cu file: the launches refuse.
 namespace shardopt::nvfp4 {
 void launch_quantize(const QuantizeEntry*, int, const QuantizeEntry&, std::int64_t, std::int64_t, const std::int32_t*, Stream) { detail::no_cuda("NVFP4"); }
-void launch_dequantize(const Nvfp4Shape&, const std::uint8_t*, const std::uint8_t*, const float*, float*, std::uint16_t*, Stream) { detail::no_cuda("NVFP4"); }
+void launch_dequantize(const Nvfp4Shape&, const std::uint8_t*, const std::uint8_t*, const float*, float*, std::uint16_t*, const std::int32_t*, Stream) { detail::no_cuda("NVFP4"); }
 void launch_partial_amax(const ShardEntry*, int, const ShardEntry&, const ShardUnits&, Stream) { detail::no_cuda("NVFP4"); }
 void launch_quantize_shard(const ShardEntry*, int, const ShardEntry&, const ShardUnits&, Stream) { detail::no_cuda("NVFP4"); }
 }  // namespace shardopt::nvfp4

@@ -63,9 +63,11 @@ ShardUnits units_after(const ShardEntry& e);
 /// kernel returns at once when `skip_flag` (device int32, may be null) is nonzero.
 void launch_quantize(const QuantizeEntry* entries, int count, const QuantizeEntry& one, std::int64_t blocks,
                      std::int64_t bytes, const std::int32_t* skip_flag, Stream stream);
-/// The data plane to f32 or to bf16 (out_f32 or out_bf16, the other null).
+/// The data plane to f32 or to bf16 (out_f32 or out_bf16, the other null); returns at
+/// once when `skip_flag` (device int32, may be null) is nonzero.
 void launch_dequantize(const Nvfp4Shape& shape, const std::uint8_t* data, const std::uint8_t* scale,
-                       const float* decode_scale, float* out_f32, std::uint16_t* out_bf16, Stream stream);
+                       const float* decode_scale, float* out_f32, std::uint16_t* out_bf16,
+                       const std::int32_t* skip_flag, Stream stream);
 
 // ------------------------------------------------------------------ CUDA (nvfp4_shard.cu)
 // Over the `count` entries of the device table `entries`, or `one` when it is null;

@@ -35,7 +35,7 @@ constexpr const char* kIndexName = "index.json";
 
 // ---------------------------------------------------------------- what a rank saves
 
-enum class Kind { Master, ExpAvg, ExpAvgSq, Param, MxRowData, MxColData, MxRowScale, MxColScale };
+enum class Kind { Master, ExpAvg, ExpAvgSq, Param, MxRowData, MxColData, MxRowScale, MxColScale, Nv4Data, Nv4Scale, Nv4Amax };
 
 const char* kind_name(Kind k) {
   switch (k) {
@@ -47,6 +47,9 @@ const char* kind_name(Kind k) {
     case Kind::MxColData: return "mxfp8_col_data";
     case Kind::MxRowScale: return "mxfp8_row_scale";
     case Kind::MxColScale: return "mxfp8_col_scale";
+    case Kind::Nv4Data: return "nvfp4_data";
+    case Kind::Nv4Scale: return "nvfp4_scale";
+    case Kind::Nv4Amax: return "nvfp4_amax";
   }
   return "?";
 }
@@ -77,9 +80,11 @@ struct Item {
 // The facts about each parameter that decide what is saved of it.
 struct ParamFacts {
   bool mxfp8 = false;
+  bool nvfp4 = false;
   bool has_param = false;  // a native parameter storage exists (the `param` kind)
   DType param_dtype = DType::f32;
   Mxfp8Shape shape;        // MXFP8 parameters
+  Nvfp4Shape nv_shape;     // NVFP4 parameters: one member
 };
 
 std::vector<ParamFacts> param_facts(const CheckpointTarget& t) {
@@ -88,10 +93,14 @@ std::vector<ParamFacts> param_facts(const CheckpointTarget& t) {
   for (std::size_t p = 0; p < out.size(); ++p) {
     ParamFacts& f = out[p];
     const std::optional<Mxfp8View> mx = t.mxfp8 ? t.mxfp8(static_cast<int>(p)) : std::nullopt;
+    const std::optional<Nvfp4View> nv = t.nvfp4 ? t.nvfp4(static_cast<int>(p)) : std::nullopt;
     f.param_dtype = L.buffers()[static_cast<std::size_t>(L.params()[p].buffer)].dtype;
     if (mx) {
       f.mxfp8 = true;
       f.shape = mx->shape;
+    } else if (nv) {
+      f.nvfp4 = true;
+      f.nv_shape = nv->shape;
     } else {
       // A native parameter: its storage is bound in the engine (the param view of a piece
       // is null only for an empty piece or MXFP8 storage).
@@ -139,31 +148,50 @@ std::vector<Item> rank_items(const Layout& L, const std::vector<ParamFacts>& fac
           add(Kind::MxRowData, DType::e4m3, lo);  // planes are indexed like the parameter
           add(Kind::MxColData, DType::e4m3, lo);
         }
+        if (f.nvfp4) {
+          // Byte k of a member's data (its elements 2k and 2k + 1) is written by the rank
+          // that owns element 2k: bytes [ceil(lo / 2), ceil(hi / 2)) of the member, whole
+          // bytes from the gathered storage, so that the slices never overlap.
+          const std::int64_t k0 = (it.offset + 1) / 2, k1 = (it.offset + it.length + 1) / 2;
+          if (k1 > k0) {
+            Item x = it;
+            x.kind = Kind::Nv4Data;
+            x.dtype = DType::e4m3;  // raw bytes (U8): E2M1 pairs
+            x.offset = k0;
+            x.length = k1 - k0;
+            x.src = m * f.nv_shape.data_bytes() + k0;
+            out.push_back(std::move(x));
+          }
+        }
       }
     }
   }
   if (!with_params) return out;
-  // Scales are replicated: rank r writes bytes [r n / W, (r + 1) n / W) of each member's.
+  // Replicated pieces: rank r writes entries [r n / W, (r + 1) n / W) of each member's n.
+  auto share = [&](int p, int m, Kind k, std::int64_t n, DType dt) {
+    const std::int64_t lo = n * r / world, hi = n * (r + 1) / world;
+    if (lo >= hi) return;
+    Item it;
+    it.tensor = L.specs()[static_cast<std::size_t>(p)].member_name(m);
+    it.kind = k;
+    it.param = p;
+    it.offset = lo;
+    it.length = hi - lo;
+    it.src = m * n + lo;
+    it.dtype = dt;
+    out.push_back(std::move(it));
+  };
+  // Scales (and NVFP4's global amaxes) are replicated.
   for (std::size_t p = 0; p < facts.size(); ++p) {
     const ParamFacts& f = facts[p];
-    if (!f.mxfp8) continue;
-    const ParamSpec& spec = L.specs()[p];
-    for (int m = 0; m < spec.members(); ++m) {
-      for (Kind k : {Kind::MxRowScale, Kind::MxColScale}) {
-        const std::int64_t n = k == Kind::MxRowScale ? f.shape.rows * f.shape.row_blocks()
-                                                     : f.shape.col_blocks() * f.shape.cols;
-        const std::int64_t lo = n * r / world, hi = n * (r + 1) / world;
-        if (lo >= hi) continue;
-        Item it;
-        it.tensor = spec.member_name(m);
-        it.kind = k;
-        it.param = static_cast<int>(p);
-        it.offset = lo;
-        it.length = hi - lo;
-        it.src = m * n + lo;
-        it.dtype = DType::e8m0;
-        out.push_back(std::move(it));
-      }
+    const int members = L.specs()[p].members();
+    for (int m = 0; m < members && f.mxfp8; ++m) {
+      share(static_cast<int>(p), m, Kind::MxRowScale, f.shape.rows * f.shape.row_blocks(), DType::e8m0);
+      share(static_cast<int>(p), m, Kind::MxColScale, f.shape.col_blocks() * f.shape.cols, DType::e8m0);
+    }
+    for (int m = 0; m < members && f.nvfp4; ++m) {
+      share(static_cast<int>(p), m, Kind::Nv4Scale, f.nv_shape.scale_numel(), DType::e4m3);
+      share(static_cast<int>(p), m, Kind::Nv4Amax, 1, DType::f32);
     }
   }
   return out;
@@ -193,6 +221,9 @@ const char* source_of(const CheckpointTarget& t, const Item& it) {
     case Kind::MxColData: return reinterpret_cast<const char*>(t.mxfp8(it.param)->planes.data_col) + it.src;
     case Kind::MxRowScale: return reinterpret_cast<const char*>(t.mxfp8(it.param)->planes.scale_row) + it.src;
     case Kind::MxColScale: return reinterpret_cast<const char*>(t.mxfp8(it.param)->planes.scale_col) + it.src;
+    case Kind::Nv4Data: return reinterpret_cast<const char*>(t.nvfp4(it.param)->planes.data) + it.src;
+    case Kind::Nv4Scale: return reinterpret_cast<const char*>(t.nvfp4(it.param)->planes.scale) + it.src;
+    case Kind::Nv4Amax: return reinterpret_cast<const char*>(t.nvfp4(it.param)->planes.amax + it.src);
   }
   return nullptr;
 }
@@ -330,8 +361,9 @@ std::string index_text(const CheckpointTarget& t, const std::vector<FileResult>&
       json::Value shape = json::Value::array();
       for (std::int64_t x : member) shape.push_back(x);
       d.set("shape", std::move(shape));
-      d.set("param_dtype", facts[p].mxfp8 ? "bf16" : to_string(facts[p].param_dtype));
-      d.set("format", facts[p].mxfp8 ? "mxfp8" : "native");
+      const bool quantized = facts[p].mxfp8 || facts[p].nvfp4;
+      d.set("param_dtype", quantized ? "bf16" : to_string(facts[p].param_dtype));
+      d.set("format", facts[p].mxfp8 ? "mxfp8" : facts[p].nvfp4 ? "nvfp4" : "native");
       d.set("group", spec.group);
       tensors.set(spec.member_name(m), std::move(d));
     }

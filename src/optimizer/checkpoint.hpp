@@ -22,6 +22,7 @@
 #include "shardopt/communicator.hpp"
 #include "shardopt/layout.hpp"
 #include "shardopt/mxfp8_param.hpp"
+#include "shardopt/nvfp4_param.hpp"
 
 namespace shardopt::detail {
 
@@ -35,6 +36,8 @@ struct CheckpointTarget {
   bool writes_file = true;             ///< false on the replicas of FSDP hybrid sharding after the first
   /// The MXFP8 storage of parameter p, or nullopt for a native one.
   std::function<std::optional<Mxfp8View>(int)> mxfp8;
+  /// The NVFP4 storage of parameter p, or nullopt for another (null: none is).
+  std::function<std::optional<Nvfp4View>(int)> nvfp4;
 };
 
 /// Writes the checkpoint synchronously (collective over target.all): data goes through

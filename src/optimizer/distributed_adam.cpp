@@ -13,7 +13,9 @@
 #include "kernels/convert.hpp"
 #include "kernels/step_control.hpp"
 #include "shardopt/bucket_store.hpp"
-#include "mxfp8/mxfp8_params.hpp"
+#include "quantized/mxfp8_params.hpp"
+#include "quantized/nvfp4_params.hpp"
+#include "quantized/quantized_params.hpp"
 #include "optimizer/checkpoint.hpp"
 #include "optimizer/options_agreement.hpp"
 #include "optimizer/shard_engine.hpp"
@@ -29,20 +31,30 @@ constexpr const char* kInitCalls =
 }  // namespace
 namespace {
 
+const char* format_name(ParamFormat f) {
+  switch (f) {
+    case ParamFormat::Native: return "Native";
+    case ParamFormat::Mxfp8: return "Mxfp8";
+    case ParamFormat::Nvfp4: return "Nvfp4";
+  }
+  return "?";
+}
+
 Layout make_layout(std::vector<ParamSpec> specs, int world, const DistributedAdamOptions& o) {
   LayoutOptions lo;
   lo.bucket_numel = o.bucket_numel;
-  if (o.param_format == ParamFormat::Mxfp8) {
-    // MXFP8 parameters get a storage class of their own, so they never share a buffer
-    // with native ones; the 1-D parameters stay native, in f32.
+  if (o.param_format != ParamFormat::Native) {
+    // Quantized parameters get a storage class of their own, so they never share a
+    // buffer with native ones; the 1-D parameters stay native, in f32.
     SHARDOPT_REQUIRE(!o.param_dtype || *o.param_dtype == DType::f32, ErrorCode::InvalidArgument,
-                     std::string("param_format Mxfp8 keeps the 1-D parameters (norm weights, biases) in f32 and "
-                                 "quantizes the others; param_dtype ") +
+                     std::string("param_format ") + format_name(o.param_format) +
+                         " keeps the 1-D parameters (norm weights, biases) in f32 and quantizes the others; "
+                         "param_dtype " +
                          to_string(*o.param_dtype) + " cannot apply: leave it unset or set f32");
     lo.param_storage.resize(specs.size(), 0);
     for (std::size_t i = 0; i < specs.size(); ++i) {
-      if (detail::is_mxfp8_spec(validated(specs[i]))) {
-        lo.param_storage[i] = detail::kMxfp8Storage;
+      if (detail::is_quantized_spec(validated(specs[i]))) {
+        lo.param_storage[i] = detail::kQuantizedStorage;
       } else {
         specs[i].dtype = DType::f32;
       }
@@ -57,12 +69,21 @@ Layout make_layout(std::vector<ParamSpec> specs, int world, const DistributedAda
   return Layout(std::move(specs), world, lo);
 }
 
-// Which layout buffers hold MXFP8 parameters: those of the MXFP8 storage class.
-std::vector<bool> mxfp8_buffers(const Layout& L, const DistributedAdamOptions& o) {
-  std::vector<bool> mx(L.buffers().size(), false);
-  if (o.param_format != ParamFormat::Mxfp8) return mx;
-  for (std::size_t b = 0; b < mx.size(); ++b) mx[b] = L.buffers()[b].storage == detail::kMxfp8Storage;
-  return mx;
+// Which layout buffers hold quantized parameters: those of the quantized storage class.
+std::vector<bool> quantized_buffers(const Layout& L, const DistributedAdamOptions& o) {
+  std::vector<bool> q(L.buffers().size(), false);
+  if (o.param_format == ParamFormat::Native) return q;
+  for (std::size_t b = 0; b < q.size(); ++b) q[b] = L.buffers()[b].storage == detail::kQuantizedStorage;
+  return q;
+}
+
+detail::QuantizedParams::MakeFormat format_maker(ParamFormat f) {
+  switch (f) {
+    case ParamFormat::Mxfp8: return detail::make_mxfp8_format;
+    case ParamFormat::Nvfp4: return detail::make_nvfp4_format;
+    case ParamFormat::Native: break;
+  }
+  return nullptr;
 }
 
 BucketStoreOptions store_options(const Layout& L, const DistributedAdamOptions& o) {
@@ -78,15 +99,21 @@ BucketStoreOptions store_options(const Layout& L, const DistributedAdamOptions& 
                                  "through the gradient buffer; grad_dtype ") +
                          to_string(o.grad_dtype) + " has " + std::to_string(size_of(o.grad_dtype)) +
                          " bytes per element: use bf16, f16 or f32 gradients");
-    const std::vector<bool> mx = mxfp8_buffers(L, o);
-    so.buffer_params.assign(mx.size(), true);
-    for (std::size_t b = 0; b < mx.size(); ++b) so.buffer_params[b] = !mx[b];
     so.staged_gather_bytes = detail::kMxfp8StagedBytes;
+  } else if (o.param_format == ParamFormat::Nvfp4) {
+    // Half a byte per element (plus the bytes shared at odd boundaries): any gradient
+    // dtype has the room; the store checks each bucket.
+    so.staged_gather_rank_bytes = detail::nvfp4_staged_rank_bytes(L, quantized_buffers(L, o));
+  }
+  if (o.param_format != ParamFormat::Native) {
+    const std::vector<bool> q = quantized_buffers(L, o);
+    so.buffer_params.assign(q.size(), true);
+    for (std::size_t b = 0; b < q.size(); ++b) so.buffer_params[b] = !q[b];
   }
   return so;
 }
 
-// Where each parameter's piece of this rank's fp32 master lives, for the MXFP8 quantize.
+// Where each parameter's piece of this rank's fp32 master lives, for the quantize.
 std::vector<detail::MasterPiece> master_pieces(const detail::ShardEngine& engine, const Layout& L) {
   std::vector<detail::MasterPiece> out(L.params().size());
   for (std::size_t p = 0; p < out.size(); ++p) {
@@ -114,7 +141,8 @@ class DistributedAdam::Impl final : public detail::StepTarget {
         store(make_store(comm, std::move(specs), opt)),
         state(backend, store.layout(), comm.rank(), detail::EngineSettings{opt, opt.grad_dtype, /*shard_addressed=*/false,
                                                                  opt.persistent_grad_copies, "DistributedAdamOptions"}),
-        mx(backend, store.layout(), store, master_pieces(state, store.layout()), mxfp8_buffers(store.layout(), opt)) {
+        mx(backend, store.layout(), store, master_pieces(state, store.layout()), quantized_buffers(store.layout(), opt),
+           format_maker(opt.param_format)) {
     for (int b = 0; b < static_cast<int>(store.layout().buffers().size()); ++b)
       state.bind(b, store.grad_buffer(b), store.param_buffer(b));  // null params: MXFP8, master only
   }
@@ -152,7 +180,7 @@ class DistributedAdam::Impl final : public detail::StepTarget {
   void require_mx_idle(int bucket, const std::string& call) const {
     if (!mx.is_bucket(bucket) || mx.state(bucket) == GatherState::Idle) return;
     throw Error(ErrorCode::InvalidState,
-                call + ": MXFP8 bucket " + std::to_string(bucket) +
+                call + ": " + mx.name() + " bucket " + std::to_string(bucket) +
                     "'s parameter all-gather (overlap_param_gather) still occupies the bucket's gradient region, "
                     "so its gradients would mix with the gathered bytes. Call wait_param(" +
                     std::to_string(bucket) +
@@ -164,12 +192,19 @@ class DistributedAdam::Impl final : public detail::StepTarget {
     if (b >= 0) require_mx_idle(b, call);
   }
 
+  // Parameter i is stored in `format` (checks i).
+  bool stored_as(int i, ParamFormat format) const {
+    (void)state.piece(i);
+    return opt.param_format == format && mx.is_param(i);
+  }
+
   // The MXFP8 staging overwrites gradient regions: refuse while they hold live gradients.
   void require_no_live_grads(const std::string& call) const {
     if (!mx.any()) return;
     SHARDOPT_REQUIRE(!grads_live, ErrorCode::InvalidState,
-                     call + " quantizes the MXFP8 parameters through the gradient buffer, which holds gradients "
-                            "that grad_ready / reduce_grads started to reduce; call it after step() or zero_grad()");
+                     call + " quantizes the " + mx.name() +
+                         " parameters through the gradient buffer, which holds gradients that grad_ready / "
+                         "reduce_grads started to reduce; call it after step() or zero_grad()");
   }
 
   ~Impl() override { detail::orphan_save(last_save); }
@@ -182,8 +217,12 @@ class DistributedAdam::Impl final : public detail::StepTarget {
     t.all = &comm;
     t.shard_rank = comm.rank();
     t.mxfp8 = [this](int p) -> std::optional<Mxfp8View> {
-      if (!mx.is_param(p)) return std::nullopt;
-      return mx.view(p);
+      if (opt.param_format != ParamFormat::Mxfp8 || !mx.is_param(p)) return std::nullopt;
+      return detail::mxfp8_view(*mx.format(), p);
+    };
+    t.nvfp4 = [this](int p) -> std::optional<Nvfp4View> {
+      if (opt.param_format != ParamFormat::Nvfp4 || !mx.is_param(p)) return std::nullopt;
+      return detail::nvfp4_view(*mx.format(), p);
     };
     return t;
   }
@@ -212,7 +251,7 @@ class DistributedAdam::Impl final : public detail::StepTarget {
   Backend backend;
   BucketStore store;
   detail::ShardEngine state;
-  detail::Mxfp8Params mx;
+  detail::QuantizedParams mx;  // MXFP8 or NVFP4 parameters (none when Native)
   bool grad_sync = true;
   bool grads_reduced = false;  // reduce_grads() ran since the last step / zero_grad
   bool grads_live = false;     // grad_ready / reduce_grads since the last step / zero_grad
@@ -237,7 +276,7 @@ DistributedAdam::DistributedAdam(Communicator comm, std::vector<ParamSpec> specs
   fields.insert(fields.end(),
                 {{"grad_dtype", to_string(options.grad_dtype)},
                  {"param_dtype", options.param_dtype ? to_string(*options.param_dtype) : "unset"},
-                 {"param_format", options.param_format == ParamFormat::Mxfp8 ? "Mxfp8" : "Native"},
+                 {"param_format", format_name(options.param_format)},
                  {"grad_reduce", detail::option_text(options.grad_reduce)},
                  {"bucket_numel", options.bucket_numel ? std::to_string(*options.bucket_numel) : "unset"},
                  {"overlap_grad_reduce", detail::option_text(options.overlap_grad_reduce)},
@@ -270,9 +309,10 @@ std::string param_name(const Layout& L, int i) { return "'" + L.specs()[static_c
 ParamView DistributedAdam::param(int i) const {
   (void)live(impl_).state.piece(i);
   SHARDOPT_REQUIRE(!live(impl_).mx.is_param(i), ErrorCode::InvalidArgument,
-                   "param(" + param_name(layout(), i) +
-                       "): an MXFP8 parameter has no bf16 view (param_format Mxfp8); read its storage with "
-                       "mxfp8_param(i)");
+                   "param(" + param_name(layout(), i) + "): an " + live(impl_).mx.name() +
+                       " parameter has no bf16 view (param_format " + format_name(live(impl_).opt.param_format) +
+                       "); read its storage with " +
+                       (live(impl_).opt.param_format == ParamFormat::Nvfp4 ? "nvfp4_param(i)" : "mxfp8_param(i)"));
   const auto& spec = layout().specs()[static_cast<std::size_t>(i)];
   const DType dt = layout().buffers()[static_cast<std::size_t>(layout().params()[static_cast<std::size_t>(i)].buffer)].dtype;
   return ParamView{contiguous_view(live(impl_).store.param_data(i), spec.shape, dt)};
@@ -312,28 +352,43 @@ ShardView DistributedAdam::shard_param(int i) const {
   Impl& m = live(impl_);
   (void)m.state.piece(i);
   SHARDOPT_REQUIRE(!m.mx.is_param(i), ErrorCode::InvalidArgument,
-                   "shard_param(" + param_name(m.store.layout(), i) +
-                       "): an MXFP8 parameter has no param buffer; write its fp32 master through shard_master(i) and "
+                   "shard_param(" + param_name(m.store.layout(), i) + "): an " + m.mx.name() +
+                       " parameter has no param buffer; write its fp32 master through shard_master(i) and "
                        "publish it with init_from_master or gather_params");
   return m.state.param_view(i);
 }
 
 ShardView DistributedAdam::shard_master(int i) const { return live(impl_).state.master_view(i); }
 
-bool DistributedAdam::is_mxfp8(int i) const {
-  (void)live(impl_).state.piece(i);
-  return live(impl_).mx.is_param(i);
+bool DistributedAdam::is_mxfp8(int i) const { return live(impl_).stored_as(i, ParamFormat::Mxfp8); }
+bool DistributedAdam::is_nvfp4(int i) const { return live(impl_).stored_as(i, ParamFormat::Nvfp4); }
+
+namespace {
+const char* view_call(ParamFormat f) { return f == ParamFormat::Nvfp4 ? "nvfp4_param" : "mxfp8_param"; }
+
+// Error(InvalidArgument) unless parameter i is stored in `want`, saying why and what to
+// call instead (the check of mxfp8_param / nvfp4_param).
+void require_view(const DistributedAdam::Impl& m, int i, ParamFormat want) {
+  if (m.stored_as(i, want)) return;
+  const ParamFormat has = m.opt.param_format;
+  const bool quantized = has != ParamFormat::Native && m.mx.is_param(i);
+  throw Error(ErrorCode::InvalidArgument,
+              std::string(view_call(want)) + "(" + param_name(m.store.layout(), i) + "): not an " +
+                  (want == ParamFormat::Nvfp4 ? "NVFP4" : "MXFP8") + " parameter (" +
+                  (has != want ? std::string("param_format is ") + format_name(has)
+                               : std::string("1-D parameters stay native in f32")) +
+                  "); use " + (quantized ? std::string(view_call(has)) + "(i)" : std::string("param(i)")));
 }
+}  // namespace
 
 Mxfp8View DistributedAdam::mxfp8_param(int i) const {
-  (void)live(impl_).state.piece(i);
-  SHARDOPT_REQUIRE(live(impl_).mx.is_param(i), ErrorCode::InvalidArgument,
-                   "mxfp8_param(" + param_name(layout(), i) + "): not an MXFP8 parameter (" +
-                       (live(impl_).opt.param_format == ParamFormat::Mxfp8
-                            ? std::string("1-D parameters stay native in f32")
-                            : std::string("param_format is Native")) +
-                       "); use param(i)");
-  return live(impl_).mx.view(i);
+  require_view(live(impl_), i, ParamFormat::Mxfp8);
+  return detail::mxfp8_view(*live(impl_).mx.format(), i);
+}
+
+Nvfp4View DistributedAdam::nvfp4_param(int i) const {
+  require_view(live(impl_), i, ParamFormat::Nvfp4);
+  return detail::nvfp4_view(*live(impl_).mx.format(), i);
 }
 ShardView DistributedAdam::shard_exp_avg(int i) const { return live(impl_).state.exp_avg_view(i); }
 ShardView DistributedAdam::shard_exp_avg_sq(int i) const { return live(impl_).state.exp_avg_sq_view(i); }
@@ -346,7 +401,8 @@ ShardView DistributedAdam::shard_grad(int i, DType dtype, Stream stream) {
 
 void DistributedAdam::init_master(Stream stream) {
   SHARDOPT_REQUIRE(!live(impl_).mx.any(), ErrorCode::InvalidState,
-                   "init_master seeds the master from the param views, which MXFP8 parameters do not have; write "
+                   std::string("init_master seeds the master from the param views, which ") + live(impl_).mx.name() +
+                       " parameters do not have; write "
                    "the initial values into shard_master(i) and call init_from_master(stream)");
   live(impl_).wait_pending_gathers(stream);
   live(impl_).state.init_master(stream);
@@ -486,7 +542,7 @@ MemoryReport DistributedAdam::memory() const {
   MemoryReport r;
   r.params = static_cast<std::int64_t>(m.store.param_bytes());
   r.grads = static_cast<std::int64_t>(m.store.grad_bytes());
-  r.mxfp8 = static_cast<std::int64_t>(m.mx.storage_bytes());
+  (m.opt.param_format == ParamFormat::Nvfp4 ? r.nvfp4 : r.mxfp8) = static_cast<std::int64_t>(m.mx.storage_bytes());
   r.nccl_overhead = static_cast<std::int64_t>(m.store.allocator_overhead_bytes());
   m.state.add_memory(r);  // master, moments, their shard padding, cast copies
   for (std::size_t b = 0; b < layout().buffers().size(); ++b) {

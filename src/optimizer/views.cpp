@@ -34,6 +34,7 @@ std::string MemoryReport::to_string() const {
   row("copies       ", copies);
   row("pool         ", pool);
   row("mxfp8        ", mxfp8);
+  row("nvfp4        ", nvfp4);
   row("nccl overhead", nccl_overhead);
   row("total        ", total());
   row("of it padding", padding);

@@ -13,7 +13,7 @@
 
 #include "core/check.hpp"
 #include "core/memory.hpp"
-#include "mxfp8/byte_copies.hpp"
+#include "quantized/byte_copies.hpp"
 #include "shardopt/backend.hpp"
 #include "shardopt_config.h"
 
@@ -41,6 +41,20 @@ inline void bytes_to_host(Backend b, void* dst, const void* src, std::size_t n) 
   SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());
   SHARDOPT_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
 #endif
+}
+
+/// Runs `table` (uploaded to the backend) on `dst` (n bytes) and counts the bytes that
+/// then differ from `want`.
+inline std::size_t run_pieces_and_count_diffs(Backend b, const std::vector<detail::BytePiece>& table, void* dst,
+                                              const std::vector<std::uint8_t>& want) {
+  DeviceBuffer dtable(b, table.size() * sizeof(detail::BytePiece));
+  bytes_to_device(b, dtable.data(), table.data(), dtable.bytes());
+  detail::copy_pieces(dtable.as<detail::BytePiece>(), static_cast<std::int64_t>(table.size()), b, nullptr);
+  std::vector<std::uint8_t> got(want.size());
+  bytes_to_host(b, got.data(), dst, want.size());
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) differ += got[i] != want[i] ? 1 : 0;
+  return differ;
 }
 
 /// Random non-overlapping copies from a source arena into a destination arena: lengths
@@ -72,14 +86,34 @@ inline void case_copy_pieces_match_memcpy(Backend b, std::uint32_t seed) {
     EXPECT_GT(p.bytes, 0);
     EXPECT_LE(p.bytes, detail::kBytePieceMax);
   }
-  DeviceBuffer dtable(b, table.size() * sizeof(detail::BytePiece));
-  bytes_to_device(b, dtable.data(), table.data(), dtable.bytes());
-  detail::copy_pieces(dtable.as<detail::BytePiece>(), static_cast<std::int64_t>(table.size()), b, nullptr);
-  std::vector<std::uint8_t> got(arena);
-  bytes_to_host(b, got.data(), ddst.data(), arena);
-  std::size_t differ = 0;
-  for (std::size_t i = 0; i < arena; ++i) differ += got[i] != dst_want[i] ? 1 : 0;
-  EXPECT_EQ(differ, 0u) << table.size() << " pieces";
+  EXPECT_EQ(run_pieces_and_count_diffs(b, table, ddst.data(), dst_want), 0u) << table.size() << " pieces";
+}
+
+/// Pieces with `also` (the bytes two ranks share at an odd NVFP4 boundary) write the OR
+/// of their two sources, mixed in one table with plain copies of the neighbouring bytes;
+/// pieces without `also` stay plain copies.
+inline void case_or_pieces(Backend b) {
+  constexpr std::size_t n = 4096;
+  std::vector<std::uint8_t> lo(n), hi(n), want(n, 0x5A);
+  for (std::size_t i = 0; i < n; ++i) {
+    lo[i] = static_cast<std::uint8_t>((i * 7 + 3) & 0x0F);
+    hi[i] = static_cast<std::uint8_t>(((i * 13 + 5) & 0x0F) << 4);
+  }
+  DeviceBuffer dlo(b, n), dhi(b, n), ddst(b, n);
+  bytes_to_device(b, dlo.data(), lo.data(), n);
+  bytes_to_device(b, dhi.data(), hi.data(), n);
+  bytes_to_device(b, ddst.data(), want.data(), n);
+  std::vector<detail::BytePiece> table;
+  // Alternating: 1 shared byte (OR), a run of plain bytes from `lo`, 3 shared bytes.
+  for (std::size_t at = 0; at + 40 < n; at += 40) {
+    table.push_back({dlo.as<std::uint8_t>() + at, ddst.as<std::uint8_t>() + at, 1, dhi.as<std::uint8_t>() + at});
+    want[at] = static_cast<std::uint8_t>(lo[at] | hi[at]);
+    detail::split_copy(table, dlo.as<std::uint8_t>() + at + 1, ddst.as<std::uint8_t>() + at + 1, 30);
+    for (std::size_t k = 1; k < 31; ++k) want[at + k] = lo[at + k];
+    table.push_back({dhi.as<std::uint8_t>() + at + 33, ddst.as<std::uint8_t>() + at + 33, 3, dlo.as<std::uint8_t>() + at + 33});
+    for (std::size_t k = 33; k < 36; ++k) want[at + k] = static_cast<std::uint8_t>(lo[at + k] | hi[at + k]);
+  }
+  EXPECT_EQ(run_pieces_and_count_diffs(b, table, ddst.data(), want), 0u);
 }
 
 }  // namespace shardopt::test

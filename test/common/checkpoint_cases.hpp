@@ -22,6 +22,7 @@
 
 #include "fsdp_cases.hpp"
 #include "mxfp8_params_cases.hpp"
+#include "core/json.hpp"
 #include "shardopt/checkpoint.hpp"
 
 namespace shardopt::test {
@@ -105,18 +106,14 @@ inline void fsdp_train(Fsdp& f, Stream s, int steps) {
   }
 }
 
-/// Everything a DistributedAdam holds on this rank, as bytes (params, MXFP8 planes,
-/// master, moments, step).
+/// Everything a DistributedAdam holds on this rank, as bytes (params, MXFP8 or NVFP4
+/// planes, master, moments, step).
 inline std::vector<std::vector<std::uint8_t>> da_state(DistributedAdam& opt, Stream s) {
   const Backend b = opt.backend();
   std::vector<std::vector<std::uint8_t>> out;
   for (int i = 0; i < opt.num_params(); ++i) {
-    if (opt.is_mxfp8(i)) {
-      const auto q = read_mx(opt, i);
-      out.push_back(q.data_row);
-      out.push_back(q.data_col);
-      out.push_back(q.scale_row);
-      out.push_back(q.scale_col);
+    if (is_quantized(opt, i)) {
+      for (const auto& plane : read_q(opt, i).planes) out.push_back(plane.second);
     } else {
       out.push_back(read_bytes(b, opt.param(i)));
     }
@@ -149,15 +146,17 @@ inline std::vector<std::vector<std::uint8_t>> fsdp_state(Fsdp& f, Stream s) {
 /// 10 ends bitwise where the uninterrupted one did. With `graph`, both train through a
 /// captured StepGraph (the fresh one captures after its load); then the first optimizer
 /// loads the checkpoint again, under its live graph, and replays on without recapture.
-inline void case_resume_bitwise(Backend b, DType grad_dtype, bool graph, bool mxfp8) {
+/// `mxfp8`: quantized parameters, in `format` (MXFP8 or NVFP4).
+inline void case_resume_bitwise(Backend b, DType grad_dtype, bool graph, bool mxfp8,
+                                ParamFormat format = ParamFormat::Mxfp8) {
   SharedDir dir("resume");
   Communicator comm = make_comm(b);
   DistributedAdamOptions o = ckpt_options(grad_dtype);
   std::vector<ParamSpec> specs = small_model();
   if (mxfp8) {
-    o = mx_options(grad_dtype);
+    o = mx_options(grad_dtype, format);
     o.grad_reduce = ReduceOp::Average;
-    specs = mx_model();
+    specs = q_model(format);
   }
   auto init = [&](DistributedAdam& opt, Stream s) {
     if (mxfp8) {
@@ -415,19 +414,19 @@ inline void case_grouped_discrete(Backend b, bool grouped_first) {
 /// A native (bf16) checkpoint loads into MXFP8 parameters: the master is the saved one
 /// and the MXFP8 storage is quantize(bf16(master)), as a fresh quantize makes it; and the
 /// MXFP8 optimizer's checkpoint loads back into native parameters.
-inline void case_native_to_mxfp8(Backend b) {
+inline void case_native_to_mxfp8(Backend b, ParamFormat format = ParamFormat::Mxfp8) {
   SharedDir dir("mx");
   Communicator comm = make_comm(b);
   DistributedAdamOptions native = ckpt_options(DType::bf16);
   native.param_dtype = DType::bf16;
-  DistributedAdam x(comm, mx_model(), native);
+  DistributedAdam x(comm, q_model(format), native);
   TestStream s(b);
   init_params(x, s.get());
   da_train(x, s.get(), 3);
   x.save(dir.sub("ckpt"), s.get());
-  DistributedAdamOptions mo = mx_options(DType::bf16);
+  DistributedAdamOptions mo = mx_options(DType::bf16, format);
   mo.grad_reduce = ReduceOp::Average;
-  DistributedAdam y(comm, mx_model(), mo);
+  DistributedAdam y(comm, q_model(format), mo);
   y.load(dir.sub("ckpt"), s.get());
   // The two layouts differ (MXFP8 keeps its 1-D parameters in a buffer of their own), so
   // compare whole masters, assembled from every rank's pieces.
@@ -439,13 +438,95 @@ inline void case_native_to_mxfp8(Backend b) {
   // And back: the MXFP8 optimizer's checkpoint (MXFP8 planes, no bf16 parameter) loads
   // into native parameters, which are then bf16(master).
   y.save(dir.sub("mx"), s.get());
-  DistributedAdam z(comm, mx_model(), native);
+  DistributedAdam z(comm, q_model(format), native);
   z.load(dir.sub("mx"), s.get());
   for (int i = 0; i < z.num_params(); ++i) {
     const auto mz = full_master(z, i), mx = full_master(x, i);
     EXPECT_TRUE(mz == mx) << "MXFP8 -> native: " << z.layout().specs()[static_cast<std::size_t>(i)].name;
     EXPECT_EQ(read_bytes(b, z.param(i)), read_bytes(b, x.param(i)));
   }
+}
+
+/// The NVFP4 kinds of a checkpoint: assembled from every file's slices (each byte
+/// exactly once, though two ranks' pieces share data bytes at odd boundaries), the
+/// nvfp4_data, nvfp4_scale and nvfp4_amax of each member equal the saving optimizer's
+/// storage, and the index says format "nvfp4". Read with a minimal safetensors parser
+/// of its own (8-byte header length, JSON header, data), as an outside reader would.
+inline void case_nvfp4_saved_planes(Backend b) {
+  SharedDir dir("nv");
+  Communicator comm = make_comm(b);
+  DistributedAdamOptions o = mx_options(DType::bf16, ParamFormat::Nvfp4);
+  o.grad_reduce = ReduceOp::Average;
+  DistributedAdam x(comm, q_model(ParamFormat::Nvfp4), o);
+  TestStream s(b);
+  mx_init(x, s.get());
+  da_train(x, s.get(), 3);
+  x.save(dir.sub("ckpt"), s.get());
+  s.sync();
+  if (world_size() > 1) {
+    EXPECT_GT(count_odd_boundaries(x), 0);
+  }
+  const std::string ck = dir.sub("ckpt");
+  const std::vector<std::uint8_t> index_bytes = file_bytes(ck + "/index.json");
+  const json::Value index = json::parse(std::string(index_bytes.begin(), index_bytes.end()));
+  struct Parsed {
+    std::vector<std::uint8_t> bytes;
+    json::Value header;
+    std::size_t data = 0;
+  };
+  std::vector<Parsed> files;
+  for (const json::Value& f : index.find("files")->as_array()) {
+    Parsed p;
+    p.bytes = file_bytes(ck + "/" + f.find("file")->as_string());
+    std::uint64_t n = 0;
+    std::memcpy(&n, p.bytes.data(), 8);
+    p.header = json::parse(std::string(p.bytes.begin() + 8, p.bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n)));
+    p.data = 8 + n;
+    files.push_back(std::move(p));
+  }
+  // The bytes of model tensor `name`'s kind `kind` (n bytes), every byte from one slice.
+  auto assemble = [&](const std::string& name, const std::string& kind, std::size_t elem, std::size_t n) {
+    std::vector<std::uint8_t> out(n, 0);
+    std::vector<int> seen(n, 0);
+    const json::Value* list = index.find("slices")->find(name + "/" + kind);
+    EXPECT_NE(list, nullptr) << name << "/" << kind;
+    if (list == nullptr) return out;
+    for (const json::Value& sl : list->as_array()) {
+      const Parsed& f = files[static_cast<std::size_t>(sl.find("file")->as_int())];
+      const std::int64_t off = sl.find("offset")->as_int(), len = sl.find("length")->as_int();
+      const json::Value* t = f.header.find(name + "/" + kind + "@" + std::to_string(off));
+      EXPECT_NE(t, nullptr);
+      if (t == nullptr) continue;
+      EXPECT_EQ(t->find("dtype")->as_string(), elem == 1 ? "U8" : "F32");
+      const std::int64_t begin = t->find("data_offsets")->as_array()[0].as_int();
+      for (std::int64_t k = 0; k < len * static_cast<std::int64_t>(elem); ++k) {
+        const auto at = static_cast<std::size_t>(off) * elem + static_cast<std::size_t>(k);
+        if (at >= n) continue;
+        out[at] = f.bytes[f.data + static_cast<std::size_t>(begin + k)];
+        ++seen[at];
+      }
+    }
+    EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }))
+        << name << "/" << kind << ": not every byte saved exactly once";
+    return out;
+  };
+  int checked = 0;
+  for (int i = 0; i < x.num_params(); ++i) {
+    if (!x.is_nvfp4(i)) continue;
+    const ParamSpec& spec = x.layout().specs()[static_cast<std::size_t>(i)];
+    const Nvfp4View v = x.nvfp4_param(i);
+    for (int m = 0; m < spec.members(); ++m) {
+      const std::string name = spec.member_name(m);
+      SCOPED_TRACE(name);
+      const nvfp4_ref::Quantized want = read_nvfp4_member(x, i, m);
+      EXPECT_EQ(index.find("tensors")->find(name)->find("format")->as_string(), "nvfp4");
+      EXPECT_EQ(assemble(name, "nvfp4_data", 1, static_cast<std::size_t>(v.shape.data_bytes())), want.data);
+      EXPECT_EQ(assemble(name, "nvfp4_scale", 1, static_cast<std::size_t>(v.shape.scale_numel())), want.scale);
+      EXPECT_EQ(assemble(name, "nvfp4_amax", 4, 4), bytes_of(want.amax));
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 3);
 }
 
 // ---------------------------------------------------------------------------- async
@@ -498,7 +579,9 @@ inline void write_npy(const std::string& path, const std::string& descr, const v
 /// For test/python/run_cpp_checkpoint.sh: saves a trained checkpoint (bf16 moments, a
 /// grouped parameter, an f32 parameter) into $SHARDOPT_CKPT_OUT/ckpt and, from an
 /// unsharded twin trained identically, every tensor's expected values as
-/// $SHARDOPT_CKPT_OUT/expect/TENSOR__KIND.npy, for the Python tool to compare.
+/// $SHARDOPT_CKPT_OUT/expect/TENSOR__KIND.npy, for the Python tool to compare. Also an
+/// NVFP4 optimizer's checkpoint (odd member sizes: rank boundaries inside bytes) into
+/// ckpt_nvfp4, with the NVFP4 planes it holds as expect_nvfp4/TENSOR__nvfp4_*.npy.
 inline void case_write_for_python(Backend b) {
   const char* out = std::getenv("SHARDOPT_CKPT_OUT");
   if (out == nullptr) GTEST_SKIP() << "SHARDOPT_CKPT_OUT is not set (test/python/run_cpp_checkpoint.sh sets it)";
@@ -512,7 +595,28 @@ inline void case_write_for_python(Backend b) {
   da_train(x, s.get(), 4);
   da_train(ref, rs.get(), 4);
   x.save(std::string(out) + "/ckpt", s.get());
+  DistributedAdamOptions nvo = mx_options(DType::bf16, ParamFormat::Nvfp4);
+  nvo.grad_reduce = ReduceOp::Average;
+  DistributedAdam nv(comm, q_model(ParamFormat::Nvfp4), nvo);
+  TestStream ns(b);
+  mx_init(nv, ns.get());
+  da_train(nv, ns.get(), 2);
+  nv.save(std::string(out) + "/ckpt_nvfp4", ns.get());
+  ns.sync();
   if (comm.rank() != 0) return;
+  const std::string expect_nv = std::string(out) + "/expect_nvfp4";
+  std::filesystem::create_directories(expect_nv);
+  for (int i = 0; i < nv.num_params(); ++i) {
+    if (!nv.is_nvfp4(i)) continue;
+    const ParamSpec& spec = nv.layout().specs()[static_cast<std::size_t>(i)];
+    for (int m = 0; m < spec.members(); ++m) {
+      const nvfp4_ref::Quantized q = read_nvfp4_member(nv, i, m);
+      const std::string base = expect_nv + "/" + spec.member_name(m) + "__";
+      write_npy(base + "nvfp4_data.npy", "|u1", q.data.data(), q.data.size(), 1);
+      write_npy(base + "nvfp4_scale.npy", "|u1", q.scale.data(), q.scale.size(), 1);
+      write_npy(base + "nvfp4_amax.npy", "<f4", &q.amax, 1, 4);
+    }
+  }
   const std::string expect = std::string(out) + "/expect";
   std::filesystem::create_directories(expect);
   auto dump = [&](const std::string& tensor, const char* kind, const TensorView& v, std::int64_t first,
@@ -671,6 +775,14 @@ inline void case_bad_checkpoints(Backend b) {
   TEST(Suite, GroupedToDiscrete) { case_grouped_discrete(B, true); }                                         \
   TEST(Suite, DiscreteToGrouped) { case_grouped_discrete(B, false); }                                        \
   TEST(Suite, NativeToMxfp8) { case_native_to_mxfp8(B); }                                                    \
+  TEST(Suite, ResumeEqualsUninterruptedNvfp4) {                                                              \
+    case_resume_bitwise(B, DType::bf16, false, true, ParamFormat::Nvfp4);                                    \
+  }                                                                                                          \
+  TEST(Suite, ResumeEqualsUninterruptedNvfp4Graph) {                                                         \
+    case_resume_bitwise(B, DType::f32, true, true, ParamFormat::Nvfp4);                                      \
+  }                                                                                                          \
+  TEST(Suite, NativeToNvfp4) { case_native_to_mxfp8(B, ParamFormat::Nvfp4); }                                \
+  TEST(Suite, Nvfp4SavedPlanesEqualStorage) { case_nvfp4_saved_planes(B); }                                  \
   TEST(Suite, AsyncSaveEqualsSyncSave) { case_async_equals_sync(B); }                                        \
   TEST(Suite, BadCheckpointsAreRefusedOnEveryRank) { case_bad_checkpoints(B); }                             \
   TEST(Suite, WriteForPython) { case_write_for_python(B); }

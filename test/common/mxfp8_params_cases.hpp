@@ -1,9 +1,12 @@
-// mxfp8_params_cases.hpp - MXFP8 parameters inside DistributedAdam (issue 7), written
-// once and run on the host backend under mpiexec (test/mpi/test_mxfp8_params.cpp) and on
-// GPUs under mpirun (test/gpu/test_mxfp8_params_gpu.cpp).
+// mxfp8_params_cases.hpp - quantized parameters inside DistributedAdam, MXFP8 (issue 7)
+// and NVFP4 (issue 19; every case taking a ParamFormat), written once and run on the
+// host backend under mpiexec (test/mpi/test_mxfp8_params.cpp,
+// test/mpi/test_nvfp4_params.cpp) and on GPUs under mpirun (test/gpu/test_mxfp8_params_gpu.cpp,
+// test/gpu/test_nvfp4_params_gpu.cpp).
 //
-// The expected MXFP8 bytes always come from the independent oracle of
-// test/unit/test_mxfp8_reference.hpp applied to bf16 of the full fp32 master, which the
+// The expected bytes always come from the independent oracles of
+// test/unit/test_mxfp8_reference.hpp and test/unit/test_nvfp4_reference.hpp applied to
+// bf16 of the full fp32 master, which the
 // test assembles from every rank's shard_master piece (MPI_Allgatherv). The path cases
 // (train -> eval -> train, forced gather, found-inf, deferred gathers) compare a variant
 // against plain train-only runs, bitwise; their trainers accumulate gradients (+=) and,
@@ -26,6 +29,7 @@
 #include "shardopt/bucket_store.hpp"
 #include "shardopt/mxfp8.hpp"
 #include "unit/test_mxfp8_reference.hpp"
+#include "unit/test_nvfp4_reference.hpp"
 
 namespace shardopt::test {
 
@@ -68,10 +72,19 @@ inline std::vector<ParamSpec> mx_model(bool native = true) {
   return s;
 }
 
-/// Options of the MXFP8 cases: buckets of about 2000 elements, clipping, a schedule.
-inline DistributedAdamOptions mx_options(DType grad_dtype = DType::bf16) {
+/// The model of the cases in `format`: mx_model, plus for NVFP4 a grouped parameter whose
+/// members have an odd number of elements (45), so that rank boundaries fall at odd
+/// offsets inside members (two ranks share a data byte; count_odd_boundaries).
+inline std::vector<ParamSpec> q_model(ParamFormat format, bool native = true) {
+  std::vector<ParamSpec> s = mx_model(native);
+  if (format == ParamFormat::Nvfp4) s.insert(s.begin() + 3, ParamSpec::grouped("odd_experts", 21, {5, 9}));
+  return s;
+}
+
+/// Options of the quantized cases: buckets of about 2000 elements, clipping, a schedule.
+inline DistributedAdamOptions mx_options(DType grad_dtype = DType::bf16, ParamFormat format = ParamFormat::Mxfp8) {
   DistributedAdamOptions o = base_options(grad_dtype);
-  o.param_format = ParamFormat::Mxfp8;
+  o.param_format = format;
   o.bucket_numel = 2000;
   return o;
 }
@@ -169,6 +182,113 @@ inline std::string differing_planes(const mxfp8_ref::Quantized& got, const mxfp8
   return s;
 }
 
+/// True when parameter i is quantized (MXFP8 or NVFP4).
+inline bool is_quantized(const DistributedAdam& opt, int i) { return opt.is_mxfp8(i) || opt.is_nvfp4(i); }
+
+/// A quantized parameter's storage as named byte planes, whatever its format.
+struct QPlanes {
+  std::vector<std::pair<std::string, std::vector<std::uint8_t>>> planes;
+  bool operator==(const QPlanes&) const = default;
+};
+
+inline QPlanes planes_of(const mxfp8_ref::Quantized& q) {
+  return QPlanes{{{"data_row", q.data_row}, {"data_col", q.data_col}, {"scale_row", q.scale_row},
+                  {"scale_col", q.scale_col}}};
+}
+
+inline std::vector<std::uint8_t> bytes_of(std::uint32_t bits) {
+  std::vector<std::uint8_t> v(4);
+  std::memcpy(v.data(), &bits, 4);
+  return v;
+}
+
+/// Appends NVFP4 member `q`'s planes, named with index `g`.
+inline void add_nvfp4_planes(QPlanes& out, const nvfp4_ref::Quantized& q, std::int64_t g) {
+  const std::string k = "[" + std::to_string(g) + "]";
+  out.planes.push_back({"data" + k, q.data});
+  out.planes.push_back({"scale" + k, q.scale});
+  out.planes.push_back({"amax" + k, bytes_of(q.amax)});
+  out.planes.push_back({"decode_scale" + k, bytes_of(q.decode_scale)});
+}
+
+/// Member g of NVFP4 parameter i's storage, as the oracle's type.
+inline nvfp4_ref::Quantized read_nvfp4_member(const DistributedAdam& opt, int i, std::int64_t g) {
+  const Nvfp4View v = opt.nvfp4_param(i);
+  const Nvfp4Planes m = v.member(g);
+  const Backend b = opt.backend();
+  nvfp4_ref::Quantized q;
+  q.data = to_host<std::uint8_t>(b, m.data, static_cast<std::size_t>(v.shape.data_bytes()));
+  q.scale = to_host<std::uint8_t>(b, m.scale, static_cast<std::size_t>(v.shape.scale_numel()));
+  q.amax = nvfp4_ref::bits(to_host<float>(b, m.amax, 1)[0]);
+  q.decode_scale = nvfp4_ref::bits(to_host<float>(b, m.decode_scale, 1)[0]);
+  return q;
+}
+
+/// Quantized parameter i's storage (collective-free).
+inline QPlanes read_q(const DistributedAdam& opt, int i) {
+  if (opt.is_mxfp8(i)) return planes_of(read_mx(opt, i));
+  QPlanes out;
+  for (std::int64_t g = 0; g < opt.nvfp4_param(i).members; ++g) add_nvfp4_planes(out, read_nvfp4_member(opt, i, g), g);
+  return out;
+}
+
+/// The oracle of quantized parameter i: quantize(bf16(full master)), member by member
+/// for NVFP4 (collective).
+inline QPlanes expected_q(const DistributedAdam& opt, int i) {
+  if (opt.is_mxfp8(i)) return planes_of(expected_mx(opt, i));
+  const std::vector<float> master = full_master(opt, i);
+  const Nvfp4View v = opt.nvfp4_param(i);
+  const std::int64_t mn = v.shape.numel();
+  QPlanes out;
+  for (std::int64_t g = 0; g < v.members; ++g) {
+    std::vector<std::uint16_t> x(static_cast<std::size_t>(mn));
+    for (std::int64_t k = 0; k < mn; ++k) x[static_cast<std::size_t>(k)] = mxfp8_ref::to_bf16(master[static_cast<std::size_t>(g * mn + k)]);
+    add_nvfp4_planes(out, nvfp4_ref::quantize(v.shape.rows, v.shape.cols, x), g);
+  }
+  return out;
+}
+
+/// Member m of quantized parameter i, named as the planes of a one-member parameter.
+inline QPlanes member_q(const DistributedAdam& opt, int i, std::int64_t m) {
+  QPlanes out;
+  if (opt.is_nvfp4(i)) {
+    add_nvfp4_planes(out, read_nvfp4_member(opt, i, m), 0);
+    return out;
+  }
+  const Mxfp8Shape s = opt.mxfp8_param(i).shape;
+  const auto q = read_mx(opt, i);
+  const auto slice = [](const std::vector<std::uint8_t>& v, std::int64_t off, std::int64_t n) {
+    return std::vector<std::uint8_t>(v.begin() + off, v.begin() + off + n);
+  };
+  const std::int64_t mn = s.member_numel();
+  const std::int64_t sr = s.scale_row_numel() / s.members, sc = s.scale_col_numel() / s.members;
+  return QPlanes{{{"data_row", slice(q.data_row, m * mn, mn)}, {"data_col", slice(q.data_col, m * mn, mn)},
+                  {"scale_row", slice(q.scale_row, m * sr, sr)}, {"scale_col", slice(q.scale_col, m * sc, sc)}}};
+}
+
+inline std::string differing_planes(const QPlanes& got, const QPlanes& want) {
+  std::string s;
+  for (std::size_t k = 0; k < got.planes.size() || k < want.planes.size(); ++k)
+    if (k >= got.planes.size() || k >= want.planes.size() || got.planes[k] != want.planes[k])
+      s += (k < want.planes.size() ? want.planes[k].first : got.planes[k].first) + " ";
+  return s;
+}
+
+/// The rank boundaries that fall at an odd offset inside a member of an NVFP4 parameter
+/// (each is a data byte two ranks share).
+inline int count_odd_boundaries(const DistributedAdam& opt) {
+  const Layout& L = opt.layout();
+  int n = 0;
+  for (int i = 0; i < opt.num_params(); ++i) {
+    if (!opt.is_nvfp4(i)) continue;
+    const ParamPlacement& pl = L.params()[static_cast<std::size_t>(i)];
+    for (int r = 1; r < L.world_size(); ++r)
+      for (const Segment& seg : L.segments(pl.buffer, r))
+        if (seg.param == i && seg.param_offset > 0 && (seg.param_offset % pl.member_numel) % 2 == 1) ++n;
+  }
+  return n;
+}
+
 /// Every MXFP8 parameter's storage equals the oracle, every native parameter equals its
 /// f32 master, every bucket is Idle (collective).
 inline void expect_matches_oracle(const DistributedAdam& opt, const std::string& when) {
@@ -177,8 +297,8 @@ inline void expect_matches_oracle(const DistributedAdam& opt, const std::string&
     EXPECT_EQ(opt.gather_state(b), GatherState::Idle) << "bucket " << b;
   for (int i = 0; i < opt.num_params(); ++i) {
     const std::string& name = opt.layout().specs()[static_cast<std::size_t>(i)].name;
-    if (opt.is_mxfp8(i)) {
-      const mxfp8_ref::Quantized want = expected_mx(opt, i), got = read_mx(opt, i);
+    if (is_quantized(opt, i)) {
+      const QPlanes want = expected_q(opt, i), got = read_q(opt, i);
       EXPECT_TRUE(got == want) << name << ": " << differing_planes(got, want);
     } else {
       // No ASSERT in a collective helper: a rank that returned early would leave the
@@ -197,8 +317,8 @@ inline void expect_matches_oracle(const DistributedAdam& opt, const std::string&
 inline void expect_same_mx_state(const DistributedAdam& a, const DistributedAdam& b) {
   for (int i = 0; i < a.num_params(); ++i) {
     SCOPED_TRACE(a.layout().specs()[static_cast<std::size_t>(i)].name);
-    if (a.is_mxfp8(i)) {
-      const auto x = read_mx(a, i), y = read_mx(b, i);
+    if (is_quantized(a, i)) {
+      const auto x = read_q(a, i), y = read_q(b, i);
       EXPECT_TRUE(x == y) << differing_planes(x, y);
     } else {
       EXPECT_EQ(read_bytes(a.backend(), a.param(i)), read_bytes(b.backend(), b.param(i)));
@@ -209,10 +329,10 @@ inline void expect_same_mx_state(const DistributedAdam& a, const DistributedAdam
   }
 }
 
-/// Every gradient view of the MXFP8 parameters is zero.
+/// Every gradient view of the quantized parameters is zero.
 inline void expect_mx_grads_zero(const DistributedAdam& opt) {
   for (int i = 0; i < opt.num_params(); ++i) {
-    if (!opt.is_mxfp8(i)) continue;
+    if (!is_quantized(opt, i)) continue;
     for (float x : read_f32(opt.backend(), opt.grad(i)))
       ASSERT_EQ(num::f32_bits(x), 0u) << opt.layout().specs()[static_cast<std::size_t>(i)].name;
   }
@@ -282,14 +402,62 @@ inline void case_e8m0_all_reduce_max(Backend b) {
 /// buffer (none allocated, nullptr views) gathers staged bytes through its bucket's
 /// gradient region, in place, exactly 2S bytes per rank, leaving the rest of the region
 /// alone; the other buffer gathers its params as before; the checks say what to change.
-inline void case_store_staged_gather(Backend b) {
-  const int rank = world_rank(), world = world_size();
-  Communicator comm = make_comm(b);
+/// The layout of the staged-store cases: a bf16 buffer (to stage) and an f32 one, buckets
+/// of about 700 elements.
+inline Layout staged_store_layout(int world) {
   const std::vector<ParamSpec> specs = {ParamSpec::tensor("a", {37, 11}), ParamSpec::tensor("n", {129}, DType::f32),
                                         ParamSpec::tensor("b", {61, 7}), ParamSpec::tensor("c", {1000})};
   LayoutOptions lo;
   lo.bucket_numel = 700;
-  const Layout layout(specs, world, lo);
+  return Layout(specs, world, lo);
+}
+
+/// Every rank writes a pattern into its staged piece of each bucket of `staged_buffer`
+/// (`rank_bytes(bucket)` bytes at rank * rank_bytes) and sentinels elsewhere in the region;
+/// after the store's staged all-gathers (one by one, then grouped) every rank's piece is
+/// in place and nothing beyond the staging changed.
+template <class RankBytes>
+void expect_staged_gathers(Backend b, BucketStore& st, const Layout& layout, int staged_buffer, RankBytes rank_bytes) {
+  const int rank = world_rank(), world = world_size();
+  const auto gsize = static_cast<std::int64_t>(size_of(st.options().grad_dtype));
+  TestStream s(b);
+  auto pattern = [](int r, int bk, std::int64_t j) { return static_cast<std::uint8_t>(r * 61 + bk * 17 + j * 3 + 5); };
+  for (bool grouped : {false, true}) {
+    // Staged pieces and sentinels in every bucket region of the staged buffer.
+    for (int bk : layout.buffers()[static_cast<std::size_t>(staged_buffer)].buckets) {
+      const Bucket& B = layout.buckets()[static_cast<std::size_t>(bk)];
+      const std::int64_t n = rank_bytes(bk), bytes = B.range.size() * gsize;
+      std::vector<std::uint8_t> region(static_cast<std::size_t>(bytes), 0xEE);
+      for (std::int64_t j = 0; j < n; ++j) region[static_cast<std::size_t>(rank * n + j)] = pattern(rank, bk, j);
+      from_host(b, static_cast<char*>(st.grad_buffer(staged_buffer)) + B.range.begin * gsize, region);
+    }
+    const int nb = static_cast<int>(layout.buckets().size());
+    if (grouped) {
+      st.start_param_gathers(0, nb, s.get());
+    } else {
+      for (int bk = 0; bk < nb; ++bk) st.start_param_gather(bk, s.get());
+    }
+    for (int bk = 0; bk < nb; ++bk) st.wait_param_gather(bk, s.get());
+    s.sync();
+    for (int bk : layout.buffers()[static_cast<std::size_t>(staged_buffer)].buckets) {
+      const Bucket& B = layout.buckets()[static_cast<std::size_t>(bk)];
+      const std::int64_t n = rank_bytes(bk), bytes = B.range.size() * gsize;
+      const auto got = to_host<std::uint8_t>(b, static_cast<char*>(st.grad_buffer(staged_buffer)) + B.range.begin * gsize,
+                                             static_cast<std::size_t>(bytes));
+      std::int64_t wrong_piece = 0, touched = 0;
+      for (int r = 0; r < world; ++r)
+        for (std::int64_t j = 0; j < n; ++j) wrong_piece += got[static_cast<std::size_t>(r * n + j)] != pattern(r, bk, j) ? 1 : 0;
+      for (std::int64_t j = world * n; j < bytes; ++j) touched += got[static_cast<std::size_t>(j)] != 0xEE ? 1 : 0;
+      EXPECT_EQ(wrong_piece, 0) << "bucket " << bk << (grouped ? " (grouped)" : "") << ": staged bytes not gathered";
+      EXPECT_EQ(touched, 0) << "bucket " << bk << ": bytes beyond the staging changed";
+    }
+  }
+}
+
+inline void case_store_staged_gather(Backend b) {
+  const int world = world_size();
+  Communicator comm = make_comm(b);
+  const Layout layout = staged_store_layout(world);
   ASSERT_EQ(layout.buffers().size(), 2u);
   const int staged_buffer = layout.buffers()[0].dtype == DType::bf16 ? 0 : 1;
   BucketStoreOptions o;
@@ -306,39 +474,10 @@ inline void case_store_staged_gather(Backend b) {
                                   size_of(layout.buffers()[static_cast<std::size_t>(1 - staged_buffer)].dtype));
   for (int p = 0; p < static_cast<int>(layout.params().size()); ++p)
     if (layout.params()[static_cast<std::size_t>(p)].buffer == staged_buffer) EXPECT_EQ(st.param_data(p), nullptr);
+  expect_staged_gathers(b, st, layout, staged_buffer, [&](int bk) {
+    return 2 * layout.buckets()[static_cast<std::size_t>(bk)].range.size() / world;  // 2S
+  });
   TestStream s(b);
-  auto pattern = [](int r, int bk, std::int64_t j) { return static_cast<std::uint8_t>(r * 61 + bk * 17 + j * 3 + 5); };
-  for (bool grouped : {false, true}) {
-    // Staged pieces and sentinels in every bucket region of the staged buffer.
-    for (int bk : layout.buffers()[static_cast<std::size_t>(staged_buffer)].buckets) {
-      const Bucket& B = layout.buckets()[static_cast<std::size_t>(bk)];
-      const std::int64_t S = B.range.size() / world, bytes = B.range.size() * 4;
-      std::vector<std::uint8_t> region(static_cast<std::size_t>(bytes), 0xEE);
-      for (std::int64_t j = 0; j < 2 * S; ++j) region[static_cast<std::size_t>(rank * 2 * S + j)] = pattern(rank, bk, j);
-      from_host(b, static_cast<char*>(st.grad_buffer(staged_buffer)) + B.range.begin * 4, region);
-    }
-    const int nb = static_cast<int>(layout.buckets().size());
-    if (grouped) {
-      st.start_param_gathers(0, nb, s.get());
-    } else {
-      for (int bk = 0; bk < nb; ++bk) st.start_param_gather(bk, s.get());
-    }
-    for (int bk = 0; bk < nb; ++bk) st.wait_param_gather(bk, s.get());
-    s.sync();
-    for (int bk : layout.buffers()[static_cast<std::size_t>(staged_buffer)].buckets) {
-      const Bucket& B = layout.buckets()[static_cast<std::size_t>(bk)];
-      const std::int64_t S = B.range.size() / world, bytes = B.range.size() * 4;
-      const auto got = to_host<std::uint8_t>(b, static_cast<char*>(st.grad_buffer(staged_buffer)) + B.range.begin * 4,
-                                             static_cast<std::size_t>(bytes));
-      std::int64_t wrong_piece = 0, touched = 0;
-      for (int r = 0; r < world; ++r)
-        for (std::int64_t j = 0; j < 2 * S; ++j)
-          wrong_piece += got[static_cast<std::size_t>(r * 2 * S + j)] != pattern(r, bk, j) ? 1 : 0;
-      for (std::int64_t j = world * 2 * S; j < bytes; ++j) touched += got[static_cast<std::size_t>(j)] != 0xEE ? 1 : 0;
-      EXPECT_EQ(wrong_piece, 0) << "bucket " << bk << (grouped ? " (grouped)" : "") << ": staged bytes not gathered";
-      EXPECT_EQ(touched, 0) << "bucket " << bk << ": bytes beyond the staging changed";
-    }
-  }
   // Gathering a bucket that has neither params nor staging is refused.
   BucketStoreOptions none = o;
   none.staged_gather_bytes = 0;
@@ -364,27 +503,42 @@ inline void case_store_staged_gather(Backend b) {
 /// oracle's quantize(bf16(full master)) bitwise (shard boundaries mid-block, a grouped
 /// parameter, buckets of several params), the native 1-D params equal the master, the
 /// MXFP8 gradient regions are zero, and every bucket is Idle.
-inline void case_mx_matches_oracle(Backend b, DType grad_dtype, int microbatches, int steps, bool one_rank = false) {
-  DistributedAdamOptions o = mx_options(grad_dtype);
+inline void case_mx_matches_oracle(Backend b, DType grad_dtype, int microbatches, int steps, bool one_rank = false,
+                                   ParamFormat format = ParamFormat::Mxfp8) {
+  DistributedAdamOptions o = mx_options(grad_dtype, format);
   o.microbatches = microbatches;
-  DistributedAdam opt(one_rank ? Communicator::self(b) : make_comm(b), mx_model(), o);
+  DistributedAdam opt(one_rank ? Communicator::self(b) : make_comm(b), q_model(format), o);
   TestStream s(b);
   ASSERT_EQ(opt.layout().buffers().size(), 2u);
-  for (int i = 0; i < opt.num_params(); ++i)
-    EXPECT_EQ(opt.is_mxfp8(i), opt.layout().specs()[static_cast<std::size_t>(i)].shape.size() >= 2);
+  for (int i = 0; i < opt.num_params(); ++i) {
+    const bool q = opt.layout().specs()[static_cast<std::size_t>(i)].shape.size() >= 2;
+    EXPECT_EQ(opt.is_mxfp8(i), q && format == ParamFormat::Mxfp8);
+    EXPECT_EQ(opt.is_nvfp4(i), q && format == ParamFormat::Nvfp4);
+  }
   mx_init(opt, s.get());
   s.sync();
   expect_matches_oracle(opt, "after init_from_master");
-  // The device member table of the grouped parameter.
   const int ex = opt.param_index("experts");
-  const Mxfp8View v = opt.mxfp8_param(ex);
-  EXPECT_EQ(v.shape.members, 3);
-  const auto table = to_host<Mxfp8Member>(b, v.members, 3);
-  const auto want_table = mxfp8_contiguous_members(v.shape);
-  for (std::size_t g = 0; g < 3; ++g) {
-    EXPECT_EQ(table[g].element_offset, want_table[g].element_offset);
-    EXPECT_EQ(table[g].scale_row_offset, want_table[g].scale_row_offset);
-    EXPECT_EQ(table[g].scale_col_offset, want_table[g].scale_col_offset);
+  if (format == ParamFormat::Nvfp4) {
+    // Each member its own NVFP4 tensor of the member shape.
+    const Nvfp4View v = opt.nvfp4_param(ex);
+    EXPECT_EQ(v.members, 3);
+    EXPECT_EQ(v.shape.rows, 35);
+    EXPECT_EQ(v.shape.cols, 24);
+    if (!one_rank && world_size() > 1) {
+      EXPECT_GT(count_odd_boundaries(opt), 0) << "no rank boundary shares a byte";
+    }
+  } else {
+    // The device member table of the grouped parameter.
+    const Mxfp8View v = opt.mxfp8_param(ex);
+    EXPECT_EQ(v.shape.members, 3);
+    const auto table = to_host<Mxfp8Member>(b, v.members, 3);
+    const auto want_table = mxfp8_contiguous_members(v.shape);
+    for (std::size_t g = 0; g < 3; ++g) {
+      EXPECT_EQ(table[g].element_offset, want_table[g].element_offset);
+      EXPECT_EQ(table[g].scale_row_offset, want_table[g].scale_row_offset);
+      EXPECT_EQ(table[g].scale_col_offset, want_table[g].scale_col_offset);
+    }
   }
   for (int t = 0; t < steps; ++t) {
     for (int mb = 0; mb < microbatches; ++mb) {
@@ -415,15 +569,15 @@ inline void case_mx_matches_oracle(Backend b, DType grad_dtype, int microbatches
 /// Adam on the MXFP8 buffer (master only, write_params off) updates the master exactly
 /// as native f32 parameters do: grid gradients make the global norm independent of the
 /// two layouts' summation orders, so the full masters agree bitwise.
-inline void case_mx_master_equals_native(Backend b) {
-  DistributedAdamOptions om = mx_options(DType::bf16), on = base_options(DType::bf16);
+inline void case_mx_master_equals_native(Backend b, ParamFormat format = ParamFormat::Mxfp8) {
+  DistributedAdamOptions om = mx_options(DType::bf16, format), on = base_options(DType::bf16);
   on.param_dtype = DType::f32;
   on.bucket_numel = 2000;
   // Without clipping the norm (whose f32 sum depends on the layout when the world is not
   // a power of two) does not enter the update.
   om.clip_max_norm = on.clip_max_norm = 0.0f;
   Communicator comm = make_comm(b);
-  DistributedAdam mx(comm, mx_model(), om), nat(comm, mx_model(), on);
+  DistributedAdam mx(comm, q_model(format), om), nat(comm, q_model(format), on);
   TestStream s(b);
   mx_init(mx, s.get());
   mx_init(nat, s.get());
@@ -473,12 +627,12 @@ inline const char* path_name(MxPath p) {
 /// `variant_zero_grad` false: the variant never calls zero_grad (MXFP8-only model), so
 /// the only zeroing of its gradient regions is the library's landing; staging bytes left
 /// there would be accumulated into its next gradients and the states would differ.
-inline void case_mx_path(Backend b, MxPath path, bool variant_zero_grad) {
+inline void case_mx_path(Backend b, MxPath path, bool variant_zero_grad, ParamFormat format = ParamFormat::Mxfp8) {
   SCOPED_TRACE(std::string(path_name(path)) + (variant_zero_grad ? " with zero_grad" : " without zero_grad"));
   const bool deferred = path == MxPath::Deferred || path == MxPath::DeferredEval || path == MxPath::DeferredZeroGrad;
-  const auto specs = mx_model(/*native=*/variant_zero_grad);
+  const auto specs = q_model(format, /*native=*/variant_zero_grad);
   Communicator comm = make_comm(b);
-  DistributedAdamOptions o = mx_options(DType::bf16);
+  DistributedAdamOptions o = mx_options(DType::bf16, format);
   o.gather_pipeline = 2;
   DistributedAdamOptions ov = o;
   ov.overlap_param_gather = deferred;
@@ -488,7 +642,7 @@ inline void case_mx_path(Backend b, MxPath path, bool variant_zero_grad) {
   mx_init(var, sv.get());
   const int nb = static_cast<int>(var.layout().buckets().size());
   const bool poison_path = path == MxPath::FoundInf;
-  std::vector<mxfp8_ref::Quantized> before_inf;
+  std::vector<QPlanes> before_inf;
   for (int t = 0; t < 6; ++t) {
     const bool poison = poison_path && t == 3;  // the 4th step finds an Inf
     // Reference: plain.
@@ -500,7 +654,7 @@ inline void case_mx_path(Backend b, MxPath path, bool variant_zero_grad) {
     if (poison) {
       sv.sync();
       for (int i = 0; i < var.num_params(); ++i)
-        if (var.is_mxfp8(i)) before_inf.push_back(read_mx(var, i));
+        if (is_quantized(var, i)) before_inf.push_back(read_q(var, i));
     }
     mx_backward(var, b, sv.get(), GradKind::Random, poison);
     var.step(sv.get());
@@ -514,7 +668,7 @@ inline void case_mx_path(Backend b, MxPath path, bool variant_zero_grad) {
     if (path == MxPath::DeferredZeroGrad || variant_zero_grad) var.zero_grad(sv.get());
     if (path == MxPath::DeferredZeroGrad) {
       for (int k = 0; k < nb; ++k)
-        if (var.is_mxfp8(var.layout().buckets()[static_cast<std::size_t>(k)].params.front()))
+        if (is_quantized(var, var.layout().buckets()[static_cast<std::size_t>(k)].params.front()))
           EXPECT_EQ(var.gather_state(k), GatherState::Idle) << "zero_grad lands MXFP8 bucket " << k << " first";
     }
     const bool odd = t % 2 == 1;
@@ -538,7 +692,9 @@ inline void case_mx_path(Backend b, MxPath path, bool variant_zero_grad) {
       sv.sync();
       std::size_t k = 0;
       for (int i = 0; i < var.num_params(); ++i)
-        if (var.is_mxfp8(i)) EXPECT_TRUE(read_mx(var, i) == before_inf[k++]) << "a skipped step rewrites the same bytes";
+        if (is_quantized(var, i)) {
+          EXPECT_TRUE(read_q(var, i) == before_inf[k++]) << "a skipped step rewrites the same bytes";
+        }
     }
   }
   wait_all(var, sv.get());
@@ -557,10 +713,11 @@ inline void case_mx_path(Backend b, MxPath path, bool variant_zero_grad) {
 /// Error(InvalidState) naming the bucket and wait_param; wait_param(b) makes b Idle;
 /// zero_grad lands the rest; gather_params between grad_ready and step is refused; the
 /// views say where MXFP8 and native parameters live.
-inline void case_mx_state_machine(Backend b) {
-  DistributedAdamOptions o = mx_options(DType::bf16);
+inline void case_mx_state_machine(Backend b, ParamFormat format = ParamFormat::Mxfp8) {
+  DistributedAdamOptions o = mx_options(DType::bf16, format);
   o.overlap_param_gather = true;
-  DistributedAdam opt(make_comm(b), mx_model(), o);
+  DistributedAdam opt(make_comm(b), q_model(format), o);
+  const std::string view_call = format == ParamFormat::Nvfp4 ? "nvfp4_param" : "mxfp8_param";
   TestStream s(b);
   mx_init(opt, s.get());
   const int nb = static_cast<int>(opt.layout().buckets().size());
@@ -581,7 +738,7 @@ inline void case_mx_state_machine(Backend b) {
   EXPECT_EQ(opt.gather_state(bw1), GatherState::Idle);
   opt.zero_grad(s.get());
   for (int k = 0; k < nb; ++k) {
-    const bool mxb = opt.is_mxfp8(opt.layout().buckets()[static_cast<std::size_t>(k)].params.front());
+    const bool mxb = is_quantized(opt, opt.layout().buckets()[static_cast<std::size_t>(k)].params.front());
     if (mxb) EXPECT_EQ(opt.gather_state(k), GatherState::Idle) << "zero_grad landed bucket " << k;
   }
   wait_all(opt, s.get());
@@ -597,16 +754,21 @@ inline void case_mx_state_machine(Backend b) {
   opt.reduce_grads(s.get());  // ends the round grad_ready began
   opt.zero_grad(s.get());     // and discards the gradients
   // Views.
-  expect_error(mx_error_of([&] { (void)opt.param(w1); }), ErrorCode::InvalidArgument, "mxfp8_param");
+  expect_error(mx_error_of([&] { (void)opt.param(w1); }), ErrorCode::InvalidArgument, view_call);
   expect_error(mx_error_of([&] { (void)opt.member_param(opt.param_index("experts"), 0); }), ErrorCode::InvalidArgument,
-               "mxfp8_param");
+               view_call);
   expect_error(mx_error_of([&] { (void)opt.shard_param(w1); }), ErrorCode::InvalidArgument, "shard_master");
-  expect_error(mx_error_of([&] { (void)opt.mxfp8_param(norm); }), ErrorCode::InvalidArgument, "1-D");
+  if (format == ParamFormat::Nvfp4) {
+    expect_error(mx_error_of([&] { (void)opt.nvfp4_param(norm); }), ErrorCode::InvalidArgument, "1-D");
+    expect_error(mx_error_of([&] { (void)opt.mxfp8_param(w1); }), ErrorCode::InvalidArgument, "nvfp4_param");
+  } else {
+    expect_error(mx_error_of([&] { (void)opt.mxfp8_param(norm); }), ErrorCode::InvalidArgument, "1-D");
+  }
   EXPECT_EQ(opt.param(norm).dtype, DType::f32);
   expect_error(mx_error_of([&] { opt.init_master(s.get()); }), ErrorCode::InvalidState, "init_from_master");
-  DistributedAdamOptions bad = mx_options();
+  DistributedAdamOptions bad = mx_options(DType::bf16, format);
   bad.param_dtype = DType::bf16;
-  expect_error(mx_error_of([&] { DistributedAdam x(make_comm(b), mx_model(), bad); }), ErrorCode::InvalidArgument,
+  expect_error(mx_error_of([&] { DistributedAdam x(make_comm(b), q_model(format), bad); }), ErrorCode::InvalidArgument,
                "param_dtype");
   // The optimizer still works: a plain step after all this.
   wait_all(opt, s.get());
@@ -624,9 +786,11 @@ inline void case_mx_state_machine(Backend b) {
 /// and without gradient accumulation across microbatches. Grid gradients depend on a
 /// member id, not on the registration (clipping off: the norm's summation order follows
 /// the layout).
-inline void case_grouped_vs_discrete(Backend b, int microbatches) {
-  constexpr int G = 4;
-  const Shape member = {35, 24};
+inline void case_grouped_vs_discrete(Backend b, int microbatches, ParamFormat format = ParamFormat::Mxfp8) {
+  // NVFP4: an odd member numel (153), so that rank boundaries fall mid-byte inside
+  // members at 2, 3 and 4 ranks (count_odd_boundaries).
+  const int G = format == ParamFormat::Nvfp4 ? 6 : 4;
+  const Shape member = format == ParamFormat::Nvfp4 ? Shape{17, 9} : Shape{35, 24};
   const std::vector<ParamSpec> grouped = {ParamSpec::tensor("embed", {37, 40}),
                                           ParamSpec::tensor("norm", {40}, DType::bf16, "no_decay"),
                                           ParamSpec::grouped("experts", G, member), ParamSpec::tensor("head", {37, 40})};
@@ -634,7 +798,7 @@ inline void case_grouped_vs_discrete(Backend b, int microbatches) {
                                      ParamSpec::tensor("norm", {40}, DType::bf16, "no_decay")};
   for (int m = 0; m < G; ++m) discrete.push_back(ParamSpec::tensor("experts." + std::to_string(m), member));
   discrete.push_back(ParamSpec::tensor("head", {37, 40}));
-  DistributedAdamOptions o = mx_options(DType::bf16);
+  DistributedAdamOptions o = mx_options(DType::bf16, format);
   o.bucket_numel = 1000;
   o.microbatches = microbatches;
   o.clip_max_norm = 0.0f;  // the two layouts sum the norm in different orders
@@ -699,22 +863,17 @@ inline void case_grouped_vs_discrete(Backend b, int microbatches) {
   }
   sg.sync();
   sd.sync();
-  const Mxfp8View vg = og.mxfp8_param(og.param_index("experts"));
-  const auto qg = read_mx(og, og.param_index("experts"));
-  const Mxfp8Shape ms = Mxfp8Shape::of(member);
+  const int ex = og.param_index("experts");
   for (int m = 0; m < G; ++m) {
     SCOPED_TRACE("member " + std::to_string(m));
-    const auto qd = read_mx(od, od.param_index("experts." + std::to_string(m)));
-    const auto slice = [](const std::vector<std::uint8_t>& v, std::int64_t off, std::int64_t n) {
-      return std::vector<std::uint8_t>(v.begin() + off, v.begin() + off + n);
-    };
-    EXPECT_EQ(slice(qg.data_row, m * mn, mn), qd.data_row);
-    EXPECT_EQ(slice(qg.data_col, m * mn, mn), qd.data_col);
-    EXPECT_EQ(slice(qg.scale_row, m * ms.scale_row_numel(), ms.scale_row_numel()), qd.scale_row);
-    EXPECT_EQ(slice(qg.scale_col, m * ms.scale_col_numel(), ms.scale_col_numel()), qd.scale_col);
+    const QPlanes qg = member_q(og, ex, m), qd = read_q(od, od.param_index("experts." + std::to_string(m)));
+    EXPECT_TRUE(qg == qd) << differing_planes(qg, qd);
   }
-  EXPECT_EQ(vg.shape.members, G);
-  for (const char* name : {"embed", "head"}) EXPECT_TRUE(read_mx(og, og.param_index(name)) == read_mx(od, od.param_index(name))) << name;
+  EXPECT_EQ(format == ParamFormat::Nvfp4 ? og.nvfp4_param(ex).members : og.mxfp8_param(ex).shape.members, G);
+  if (format == ParamFormat::Nvfp4 && world_size() > 1) {
+    EXPECT_GT(count_odd_boundaries(og), 0);
+  }
+  for (const char* name : {"embed", "head"}) EXPECT_TRUE(read_q(og, og.param_index(name)) == read_q(od, od.param_index(name))) << name;
   EXPECT_EQ(read_bytes(b, og.param(og.param_index("norm"))), read_bytes(b, od.param(od.param_index("norm"))));
   const StepScalars x = og.read_scalars(sg.get());
   EXPECT_EQ(x.step, 10);
@@ -767,15 +926,16 @@ inline void case_mx_memory(Backend b) {
 /// scale all-reduce, the all-gather into the gradient buffer, landing and zeroing all
 /// inside the step graph) equals eager iterations bitwise; the captured step leaves
 /// every bucket Idle.
-inline void case_mx_graph_equals_eager(Backend b, int microbatches, int iterations, bool one_graph, bool deferred) {
+inline void case_mx_graph_equals_eager(Backend b, int microbatches, int iterations, bool one_graph, bool deferred,
+                                       ParamFormat format = ParamFormat::Mxfp8) {
   const int rank = world_rank();
-  DistributedAdamOptions o = mx_options(DType::bf16);
+  DistributedAdamOptions o = mx_options(DType::bf16, format);
   o.microbatches = microbatches;
   o.clip_max_norm = 0.05f;
   o.overlap_param_gather = deferred;
   o.gather_pipeline = 2;
   Communicator comm = make_comm(b);
-  DistributedAdam eager(comm, mx_model(), o), graphed(comm, mx_model(), o);
+  DistributedAdam eager(comm, q_model(format), o), graphed(comm, q_model(format), o);
   TestStream se(b), sg(b);
   mx_init(eager, se.get());
   mx_init(graphed, sg.get());

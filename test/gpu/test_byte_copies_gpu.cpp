@@ -9,4 +9,6 @@ TEST(ByteCopiesGpu, KernelMatchesMemcpy) {
   for (std::uint32_t seed : {1u, 2u, 3u}) shardopt::test::case_copy_pieces_match_memcpy(Backend::Cuda, seed);
 }
 
+TEST(ByteCopiesGpu, KernelOrsSharedBytes) { shardopt::test::case_or_pieces(Backend::Cuda); }
+
 }  // namespace

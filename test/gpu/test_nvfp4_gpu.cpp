@@ -221,4 +221,51 @@ TEST(Nvfp4Gpu, SkipFlagReadOnTheDevice) {
   EXPECT_TRUE(fresh.get(kCuda, one_shape) == untouched(one_shape)) << "eager, flag set";
 }
 
+// A CUDA graph captured once from `enqueue(stream)` on a stream of its own (RAII);
+// replay() launches it and waits.
+class CapturedGraph {
+ public:
+  template <class F>
+  explicit CapturedGraph(F&& enqueue) {
+    SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    SHARDOPT_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+    enqueue(reinterpret_cast<Stream>(stream_));
+    SHARDOPT_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph_));
+    SHARDOPT_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  ~CapturedGraph() {
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+    cudaStreamDestroy(stream_);
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  void replay() {
+    SHARDOPT_CUDA_CHECK(cudaGraphLaunch(exec_, stream_));
+    SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+TEST(Nvfp4Gpu, Bf16DequantizeSkipFlagReadOnTheDevice) {
+  const Nvfp4Shape s{130, 129};
+  const auto x = mxfp8_test::random_bf16(s.numel(), s.cols, 71, -9, 9);
+  const ref::Quantized q = quantize_on(kHost, s, x);
+  const std::vector<std::uint32_t> want = dequantize_on(kHost, s, q, /*bf16=*/true);
+  const SkippableDecode d(kCuda, s, q);
+  const DeviceBuffer flag = upload(kCuda, std::vector<std::int32_t>{1});
+  // Captured once with the flag set; each replay reads it on the device.
+  CapturedGraph g([&](Stream stream) { d.run(kCuda, flag.as<std::int32_t>(), stream); });
+  g.replay();
+  EXPECT_EQ(d.out(kCuda), d.untouched()) << "replay with the flag set";
+  const std::int32_t clear = 0;
+  SHARDOPT_CUDA_CHECK(cudaMemcpy(flag.data(), &clear, sizeof clear, cudaMemcpyHostToDevice));
+  g.replay();
+  EXPECT_EQ(d.out(kCuda), want) << "replay with the flag clear: the host twin's bf16";
+}
+
 }  // namespace

@@ -64,6 +64,10 @@ TEST(TrainerGpu, Mxfp8ComputeWeightsAreCurrent) {
   case_mxfp8_compute_weights_are_current(kCuda, "discrete", /*graph=*/false, /*one_graph=*/true);
 }
 
+// ---- --params nvfp4 (dist-adam): the host suite's NVFP4 cases on the CUDA backend
+
+SHARDOPT_TRAINER_NVFP4_CASES(TrainerGpu, kCuda)
+
 TEST(TrainerGpu, SmallModelLearns) {
   // --size small (V=4096, H=256, N=4, F=1024, G=8, Fe=256, T=1024), 40 steps: the loss must
   // fall below half of its start (ln 4096 = 8.3; the host backend at T=256 on one rank

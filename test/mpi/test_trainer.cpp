@@ -82,20 +82,12 @@ TEST(TrainerHost, Mxfp8ComputeWeightsAreCurrent) {
   case_mxfp8_compute_weights_are_current(kHost, "discrete", /*graph=*/false, /*one_graph=*/true);
 }
 
-TEST(TrainerHost, Mxfp8FsdpIsAClearError) {
-  TrainOptions o = options("tiny", "fsdp", 1, 1);
-  o.params = "mxfp8";
-  try {
-    Trainer t(o, make_comm(kHost));
-    ADD_FAILURE() << "--params mxfp8 --mode fsdp must be refused";
-  } catch (const std::runtime_error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("no MXFP8 parameters in FSDP"), std::string::npos) << what;
-    EXPECT_NE(what.find("--mode dist-adam"), std::string::npos) << "it says what to use instead: " << what;
-  }
-  o.mode = "dist-adam";
-  EXPECT_NO_THROW(check_supported(o)) << "dist-adam takes --params mxfp8";
-}
+TEST(TrainerHost, Mxfp8FsdpIsAClearError) { case_quantized_fsdp_refused(kHost, "mxfp8", "no MXFP8 parameters in FSDP"); }
+
+// ---- --params nvfp4 (dist-adam): NVFP4 weights decoded to bf16 for compute
+
+SHARDOPT_TRAINER_NVFP4_CASES(TrainerHost, kHost)
+TEST(TrainerHost, Nvfp4FsdpIsAClearError) { case_quantized_fsdp_refused(kHost, "nvfp4", "no NVFP4 parameters in FSDP"); }
 
 // ---- checkpoints: resume equals the uninterrupted run, bitwise; across expert layouts
 

@@ -156,6 +156,25 @@ def make_model(seed=1):
     return model
 
 
+def make_nvfp4_model(seed=2):
+    """Two NVFP4 members of [5, 9] (45 elements: odd, so rank cuts inside them split
+    bytes), with the kinds the C++ side saves for them."""
+    rng = np.random.default_rng(seed)
+    model = {}
+    for m in range(2):
+        shape = [5, 9]
+        n = prod(shape)
+        model[f"moe.up.{m}"] = {
+            "meta": {"shape": shape, "param_dtype": "bf16", "format": "nvfp4", "group": "decay"},
+            "kinds": {"master": ("F32", rng.standard_normal(n).astype(np.float32).reshape(shape)),
+                      "exp_avg": ("BF16", bf16_bits(rng, n).reshape(shape)),
+                      "exp_avg_sq": ("BF16", bf16_bits(rng, n).reshape(shape)),
+                      "nvfp4_data": ("U8", rng.integers(0, 256, (n + 1) // 2, dtype=np.uint8)),
+                      "nvfp4_scale": ("U8", rng.integers(0, 256, 1, dtype=np.uint8).reshape([1, 1])),
+                      "nvfp4_amax": ("F32", np.abs(rng.standard_normal(1)).astype(np.float32))}}
+    return model
+
+
 # 3 ranks: rank 0 owns embed[0:25], rank 1 embed[25:60], moe.experts.0, moe.experts.1[0:15],
 # rank 2 the rest (total 60 + 20 + 20 + 7 + 2800 elements).
 CUTS3 = [25, 95]
@@ -176,7 +195,14 @@ def plan_slices(model, world, cuts):
     for name, t in model.items():
         n = prod(t["meta"]["shape"])
         for kind, (_, arr) in t["kinds"].items():
-            if kind.endswith("_scale"):
+            if kind == "nvfp4_data":  # whole bytes: byte k by the rank owning element 2k
+                for r in range(world):
+                    a, b = max(cuts[r], base) - base, min(cuts[r + 1], base + n) - base
+                    ka, kb = (a + 1) // 2, (b + 1) // 2
+                    if b > a and kb > ka:
+                        out.append((r, name, kind, ka, kb - ka))
+                continue
+            if kind.endswith("_scale") or kind == "nvfp4_amax":
                 m = arr.size
                 for r in range(world):
                     a, b = r * m // world, (r + 1) * m // world
@@ -613,6 +639,11 @@ def main():
         test_corruptions(good, model, tmp)
         test_export(os.path.join(tmp, "ckpt-w2"), model, tmp)
         test_env()
+        nv = make_nvfp4_model()
+        for world, cuts in ((1, []), (2, [21]), (3, [9, 52])):  # odd cuts: shared bytes
+            ck = os.path.join(tmp, f"nvfp4-w{world}")
+            write_checkpoint(ck, nv, world, cuts)
+            test_list_verify_get(ck, nv, world)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if failures:

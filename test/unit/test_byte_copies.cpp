@@ -24,4 +24,6 @@ TEST(ByteCopies, HostTwinMatchesMemcpy) {
   for (std::uint32_t seed : {1u, 2u, 3u}) shardopt::test::case_copy_pieces_match_memcpy(Backend::Host, seed);
 }
 
+TEST(ByteCopies, HostTwinOrsSharedBytes) { shardopt::test::case_or_pieces(Backend::Host); }
+
 }  // namespace

@@ -87,6 +87,32 @@ inline std::vector<std::uint32_t> dequantize_on(shardopt::Backend b, const shard
   return out;
 }
 
+/// A quantized tensor in a backend's memory and a poisoned bf16 output, for the bf16
+/// decode with a skip flag: run() enqueues it on `stream`, out() reads the output.
+struct SkippableDecode {
+  shardopt::Nvfp4Shape shape;
+  shardopt::DeviceBuffer data, scale, decode, out_bf16;
+  SkippableDecode(shardopt::Backend b, const shardopt::Nvfp4Shape& s, const nvfp4_ref::Quantized& q)
+      : shape(s),
+        data(upload(b, q.data)),
+        scale(upload(b, q.scale)),
+        decode(upload(b, std::vector<std::uint32_t>{q.decode_scale})),
+        out_bf16(upload(b, std::vector<std::uint16_t>(static_cast<std::size_t>(s.numel()), 0xA5A5))) {}
+  void run(shardopt::Backend b, const std::int32_t* skip_flag, shardopt::Stream stream) const {
+    shardopt::dequantize_nvfp4(shape, data.as<std::uint8_t>(), scale.as<std::uint8_t>(), decode.as<float>(),
+                               out_bf16.as<std::uint16_t>(), skip_flag, b, stream);
+  }
+  /// The output as dequantize_on's bf16 result (bit patterns widened).
+  std::vector<std::uint32_t> out(shardopt::Backend b) const {
+    const auto v = download<std::uint16_t>(b, out_bf16, static_cast<std::size_t>(shape.numel()));
+    return std::vector<std::uint32_t>(v.begin(), v.end());
+  }
+  /// What nothing wrote.
+  std::vector<std::uint32_t> untouched() const {
+    return std::vector<std::uint32_t>(static_cast<std::size_t>(shape.numel()), 0xA5A5);
+  }
+};
+
 /// Simulates W ranks (bounds: W + 1 increasing offsets from 0 to numel) running the
 /// sharded protocol of shardopt/nvfp4.hpp on backend `b`: phase 1 on every rank into a
 /// poisoned amax buffer, the u32 Max all-reduce, phase 2 on every rank into its own

@@ -1,4 +1,5 @@
-// The device skip flag of quantize_nvfp4 and quantize_nvfp4_batch on the host backend:
+// The device skip flag of quantize_nvfp4, quantize_nvfp4_batch and the bf16
+// dequantize_nvfp4 on the host backend:
 // set, nothing is written (poisoned outputs stay poisoned); clear or null, everything
 // is, as the oracle says; read when the work runs, so a graph captured once on a
 // HostStream honours the flag's value at each replay.
@@ -105,6 +106,31 @@ TEST(Nvfp4Skip, CapturedGraphsReadTheFlagAtEachReplay) {
   flag = 0;
   graph.replay();
   EXPECT_TRUE(one.get(kHost, s) == reference(s, x)) << "clear again: the new values";
+}
+
+TEST(Nvfp4Skip, Bf16DequantizeWritesNothingWhenSetAtEachReplay) {
+  const Nvfp4Shape s{33, 47};
+  const auto x = mxfp8_test::random_bf16(s.numel(), s.cols, 11, -20, 20);
+  const ref::Quantized q = reference(s, x);
+  const std::vector<std::uint32_t> want = dequantize_on(kHost, s, q, /*bf16=*/true);
+  SkippableDecode d(kHost, s, q);
+  std::int32_t flag = 1;
+  d.run(kHost, &flag, nullptr);
+  EXPECT_EQ(d.out(kHost), d.untouched()) << "flag set: something was written";
+  d.run(kHost, nullptr, nullptr);
+  EXPECT_EQ(d.out(kHost), want) << "no flag";
+  SkippableDecode g(kHost, s, q);
+  flag = 0;  // clear while capturing: the value then must not matter
+  HostStream stream;
+  stream.begin_capture();
+  g.run(kHost, &flag, stream.handle());
+  HostGraph graph = stream.end_capture();
+  flag = 1;
+  graph.replay();
+  EXPECT_EQ(g.out(kHost), g.untouched()) << "replay with the flag set";
+  flag = 0;
+  graph.replay();
+  EXPECT_EQ(g.out(kHost), want) << "replay with the flag clear";
 }
 
 }  // namespace

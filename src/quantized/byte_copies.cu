@@ -1,12 +1,12 @@
 #include "core/check.hpp"
-#include "mxfp8/byte_copies.hpp"
+#include "quantized/byte_copies.hpp"
 
 namespace shardopt::detail {
 namespace {
 
 constexpr int kThreads = 256;
 
-// Block b copies piece b. When source and destination share their alignment modulo 16,
+// Block b copies piece b (ORs its two sources when it has `also`). When source and destination share their alignment modulo 16,
 // a scalar head brings the destination to a 16-byte boundary, the body moves uint4s and
 // a scalar tail finishes; otherwise every byte is copied on its own.
 __global__ void copy_pieces_kernel(const BytePiece* __restrict__ pieces) {
@@ -14,6 +14,10 @@ __global__ void copy_pieces_kernel(const BytePiece* __restrict__ pieces) {
   const std::uint8_t* __restrict__ src = p.src;
   std::uint8_t* __restrict__ dst = p.dst;
   const std::int64_t n = p.bytes;
+  if (p.also != nullptr) {  // a shared NVFP4 byte (or a few): OR of the two sources
+    for (std::int64_t i = threadIdx.x; i < n; i += kThreads) dst[i] = static_cast<std::uint8_t>(src[i] | p.also[i]);
+    return;
+  }
   const auto s_addr = reinterpret_cast<std::uintptr_t>(src);
   const auto d_addr = reinterpret_cast<std::uintptr_t>(dst);
   if (((s_addr ^ d_addr) & 15u) != 0) {

@@ -1,6 +1,7 @@
-// byte_copies.hpp - a table of byte copies run in one launch: how the MXFP8 landing
-// moves every parameter's bytes from the all-gather staging (rank pieces in the gradient
-// buffer) into the persistent MXFP8 storage.
+// byte_copies.hpp - a table of byte copies run in one launch: how the landing of a
+// quantized parameter format (MXFP8, NVFP4; src/quantized/quantized_params.hpp) moves
+// every parameter's bytes from the all-gather staging (rank pieces in the gradient
+// buffer) into the persistent storage.
 //
 // The table is built once on the host (split_copy cuts each copy into pieces of at most
 // kBytePieceMax bytes so that one block per piece balances the launch) and kept in device
@@ -16,11 +17,14 @@
 
 namespace shardopt::detail {
 
-/// One copy of `bytes` bytes (the ranges of a table never overlap).
+/// One copy of `bytes` bytes (the destination ranges of a table never overlap).
 struct BytePiece {
   const std::uint8_t* src = nullptr;
   std::uint8_t* dst = nullptr;
   std::int64_t bytes = 0;
+  /// When set, dst[i] = src[i] | also[i]: the NVFP4 byte two ranks share at an odd shard
+  /// boundary, each having written its own nibble and 0 in the other.
+  const std::uint8_t* also = nullptr;
 };
 
 /// Largest piece: one CUDA block copies one piece.

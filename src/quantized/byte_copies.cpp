@@ -1,4 +1,4 @@
-#include "mxfp8/byte_copies.hpp"
+#include "quantized/byte_copies.hpp"
 
 #include <cstring>
 
@@ -21,8 +21,14 @@ void copy_pieces(const BytePiece* pieces, std::int64_t count, Backend backend, S
   SHARDOPT_REQUIRE(pieces != nullptr, ErrorCode::Internal, "copy_pieces: no piece table");
   if (backend == Backend::Host) {
     host_enqueue(stream, [pieces, count] {
-      for (std::int64_t i = 0; i < count; ++i)
-        std::memcpy(pieces[i].dst, pieces[i].src, static_cast<std::size_t>(pieces[i].bytes));
+      for (std::int64_t i = 0; i < count; ++i) {
+        const BytePiece& p = pieces[i];
+        if (p.also == nullptr) {
+          std::memcpy(p.dst, p.src, static_cast<std::size_t>(p.bytes));
+        } else {
+          for (std::int64_t k = 0; k < p.bytes; ++k) p.dst[k] = static_cast<std::uint8_t>(p.src[k] | p.also[k]);
+        }
+      }
     });
     return;
   }

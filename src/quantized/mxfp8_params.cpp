@@ -1,0 +1,164 @@
+#include "quantized/mxfp8_params.hpp"
+
+#include <string>
+
+#include "core/check.hpp"
+#include "shardopt/error.hpp"
+
+namespace shardopt::detail {
+namespace {
+
+class Mxfp8Format final : public StoredFormat {
+ public:
+  explicit Mxfp8Format(const FormatContext& ctx);
+
+  const char* name() const override { return "MXFP8"; }
+  DType exchange_dtype() const override { return DType::e8m0; }
+  std::uint8_t* exchange_begin(int b) const override { return at(bucket_[static_cast<std::size_t>(b)].scale_begin); }
+  std::uint8_t* exchange_end(int b) const override { return at(bucket_[static_cast<std::size_t>(b)].scale_end); }
+  void partials(int b, Stream stream) const override {
+    // One memset and one launch for the bucket.
+    mxfp8_partial_scales_batch(batches_[static_cast<std::size_t>(bucket_[static_cast<std::size_t>(b)].batch)],
+                               backend_, stream);
+  }
+  void quantize(int b, Stream stream) const override {
+    quantize_mxfp8_shard_data_batch(batches_[static_cast<std::size_t>(bucket_[static_cast<std::size_t>(b)].batch)],
+                                    backend_, stream);
+  }
+  void landing(int b, std::vector<BytePiece>& table) const override;
+
+  Mxfp8View view(int param) const;
+
+ private:
+  struct ParamInfo {
+    bool mx = false;
+    Mxfp8Shape shape;
+    std::size_t data_row = 0, data_col = 0, scale_row = 0, scale_col = 0;  // byte offsets in storage_
+    std::size_t members = 0;  // entry offset in members_
+  };
+  struct BucketInfo {
+    std::size_t scale_begin = 0, scale_end = 0;  // byte span of its scales in storage_
+    int batch = -1;                               // its params' ranges in batches_ (phase 1 and 2)
+  };
+
+  std::vector<ParamInfo> param_;
+  std::vector<BucketInfo> bucket_;
+  DeviceBuffer members_;  // Mxfp8Member tables of every MXFP8 param
+  std::vector<Mxfp8ShardBatch> batches_;  // per MXFP8 bucket: this rank's ranges of its params
+};
+
+Mxfp8Format::Mxfp8Format(const FormatContext& ctx) : StoredFormat(ctx) {
+  const Layout& L = layout_;
+  const std::vector<bool>& mx_buffer = *ctx.buffers;
+  const int world = L.world_size(), rank = ctx.rank;
+  param_.resize(L.params().size());
+  bucket_.resize(L.buckets().size());
+
+  // Storage offsets: data planes per parameter, then scales bucket by bucket.
+  std::size_t cursor = 0;
+  std::vector<Mxfp8Member> member_table;
+  for (std::size_t p = 0; p < L.params().size(); ++p) {
+    if (!mx_buffer[static_cast<std::size_t>(L.params()[p].buffer)]) continue;
+    ParamInfo& pi = param_[p];
+    pi.mx = true;
+    pi.shape = Mxfp8Shape::of(L.specs()[p]);
+    const auto n = static_cast<std::size_t>(pi.shape.numel());
+    pi.data_row = cursor;
+    cursor = align_up(cursor + n);
+    pi.data_col = cursor;
+    cursor = align_up(cursor + n);
+    pi.members = member_table.size();
+    for (const Mxfp8Member& m : mxfp8_contiguous_members(pi.shape)) member_table.push_back(m);
+  }
+  for (std::size_t b = 0; b < L.buckets().size(); ++b) {
+    const Bucket& bk = L.buckets()[b];
+    if (!mx_buffer[static_cast<std::size_t>(bk.buffer)]) continue;
+    BucketInfo& bi = bucket_[b];
+    bi.scale_begin = cursor;
+    for (int p : bk.params) {
+      ParamInfo& pi = param_[static_cast<std::size_t>(p)];
+      pi.scale_row = cursor;
+      cursor = align_up(cursor + static_cast<std::size_t>(pi.shape.scale_row_numel()));
+      pi.scale_col = cursor;
+      cursor = align_up(cursor + static_cast<std::size_t>(pi.shape.scale_col_numel()));
+    }
+    bi.scale_end = cursor;
+  }
+  allocate(cursor);
+  members_ = DeviceBuffer(backend_, member_table.size() * sizeof(Mxfp8Member));
+  copy_async(backend_, members_.data(), member_table.data(), members_.bytes(), nullptr);
+
+  // Per bucket, one table of this rank's ranges of its params (an empty range where the
+  // rank owns none of a param: phase 1 still zero-fills its scales for the Max). Element
+  // i of a param goes to staging byte (rank * 2S + k0 + i - param_offset): k0 is the
+  // piece's offset inside this rank's slice. The base may point outside the region; the
+  // kernels only add indices of the range. Computed as integers.
+  for (std::size_t b = 0; b < L.buckets().size(); ++b) {
+    const Bucket& bk = L.buckets()[b];
+    if (!mx_buffer[static_cast<std::size_t>(bk.buffer)]) continue;
+    const std::int64_t S = bk.range.size() / world;
+    std::vector<Mxfp8ShardTensor> tensors;
+    for (int p : bk.params) {
+      const ParamInfo& pi = param_[static_cast<std::size_t>(p)];
+      const MasterPiece& piece = (*ctx.masters)[static_cast<std::size_t>(p)];
+      Mxfp8ShardTensor t;
+      t.shape = pi.shape;
+      t.range = Range{piece.param_offset, piece.param_offset + piece.length};
+      t.out.scale_row = at(pi.scale_row);
+      t.out.scale_col = at(pi.scale_col);
+      if (piece.length > 0) {
+        t.master = piece.master;
+        const std::int64_t k0 = piece.shard_offset - bk.shard_offset;
+        const auto base = reinterpret_cast<std::uintptr_t>(staging_[b].region);
+        const std::uintptr_t row = base + static_cast<std::uintptr_t>(rank * 2 * S + k0) -
+                                   static_cast<std::uintptr_t>(piece.param_offset);
+        t.out.data_row = reinterpret_cast<std::uint8_t*>(row);
+        t.out.data_col = reinterpret_cast<std::uint8_t*>(row + static_cast<std::uintptr_t>(S));
+      }
+      tensors.push_back(t);
+    }
+    bucket_[b].batch = static_cast<int>(batches_.size());
+    batches_.emplace_back(tensors, backend_);
+  }
+  synchronize(backend_, nullptr);
+}
+
+void Mxfp8Format::landing(int bucket, std::vector<BytePiece>& table) const {
+  const Layout& L = layout_;
+  const Bucket& bk = L.buckets()[static_cast<std::size_t>(bucket)];
+  const std::int64_t S = bk.range.size() / L.world_size();
+  const std::uint8_t* region = staging_[static_cast<std::size_t>(bucket)].region;
+  for (int r = 0; r < L.world_size(); ++r)
+    for (const Segment& seg : L.segments(bk.buffer, r)) {
+      if (L.params()[static_cast<std::size_t>(seg.param)].bucket != bucket) continue;
+      const ParamInfo& pi = param_[static_cast<std::size_t>(seg.param)];
+      const std::int64_t k0 = seg.shard_offset - bk.shard_offset;
+      const std::uint8_t* src = region + static_cast<std::size_t>(r * 2 * S + k0);
+      split_copy(table, src, at(pi.data_row) + seg.param_offset, seg.length);
+      split_copy(table, src + S, at(pi.data_col) + seg.param_offset, seg.length);
+    }
+}
+
+Mxfp8View Mxfp8Format::view(int param) const {
+  const ParamInfo& pi = param_[static_cast<std::size_t>(param)];
+  Mxfp8View v;
+  v.shape = pi.shape;
+  v.planes.data_row = at(pi.data_row);
+  v.planes.scale_row = at(pi.scale_row);
+  v.planes.data_col = at(pi.data_col);
+  v.planes.scale_col = at(pi.scale_col);
+  v.members = members_.as<Mxfp8Member>() + pi.members;
+  return v;
+}
+
+}  // namespace
+
+std::unique_ptr<QuantizedFormat> make_mxfp8_format(const FormatContext& ctx) {
+  return std::make_unique<Mxfp8Format>(ctx);
+}
+
+Mxfp8View mxfp8_view(const QuantizedFormat& format, int param) {
+  return format_as<Mxfp8Format>(format, "mxfp8_view").view(param);
+}
+
+}  // namespace shardopt::detail

@@ -1,0 +1,199 @@
+#include "quantized/quantized_params.hpp"
+
+#include <string>
+
+#include "core/check.hpp"
+#include "shardopt/error.hpp"
+
+namespace shardopt::detail {
+namespace {
+
+const char* state_name(GatherState s) {
+  switch (s) {
+    case GatherState::Idle: return "Idle";
+    case GatherState::InFlight: return "InFlight";
+    case GatherState::Landed: return "Landed";
+    case GatherState::Consumed: return "Consumed";
+  }
+  return "?";
+}
+
+}  // namespace
+
+void throw_internal(const std::string& message) { throw Error(ErrorCode::Internal, message); }
+
+void StoredFormat::allocate(std::size_t bytes) {
+  storage_ = DeviceBuffer(backend_, bytes);
+  fill_zero_async(backend_, storage_.data(), storage_.bytes(), nullptr);
+}
+
+bool is_quantized_spec(const ParamSpec& spec) {
+  const std::size_t lead = spec.members() > 1 ? 1 : 0;
+  return spec.shape.size() >= lead + 2;
+}
+
+std::int64_t staged_rank_bytes(const BucketStoreOptions& options, const Layout& layout, int bucket) {
+  if (!options.staged_gather_rank_bytes.empty()) return options.staged_gather_rank_bytes[static_cast<std::size_t>(bucket)];
+  return layout.buckets()[static_cast<std::size_t>(bucket)].range.size() / layout.world_size() *
+         options.staged_gather_bytes;
+}
+
+QuantizedParams::QuantizedParams(Backend backend, const Layout& L, BucketStore& store,
+                                 const std::vector<MasterPiece>& masters, const std::vector<bool>& quantized,
+                                 MakeFormat make)
+    : backend_(backend), layout_(L), store_(store) {
+  param_.assign(L.params().size(), false);
+  bucket_.resize(L.buckets().size());
+  staging_.resize(L.buckets().size());
+  bool any = false;
+  for (std::size_t p = 0; p < L.params().size(); ++p)
+    if (quantized[static_cast<std::size_t>(L.params()[p].buffer)]) param_[p] = any = true;
+  if (!any) return;
+  SHARDOPT_REQUIRE(make != nullptr, ErrorCode::Internal, "quantized parameters without a format");
+
+  const std::size_t gsize = size_of(store.options().grad_dtype);
+  for (std::size_t b = 0; b < L.buckets().size(); ++b) {
+    const Bucket& bk = L.buckets()[b];
+    bucket_[b].quantized = quantized[static_cast<std::size_t>(bk.buffer)];
+    if (!bucket_[b].quantized) continue;
+    Staging& st = staging_[b];
+    st.region = static_cast<std::uint8_t*>(store.grad_buffer(bk.buffer)) + static_cast<std::size_t>(bk.range.begin) * gsize;
+    st.region_bytes = static_cast<std::size_t>(bk.range.size()) * gsize;
+    st.rank_bytes = staged_rank_bytes(store.options(), L, static_cast<int>(b));
+    SHARDOPT_REQUIRE(st.rank_bytes * L.world_size() <= static_cast<std::int64_t>(st.region_bytes), ErrorCode::Internal,
+                     "quantized bucket " + std::to_string(b) + ": its staging does not fit its gradient region");
+  }
+  FormatContext ctx;
+  ctx.backend = backend;
+  ctx.layout = &L;
+  ctx.rank = store.comm().rank();
+  ctx.masters = &masters;
+  ctx.buffers = &quantized;
+  ctx.staging = &staging_;
+  format_ = make(ctx);
+
+  std::vector<BytePiece> table;
+  for (std::size_t b = 0; b < L.buckets().size(); ++b) {
+    BucketInfo& bi = bucket_[b];
+    if (!bi.quantized) continue;
+    bi.pieces_begin = static_cast<std::int64_t>(table.size());
+    format_->landing(static_cast<int>(b), table);
+    bi.pieces_end = static_cast<std::int64_t>(table.size());
+  }
+  pieces_ = DeviceBuffer(backend_, table.size() * sizeof(BytePiece));
+  copy_async(backend_, pieces_.data(), table.data(), pieces_.bytes(), nullptr);
+  synchronize(backend_, nullptr);
+  warm_up();
+}
+
+// NCCL connects lazily, per algorithm: run the exchange all-reduce eagerly once per
+// bucket span and once over all of them (the buffers are zero, and stay zero), so that a
+// captured step's all-reduce is never the first of its kind. Collective (every rank
+// constructs).
+void QuantizedParams::warm_up() {
+  if (backend_ != Backend::Cuda || layout_.world_size() == 1) return;
+  std::uint8_t *lo = nullptr, *hi = nullptr;
+  for (std::size_t b = 0; b < bucket_.size(); ++b) {
+    if (!bucket_[b].quantized) continue;
+    std::uint8_t* begin = format_->exchange_begin(static_cast<int>(b));
+    std::uint8_t* end = format_->exchange_end(static_cast<int>(b));
+    exchange(begin, end, nullptr);
+    if (lo == nullptr) lo = begin;
+    hi = end;
+  }
+  exchange(lo, hi, nullptr);
+  synchronize(backend_, nullptr);
+}
+
+int QuantizedParams::first_pending() const {
+  for (std::size_t b = 0; b < bucket_.size(); ++b)
+    if (bucket_[b].quantized && bucket_[b].state != GatherState::Idle) return static_cast<int>(b);
+  return -1;
+}
+
+void QuantizedParams::advance(int bucket, GatherState to) {
+  GatherState& s = bucket_[static_cast<std::size_t>(bucket)].state;
+  const bool legal = (s == GatherState::Idle && to == GatherState::InFlight) ||
+                     (s == GatherState::InFlight && to == GatherState::Landed) ||
+                     (s == GatherState::Landed && to == GatherState::Consumed) ||
+                     (s == GatherState::Consumed && to == GatherState::Idle);
+  SHARDOPT_REQUIRE(legal, ErrorCode::Internal,
+                   std::string(name()) + " bucket " + std::to_string(bucket) + ": illegal gather transition " +
+                       state_name(s) + " -> " + state_name(to));
+  s = to;
+}
+
+void QuantizedParams::exchange(std::uint8_t* begin, std::uint8_t* end, Stream stream) {
+  if (end <= begin || layout_.world_size() == 1) return;
+  // Through the store, behind the all-gathers already started on its communication
+  // stream: every collective of the step runs in one order, and `stream` waits only for
+  // this one.
+  const DType dt = format_->exchange_dtype();
+  store_.all_reduce(begin, static_cast<std::int64_t>(static_cast<std::size_t>(end - begin) / size_of(dt)), dt,
+                    ReduceOp::Max, stream);
+}
+
+void QuantizedParams::quantize(int first, int last, Stream stream) {
+  std::uint8_t *span_begin = nullptr, *span_end = nullptr;
+  for (int b = first; b < last; ++b) {
+    const BucketInfo& bi = bucket_[static_cast<std::size_t>(b)];
+    if (!bi.quantized) continue;
+    SHARDOPT_REQUIRE(bi.state == GatherState::Idle, ErrorCode::Internal,
+                     std::string(name()) + " bucket " + std::to_string(b) + " is quantized while its gather is " +
+                         state_name(bi.state));
+    format_->partials(b, stream);
+    if (span_begin == nullptr) span_begin = format_->exchange_begin(b);
+    span_end = format_->exchange_end(b);
+  }
+  if (span_begin == nullptr) return;
+  exchange(span_begin, span_end, stream);
+  for (int b = first; b < last; ++b)
+    if (bucket_[static_cast<std::size_t>(b)].quantized) format_->quantize(b, stream);
+}
+
+void QuantizedParams::dispatched(int first, int last) {
+  for (int b = first; b < last; ++b)
+    if (bucket_[static_cast<std::size_t>(b)].quantized) advance(b, GatherState::InFlight);
+}
+
+void QuantizedParams::consume(BucketStore& store, int first, int last, Stream stream) {
+  auto pending = [&](int b) {
+    const BucketInfo& bi = bucket_[static_cast<std::size_t>(b)];
+    return bi.quantized && (bi.state == GatherState::InFlight || bi.state == GatherState::Landed);
+  };
+  auto region = [&](int b) -> const Staging& { return staging_[static_cast<std::size_t>(b)]; };
+  int b = first;
+  while (b < last) {
+    if (!pending(b)) {
+      ++b;
+      continue;
+    }
+    // A run of pending buckets whose gradient regions are adjacent: one copy launch and
+    // one memset for all of them.
+    int e = b;
+    while (e < last && pending(e) &&
+           (e == b || region(e).region == region(e - 1).region + region(e - 1).region_bytes)) {
+      if (bucket_[static_cast<std::size_t>(e)].state == GatherState::InFlight) {
+        store.wait_param_gather(e, stream);
+        advance(e, GatherState::Landed);
+      }
+      ++e;
+    }
+    const BucketInfo& head = bucket_[static_cast<std::size_t>(b)];
+    const BucketInfo& tail = bucket_[static_cast<std::size_t>(e - 1)];
+    copy_pieces(pieces_.as<BytePiece>() + head.pieces_begin, tail.pieces_end - head.pieces_begin, backend_, stream);
+    // The staging bytes (and whatever else the region held) must not meet the next
+    // backward: the region is zero from here on (staging in a gradient region must be
+    // zeroed on every path before the next backward, train -> eval -> train included).
+    fill_zero_async(backend_, region(b).region,
+                    static_cast<std::size_t>(region(e - 1).region + region(e - 1).region_bytes - region(b).region),
+                    stream);
+    for (int k = b; k < e; ++k) {
+      advance(k, GatherState::Consumed);
+      advance(k, GatherState::Idle);
+    }
+    b = e;
+  }
+}
+
+}  // namespace shardopt::detail

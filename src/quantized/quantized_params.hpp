@@ -1,0 +1,180 @@
+// quantized_params.hpp - the quantized parameters of a DistributedAdam, whatever their
+// format (MXFP8, NVFP4): the per-bucket quantize -> all-gather (through the gradient
+// buffer) -> land -> zero pipeline and the per-bucket gather state machine
+// (docs/mxfp8.md, docs/nvfp4.md). A format (QuantizedFormat) owns the persistent
+// storage and says what each phase does; QuantizedParams drives the phases, the one
+// all-reduce of the formats' exchange buffers, the landing copies and the zeroing, so
+// that every format follows the same rules.
+//
+// A bucket of a quantized buffer: phase 1 (this rank's partial block statistics into
+// the format's exchange buffer) -> one Max all-reduce over the exchange span of a run of
+// consecutive buckets -> phase 2 (every scale, and this rank's data bytes into its
+// staging slice of the bucket's gradient region) -> the store's staged all-gather ->
+// landing (one table of byte copies, staging -> storage) -> the region zeroed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/memory.hpp"
+#include "core/streams.hpp"
+#include "quantized/byte_copies.hpp"
+#include "shardopt/bucket_store.hpp"
+#include "shardopt/layout.hpp"
+#include "shardopt/mxfp8_param.hpp"
+
+namespace shardopt::detail {
+
+/// The layout storage class of quantized parameters (LayoutOptions::param_storage).
+inline constexpr int kQuantizedStorage = 1;
+
+/// This rank's piece of one parameter in the fp32 master (length 0: none; master null).
+struct MasterPiece {
+  float* master = nullptr;         ///< the piece's first element
+  std::int64_t param_offset = 0;   ///< its first element within the parameter
+  std::int64_t shard_offset = 0;   ///< its offset within the layout buffer's shard
+  std::int64_t length = 0;
+};
+
+/// True when a (validated) spec can be a quantized parameter: two or more dims per
+/// member (a grouped spec's shape is [G, member...]; a plain spec needs two).
+bool is_quantized_spec(const ParamSpec& spec);
+
+/// A bucket's staging: its gradient region, rank r's slice at byte r * rank_bytes.
+struct Staging {
+  std::uint8_t* region = nullptr;
+  std::size_t region_bytes = 0;
+  std::int64_t rank_bytes = 0;
+};
+
+/// What a format is built from (QuantizedParams makes it).
+struct FormatContext {
+  Backend backend = Backend::Host;
+  const Layout* layout = nullptr;
+  int rank = 0;
+  const std::vector<MasterPiece>* masters = nullptr;  ///< per parameter
+  const std::vector<bool>* buffers = nullptr;          ///< per layout buffer: quantized
+  const std::vector<Staging>* staging = nullptr;      ///< per bucket (quantized ones set)
+};
+
+/// One quantized parameter format: its storage and the work of each phase.
+class QuantizedFormat {
+ public:
+  virtual ~QuantizedFormat() = default;
+  /// "MXFP8", "NVFP4": the name errors use.
+  virtual const char* name() const = 0;
+  /// The element type of the exchange buffers (the Max all-reduce between the phases).
+  virtual DType exchange_dtype() const = 0;
+  /// Bucket b's exchange buffer [begin, end) in the storage; consecutive quantized
+  /// buckets' spans are adjacent (one all-reduce for a run of them).
+  virtual std::uint8_t* exchange_begin(int bucket) const = 0;
+  virtual std::uint8_t* exchange_end(int bucket) const = 0;
+  /// Phase 1 of bucket b on `stream` (every parameter of it, an empty range where this
+  /// rank owns none: its zeros join the Max).
+  virtual void partials(int bucket, Stream stream) const = 0;
+  /// Phase 2 of bucket b on `stream`: scales, and this rank's bytes into its staging.
+  virtual void quantize(int bucket, Stream stream) const = 0;
+  /// Appends bucket b's landing copies (every rank's staged bytes -> storage).
+  virtual void landing(int bucket, std::vector<BytePiece>& table) const = 0;
+  /// Bytes of the persistent storage (data, scales, exchange buffers, alignment gaps).
+  virtual std::size_t storage_bytes() const = 0;
+};
+
+/// Throws Error(Internal) with `message` (format_as's failure).
+[[noreturn]] void throw_internal(const std::string& message);
+
+/// What every format holds: the context it was built from and its one storage allocation
+/// (pieces on 16-byte boundaries; the gaps stay zero, and zero is neutral for Max).
+class StoredFormat : public QuantizedFormat {
+ public:
+  std::size_t storage_bytes() const override { return storage_.bytes(); }
+
+ protected:
+  explicit StoredFormat(const FormatContext& ctx)
+      : backend_(ctx.backend), layout_(*ctx.layout), staging_(*ctx.staging) {}
+  /// Allocates `bytes` of storage and zeroes it on the null stream (QuantizedParams'
+  /// constructor synchronizes before the first use).
+  void allocate(std::size_t bytes);
+  std::uint8_t* at(std::size_t offset) const { return storage_.as<std::uint8_t>() + offset; }
+  static std::size_t align_up(std::size_t x) { return (x + 15) / 16 * 16; }
+
+  Backend backend_;
+  const Layout& layout_;
+  const std::vector<Staging>& staging_;
+  DeviceBuffer storage_;
+};
+
+/// `format` as the concrete format F; Error(Internal) naming `call` for another format.
+template <class F>
+const F& format_as(const QuantizedFormat& format, const char* call) {
+  const auto* f = dynamic_cast<const F*>(&format);
+  if (f == nullptr) throw_internal(std::string(call) + " of a " + format.name() + " format");
+  return *f;
+}
+
+class QuantizedParams {
+ public:
+  /// No buffer marked in `quantized`: no quantized parameters (every query says so, and
+  /// `make` is not called). Otherwise
+  /// `quantized[b]`: layout buffer b holds the format's parameters (the store has no
+  /// param buffer for it and stages its gathers through the gradient buffer). Its
+  /// collectives go through `store` (BucketStore::all_reduce), the one owner of the
+  /// step's collectives, which must outlive this object.
+  using MakeFormat = std::unique_ptr<QuantizedFormat> (*)(const FormatContext&);
+  QuantizedParams(Backend backend, const Layout& layout, BucketStore& store, const std::vector<MasterPiece>& masters,
+                  const std::vector<bool>& quantized, MakeFormat make);
+  // The format refers to staging_: the object stays where it was built.
+  QuantizedParams(const QuantizedParams&) = delete;
+  QuantizedParams& operator=(const QuantizedParams&) = delete;
+
+  bool is_param(int param) const { return param_[static_cast<std::size_t>(param)]; }
+  bool is_bucket(int bucket) const { return bucket_[static_cast<std::size_t>(bucket)].quantized; }
+  bool any() const noexcept { return format_ != nullptr; }
+  /// The format ("MXFP8", "NVFP4"; "quantized" when there is none).
+  const char* name() const { return format_ ? format_->name() : "quantized"; }
+  /// The format object, for its typed views (null when there is none).
+  const QuantizedFormat* format() const { return format_.get(); }
+  GatherState state(int bucket) const { return bucket_[static_cast<std::size_t>(bucket)].state; }
+  /// The first quantized bucket that is not Idle, or -1.
+  int first_pending() const;
+  std::size_t storage_bytes() const { return format_ ? format_->storage_bytes() : 0; }
+
+  /// Phase 1 of every quantized bucket of [first, last), the exchange all-reduce (one
+  /// call for the run) and phase 2, after the work queued on `stream` (Adam). Every such
+  /// bucket must be Idle. Does not start the all-gathers.
+  void quantize(int first, int last, Stream stream);
+  /// The caller started the all-gathers of [first, last): quantized buckets -> InFlight.
+  void dispatched(int first, int last);
+  /// Lands and consumes every quantized bucket of [first, last) that is in flight:
+  /// `stream` waits for its all-gather (InFlight -> Landed), the bytes are copied into
+  /// the storage and the gradient region zeroed on `stream` (-> Consumed -> Idle). Runs
+  /// of consecutive buckets share one copy launch and one memset.
+  void consume(BucketStore& store, int first, int last, Stream stream);
+
+ private:
+  struct BucketInfo {
+    bool quantized = false;
+    GatherState state = GatherState::Idle;
+    std::int64_t pieces_begin = 0, pieces_end = 0;  // its byte copies in pieces_
+  };
+
+  void warm_up();
+  void advance(int bucket, GatherState to);
+  void exchange(std::uint8_t* begin, std::uint8_t* end, Stream stream);
+
+  Backend backend_;
+  const Layout& layout_;
+  BucketStore& store_;
+  std::vector<bool> param_;
+  std::vector<BucketInfo> bucket_;
+  std::vector<Staging> staging_;
+  std::unique_ptr<QuantizedFormat> format_;
+  DeviceBuffer pieces_;  // BytePiece table of every quantized bucket's landing
+};
+
+/// Bytes per rank of a quantized bucket's staged all-gather, as the store moves them.
+std::int64_t staged_rank_bytes(const BucketStoreOptions& options, const Layout& layout, int bucket);
+
+}  // namespace shardopt::detail
