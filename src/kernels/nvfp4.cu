@@ -121,21 +121,37 @@ __device__ __forceinline__ void load_tile(const QuantizeEntry& e, const tile::Wh
   for (int k = 0; k < 4; ++k) w[k] = static_cast<std::uint32_t>(p[2 * k]) | (static_cast<std::uint32_t>(p[2 * k + 1]) << 16);
 }
 
-// Pass 2 of one tile whose values this thread holds in `w`. Every thread of the block
-// calls it (one barrier, in block_amax).
+// The tile's 8 blocks as pass 2 encodes them (shared memory, written by warp 0).
+struct TileBlocks {
+  float multiplier[tile::kBlocks];  // element_multiplier of the block's scale
+  std::uint8_t scale[tile::kBlocks];
+};
+
+// Pass 2 of one tile whose values this thread holds in `w`, of a tensor whose amax bits
+// are `tensor` and S_dec `decode`. Every thread of the block calls it (two barriers:
+// after the warps' partial block amaxes, after warp 0's scales). Shared memory is reused
+// from tile to tile without a third barrier: `partial` is read only between the two
+// barriers, `blocks` only after the second, and a thread writes each again only after
+// a barrier that every thread reaches after those reads.
 __device__ __forceinline__ void quantize_tile(const QuantizeEntry& e, const tile::Where& at,
-                                              const std::uint32_t (&w)[4], std::uint32_t (*partial)[tile::kBlocks]) {
+                                              const std::uint32_t (&w)[4], std::uint32_t tensor, float decode,
+                                              std::uint32_t (*partial)[tile::kBlocks], TileBlocks& blocks) {
   const tile::Spot s = tile::spot_of(e.shape, at);
-  const std::uint32_t block = tile::block_amax(tile::chunk_amax(w), partial);
-  const std::uint32_t tensor = tensor_amax(e);
-  const std::uint8_t scale = block_scale(block, tensor);
-  const float decode = global_scale(tensor).decode;
-  const int q = tile::chunk();
-  // Row 0 of the tile: the first thread of each block that lies in the tensor writes its scale.
-  if (threadIdx.x < 16 && (q & 1) == 0 && s.ok) mxfp8::in_global(e.out.scale)[at.scale0 + (q >> 1)] = scale;
-  if (threadIdx.x == 0 && at.r0 == 0 && at.c0 == 0) *e.out.decode_scale = decode;
+  tile::partial_block_amax(tile::chunk_amax(w), partial);
+  __syncthreads();
+  if (threadIdx.x < tile::kBlocks) {  // warp 0: block b's amax, scale and multiplier
+    const int b = static_cast<int>(threadIdx.x);
+    const std::uint8_t scale = block_scale(tile::block_amax_of(partial, b), tensor);
+    blocks.scale[b] = scale;
+    blocks.multiplier[b] = element_multiplier(scale, decode);
+    if (at.c0 + b * kNvfp4Block < e.shape.cols) mxfp8::in_global(e.out.scale)[at.scale0 + b] = scale;
+    if (b == 0 && at.r0 == 0 && at.c0 == 0) *e.out.decode_scale = decode;
+  }
+  __syncthreads();
   if (!s.ok) return;
-  const std::uint32_t bytes = tile::chunk_bytes(w, scale, decode);
+  const int b = tile::chunk() >> 1;
+  const std::uint8_t scale = blocks.scale[b];
+  const std::uint32_t bytes = scale == kScaleRefused ? 0u : tile::encode_chunk(w, blocks.multiplier[b]);
   std::uint8_t* d = mxfp8::in_global(e.out.data) + s.elem / 2;  // a multiple of 4
   if (e.vector_data) {
     *reinterpret_cast<std::uint32_t*>(d) = bytes;
@@ -146,10 +162,12 @@ __device__ __forceinline__ void quantize_tile(const QuantizeEntry& e, const tile
 }
 
 // Pass 2 over the `tiles` tiles of the tiled tensors: block b takes its runs of the
-// walk, loading each tile while it quantizes the one before.
+// walk, loading each tile while it quantizes the one before. The tensor's amax and
+// S_dec are read and computed when the block reaches a tile of another tensor.
 __global__ void __launch_bounds__(kThreads, mxfp8::kBlocksPerSm)
     tile_kernel(QuantizeTable t, std::int64_t tiles, int run, const std::int32_t* skip_flag) {
-  __shared__ std::uint32_t partial[2][tile::kWarps][tile::kBlocks];
+  __shared__ std::uint32_t partial[tile::kWarps][tile::kBlocks];
+  __shared__ TileBlocks blocks;
   if (skipped(skip_flag)) return;
   const mxfp8::Walk<tile::kMaxRun> walk(run);
   std::int64_t u = walk.first;
@@ -157,7 +175,9 @@ __global__ void __launch_bounds__(kThreads, mxfp8::kBlocksPerSm)
   tile::Where at = tile::locate(t, u, 0);
   std::uint32_t w[4];
   load_tile(t.at(at.e), at, w);
-  int buf = 0;
+  int cached = -1;  // the entry whose amax and S_dec are below (block-uniform)
+  std::uint32_t tensor = 0;
+  float decode = 0.0f;
   for (;;) {
     const bool run_ends = walk.ends_run(u);
     const std::int64_t next = run_ends ? u + walk.gap : u + 1;
@@ -168,8 +188,13 @@ __global__ void __launch_bounds__(kThreads, mxfp8::kBlocksPerSm)
       at_next = tile::locate(t, next, at.e);
       load_tile(t.at(at_next.e), at_next, w_next);
     }
-    quantize_tile(t.at(at.e), at, w, partial[buf]);
-    buf ^= 1;
+    const QuantizeEntry& e = t.at(at.e);
+    if (at.e != cached) {
+      cached = at.e;
+      tensor = tensor_amax(e);
+      decode = global_scale(tensor).decode;
+    }
+    quantize_tile(e, at, w, tensor, decode, partial, blocks);
     if (!more) return;
     u = next;
     at = at_next;

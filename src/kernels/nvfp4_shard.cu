@@ -12,8 +12,9 @@
 // from shard_tile_kernel: tiles of 16 rows x 128 columns (nvfp4_tile.cuh) of the touched
 // block rows, 8 fp32 masters per thread (two 16-byte loads where the chunk lies in the
 // range and the master is aligned), rounded to bf16 (master_to_bf16) and zero outside
-// the range; phase 1 reduces the block amaxes in registers and shared memory and folds
-// each block's running max into the range's amax once per tensor; phase 2 writes the
+// the range; phase 1 reduces the block amaxes in registers and shared memory (warp 0
+// writes them) and folds each block's running max into the range's amax once per
+// tensor; phase 2 writes the
 // chunk's 4 bytes (one store when the chunk lies in the range), only the bytes of the
 // span, nibbles outside the range 0. One wave of resident blocks walks the tiles in runs
 // (mxfp8::Walk), each block loading its next tile before it works on the current one.
@@ -131,27 +132,31 @@ __device__ __forceinline__ void to_words(const Masters& m, std::uint32_t (&w)[4]
   w[3] = bf16_pair(m.v[1].z, m.v[1].w);
 }
 
-// Phase 1 of one tile: the amaxes of its blocks (over the range) into the amax buffer.
-// Returns the thread's chunk amax (for the range's amax). Every thread of the block
-// calls it (one barrier, in block_amax).
+// Phase 1 of one tile: the amaxes of its blocks (over the range) into the amax buffer,
+// by warp 0. Returns the thread's chunk amax (for the range's amax). Every thread of the
+// block calls it (one barrier). `partial` alternates between two buffers from one tile
+// to the next: a thread writes a buffer again only after the barrier of the tile in
+// between, which every thread (warp 0 too) reaches after its reads of that buffer.
 __device__ __forceinline__ std::uint32_t amax_tile(const ShardEntry& e, const tile::Where& at,
                                                    const std::uint32_t (&w)[4], std::uint32_t (*partial)[tile::kBlocks]) {
-  const tile::Spot s = tile::spot_of(e.shape, at);
   const std::uint32_t mine = tile::chunk_amax(w);
-  const std::uint32_t block = tile::block_amax(mine, partial);
-  const int q = tile::chunk();
-  // Row 0 of the tile: the first thread of each block that lies in the tensor writes it.
-  if (threadIdx.x < 16 && (q & 1) == 0 && s.ok) mxfp8::in_global(e.amax)[at.scale0 + (q >> 1)] = block;
+  tile::partial_block_amax(mine, partial);
+  __syncthreads();
+  if (threadIdx.x < tile::kBlocks) {  // block b, if it lies in the tensor
+    const int b = static_cast<int>(threadIdx.x);
+    if (at.c0 + b * kNvfp4Block < e.shape.cols) mxfp8::in_global(e.amax)[at.scale0 + b] = tile::block_amax_of(partial, b);
+  }
   return mine;
 }
 
-// Phase 2 of one tile (no barrier): the span's bytes of the thread's chunk.
-__device__ __forceinline__ void data_tile(const ShardEntry& e, const tile::Where& at, const std::uint32_t (&w)[4]) {
+// Phase 2 of one tile (no barrier): the span's bytes of the thread's chunk, from the
+// scale bytes written by shard_scales_kernel and the tensor's S_dec `decode`.
+__device__ __forceinline__ void data_tile(const ShardEntry& e, const tile::Where& at, const std::uint32_t (&w)[4],
+                                          float decode) {
   const ShardSpot p = shard_spot(e, at);
   if (p.lo >= p.hi) return;  // no element of the range (or outside the tensor)
   const std::uint8_t scale = mxfp8::in_global(e.out.scale)[at.scale0 + (tile::chunk() >> 1)];
-  const float decode = global_scale(mxfp8::in_global(e.amax)[e.shape.scale_numel()]).decode;
-  std::uint32_t bytes = tile::chunk_bytes(w, scale, decode);
+  std::uint32_t bytes = scale == kScaleRefused ? 0u : tile::encode_chunk(w, element_multiplier(scale, decode));
   const std::int64_t k0 = p.elem / 2, span0 = e.range.begin / 2;  // k0: a multiple of 4
   if (p.lo == 0 && p.hi == tile::kChunk && e.vector_data) {     // 4 bytes of the span, aligned
     *reinterpret_cast<std::uint32_t*>(mxfp8::in_global(e.out.data) + (k0 - span0)) = bytes;
@@ -186,6 +191,8 @@ __global__ void __launch_bounds__(kThreads, mxfp8::kBlocksPerSm)
   load_masters(t.at(at.e), at, m);
   std::uint32_t range_amax = 0;  // phase 1: this thread's max over the block's tiles of tensor at.e
   int buf = 0;
+  int cached = -1;       // phase 2: the entry whose S_dec is `decode` (block-uniform)
+  float decode = 0.0f;
   for (;;) {
     const bool run_ends = walk.ends_run(u);
     const std::int64_t next = run_ends ? u + walk.gap : u + 1;
@@ -207,7 +214,11 @@ __global__ void __launch_bounds__(kThreads, mxfp8::kBlocksPerSm)
         range_amax = 0;
       }
     } else {
-      data_tile(en, at, w);
+      if (at.e != cached) {
+        cached = at.e;
+        decode = global_scale(mxfp8::in_global(en.amax)[en.shape.scale_numel()]).decode;
+      }
+      data_tile(en, at, w, decode);
     }
     if (!more) return;
     u = next;

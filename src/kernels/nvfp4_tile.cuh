@@ -13,7 +13,7 @@
 // nothing else (element 8m + j in nibble j of the chunk's bytes).
 //
 // Block amaxes: the 2 lanes of a block row (xor 1), the warp's 2 rows (xor 16), then the
-// 8 warps through shared memory (block_amax). The tensor's amax: each thread's running
+// 8 warps through shared memory (partial_block_amax, block_amax_of). The tensor's amax: each thread's running
 // max, folded into the tensor's slot with one atomicMax per block (of threads) and
 // tensor (fold_amax). Amaxes are integer maxima of amax_bits (f32 bits of |x|, NaN /
 // Inf as 0x7FC00000): exact and independent of the order, so the tiles give what the
@@ -102,18 +102,21 @@ __device__ __forceinline__ std::uint32_t chunk_amax(const std::uint32_t (&w)[4])
   return amax_bits(static_cast<std::uint16_t>(top));
 }
 
-/// The amax of the thread's block (chunk() / 2) over the tile's 16 rows, from every
-/// thread's chunk amax `mine`. Every thread of the block calls it (one barrier).
-/// `partial` alternates between two buffers from one call to the next: a thread writes
-/// a buffer again only after the barrier of the call in between, which every thread
-/// reaches after its reads of that buffer.
-__device__ __forceinline__ std::uint32_t block_amax(std::uint32_t mine, std::uint32_t (*partial)[kBlocks]) {
+/// Block amaxes of a tile, part one (every thread of the block calls it): from every
+/// thread's chunk amax `mine`, each warp's amax of each block over its two rows, into
+/// partial[warp][block]: the 2 lanes of a block row (xor 1), then the warp's two rows
+/// (xor 16). The caller then syncs the block and reduces the warps' partials
+/// (block_amax_of).
+__device__ __forceinline__ void partial_block_amax(std::uint32_t mine, std::uint32_t (*partial)[kBlocks]) {
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   std::uint32_t a = max(mine, __shfl_xor_sync(kFullMask, mine, 1));  // the block's 16 columns of the row
   a = max(a, __shfl_xor_sync(kFullMask, a, 16));                      // the warp's two rows
   if (lane < 16 && (lane & 1) == 0) partial[warp][lane >> 1] = a;
-  __syncthreads();
-  const int b = chunk() >> 1;
+}
+
+/// Block amaxes of a tile, part two (after the barrier): the amax of block b of the tile
+/// over its 16 rows.
+__device__ __forceinline__ std::uint32_t block_amax_of(const std::uint32_t (*partial)[kBlocks], int b) {
   std::uint32_t v = partial[0][b];
 #pragma unroll
   for (int k = 1; k < kWarps; ++k) v = max(v, partial[k][b]);
@@ -151,11 +154,5 @@ __device__ __forceinline__ std::uint32_t encode_chunk(const std::uint32_t (&w)[4
   return out;
 }
 
-/// The chunk's data bytes from its block's scale byte and the tensor's S_dec: 0 for a
-/// refused tensor (scale kScaleRefused), as encode_byte writes.
-__device__ __forceinline__ std::uint32_t chunk_bytes(const std::uint32_t (&w)[4], std::uint8_t scale,
-                                                     float decode) {
-  return scale == kScaleRefused ? 0u : encode_chunk(w, element_multiplier(scale, decode));
-}
 
 }  // namespace shardopt::nvfp4::tile
