@@ -40,7 +40,7 @@ QuantizeEntry make_quantize_entry(const Nvfp4Shape& shape, const std::uint16_t* 
   e.tiled = tiled_shape(shape);
   e.vector_src = (reinterpret_cast<std::uintptr_t>(src) & 15u) == 0;
   e.vector_data = (reinterpret_cast<std::uintptr_t>(out.data) & 3u) == 0;
-  e.tiles_across = e.tiled ? tiles_across(shape) : 0;
+  e.tiles_across = e.tiled ? tiles_across(shape, e.kTileSpan) : 0;
   e.first_chunk = first.chunks;
   e.first_tile = first.tiles;
   e.first_block = first.blocks;

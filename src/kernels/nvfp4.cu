@@ -11,7 +11,7 @@
 //                   tensor (tile::fold_amax). A NaN / Inf counts as 0x7FC00000, above
 //                   every finite amax: the slot then holds the NaN flag.
 //   3. tiles:       pass 2 of the tensors with cols % 16 == 0 (tiled): one tile of 16
-//                   rows x 128 columns at a time (nvfp4_tile.cuh), 16-byte loads, the
+//                   rows x 256 columns at a time (nvfp4_tile.cuh), 16-byte loads, the
 //                   block amaxes reduced in registers and shared memory from the values
 //                   loaded for encoding (no scratch), the scale bytes, the data bytes (4
 //                   per thread), decode_scale from the tensor's first tile. One wave of
@@ -101,30 +101,45 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(QuantizeTable t, std::in
   if (cur >= 0) tile::fold_amax(run, reinterpret_cast<std::uint32_t*>(t.at(cur).out.amax), folded);
 }
 
-// Pass 2 of tiled tensors: the thread's 8 bf16 of the tile at `w` (zero outside the tensor).
-__device__ __forceinline__ void load_tile(const QuantizeEntry& e, const tile::Where& at, std::uint32_t (&w)[4]) {
-  const tile::Spot s = tile::spot_of(e.shape, at);
-  if (!s.ok) {
-    w[0] = w[1] = w[2] = w[3] = 0;
-    return;
-  }
-  const std::uint16_t* p = mxfp8::in_global(e.src) + s.elem;
-  if (e.vector_src) {  // s.elem is a multiple of 8: 16-byte aligned
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-    w[0] = v.x;
-    w[1] = v.y;
-    w[2] = v.z;
-    w[3] = v.w;
-    return;
-  }
+// Pass 2 of tiled tensors: tiles of 16 rows x 256 columns (two spans, 16 blocks), each
+// thread two chunks of 8 bf16 (span h at w[4h..4h+3]).
+inline constexpr int kSpans = QuantizeEntry::kTileSpan;
+inline constexpr int kTileBlocks = kSpans * kSpanBlocks;
+
+// The thread's chunks of the tile at `at` (zero outside the tensor).
+__device__ __forceinline__ void load_tile(const QuantizeEntry& e, const tile::Where& at, std::uint32_t (&w)[4 * kSpans]) {
 #pragma unroll
-  for (int k = 0; k < 4; ++k) w[k] = static_cast<std::uint32_t>(p[2 * k]) | (static_cast<std::uint32_t>(p[2 * k + 1]) << 16);
+  for (int h = 0; h < kSpans; ++h) {
+    std::uint32_t* x = w + 4 * h;
+    const tile::Spot s = tile::spot_of(e.shape, at, h);
+    if (!s.ok) {
+      x[0] = x[1] = x[2] = x[3] = 0;
+      continue;
+    }
+    const std::uint16_t* p = mxfp8::in_global(e.src) + s.elem;
+    if (e.vector_src) {  // s.elem is a multiple of 8: 16-byte aligned
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+      x[0] = v.x;
+      x[1] = v.y;
+      x[2] = v.z;
+      x[3] = v.w;
+      continue;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      x[k] = static_cast<std::uint32_t>(p[2 * k]) | (static_cast<std::uint32_t>(p[2 * k + 1]) << 16);
+  }
 }
 
-// The tile's 8 blocks as pass 2 encodes them (shared memory, written by warp 0).
+// The 4 elements' words of span h (w + 4h) as an array reference.
+__device__ __forceinline__ const std::uint32_t (&span_words(const std::uint32_t (&w)[4 * kSpans], int h))[4] {
+  return *reinterpret_cast<const std::uint32_t(*)[4]>(w + 4 * h);
+}
+
+// The tile's blocks as pass 2 encodes them (shared memory, written by warp 0).
 struct TileBlocks {
-  float multiplier[tile::kBlocks];  // element_multiplier of the block's scale
-  std::uint8_t scale[tile::kBlocks];
+  float multiplier[kTileBlocks];  // element_multiplier of the block's scale
+  std::uint8_t scale[kTileBlocks];
 };
 
 // Pass 2 of one tile whose values this thread holds in `w`, of a tensor whose amax bits
@@ -134,30 +149,34 @@ struct TileBlocks {
 // barriers, `blocks` only after the second, and a thread writes each again only after
 // a barrier that every thread reaches after those reads.
 __device__ __forceinline__ void quantize_tile(const QuantizeEntry& e, const tile::Where& at,
-                                              const std::uint32_t (&w)[4], std::uint32_t tensor, float decode,
-                                              std::uint32_t (*partial)[tile::kBlocks], TileBlocks& blocks) {
-  const tile::Spot s = tile::spot_of(e.shape, at);
-  tile::partial_block_amax(tile::chunk_amax(w), partial);
+                                              const std::uint32_t (&w)[4 * kSpans], std::uint32_t tensor, float decode,
+                                              std::uint32_t (*partial)[kTileBlocks], TileBlocks& blocks) {
+#pragma unroll
+  for (int h = 0; h < kSpans; ++h) tile::partial_block_amax<kTileBlocks>(tile::chunk_amax(span_words(w, h)), partial, h);
   __syncthreads();
-  if (threadIdx.x < tile::kBlocks) {  // warp 0: block b's amax, scale and multiplier
+  if (threadIdx.x < kTileBlocks) {  // warp 0: block b's amax, scale and multiplier
     const int b = static_cast<int>(threadIdx.x);
-    const std::uint8_t scale = block_scale(tile::block_amax_of(partial, b), tensor);
+    const std::uint8_t scale = block_scale(tile::block_amax_of<kTileBlocks>(partial, b), tensor);
     blocks.scale[b] = scale;
     blocks.multiplier[b] = element_multiplier(scale, decode);
     if (at.c0 + b * kNvfp4Block < e.shape.cols) mxfp8::in_global(e.out.scale)[at.scale0 + b] = scale;
     if (b == 0 && at.r0 == 0 && at.c0 == 0) *e.out.decode_scale = decode;
   }
   __syncthreads();
-  if (!s.ok) return;
-  const int b = tile::chunk() >> 1;
-  const std::uint8_t scale = blocks.scale[b];
-  const std::uint32_t bytes = scale == kScaleRefused ? 0u : tile::encode_chunk(w, blocks.multiplier[b]);
-  std::uint8_t* d = mxfp8::in_global(e.out.data) + s.elem / 2;  // a multiple of 4
-  if (e.vector_data) {
-    *reinterpret_cast<std::uint32_t*>(d) = bytes;
-  } else {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) d[k] = static_cast<std::uint8_t>(bytes >> (8 * k));
+  for (int h = 0; h < kSpans; ++h) {
+    const tile::Spot s = tile::spot_of(e.shape, at, h);
+    if (!s.ok) continue;
+    const int b = kSpanBlocks * h + (tile::chunk() >> 1);
+    const std::uint8_t scale = blocks.scale[b];
+    const std::uint32_t bytes = scale == kScaleRefused ? 0u : tile::encode_chunk(span_words(w, h), blocks.multiplier[b]);
+    std::uint8_t* d = mxfp8::in_global(e.out.data) + s.elem / 2;  // a multiple of 4
+    if (e.vector_data) {
+      *reinterpret_cast<std::uint32_t*>(d) = bytes;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) d[k] = static_cast<std::uint8_t>(bytes >> (8 * k));
+    }
   }
 }
 
@@ -166,14 +185,14 @@ __device__ __forceinline__ void quantize_tile(const QuantizeEntry& e, const tile
 // S_dec are read and computed when the block reaches a tile of another tensor.
 __global__ void __launch_bounds__(kThreads, mxfp8::kBlocksPerSm)
     tile_kernel(QuantizeTable t, std::int64_t tiles, int run, const std::int32_t* skip_flag) {
-  __shared__ std::uint32_t partial[tile::kWarps][tile::kBlocks];
+  __shared__ std::uint32_t partial[tile::kWarps][kTileBlocks];
   __shared__ TileBlocks blocks;
   if (skipped(skip_flag)) return;
   const mxfp8::Walk<tile::kMaxRun> walk(run);
   std::int64_t u = walk.first;
   if (u >= tiles) return;
   tile::Where at = tile::locate(t, u, 0);
-  std::uint32_t w[4];
+  std::uint32_t w[4 * kSpans];
   load_tile(t.at(at.e), at, w);
   int cached = -1;  // the entry whose amax and S_dec are below (block-uniform)
   std::uint32_t tensor = 0;
@@ -183,7 +202,7 @@ __global__ void __launch_bounds__(kThreads, mxfp8::kBlocksPerSm)
     const std::int64_t next = run_ends ? u + walk.gap : u + 1;
     const bool more = next < tiles;  // the same for the whole block
     tile::Where at_next = at;
-    std::uint32_t w_next[4] = {0, 0, 0, 0};
+    std::uint32_t w_next[4 * kSpans] = {};
     if (more) {
       at_next = tile::locate(t, next, at.e);
       load_tile(t.at(at_next.e), at_next, w_next);
@@ -199,7 +218,7 @@ __global__ void __launch_bounds__(kThreads, mxfp8::kBlocksPerSm)
     u = next;
     at = at_next;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) w[k] = w_next[k];
+    for (int k = 0; k < 4 * kSpans; ++k) w[k] = w_next[k];
   }
 }
 

@@ -14,10 +14,14 @@ namespace shardopt::nvfp4 {
 /// Elements of a chunk of the whole-tensor amax pass (nvfp4.cu): 256 threads, 8 loads of
 /// 8 bf16 each.
 inline constexpr std::int64_t kAmaxChunk = 256 * 8 * 8;
-/// Tiles of the tiled kernels (nvfp4_tile.cuh): 16 rows (one block row) x 128 columns
-/// (eight blocks); a tensor's tiles across a block row.
-inline constexpr std::int64_t kTileBlocks = 8;
-inline std::int64_t tiles_across(const Nvfp4Shape& s) { return (s.block_cols() + kTileBlocks - 1) / kTileBlocks; }
+/// Tiles of the tiled kernels (nvfp4_tile.cuh): 16 rows (one block row) x 128 * span
+/// columns (8 * span blocks), span 2 for whole tensors (QuantizeEntry::kTileSpan), 1 for
+/// shards (ShardEntry::kTileSpan); a tensor's tiles across a block row.
+inline constexpr int kSpanBlocks = 8;
+inline std::int64_t tiles_across(const Nvfp4Shape& s, int span) {
+  const std::int64_t blocks = std::int64_t{kSpanBlocks} * span;
+  return (s.block_cols() + blocks - 1) / blocks;
+}
 
 /// Whether a tensor takes the tiled kernels: cols % 16 == 0, so that every data byte
 /// lies in one block and a block's bytes are 16 rows of 8 bytes (else the per-block and
@@ -34,13 +38,14 @@ struct QuantizeUnits {
 /// the arguments of a quantize_nvfp4 call and where its units sit in the batch's
 /// sequences. Nvfp4Batch uploads a table of these; quantize_nvfp4 passes one by value.
 struct QuantizeEntry {
+  static constexpr int kTileSpan = 2;  ///< tiles of 16 x 256 (two 8-element chunks per thread)
   Nvfp4Shape shape;
   const std::uint16_t* src = nullptr;
   Nvfp4Planes out;
   bool tiled = false;            ///< tiled_shape(shape)
   bool vector_src = false;       ///< src is 16-byte aligned (16-byte loads)
   bool vector_data = false;      ///< out.data is 4-byte aligned (4-byte stores; tiled only)
-  std::int64_t tiles_across = 0; ///< tiles_across(shape) (tiled only)
+  std::int64_t tiles_across = 0; ///< tiles_across(shape, kTileSpan) (tiled only)
   std::int64_t first_chunk = 0;  ///< index of the tensor's first amax chunk in the batch
   std::int64_t first_tile = 0;   ///< ... first tile (tiled tensors own tiles)
   std::int64_t first_block = 0;  ///< ... first block (the others own blocks and bytes)
@@ -58,6 +63,7 @@ QuantizeUnits units_after(const QuantizeEntry& e);
 /// units sit in the batch's sequences. Nvfp4ShardBatch uploads a table of these; the
 /// per-tensor calls pass one by value.
 struct ShardEntry {
+  static constexpr int kTileSpan = 1;  ///< tiles of 16 x 128 (8 fp32 masters per thread)
   Nvfp4Shape shape;
   Range range;                      ///< the rank's flat elements
   const float* master = nullptr;    ///< element i at master[i - range.begin]
@@ -67,7 +73,7 @@ struct ShardEntry {
   bool tiled = false;               ///< tiled_shape(shape): the tiled kernels
   bool vector_master = false;       ///< master - range.begin is 16-byte aligned (16-byte loads)
   bool vector_data = false;         ///< out.data - range.begin / 2 is 4-byte aligned (4-byte stores)
-  std::int64_t tiles_across = 0;    ///< tiles_across(shape) (tiled only)
+  std::int64_t tiles_across = 0;    ///< tiles_across(shape, kTileSpan) (tiled only)
   std::int64_t first_block_row = 0; ///< the first block row of `touched`
   std::int64_t first_amax = 0;      ///< index of the tensor's first amax entry in the batch
   std::int64_t first_tile = 0;      ///< ... first tile of the touched block rows (tiled tensors)

@@ -50,7 +50,7 @@ ShardEntry make_shard_entry(const Nvfp4Shape& shape, Range range, const float* m
   const auto begin = static_cast<std::uintptr_t>(range.begin);
   e.vector_master = ((reinterpret_cast<std::uintptr_t>(master) - begin * sizeof(float)) & 15u) == 0;
   e.vector_data = ((reinterpret_cast<std::uintptr_t>(out.data) - begin / 2) & 3u) == 0;
-  e.tiles_across = e.tiled ? tiles_across(shape) : 0;
+  e.tiles_across = e.tiled ? tiles_across(shape, e.kTileSpan) : 0;
   e.first_block_row = e.touched.begin / shape.block_cols();
   e.first_amax = first.amax;
   e.first_tile = first.tiles;

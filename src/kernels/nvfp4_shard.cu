@@ -82,6 +82,9 @@ __global__ void shard_data_kernel(ShardTable t, std::int64_t units) {
 
 enum class Phase { Amax, Data };
 
+inline constexpr int kTileBlocks = ShardEntry::kTileSpan * kSpanBlocks;  // 8: one span
+static_assert(ShardEntry::kTileSpan == 1, "one chunk of 8 masters per thread");
+
 // The thread's chunk of a tile and the part of it in the range: elements [lo, hi) of
 // its 8 (lo == hi: none, also outside the tensor).
 struct ShardSpot {
@@ -138,13 +141,13 @@ __device__ __forceinline__ void to_words(const Masters& m, std::uint32_t (&w)[4]
 // to the next: a thread writes a buffer again only after the barrier of the tile in
 // between, which every thread (warp 0 too) reaches after its reads of that buffer.
 __device__ __forceinline__ std::uint32_t amax_tile(const ShardEntry& e, const tile::Where& at,
-                                                   const std::uint32_t (&w)[4], std::uint32_t (*partial)[tile::kBlocks]) {
+                                                   const std::uint32_t (&w)[4], std::uint32_t (*partial)[kTileBlocks]) {
   const std::uint32_t mine = tile::chunk_amax(w);
-  tile::partial_block_amax(mine, partial);
+  tile::partial_block_amax<kTileBlocks>(mine, partial, 0);
   __syncthreads();
-  if (threadIdx.x < tile::kBlocks) {  // block b, if it lies in the tensor
+  if (threadIdx.x < kTileBlocks) {  // block b, if it lies in the tensor
     const int b = static_cast<int>(threadIdx.x);
-    if (at.c0 + b * kNvfp4Block < e.shape.cols) mxfp8::in_global(e.amax)[at.scale0 + b] = tile::block_amax_of(partial, b);
+    if (at.c0 + b * kNvfp4Block < e.shape.cols) mxfp8::in_global(e.amax)[at.scale0 + b] = tile::block_amax_of<kTileBlocks>(partial, b);
   }
   return mine;
 }
@@ -181,7 +184,7 @@ __device__ __forceinline__ void data_tile(const ShardEntry& e, const tile::Where
 template <Phase P>
 __global__ void __launch_bounds__(kThreads, mxfp8::kBlocksPerSm)
     shard_tile_kernel(ShardTable t, std::int64_t tiles, int run) {
-  __shared__ std::uint32_t partial[2][tile::kWarps][tile::kBlocks];
+  __shared__ std::uint32_t partial[2][tile::kWarps][kTileBlocks];
   __shared__ std::uint32_t folded[tile::kWarps];
   const mxfp8::Walk<tile::kMaxRun> walk(run);
   std::int64_t u = walk.first;

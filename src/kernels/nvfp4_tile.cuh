@@ -2,12 +2,14 @@
 // (nvfp4.cu: whole tensors; nvfp4_shard.cu: a rank's ranges), the fast path of tensors
 // whose cols is a multiple of 16 (tiled_shape).
 //
-// A tile is 16 rows (one block row) x 128 columns (eight 16 x 16 blocks) of one tensor;
-// the last tile of a block row may hold fewer blocks, the last block row fewer rows.
-// 256 threads: thread t holds row t / 16 of the tile and its chunk q = t % 16 of 8
-// columns, [8q, 8q + 8), which lies in block q / 2. Warp w thus holds rows 2w and 2w + 1,
-// each as 16 consecutive chunks: a 16-byte load of bf16 per thread reads 256 contiguous
-// bytes per row (two 128-byte lines), a 4-byte store of the chunk's codes writes 64.
+// A tile is 16 rows (one block row) x S spans of 128 columns (eight 16 x 16 blocks each)
+// of one tensor (S = Entry::kTileSpan: 2 for whole tensors, whose bf16 chunks are small,
+// 1 for shards); the last tile of a block row may hold fewer blocks, the last block row
+// fewer rows. 256 threads: thread t holds row t / 16 of the tile and in each span h its
+// chunk q = t % 16 of 8 columns, [128h + 8q, 128h + 8q + 8), which lies in block
+// 8h + q / 2 of the tile. Warp w thus holds rows 2w and 2w + 1, each as 16 consecutive
+// chunks per span: a 16-byte load of bf16 per thread reads 256 contiguous bytes per row
+// (two 128-byte lines), a 4-byte store of the chunk's codes writes 64.
 // With cols % 16 == 0 a chunk is wholly inside or outside the tensor, its first
 // element's flat index is a multiple of 8 and its 4 data bytes hold its 8 elements and
 // nothing else (element 8m + j in nibble j of the chunk's bytes).
@@ -32,18 +34,18 @@
 namespace shardopt::nvfp4::tile {
 
 inline constexpr int kRows = 16;
-inline constexpr int kCols = 128;
-inline constexpr int kChunk = 8;  // elements per thread
+inline constexpr int kSpanCols = 128;  // columns of one chunk per thread: one span
+inline constexpr int kChunk = 8;       // elements of a chunk
 inline constexpr int kWarps = kThreads / 32;
-inline constexpr int kBlocks = static_cast<int>(kTileBlocks);  // blocks across a tile
 inline constexpr unsigned kFullMask = 0xFFFFFFFFu;
-static_assert(kCols == kTileBlocks * kNvfp4Block && kRows == kNvfp4Block, "a tile is one block row of 8 blocks");
-static_assert(kRows * (kCols / kChunk) == kThreads, "one chunk per thread");
+static_assert(kSpanCols == kSpanBlocks * kNvfp4Block && kRows == kNvfp4Block, "a span is one block row of 8 blocks");
+static_assert(kRows * (kSpanCols / kChunk) == kThreads, "one chunk per thread and span");
 
 /// Longest run of consecutive tiles a block takes (mxfp8::Walk; the MXFP8 batch's).
 inline constexpr int kMaxRun = 16;
 
-/// The thread's row in the tile and its chunk (columns [8q, 8q + 8) of the tile).
+/// The thread's row in the tile and its chunk q (columns [128h + 8q, 128h + 8q + 8) of
+/// the tile for each span h).
 __device__ __forceinline__ int tile_row() { return static_cast<int>(threadIdx.x) >> 4; }
 __device__ __forceinline__ int chunk() { return static_cast<int>(threadIdx.x) & 15; }
 
@@ -60,7 +62,7 @@ __device__ __forceinline__ std::int64_t first_block_row(const QuantizeEntry&) { 
 __device__ __forceinline__ std::int64_t first_block_row(const ShardEntry& e) { return e.first_block_row; }
 
 /// Where tile u (of the sequence over the entries' first_tile) is; `from`: the entry of
-/// the block's previous tile (or 0).
+/// the block's previous tile (or 0). Tiles are Entry::kTileSpan spans wide.
 template <class Entry>
 __device__ __forceinline__ Where locate(const Table<Entry>& t, std::int64_t u, int from) {
   Where w;
@@ -76,19 +78,20 @@ __device__ __forceinline__ Where locate(const Table<Entry>& t, std::int64_t u, i
   const std::int64_t tc = local - tr * en.tiles_across;
   const std::int64_t br = first_block_row(en) + tr;
   w.r0 = br * kRows;
-  w.c0 = tc * kCols;
-  w.scale0 = br * en.shape.block_cols() + tc * kBlocks;
+  w.c0 = tc * (kSpanCols * Entry::kTileSpan);
+  w.scale0 = br * en.shape.block_cols() + tc * (kSpanBlocks * Entry::kTileSpan);
   return w;
 }
 
-/// The thread's chunk of a tile: the flat index of its first element and whether it lies
-/// inside the tensor (cols % 16 == 0: all 8 elements or none).
+/// The thread's chunk of span h of a tile: the flat index of its first element and
+/// whether it lies inside the tensor (cols % 16 == 0: all 8 elements or none). Its
+/// block is block 8h + chunk() / 2 of the tile.
 struct Spot {
   std::int64_t elem;
   bool ok;
 };
-__device__ __forceinline__ Spot spot_of(const Nvfp4Shape& s, const Where& w) {
-  const std::int64_t r = w.r0 + tile_row(), c = w.c0 + kChunk * chunk();
+__device__ __forceinline__ Spot spot_of(const Nvfp4Shape& s, const Where& w, int h = 0) {
+  const std::int64_t r = w.r0 + tile_row(), c = w.c0 + kSpanCols * h + kChunk * chunk();
   return Spot{r * s.cols + c, r < s.rows && c < s.cols};
 }
 
@@ -102,20 +105,22 @@ __device__ __forceinline__ std::uint32_t chunk_amax(const std::uint32_t (&w)[4])
   return amax_bits(static_cast<std::uint16_t>(top));
 }
 
-/// Block amaxes of a tile, part one (every thread of the block calls it): from every
-/// thread's chunk amax `mine`, each warp's amax of each block over its two rows, into
-/// partial[warp][block]: the 2 lanes of a block row (xor 1), then the warp's two rows
-/// (xor 16). The caller then syncs the block and reduces the warps' partials
-/// (block_amax_of).
-__device__ __forceinline__ void partial_block_amax(std::uint32_t mine, std::uint32_t (*partial)[kBlocks]) {
+/// Block amaxes of a tile of kBlocks blocks, part one (every thread of the block calls
+/// it, once per span h): from every thread's amax `mine` of its chunk of span h, each
+/// warp's amax of each block of the span over its two rows, into partial[warp][8h + j]:
+/// the 2 lanes of a block row (xor 1), then the warp's two rows (xor 16). The caller
+/// then syncs the block and reduces the warps' partials (block_amax_of).
+template <int kBlocks>
+__device__ __forceinline__ void partial_block_amax(std::uint32_t mine, std::uint32_t (*partial)[kBlocks], int h) {
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   std::uint32_t a = max(mine, __shfl_xor_sync(kFullMask, mine, 1));  // the block's 16 columns of the row
   a = max(a, __shfl_xor_sync(kFullMask, a, 16));                      // the warp's two rows
-  if (lane < 16 && (lane & 1) == 0) partial[warp][lane >> 1] = a;
+  if (lane < 16 && (lane & 1) == 0) partial[warp][kSpanBlocks * h + (lane >> 1)] = a;
 }
 
 /// Block amaxes of a tile, part two (after the barrier): the amax of block b of the tile
 /// over its 16 rows.
+template <int kBlocks>
 __device__ __forceinline__ std::uint32_t block_amax_of(const std::uint32_t (*partial)[kBlocks], int b) {
   std::uint32_t v = partial[0][b];
 #pragma unroll
