@@ -198,8 +198,7 @@ __global__ void __launch_bounds__(kThreads, mxfp8::kBlocksPerSm)
   std::uint32_t tensor = 0;
   float decode = 0.0f;
   for (;;) {
-    const bool run_ends = walk.ends_run(u);
-    const std::int64_t next = run_ends ? u + walk.gap : u + 1;
+    const std::int64_t next = tile::next_tile(walk, u);
     const bool more = next < tiles;  // the same for the whole block
     tile::Where at_next = at;
     std::uint32_t w_next[4 * kSpans] = {};

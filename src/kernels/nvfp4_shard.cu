@@ -197,8 +197,7 @@ __global__ void __launch_bounds__(kThreads, mxfp8::kBlocksPerSm)
   int cached = -1;       // phase 2: the entry whose S_dec is `decode` (block-uniform)
   float decode = 0.0f;
   for (;;) {
-    const bool run_ends = walk.ends_run(u);
-    const std::int64_t next = run_ends ? u + walk.gap : u + 1;
+    const std::int64_t next = tile::next_tile(walk, u);
     const bool more = next < tiles;  // the same for the whole block
     tile::Where at_next = at;
     Masters m_next;

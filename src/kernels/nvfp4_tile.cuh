@@ -44,6 +44,12 @@ static_assert(kRows * (kSpanCols / kChunk) == kThreads, "one chunk per thread an
 /// Longest run of consecutive tiles a block takes (mxfp8::Walk; the MXFP8 batch's).
 inline constexpr int kMaxRun = 16;
 
+/// The tile after tile u in a block's walk (the next of its run, or the first of its
+/// next run).
+__device__ __forceinline__ std::int64_t next_tile(const mxfp8::Walk<kMaxRun>& walk, std::int64_t u) {
+  return walk.ends_run(u) ? u + walk.gap : u + 1;
+}
+
 /// The thread's row in the tile and its chunk q (columns [128h + 8q, 128h + 8q + 8) of
 /// the tile for each span h).
 __device__ __forceinline__ int tile_row() { return static_cast<int>(threadIdx.x) >> 4; }

@@ -299,16 +299,18 @@ TEST(Nvfp4Gpu, ShardedProtocolEqualsHost) {
   }
 }
 
-TEST(Nvfp4Gpu, ShardBatchEqualsPerTensorCallsAndOracle) {
-  const std::vector<Nvfp4Shape> shapes = {{37, 45}, {16, 16}, {1, 301}, {301, 1}, {640, 48}, {3, 5}};
-  std::mt19937 rng(12);
-  std::uint32_t seed = 200;
-  for (int world = 1; world <= 8; ++world) {
+// Nvfp4ShardBatch of `shapes` over each world size: even bounds (shifted by
+// t * shift - 17) for even t, random ones for odd t; the batch against the per-tensor
+// calls on the device (simulate_batch) and the assembled tensors against the oracle.
+void expect_shard_batches(const std::vector<Nvfp4Shape>& shapes, const std::vector<int>& worlds, std::uint32_t rng_seed,
+                          std::uint32_t seed, std::int64_t shift) {
+  std::mt19937 rng(rng_seed);
+  for (int world : worlds) {
     std::vector<ShardCase> cases;
     for (std::size_t t = 0; t < shapes.size(); ++t) {
       const Nvfp4Shape& s = shapes[t];
       cases.push_back({s, mxfp8_test::random_master(s.numel(), s.cols, seed++, 0.02, false),
-                       t % 2 == 0 ? mxfp8_test::even_bounds(s.numel(), world, static_cast<std::int64_t>(t) * 7 - 17)
+                       t % 2 == 0 ? mxfp8_test::even_bounds(s.numel(), world, static_cast<std::int64_t>(t) * shift - 17)
                                   : mxfp8_test::random_bounds(s.numel(), world, rng)});
     }
     std::string problems;
@@ -320,26 +322,14 @@ TEST(Nvfp4Gpu, ShardBatchEqualsPerTensorCallsAndOracle) {
   }
 }
 
+TEST(Nvfp4Gpu, ShardBatchEqualsPerTensorCallsAndOracle) {
+  expect_shard_batches({{37, 45}, {16, 16}, {1, 301}, {301, 1}, {640, 48}, {3, 5}}, {1, 2, 3, 4, 5, 6, 7, 8}, 12, 200, 7);
+}
+
 // Nvfp4ShardBatch of larger tiled tensors next to per-unit ones.
 TEST(Nvfp4Gpu, TiledShardBatchEqualsPerTensorCallsAndOracle) {
-  const std::vector<Nvfp4Shape> shapes = {{300, 2048}, {17, 33}, {40, 272}, {1, 4096}, {2048, 512}, {33, 144}};
-  std::mt19937 rng(13);
-  std::uint32_t seed = 600;
-  for (int world : {1, 2, 3, 4, 8}) {
-    std::vector<ShardCase> cases;
-    for (std::size_t t = 0; t < shapes.size(); ++t) {
-      const Nvfp4Shape& s = shapes[t];
-      cases.push_back({s, mxfp8_test::random_master(s.numel(), s.cols, seed++, 0.02, false),
-                       t % 2 == 0 ? mxfp8_test::even_bounds(s.numel(), world, static_cast<std::int64_t>(t) * 5 - 3)
-                                  : mxfp8_test::random_bounds(s.numel(), world, rng)});
-    }
-    std::string problems;
-    const auto got = simulate_batch(kCuda, cases, &problems);
-    for (std::size_t t = 0; t < cases.size(); ++t)
-      if (!(got[t] == reference(cases[t].shape, mxfp8_test::to_bf16(cases[t].master))))
-        problems += "tensor " + std::to_string(t) + " differs from the oracle; ";
-    ASSERT_TRUE(problems.empty()) << "world " << world << ": " << problems;
-  }
+  expect_shard_batches({{300, 2048}, {17, 33}, {40, 272}, {1, 4096}, {2048, 512}, {33, 144}}, {1, 2, 3, 4, 8}, 13, 600,
+                       5);
 }
 
 TEST(Nvfp4Gpu, SkipFlagReadOnTheDevice) {
