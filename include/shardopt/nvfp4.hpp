@@ -208,14 +208,14 @@ class Nvfp4ShardBatch {
   std::unique_ptr<Impl> impl_;
 };
 
-/// nvfp4_partial_amax of every tensor of `batch`, bitwise, in two launches (zero every
-/// amax buffer, then the partial amaxes). Next, all-reduce the amax buffers with u32 Max
+/// nvfp4_partial_amax of every tensor of `batch`, bitwise, in at most three launches (zero
+/// every amax buffer, then the partial amaxes). Next, all-reduce the amax buffers with u32 Max
 /// (lay them out back to back to reduce them in one call). Throws Error(InvalidArgument)
 /// when `backend` is not the batch's (or, on CUDA, the current device is not the batch's).
 void nvfp4_partial_amax_batch(const Nvfp4ShardBatch& batch, Backend backend, Stream stream);
 
-/// quantize_nvfp4_shard of every tensor of `batch`, bitwise, in two launches (scales,
-/// then data bytes). Same errors as nvfp4_partial_amax_batch.
+/// quantize_nvfp4_shard of every tensor of `batch`, bitwise, in at most three launches
+/// (scales, then data bytes). Same errors as nvfp4_partial_amax_batch.
 void quantize_nvfp4_shard_batch(const Nvfp4ShardBatch& batch, Backend backend, Stream stream);
 
 /// Decodes the data plane to f32: out[i] = fl32(e2m1 * fl32(e4m3(scale of i's block) *

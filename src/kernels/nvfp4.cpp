@@ -3,6 +3,7 @@
 // HostStream so that it joins captures). Shards: nvfp4_shard.cpp; lists: nvfp4_batch.cpp.
 #include "shardopt/nvfp4.hpp"
 
+#include <cstdint>
 #include <limits>
 #include <string>
 
@@ -31,14 +32,33 @@ void require_planes(const Nvfp4Planes& out, const std::string& prefix) {
 }
 
 QuantizeEntry make_quantize_entry(const Nvfp4Shape& shape, const std::uint16_t* src, const Nvfp4Planes& out,
-                                  std::int64_t first_block, std::int64_t first_byte) {
+                                  const QuantizeUnits& first) {
   QuantizeEntry e;
   e.shape = shape;
   e.src = src;
   e.out = out;
-  e.first_block = first_block;
-  e.first_byte = first_byte;
+  e.tiled = tiled_shape(shape);
+  e.vector_src = (reinterpret_cast<std::uintptr_t>(src) & 15u) == 0;
+  e.vector_data = (reinterpret_cast<std::uintptr_t>(out.data) & 3u) == 0;
+  e.tiles_across = e.tiled ? tiles_across(shape, e.kTileSpan) : 0;
+  e.first_chunk = first.chunks;
+  e.first_tile = first.tiles;
+  e.first_block = first.blocks;
+  e.first_byte = first.bytes;
   return e;
+}
+
+QuantizeUnits units_after(const QuantizeEntry& e) {
+  const Nvfp4Shape& s = e.shape;
+  QuantizeUnits u{e.first_chunk + (s.numel() + kAmaxChunk - 1) / kAmaxChunk, e.first_tile, e.first_block,
+                  e.first_byte};
+  if (e.tiled) {
+    u.tiles += s.block_rows() * e.tiles_across;
+  } else {
+    u.blocks += s.scale_numel();
+    u.bytes += s.data_bytes();
+  }
+  return u;
 }
 
 }  // namespace nvfp4
@@ -77,14 +97,14 @@ void quantize_nvfp4(const Nvfp4Shape& shape, const std::uint16_t* src, const Nvf
   validate(shape);
   nvfp4::require_ptr(src, "the bf16 source");
   nvfp4::require_planes(out, "");
-  const nvfp4::QuantizeEntry entry = nvfp4::make_quantize_entry(shape, src, out, 0, 0);
+  const nvfp4::QuantizeEntry entry = nvfp4::make_quantize_entry(shape, src, out, {});
   if (backend == Backend::Host) {
     host_enqueue(stream, [entry, skip_flag] {
       if (skip_flag == nullptr || *skip_flag == 0) nvfp4::host_quantize(&entry, 1);
     });
     return;
   }
-  nvfp4::launch_quantize(nullptr, 1, entry, shape.scale_numel(), shape.data_bytes(), skip_flag, stream);
+  nvfp4::launch_quantize(nullptr, 1, entry, nvfp4::units_after(entry), skip_flag, stream);
 }
 
 namespace {
@@ -130,7 +150,7 @@ void dequantize_nvfp4(const Nvfp4Shape& shape, const std::uint8_t* data, const s
 #if !SHARDOPT_HAVE_CUDA
 // A build without CUDA compiles no .cu file: the launches refuse.
 namespace shardopt::nvfp4 {
-void launch_quantize(const QuantizeEntry*, int, const QuantizeEntry&, std::int64_t, std::int64_t, const std::int32_t*, Stream) { detail::no_cuda("NVFP4"); }
+void launch_quantize(const QuantizeEntry*, int, const QuantizeEntry&, const QuantizeUnits&, const std::int32_t*, Stream) { detail::no_cuda("NVFP4"); }
 void launch_dequantize(const Nvfp4Shape&, const std::uint8_t*, const std::uint8_t*, const float*, float*, std::uint16_t*, const std::int32_t*, Stream) { detail::no_cuda("NVFP4"); }
 void launch_partial_amax(const ShardEntry*, int, const ShardEntry&, const ShardUnits&, Stream) { detail::no_cuda("NVFP4"); }
 void launch_quantize_shard(const ShardEntry*, int, const ShardEntry&, const ShardUnits&, Stream) { detail::no_cuda("NVFP4"); }

@@ -17,8 +17,7 @@ namespace shardopt {
 struct Nvfp4Batch::Impl {
   detail::EntryTable table;  // the QuantizeEntry of every tensor, in order
   std::int64_t numel = 0;
-  std::int64_t blocks = 0;  // 16 x 16 blocks of all tensors
-  std::int64_t bytes = 0;   // data bytes of all tensors
+  nvfp4::QuantizeUnits units;  // of all tensors
 };
 
 namespace {
@@ -49,9 +48,8 @@ Nvfp4Batch::Nvfp4Batch(const std::vector<Nvfp4Tensor>& tensors, Backend backend)
     } catch (const Error& e) {
       throw Error(e.code(), "Nvfp4Batch tensor " + std::to_string(i) + ": " + e.what());
     }
-    entries.push_back(nvfp4::make_quantize_entry(t.shape, t.src, t.out, im.blocks, im.bytes));
-    im.blocks += t.shape.scale_numel();
-    im.bytes += t.shape.data_bytes();
+    entries.push_back(nvfp4::make_quantize_entry(t.shape, t.src, t.out, im.units));
+    im.units = nvfp4::units_after(entries.back());
     im.numel += t.shape.numel();
   }
   im.table = detail::EntryTable(backend, entries);
@@ -76,7 +74,7 @@ void quantize_nvfp4_batch(const Nvfp4Batch& batch, const std::int32_t* skip_flag
     });
     return;
   }
-  nvfp4::launch_quantize(entries, count, nvfp4::QuantizeEntry{}, im.blocks, im.bytes, skip_flag, stream);
+  nvfp4::launch_quantize(entries, count, nvfp4::QuantizeEntry{}, im.units, skip_flag, stream);
 }
 
 }  // namespace shardopt

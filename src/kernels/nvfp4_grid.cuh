@@ -1,7 +1,8 @@
-// nvfp4_grid.cuh - the launch shape the NVFP4 kernels share: a grid-stride loop of
-// 256-thread blocks over a count of units (blocks of 16 x 16 elements, data bytes or
-// elements), one unit per thread per step; the table of a multi-tensor launch and the
-// search of a unit's tensor in it.
+// nvfp4_grid.cuh - the launch shape the per-unit NVFP4 kernels share (the general path):
+// a grid-stride loop of 256-thread blocks over a count of units (blocks of 16 x 16
+// elements, data bytes or elements), one unit per thread per step; the table of a
+// multi-tensor launch and the search of a unit's tensor in it (also used by the tiled
+// kernels, nvfp4_tile.cuh).
 #pragma once
 
 #include <algorithm>
@@ -43,6 +44,13 @@ struct Table {
       else hi = mid - 1;
     }
     return lo;
+  }
+
+  // find(u, first) when the entry of unit u is likely `from` (the entry of the unit a
+  // block worked on last): `from` itself when u lies in its units, else the search.
+  __device__ int find_from(std::int64_t u, int from, std::int64_t Entry::*first) const {
+    if (at(from).*first <= u && (from + 1 == count || at(from + 1).*first > u)) return from;
+    return find(u, first);
   }
 };
 

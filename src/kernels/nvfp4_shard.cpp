@@ -3,6 +3,7 @@
 // Nvfp4ShardBatch) and the ShardEntry of one range: the checks, then the CUDA launches
 // or the host twins (enqueued on the HostStream so that they join captures) over that
 // one entry. Lists: nvfp4_shard_batch.cpp.
+#include <cstdint>
 #include <string>
 
 #include "kernels/nvfp4_checks.hpp"
@@ -42,7 +43,17 @@ ShardEntry make_shard_entry(const Nvfp4Shape& shape, Range range, const float* m
   e.amax = amax;
   e.out = out;
   e.touched = touched_blocks(shape, range);
+  e.tiled = tiled_shape(shape);
+  // Alignment of the element / byte at index 0 of the tensor as the kernels address it
+  // (master + (i - range.begin), out.data + (k - range.begin / 2)), in integers: no
+  // pointer before an allocation is formed.
+  const auto begin = static_cast<std::uintptr_t>(range.begin);
+  e.vector_master = ((reinterpret_cast<std::uintptr_t>(master) - begin * sizeof(float)) & 15u) == 0;
+  e.vector_data = ((reinterpret_cast<std::uintptr_t>(out.data) - begin / 2) & 3u) == 0;
+  e.tiles_across = e.tiled ? tiles_across(shape, e.kTileSpan) : 0;
+  e.first_block_row = e.touched.begin / shape.block_cols();
   e.first_amax = first.amax;
+  e.first_tile = first.tiles;
   e.first_touched = first.touched;
   e.first_block = first.blocks;
   e.first_byte = first.bytes;
@@ -50,8 +61,15 @@ ShardEntry make_shard_entry(const Nvfp4Shape& shape, Range range, const float* m
 }
 
 ShardUnits units_after(const ShardEntry& e) {
-  return {e.first_amax + e.shape.amax_numel(), e.first_touched + e.touched.size(),
-          e.first_block + e.shape.scale_numel(), e.first_byte + nvfp4_shard_bytes(e.range).size()};
+  ShardUnits u{e.first_amax + e.shape.amax_numel(), e.first_tile, e.first_touched,
+               e.first_block + e.shape.scale_numel(), e.first_byte};
+  if (e.tiled) {
+    u.tiles += e.touched.size() / e.shape.block_cols() * e.tiles_across;
+  } else {
+    u.touched += e.touched.size();
+    u.bytes += nvfp4_shard_bytes(e.range).size();
+  }
+  return u;
 }
 
 }  // namespace nvfp4

@@ -1,6 +1,8 @@
 // NVFP4 on the GPU: the CUDA kernels equal the host twin bitwise (and so the oracle) on
 // the host suite's cases: ties and tiny blocks, every bf16 block amax, random data from
-// 1e-30 to 1e30, subnormals, the NaN / Inf refusal, large and odd shapes, the batch,
+// 1e-30 to 1e30, subnormals, the NaN / Inf refusal, large and odd shapes, the batch, the
+// tiled kernels' cases (partial tiles, many tiles, unaligned buffers, sharded and
+// batched tiled tensors),
 // dequantize to f32 and bf16, the sharded protocol simulated on the device (world
 // sizes 1-8, boundaries at every element of a block), Nvfp4ShardBatch (against the
 // per-tensor calls on the device and the oracle), and the skip flag read on the device
@@ -92,6 +94,145 @@ TEST(Nvfp4Gpu, EveryBf16BlockAmax) {
   expect_twins(s, x, "every block amax");
 }
 
+// The tiled kernels (cols % 16 == 0): tiles partial across (fewer than 8 blocks) and
+// down (rows % 16 != 0), many blocks per row, more tiles than one wave of resident
+// blocks takes in runs (and more amax chunks than blocks), a refusal that only one
+// block of threads sees.
+TEST(Nvfp4Gpu, TiledShapes) {
+  const std::vector<Nvfp4Shape> shapes = {{1, 16},    {2, 32},     {16, 128},  {17, 48},   {33, 144},
+                                          {15, 2064}, {100, 2048}, {31, 1040}, {300, 272}, {1000, 1040}};
+  std::uint32_t seed = 300;
+  for (const auto& s : shapes) {
+    expect_twins(s, mxfp8_test::random_bf16(s.numel(), s.cols, seed++, -40, 40), name_of(s) + " tiled wide");
+    expect_twins(s, mxfp8_test::random_bf16(s.numel(), s.cols, seed++, -2, 2), name_of(s) + " tiled narrow");
+  }
+  const Nvfp4Shape s{1000, 1040};
+  auto x = mxfp8_test::random_bf16(s.numel(), s.cols, 320, -5, 5);
+  for (std::uint16_t special : {std::uint16_t{0x7FC0}, std::uint16_t{0xFF80}}) {
+    auto y = x;
+    y[777777] = special;
+    expect_twins(s, y, "tiled refused");
+  }
+  // 8192 x 2304: 9216 tiles (more than 132 SMs x 4 blocks x runs of 16), 1152 chunks.
+  const Nvfp4Shape big{8192, 2304};
+  const auto xb = mxfp8_test::fast_random_bf16(big.numel(), big.cols, 321);
+  const ref::Quantized cuda = quantize_on(kCuda, big, xb), host = quantize_on(kHost, big, xb);
+  EXPECT_TRUE(cuda.data == host.data) << "8192x2304 data: " << first_diff(cuda.data, host.data);
+  EXPECT_TRUE(cuda.scale == host.scale) << "8192x2304 scales: " << first_diff(cuda.scale, host.scale);
+  EXPECT_EQ(cuda.amax, host.amax);
+  EXPECT_EQ(cuda.decode_scale, host.decode_scale);
+}
+
+// Whole-tensor quantize with the source `src_off` elements and the data `data_off`
+// bytes past an allocation's start (no 16-byte loads / 4-byte stores); the bytes before
+// the data must stay poisoned.
+ref::Quantized quantize_offset(const Nvfp4Shape& s, const std::vector<std::uint16_t>& x, int src_off,
+                               int data_off) {
+  std::vector<std::uint16_t> padded(static_cast<std::size_t>(src_off), 0x7FC0);  // NaN: must not be read
+  padded.insert(padded.end(), x.begin(), x.end());
+  const DeviceBuffer src = upload(kCuda, padded);
+  DevicePlanes out(kCuda, s);
+  const DeviceBuffer data =
+      upload(kCuda, std::vector<std::uint8_t>(static_cast<std::size_t>(data_off + s.data_bytes()), kPoison));
+  Nvfp4Planes planes = out.planes();
+  planes.data = data.as<std::uint8_t>() + data_off;
+  quantize_nvfp4(s, src.as<std::uint16_t>() + src_off, planes, nullptr, kCuda, nullptr);
+  ref::Quantized q = out.get(kCuda, s);
+  const auto all = download<std::uint8_t>(kCuda, data, static_cast<std::size_t>(data_off + s.data_bytes()));
+  for (int k = 0; k < data_off; ++k) EXPECT_EQ(all[static_cast<std::size_t>(k)], kPoison) << "byte before the data";
+  q.data.assign(all.begin() + data_off, all.end());
+  return q;
+}
+
+TEST(Nvfp4Gpu, TiledUnalignedBuffers) {
+  for (const Nvfp4Shape& s : {Nvfp4Shape{40, 272}, Nvfp4Shape{17, 48}, Nvfp4Shape{37, 45}}) {
+    const auto x = mxfp8_test::random_bf16(s.numel(), s.cols, 330, -6, 6);
+    const ref::Quantized want = quantize_on(kHost, s, x);
+    for (int src_off : {0, 1, 3, 4})
+      for (int data_off : {0, 1, 2})
+        EXPECT_TRUE(quantize_offset(s, x, src_off, data_off) == want)
+            << name_of(s) << " source +" << src_off << " elements, data +" << data_off << " bytes";
+  }
+}
+
+// The sharded protocol (as simulate) with every rank's master `master_off` floats and
+// its data span `data_off` bytes past an allocation's start.
+ref::Quantized simulate_offset(const Nvfp4Shape& s, const std::vector<float>& master,
+                               const std::vector<std::int64_t>& bounds, int master_off, int data_off) {
+  const int world = static_cast<int>(bounds.size()) - 1;
+  const auto na = static_cast<std::size_t>(s.amax_numel());
+  std::vector<float> padded(static_cast<std::size_t>(master_off), 0.0f);
+  padded.insert(padded.end(), master.begin(), master.end());
+  const DeviceBuffer master_dev = upload(kCuda, padded);
+  auto range_of = [&](int r) {
+    return Range{bounds[static_cast<std::size_t>(r)], bounds[static_cast<std::size_t>(r) + 1]};
+  };
+  auto shard_of = [&](int r) { return master_dev.as<float>() + master_off + bounds[static_cast<std::size_t>(r)]; };
+  std::vector<std::vector<std::uint32_t>> partial;
+  for (int r = 0; r < world; ++r) {
+    const DeviceBuffer amax = upload(kCuda, std::vector<std::uint32_t>(na, kPoisonWord));
+    nvfp4_partial_amax(s, range_of(r), shard_of(r), amax.as<std::uint32_t>(), kCuda, nullptr);
+    partial.push_back(download<std::uint32_t>(kCuda, amax, na));
+  }
+  const DeviceBuffer combined = upload(kCuda, mxfp8_test::all_reduce_max(partial));
+  ref::Quantized out;
+  out.data.assign(static_cast<std::size_t>(s.data_bytes()), 0);
+  for (int r = 0; r < world; ++r) {
+    const Range range = range_of(r), span = nvfp4_shard_bytes(range);
+    DevicePlanes p(kCuda, s);
+    const auto n = static_cast<std::size_t>(data_off + span.size());
+    const DeviceBuffer data = upload(kCuda, std::vector<std::uint8_t>(n + 4, kPoison));
+    Nvfp4Planes planes = p.planes();
+    planes.data = range.size() > 0 ? data.as<std::uint8_t>() + data_off : nullptr;
+    quantize_nvfp4_shard(s, range, shard_of(r), combined.as<std::uint32_t>(), planes, kCuda, nullptr);
+    const ref::Quantized q = p.get(kCuda, s);
+    out.scale = q.scale;
+    out.amax = q.amax;
+    out.decode_scale = q.decode_scale;
+    const auto got = download<std::uint8_t>(kCuda, data, n + 4);
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      const auto kk = static_cast<std::int64_t>(k) - data_off;
+      if (kk >= 0 && kk < span.size()) {
+        out.data[static_cast<std::size_t>(span.begin + kk)] |= got[k];
+      } else {
+        EXPECT_EQ(got[k], kPoison) << "rank " << r << " wrote outside its span";
+      }
+    }
+  }
+  return out;
+}
+
+// Sharded tiled tensors: larger shapes, partial tiles, world sizes 1-8, boundaries at
+// every element of the first block row (and one past), unaligned masters and spans.
+TEST(Nvfp4Gpu, TiledShardedProtocol) {
+  std::mt19937 rng(40);
+  std::uint32_t seed = 400;
+  for (const Nvfp4Shape& s : {Nvfp4Shape{40, 272}, Nvfp4Shape{300, 2048}, Nvfp4Shape{33, 144}}) {
+    const auto master = mxfp8_test::random_master(s.numel(), s.cols, seed++, 0.02, false);
+    const ref::Quantized want = reference(s, mxfp8_test::to_bf16(master));
+    auto check = [&](const std::vector<std::int64_t>& bounds, const std::string& what) {
+      std::string problems;
+      const bool ok = simulate(kCuda, s, master, bounds, &problems) == want && problems.empty();
+      EXPECT_TRUE(ok) << name_of(s) << " " << what << ": " << problems;
+      return ok;
+    };
+    if (s.numel() < 20000)
+      for (std::int64_t b = 0; b <= 16 * s.cols + 16; ++b)
+        if (!check({0, b, s.numel()}, "boundary " + std::to_string(b))) return;
+    for (int world = 1; world <= 8; ++world)
+      for (int t = 0; t < 3; ++t)
+        if (!check(mxfp8_test::random_bounds(s.numel(), world, rng), "world " + std::to_string(world))) return;
+    for (int master_off : {0, 1, 2})
+      for (int data_off : {0, 1, 3})
+        for (int world : {1, 3, 4}) {
+          const auto bounds = world == 4 ? mxfp8_test::even_bounds(s.numel(), 4, 0)
+                                         : mxfp8_test::random_bounds(s.numel(), world, rng);
+          EXPECT_TRUE(simulate_offset(s, master, bounds, master_off, data_off) == want)
+              << name_of(s) << " master +" << master_off << " data +" << data_off << " world " << world;
+        }
+  }
+}
+
 // Tensors of `shapes` with random bf16 values (magnitudes 2^-k..2^k, seeds from
 // `seed`; tensor `refused`, if any, holds a NaN) in device memory, and their poisoned
 // outputs: the list of an Nvfp4Batch.
@@ -124,6 +265,19 @@ TEST(Nvfp4Gpu, BatchEqualsHostBatch) {
     EXPECT_TRUE(outs[t]->get(kCuda, shapes[t]) == quantize_on(kHost, shapes[t], xs[t])) << "tensor " << t;
 }
 
+// A batch mixing tiled and per-unit tensors, several tiles each (runs of the walk end
+// mid-tensor), a refused tiled tensor, and one tensor that needs many blocks.
+TEST(Nvfp4Gpu, TiledBatchEqualsHostBatch) {
+  const CudaTensors c({{16, 16}, {17, 33}, {40, 272}, {1, 1}, {300, 512}, {3, 301}, {2048, 1024}, {1, 4096},
+                       {64, 80}, {5, 48}},
+                      500, 12, 8);
+  const Nvfp4Batch batch(c.tensors, kCuda);
+  quantize_nvfp4_batch(batch, nullptr, kCuda, nullptr);
+  for (std::size_t t = 0; t < c.shapes.size(); ++t)
+    EXPECT_TRUE(c.outs[t]->get(kCuda, c.shapes[t]) == quantize_on(kHost, c.shapes[t], c.xs[t]))
+        << "tensor " << t << " " << name_of(c.shapes[t]);
+}
+
 TEST(Nvfp4Gpu, ShardedProtocolEqualsHost) {
   const std::vector<Nvfp4Shape> shapes = {{37, 45}, {64, 96}, {17, 17}, {1, 301}};
   std::mt19937 rng(4);
@@ -145,16 +299,18 @@ TEST(Nvfp4Gpu, ShardedProtocolEqualsHost) {
   }
 }
 
-TEST(Nvfp4Gpu, ShardBatchEqualsPerTensorCallsAndOracle) {
-  const std::vector<Nvfp4Shape> shapes = {{37, 45}, {16, 16}, {1, 301}, {301, 1}, {640, 48}, {3, 5}};
-  std::mt19937 rng(12);
-  std::uint32_t seed = 200;
-  for (int world = 1; world <= 8; ++world) {
+// Nvfp4ShardBatch of `shapes` over each world size: even bounds (shifted by
+// t * shift - 17) for even t, random ones for odd t; the batch against the per-tensor
+// calls on the device (simulate_batch) and the assembled tensors against the oracle.
+void expect_shard_batches(const std::vector<Nvfp4Shape>& shapes, const std::vector<int>& worlds, std::uint32_t rng_seed,
+                          std::uint32_t seed, std::int64_t shift) {
+  std::mt19937 rng(rng_seed);
+  for (int world : worlds) {
     std::vector<ShardCase> cases;
     for (std::size_t t = 0; t < shapes.size(); ++t) {
       const Nvfp4Shape& s = shapes[t];
       cases.push_back({s, mxfp8_test::random_master(s.numel(), s.cols, seed++, 0.02, false),
-                       t % 2 == 0 ? mxfp8_test::even_bounds(s.numel(), world, static_cast<std::int64_t>(t) * 7 - 17)
+                       t % 2 == 0 ? mxfp8_test::even_bounds(s.numel(), world, static_cast<std::int64_t>(t) * shift - 17)
                                   : mxfp8_test::random_bounds(s.numel(), world, rng)});
     }
     std::string problems;
@@ -166,13 +322,23 @@ TEST(Nvfp4Gpu, ShardBatchEqualsPerTensorCallsAndOracle) {
   }
 }
 
+TEST(Nvfp4Gpu, ShardBatchEqualsPerTensorCallsAndOracle) {
+  expect_shard_batches({{37, 45}, {16, 16}, {1, 301}, {301, 1}, {640, 48}, {3, 5}}, {1, 2, 3, 4, 5, 6, 7, 8}, 12, 200, 7);
+}
+
+// Nvfp4ShardBatch of larger tiled tensors next to per-unit ones.
+TEST(Nvfp4Gpu, TiledShardBatchEqualsPerTensorCallsAndOracle) {
+  expect_shard_batches({{300, 2048}, {17, 33}, {40, 272}, {1, 4096}, {2048, 512}, {33, 144}}, {1, 2, 3, 4, 8}, 13, 600,
+                       5);
+}
+
 TEST(Nvfp4Gpu, SkipFlagReadOnTheDevice) {
-  const CudaTensors c({{16, 16}, {17, 33}, {130, 129}}, 60, 9, SIZE_MAX);
+  const CudaTensors c({{16, 16}, {17, 33}, {130, 129}, {100, 2048}}, 60, 9, SIZE_MAX);
   const auto& shapes = c.shapes;
   const auto& xs = c.xs;
   const auto& outs = c.outs;
   const Nvfp4Batch batch(c.tensors, kCuda);
-  const Nvfp4Shape one_shape{24, 40};
+  const Nvfp4Shape one_shape{24, 48};  // tiled
   const auto one_x = mxfp8_test::random_bf16(one_shape.numel(), one_shape.cols, 70, -5, 5);
   const DeviceBuffer one_src = upload(kCuda, one_x);
   DevicePlanes one(kCuda, one_shape);

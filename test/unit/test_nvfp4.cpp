@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/nvfp4_math.cuh"
 #include "shardopt/error.hpp"
 #include "shardopt/host_stream.hpp"
 #include "shardopt/nvfp4.hpp"
@@ -44,6 +45,45 @@ void expect_same(const ref::Quantized& got, const ref::Quantized& want, const st
 // A [16, 32] tensor: block 0 (columns 0-15) holds 2688, so S_enc = 2688 / 2688 = 1 and
 // S_dec = 1; block 1 (columns 16-31) holds the values of row 0 below, amax 6, so its
 // scale is e4m3(6 * fl32(1/6)) = e4m3(1.0) and its multiplier exactly 1.
+// f32_to_e2m1 (threshold arithmetic, nvfp4_math.cuh) equals the library's generic
+// binary-format rounding (round_magnitude<2, 1> plus saturation, the rule's definition)
+// on every f32 within 2^13 bit patterns of each place where the code changes (the
+// midpoints, 1, 6, Inf, zero; both signs), on NaNs, and on every 61st f32 pattern. (All
+// 2^32 inputs were checked once, 2026-11-25.)
+std::uint8_t generic_e2m1(float f) {
+  const std::uint32_t u = num::f32_bits(f);
+  const std::uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return 0;
+  std::uint32_t code = a == 0x7F800000u ? 7u : num::detail::round_magnitude<2, 1>(a);
+  if (code > 7u) code = 7u;
+  return static_cast<std::uint8_t>(((u >> 28) & 0x8u) | code);
+}
+
+TEST(Nvfp4, E2m1EqualsGenericRounding) {
+  std::int64_t checked = 0;
+  auto check = [&](std::uint32_t bits) {
+    const float f = num::f32_from_bits(bits);
+    ++checked;
+    if (nvfp4::f32_to_e2m1(f) != generic_e2m1(f)) {
+      ADD_FAILURE() << "f32 bits 0x" << std::hex << bits << ": " << int{nvfp4::f32_to_e2m1(f)} << " != "
+                    << int{generic_e2m1(f)};
+      return false;
+    }
+    return true;
+  };
+  for (std::uint32_t anchor : {0x00000000u, 0x3E800000u, 0x3F400000u, 0x3F800000u, 0x3FA00000u, 0x3FE00000u,
+                               0x40200000u, 0x40600000u, 0x40A00000u, 0x40C00000u, 0x7F800000u, 0x7FC00000u})
+    for (std::uint32_t sign : {0u, 0x80000000u})
+      for (std::int64_t d = -8192; d <= 8192; ++d) {
+        const std::int64_t bits = static_cast<std::int64_t>(anchor) + d;
+        if (bits < 0 || bits > 0x7FFFFFFF) continue;
+        if (!check(static_cast<std::uint32_t>(bits) | sign)) return;
+      }
+  for (std::uint64_t bits = 0; bits <= 0xFFFFFFFFu; bits += 61)
+    if (!check(static_cast<std::uint32_t>(bits))) return;
+  EXPECT_GT(checked, 70000000);
+}
+
 TEST(Nvfp4, E2m1TiesAfterScalingRoundToEven) {
   const Nvfp4Shape s{16, 32};
   std::vector<std::uint16_t> x(static_cast<std::size_t>(s.numel()), 0);
