@@ -269,6 +269,8 @@ phase_sanitize() {
   #                         the warp shuffles of mxfp8_tile.cuh, per tensor
   #   gpu_mxfp8_batch       quantize_kernel<TensorList> (mxfp8_batch.cu)
   #   gpu_mxfp8_shard_batch shard_kernel over tables (mxfp8_shard.cu), both phases
+  #   gpu_nvfp4             the tiled NVFP4 kernels (nvfp4.cu, nvfp4_shard.cu: shared memory,
+  #                         barriers, warp shuffles), whole tensor, batch and sharded
   #   gpu_trainer_ops       block_sum / block_max users and k_embed_links, k_dispatch_assign,
   #                         k_sumsq_partial / k_sumsq_final (examples/trainer/cuda_ops.cu)
   # (test/gpu/test_comm_kernels.cu's spin_then_fill_kernel has a barrier but runs only in
@@ -278,6 +280,7 @@ phase_sanitize() {
     "test/gpu_mxfp8 Mxfp8Gpu.RandomShapesMatchReference:Mxfp8Gpu.SpecialValuesMatchReference:Mxfp8Gpu.MisalignedPointersAndOddWidthsUseTheScalarPaths:Mxfp8Gpu.GroupedEqualsDiscreteAndHonoursTheSkipFlag:Mxfp8Gpu.MemberTableWithScatteredMembers:Mxfp8Gpu.ShardedWorldSizes1To8:Mxfp8Gpu.DequantizeEqualsHostTwin"
     "test/gpu_mxfp8_batch Mxfp8BatchGpu.AFirstUseUnderCaptureWorks:Mxfp8BatchGpu.MixedListsKernelEqualsHostTwinAndOracle:Mxfp8BatchGpu.EagerSkipFlagWritesNothing"
     "test/gpu_mxfp8_shard_batch Mxfp8ShardBatchGpu.AFirstUseUnderCaptureWorks:Mxfp8ShardBatchGpu.MixedListsOverWorldsOf1To8KernelEqualsHostTwinAndOracle:Mxfp8ShardBatchGpu.ScaleLayoutsAndListOrdersKernelEqualsHostTwin:Mxfp8ShardBatchGpu.MisalignedMastersAndDataPlanesKernelEqualsHostTwin:Mxfp8ShardBatchGpu.SpecialValuesInMidBlockRangesKernelEqualsHostTwin"
+    "test/gpu_nvfp4 Nvfp4Gpu.TiledShapes:Nvfp4Gpu.TiledUnalignedBuffers:Nvfp4Gpu.TiledBatchEqualsHostBatch:Nvfp4Gpu.TiledShardedProtocol:Nvfp4Gpu.TiledShardBatchEqualsPerTensorCallsAndOracle"
     "examples/trainer/gpu_trainer_ops OpsPair.ElementAndRowOps:OpsPair.EmbeddingForwardAndBackward:OpsPair.RouterDispatchCombine:OpsPair.CrossEntropyPackAndSumsq:OpsPair.F32NormWeightsAndF32InitAreBitwiseTheirBf16Twins"
   )
   local tool t bin filter
