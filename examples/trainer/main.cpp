@@ -230,17 +230,15 @@ int main(int argc, char** argv) {
   int code = 0;
   try {
     code = run(argc, argv, rank);
-  } catch (const shardopt::Error& e) {
-    if (e.code() == shardopt::ErrorCode::Timeout) {
+  } catch (const std::exception& e) {
+    const auto* error = dynamic_cast<const shardopt::Error*>(&e);
+    if (error != nullptr && error->code() == shardopt::ErrorCode::Timeout) {
       // A dead or stuck rank: this job cannot go on. End it, so that the launcher can
       // restart it from the last checkpoint (--resume).
       std::fprintf(stderr, "[rank %d] timeout: %s\nrestart the job with --resume <the last checkpoint>\n", rank,
                    e.what());
       MPI_Abort(MPI_COMM_WORLD, 3);
     }
-    std::fprintf(stderr, "[rank %d] error: %s\n", rank, e.what());
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  } catch (const std::exception& e) {
     std::fprintf(stderr, "[rank %d] error: %s\n", rank, e.what());
     MPI_Abort(MPI_COMM_WORLD, 2);
   }

@@ -42,6 +42,9 @@ enum class ReduceOp {
   Max,
 };
 
+/// "Sum", "Average" or "Max" ("?" for a value outside the enum).
+const char* to_string(ReduceOp op) noexcept;
+
 /// The id every rank of a new NCCL group needs; rank 0 creates it and the trainer's own
 /// launcher distributes the bytes.
 struct UniqueId {

@@ -26,9 +26,9 @@ struct WatchdogOptions {
   std::chrono::milliseconds wait_timeout{0};
   /// Longest time one replayed StepGraph iteration may take, counted from its replay()
   /// call, or from the moment the replay queued before it finished if that is later.
-  /// CUDA: a background thread watches each replay's completion (a CUDA event recorded
-  /// after the launch, never inside the graph) and aborts the communicator when it is
-  /// late; host backend: it bounds every collective inside the replay. Default 5
+  /// CUDA: a background thread watches each replay's completion (a one-thread kernel at
+  /// the end of the captured iteration counts it into pinned host memory; replay() itself
+  /// makes no CUDA call for it) and aborts the communicator when it is late; host backend: it bounds every collective inside the replay. Default 5
   /// minutes: far above any real step (seconds), far below the hours a hung job wastes.
   std::chrono::milliseconds step_timeout{std::chrono::minutes(5)};
 };

@@ -29,15 +29,6 @@ namespace shardopt {
 namespace detail {
 namespace {
 
-const char* op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return "Sum";
-    case ReduceOp::Average: return "Average";
-    case ReduceOp::Max: return "Max";
-  }
-  return "?";
-}
-
 // The store options as one number, so that ranks can compare them in one all-gather:
 // bits 0-7 grad dtype, 8 with_params, 9 nccl_registered, 10-11 grad_reduce, 16 valid,
 // 17-20 staged_gather_bytes, 24-31 buffer_params entries, 32-63 their values (a layout
@@ -61,7 +52,7 @@ std::string describe_options(std::uint64_t v) {
   for (int i = 0; i < entries && i < 32; ++i) params += (v >> (32 + i)) & 1 ? '1' : '0';
   return std::string("grad_dtype=") + to_string(dtype) + " with_params=" + ((v >> 8) & 1 ? "true" : "false") +
          " nccl_registered=" + ((v >> 9) & 1 ? "true" : "false") +
-         " grad_reduce=" + op_name(static_cast<ReduceOp>((v >> 10) & 3)) +
+         " grad_reduce=" + to_string(static_cast<ReduceOp>((v >> 10) & 3)) +
          " staged_gather_bytes=" + std::to_string((v >> 17) & 15) +
          " staged_gather_rank_bytes=" + ((v >> 21) & 1 ? "per bucket" : "unset") + " buffer_params=[" + params + "]";
 }
@@ -352,7 +343,7 @@ class BucketStoreImpl {
     if (!is_float_storage(options.grad_dtype))
       problem = std::string("grad_dtype ") + to_string(options.grad_dtype) + " is not a gradient type; use f32, bf16 or f16";
     else if (options.grad_reduce != ReduceOp::Sum && options.grad_reduce != ReduceOp::Average)
-      problem = std::string("grad_reduce ") + op_name(options.grad_reduce) + " is not a gradient reduction; use Sum or Average";
+      problem = std::string("grad_reduce ") + to_string(options.grad_reduce) + " is not a gradient reduction; use Sum or Average";
     else if (!options.buffer_params.empty() && options.buffer_params.size() != layout.buffers().size())
       problem = "buffer_params has " + std::to_string(options.buffer_params.size()) + " entries but the layout has " +
                 std::to_string(layout.buffers().size()) + " buffers; give one entry per buffer (or none)";

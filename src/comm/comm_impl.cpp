@@ -13,15 +13,6 @@
 namespace shardopt::detail {
 namespace {
 
-const char* op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return "Sum";
-    case ReduceOp::Average: return "Average";
-    case ReduceOp::Max: return "Max";
-  }
-  return "?";
-}
-
 bool known_op(ReduceOp op) { return op == ReduceOp::Sum || op == ReduceOp::Average || op == ReduceOp::Max; }
 
 bool known_dtype(DType t) { return size_of(t) != 0; }
@@ -226,10 +217,10 @@ void CommImpl::all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp 
                          " cannot be reduced; use f32, bf16, f16, u32 or e8m0 (Max only)");
     SHARDOPT_REQUIRE(known_op(op), ErrorCode::InvalidArgument, "all_reduce: unknown ReduceOp");
     SHARDOPT_REQUIRE(!(dtype == DType::u32 && op == ReduceOp::Average), ErrorCode::InvalidArgument,
-                     std::string("all_reduce: ReduceOp::") + op_name(op) +
+                     std::string("all_reduce: ReduceOp::") + to_string(op) +
                          " is not defined for u32; use Sum or Max (or a float dtype)");
     SHARDOPT_REQUIRE(!(dtype == DType::e8m0 && op != ReduceOp::Max), ErrorCode::InvalidArgument,
-                     std::string("all_reduce: ReduceOp::") + op_name(op) +
+                     std::string("all_reduce: ReduceOp::") + to_string(op) +
                          " is not defined for e8m0 scale bytes; use Max (the byte-wise maximum of MXFP8 "
                          "scales, 8-bit unsigned)");
     check_count(count, data, "all_reduce");

@@ -8,6 +8,16 @@
 #include "shardopt/error.hpp"
 
 namespace shardopt {
+
+const char* to_string(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::Sum: return "Sum";
+    case ReduceOp::Average: return "Average";
+    case ReduceOp::Max: return "Max";
+  }
+  return "?";
+}
+
 namespace {
 detail::CommImpl& usable(const std::shared_ptr<detail::CommImpl>& impl) { return detail::require_impl(impl.get()); }
 }  // namespace

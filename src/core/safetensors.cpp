@@ -227,8 +227,7 @@ void SafetensorsWriter::write(std::size_t index, const void* data, std::size_t n
       // runs, so the checksum costs no time of its own.
       const std::uint32_t before = crc_;
       auto crc = std::async(std::launch::async, [before, data, n] { return crc32c_update(before, data, n); });
-      file_->file().write_all(data, n);
-      file_->file().start_writeback(data_offset_ + written_ - n, n);  // the disk starts now, not at fsync
+      write_out(data, n);
       crc_ = crc.get();
     } else {
       crc_ = crc32c_update(crc_, data, n);
@@ -243,8 +242,14 @@ void SafetensorsWriter::write(std::size_t index, const void* data, std::size_t n
 
 void SafetensorsWriter::flush_buffer() {
   if (buffer_.empty()) return;
-  file_->file().write_all(buffer_.data(), buffer_.size());
+  write_out(buffer_.data(), buffer_.size());
   buffer_.clear();
+}
+
+void SafetensorsWriter::write_out(const void* data, std::size_t n) {
+  file_->file().write_all(data, n);
+  file_->file().start_writeback(data_offset_ + in_file_, n);  // the disk starts now, not at fsync
+  in_file_ += n;
 }
 
 std::uint32_t SafetensorsWriter::finish() {

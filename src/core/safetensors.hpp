@@ -99,6 +99,8 @@ class SafetensorsWriter {
  private:
   void require_usable(const char* what) const;
   void flush_buffer();
+  // Appends n data bytes to the file and starts their writeback.
+  void write_out(const void* data, std::size_t n);
 
   std::string path_;
   std::string temp_path_;
@@ -114,6 +116,7 @@ class SafetensorsWriter {
   std::uint64_t checksum_at_ = 0;  // file offset of the 8 hex digits to patch
   std::size_t current_ = 0;        // tensor being filled
   std::uint64_t written_ = 0;      // bytes of the data section written so far
+  std::uint64_t in_file_ = 0;      // of those, the ones in the file (the rest wait in buffer_)
   std::uint32_t crc_ = 0;
   std::vector<char> buffer_;       // coalesces small writes
 };

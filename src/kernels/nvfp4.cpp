@@ -24,11 +24,15 @@ void require_ptr(const void* p, const std::string& what) {
                    "NVFP4: " + what + " is null; pass memory of the backend of the right size");
 }
 
-void require_planes(const Nvfp4Planes& out, const std::string& prefix) {
-  require_ptr(out.data, prefix + "out.data");
-  require_ptr(out.scale, prefix + "out.scale");
-  require_ptr(out.amax, prefix + "out.amax");
-  require_ptr(out.decode_scale, prefix + "out.decode_scale");
+void require_scale_planes(const Nvfp4Planes& out) {
+  require_ptr(out.scale, "out.scale");
+  require_ptr(out.amax, "out.amax");
+  require_ptr(out.decode_scale, "out.decode_scale");
+}
+
+void require_planes(const Nvfp4Planes& out) {
+  require_ptr(out.data, "out.data");
+  require_scale_planes(out);
 }
 
 QuantizeEntry make_quantize_entry(const Nvfp4Shape& shape, const std::uint16_t* src, const Nvfp4Planes& out,
@@ -96,7 +100,7 @@ void quantize_nvfp4(const Nvfp4Shape& shape, const std::uint16_t* src, const Nvf
                     const std::int32_t* skip_flag, Backend backend, Stream stream) {
   validate(shape);
   nvfp4::require_ptr(src, "the bf16 source");
-  nvfp4::require_planes(out, "");
+  nvfp4::require_planes(out);
   const nvfp4::QuantizeEntry entry = nvfp4::make_quantize_entry(shape, src, out, {});
   if (backend == Backend::Host) {
     host_enqueue(stream, [entry, skip_flag] {

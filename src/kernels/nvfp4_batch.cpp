@@ -44,7 +44,7 @@ Nvfp4Batch::Nvfp4Batch(const std::vector<Nvfp4Tensor>& tensors, Backend backend)
     try {
       validate(t.shape);
       nvfp4::require_ptr(t.src, "the bf16 source");
-      nvfp4::require_planes(t.out, "");
+      nvfp4::require_planes(t.out);
     } catch (const Error& e) {
       throw Error(e.code(), "Nvfp4Batch tensor " + std::to_string(i) + ": " + e.what());
     }

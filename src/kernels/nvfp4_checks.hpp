@@ -10,8 +10,10 @@ namespace shardopt::nvfp4 {
 
 /// Throws Error(InvalidArgument) naming `what` when `p` is null.
 void require_ptr(const void* p, const std::string& what);
-/// require_ptr of the four outputs, their names prefixed with `prefix`.
-void require_planes(const Nvfp4Planes& out, const std::string& prefix);
+/// require_ptr of the scale plane and the two fp32 values.
+void require_scale_planes(const Nvfp4Planes& out);
+/// require_ptr of the four outputs.
+void require_planes(const Nvfp4Planes& out);
 /// The checks of a sharded call: the shape, the range inside it (Error(OutOfRange)), a
 /// master for a non-empty range, the amax buffer.
 void require_shard(const Nvfp4Shape& shape, Range range, const float* master, const void* amax);

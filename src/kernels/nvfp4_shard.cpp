@@ -29,9 +29,7 @@ void require_shard(const Nvfp4Shape& s, Range range, const float* master, const 
 
 void require_shard_planes(const Nvfp4Planes& out, Range range) {
   if (range.size() > 0) require_ptr(out.data, "out.data (the first byte of the shard's span)");
-  require_ptr(out.scale, "out.scale");
-  require_ptr(out.amax, "out.amax");
-  require_ptr(out.decode_scale, "out.decode_scale");
+  require_scale_planes(out);
 }
 
 ShardEntry make_shard_entry(const Nvfp4Shape& shape, Range range, const float* master, std::uint32_t* amax,

@@ -91,6 +91,7 @@ BucketStoreOptions store_options(const Layout& L, const DistributedAdamOptions& 
   so.grad_dtype = o.grad_dtype;
   so.nccl_registered = o.nccl_registered;
   so.grad_reduce = o.grad_reduce;
+  const std::vector<bool> q = quantized_buffers(L, o);
   if (o.param_format == ParamFormat::Mxfp8) {
     // The grad buffer carries the MXFP8 all-gather: 2 bytes per element of room.
     SHARDOPT_REQUIRE(size_of(o.grad_dtype) >= static_cast<std::size_t>(detail::kMxfp8StagedBytes),
@@ -103,10 +104,9 @@ BucketStoreOptions store_options(const Layout& L, const DistributedAdamOptions& 
   } else if (o.param_format == ParamFormat::Nvfp4) {
     // Half a byte per element (plus the bytes shared at odd boundaries): any gradient
     // dtype has the room; the store checks each bucket.
-    so.staged_gather_rank_bytes = detail::nvfp4_staged_rank_bytes(L, quantized_buffers(L, o));
+    so.staged_gather_rank_bytes = detail::nvfp4_staged_rank_bytes(L, q);
   }
   if (o.param_format != ParamFormat::Native) {
-    const std::vector<bool> q = quantized_buffers(L, o);
     so.buffer_params.assign(q.size(), true);
     for (std::size_t b = 0; b < q.size(); ++b) so.buffer_params[b] = !q[b];
   }
@@ -217,11 +217,11 @@ class DistributedAdam::Impl final : public detail::StepTarget {
     t.all = &comm;
     t.shard_rank = comm.rank();
     t.mxfp8 = [this](int p) -> std::optional<Mxfp8View> {
-      if (opt.param_format != ParamFormat::Mxfp8 || !mx.is_param(p)) return std::nullopt;
+      if (!stored_as(p, ParamFormat::Mxfp8)) return std::nullopt;
       return detail::mxfp8_view(*mx.format(), p);
     };
     t.nvfp4 = [this](int p) -> std::optional<Nvfp4View> {
-      if (opt.param_format != ParamFormat::Nvfp4 || !mx.is_param(p)) return std::nullopt;
+      if (!stored_as(p, ParamFormat::Nvfp4)) return std::nullopt;
       return detail::nvfp4_view(*mx.format(), p);
     };
     return t;
@@ -277,7 +277,7 @@ DistributedAdam::DistributedAdam(Communicator comm, std::vector<ParamSpec> specs
                 {{"grad_dtype", to_string(options.grad_dtype)},
                  {"param_dtype", options.param_dtype ? to_string(*options.param_dtype) : "unset"},
                  {"param_format", format_name(options.param_format)},
-                 {"grad_reduce", detail::option_text(options.grad_reduce)},
+                 {"grad_reduce", to_string(options.grad_reduce)},
                  {"bucket_numel", options.bucket_numel ? std::to_string(*options.bucket_numel) : "unset"},
                  {"overlap_grad_reduce", detail::option_text(options.overlap_grad_reduce)},
                  {"overlap_param_gather", detail::option_text(options.overlap_param_gather)},
@@ -304,6 +304,8 @@ int DistributedAdam::param_index(const std::string& name) const { return layout(
 
 namespace {
 std::string param_name(const Layout& L, int i) { return "'" + L.specs()[static_cast<std::size_t>(i)].name + "'"; }
+// The call that reads a quantized parameter's storage.
+const char* view_call(ParamFormat f) { return f == ParamFormat::Nvfp4 ? "nvfp4_param" : "mxfp8_param"; }
 }  // namespace
 
 ParamView DistributedAdam::param(int i) const {
@@ -311,8 +313,7 @@ ParamView DistributedAdam::param(int i) const {
   SHARDOPT_REQUIRE(!live(impl_).mx.is_param(i), ErrorCode::InvalidArgument,
                    "param(" + param_name(layout(), i) + "): an " + live(impl_).mx.name() +
                        " parameter has no bf16 view (param_format " + format_name(live(impl_).opt.param_format) +
-                       "); read its storage with " +
-                       (live(impl_).opt.param_format == ParamFormat::Nvfp4 ? "nvfp4_param(i)" : "mxfp8_param(i)"));
+                       "); read its storage with " + view_call(live(impl_).opt.param_format) + "(i)");
   const auto& spec = layout().specs()[static_cast<std::size_t>(i)];
   const DType dt = layout().buffers()[static_cast<std::size_t>(layout().params()[static_cast<std::size_t>(i)].buffer)].dtype;
   return ParamView{contiguous_view(live(impl_).store.param_data(i), spec.shape, dt)};
@@ -364,8 +365,6 @@ bool DistributedAdam::is_mxfp8(int i) const { return live(impl_).stored_as(i, Pa
 bool DistributedAdam::is_nvfp4(int i) const { return live(impl_).stored_as(i, ParamFormat::Nvfp4); }
 
 namespace {
-const char* view_call(ParamFormat f) { return f == ParamFormat::Nvfp4 ? "nvfp4_param" : "mxfp8_param"; }
-
 // Error(InvalidArgument) unless parameter i is stored in `want`, saying why and what to
 // call instead (the check of mxfp8_param / nvfp4_param).
 void require_view(const DistributedAdam::Impl& m, int i, ParamFormat want) {

@@ -262,7 +262,7 @@ Fsdp::Fsdp(Communicator comm, std::vector<ParamSpec> specs, std::vector<FsdpUnit
                 {{"param_dtype", to_string(options.param_dtype)},
                  {"grad_dtype", to_string(options.grad_dtype)},
                  {"slot_grad_dtype", to_string(options.slot_grad_dtype)},
-                 {"grad_reduce", detail::option_text(options.grad_reduce)},
+                 {"grad_reduce", to_string(options.grad_reduce)},
                  {"bucket_numel", options.bucket_numel ? std::to_string(*options.bucket_numel) : "unset"},
                  {"keep_last_unit", detail::option_text(options.keep_last_unit)},
                  {"prefetch", detail::option_text(options.prefetch)},

@@ -37,14 +37,6 @@ constexpr std::size_t kTextWords = 24;  // up to 191 characters of a value per r
 
 const char* option_text(bool value) noexcept { return value ? "true" : "false"; }
 
-const char* option_text(ReduceOp op) noexcept {
-  switch (op) {
-    case ReduceOp::Sum: return "Sum";
-    case ReduceOp::Average: return "Average";
-    case ReduceOp::Max: return "Max";
-  }
-  return "?";
-}
 
 std::vector<OptionField> adam_fields(const AdamOptions& a) {
   std::string groups;

@@ -19,9 +19,8 @@ namespace shardopt::detail {
 /// One option of the check: its name and its value as text.
 using OptionField = std::pair<std::string, std::string>;
 
-/// How a flag and a reduction read in an option's value text.
+/// How a flag reads in an option's value text (a reduction: shardopt::to_string).
 const char* option_text(bool value) noexcept;
-const char* option_text(ReduceOp op) noexcept;
 
 /// The AdamOptions as fields: beta1, beta2, eps, decoupled_weight_decay, default_group,
 /// groups, clip_max_norm, moment_dtype, lr_schedule, microbatches.

@@ -115,14 +115,10 @@ void ReplayWatch::before_replay() {
   }
 }
 
-void ReplayWatch::after_replay() {
-  ++number_;
-  if (comm_.backend() != Backend::Cuda) return;
-  const std::chrono::milliseconds limit = comm_.watchdog().step_timeout;
-  if (limit.count() == 0) return;
+void ReplayWatch::watch_locked(std::function<bool()> probe, std::chrono::milliseconds limit) {
   const Clock::time_point now = Clock::now();
-  std::lock_guard<std::mutex> lock(mutex_);
   Entry e;
+  e.probe = std::move(probe);
   e.start = now;
   e.deadline = now + limit;
   e.limit = limit;
@@ -131,24 +127,26 @@ void ReplayWatch::after_replay() {
   if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
 }
 
+void ReplayWatch::after_replay() {
+  ++number_;
+  if (comm_.backend() != Backend::Cuda) return;
+  const std::chrono::milliseconds limit = comm_.watchdog().step_timeout;
+  if (limit.count() == 0) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  watch_locked(nullptr, limit);
+}
+
 void ReplayWatch::watch_for_test(std::function<bool()> done, std::chrono::milliseconds limit) {
-  const Clock::time_point now = Clock::now();
   std::lock_guard<std::mutex> lock(mutex_);
   probes_ = true;
-  Entry e;
-  e.probe = std::move(done);
-  e.start = now;
-  e.deadline = now + limit;
-  e.limit = limit;
-  e.number = ++number_;
-  pending_.push_back(std::move(e));
-  if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  ++number_;
+  watch_locked(std::move(done), limit);
 }
 
 void ReplayWatch::run() {
   CommImpl& impl = CommAccess::require(comm_);
-  // The events and NCCL live on the communicator's device: make it this thread's
-  // current device, so that the thread creates no context on another GPU.
+  // NCCL (its asynchronous-error poll) lives on the communicator's device: make it this
+  // thread's current device, so that the thread creates no context on another GPU.
   std::optional<DeviceGuard> device;
   if (comm_.backend() == Backend::Cuda) {
     try {

@@ -26,11 +26,9 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
-#include <vector>
 
 #include "core/memory.hpp"
 #include "core/streams.hpp"
@@ -65,7 +63,7 @@ class ReplayWatch {
   std::uint64_t next_number() const noexcept { return number_ + 1; }
 
   /// Test hook (any backend): watches one more "replay" whose completion is `done()`
-  /// instead of a CUDA event, with deadline `limit` from now; from then on
+  /// instead of the counter, with deadline `limit` from now; from then on
   /// before_replay() applies its in-flight bound on this backend too. Lets the host
   /// suites drive the thread, the deadlines and the bound without a GPU.
   void watch_for_test(std::function<bool()> done, std::chrono::milliseconds limit);
@@ -81,6 +79,9 @@ class ReplayWatch {
   // Replays completed so far (the counter the captured kernel advances).
   std::uint64_t completed() const noexcept;
   void run();
+  // Watches replay number_ (the lock held): its completion is `probe()`, or the counter
+  // when probe is null; its deadline `limit` from now. Starts the thread on first use.
+  void watch_locked(std::function<bool()> probe, std::chrono::milliseconds limit);
   // Pops finished entries from the front (the lock held).
   void reap_locked();
   std::string late_message(const Entry& e, std::chrono::steady_clock::time_point now) const;

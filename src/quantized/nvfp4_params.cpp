@@ -79,10 +79,6 @@ class Nvfp4Format final : public StoredFormat {
     std::size_t amax_begin = 0, amax_end = 0;  // byte span of its u32 exchange buffers in storage_
     int batch = -1;
   };
-  std::uint8_t* data(int p, int member) const {
-    const ParamInfo& pi = param_[static_cast<std::size_t>(p)];
-    return at(pi.data) + member * pi.shape.data_bytes();
-  }
   const Nvfp4ShardBatch& batch(int b) const {
     return batches_[static_cast<std::size_t>(bucket_[static_cast<std::size_t>(b)].batch)];
   }
@@ -158,9 +154,9 @@ Nvfp4Format::Nvfp4Format(const FormatContext& ctx) : StoredFormat(ctx) {
         Nvfp4ShardTensor t = it == mine.end() ? Nvfp4ShardTensor{} : it->second;
         t.shape = pi.shape;
         t.amax = reinterpret_cast<std::uint32_t*>(at(pi.amax_u32)) + g * pi.shape.amax_numel();
-        t.out.scale = at(pi.scale) + g * pi.shape.scale_numel();
-        t.out.amax = reinterpret_cast<float*>(at(pi.amax)) + g;
-        t.out.decode_scale = reinterpret_cast<float*>(at(pi.decode)) + g;
+        std::uint8_t* const staged = t.out.data;  // this rank's bytes go to the staging (null: none)
+        t.out = view(p).member(g);
+        t.out.data = staged;
         tensors.push_back(t);
       }
     }
@@ -182,7 +178,7 @@ void Nvfp4Format::landing(int bucket, std::vector<BytePiece>& table) const {
       const std::int64_t numel = param_[static_cast<std::size_t>(seg.param)].shape.numel();
       const Range bytes = nvfp4_shard_bytes(mp.range);
       const std::uint8_t* src = slice + pos;
-      std::uint8_t* dst = data(seg.param, mp.member);
+      std::uint8_t* dst = view(seg.param).member(mp.member).data;
       // A byte shared with the previous rank (odd begin) or the next one (odd end that
       // is not the member's last element) is ORed / left to the next rank's piece.
       const bool shared_front = mp.range.begin % 2 != 0;

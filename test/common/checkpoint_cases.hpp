@@ -77,6 +77,13 @@ inline DistributedAdamOptions ckpt_options(DType grad_dtype = DType::f32) {
   return o;
 }
 
+/// The same for quantized parameters in `format` (mx_options), Average.
+inline DistributedAdamOptions q_ckpt_options(DType grad_dtype, ParamFormat format) {
+  DistributedAdamOptions o = mx_options(grad_dtype, format);
+  o.grad_reduce = ReduceOp::Average;
+  return o;
+}
+
 /// One iteration of distributed Adam: every rank adds rank 0's grid gradients.
 inline void da_iteration(DistributedAdam& opt, Stream s) {
   GradStreamParams p;
@@ -154,8 +161,7 @@ inline void case_resume_bitwise(Backend b, DType grad_dtype, bool graph, bool mx
   DistributedAdamOptions o = ckpt_options(grad_dtype);
   std::vector<ParamSpec> specs = small_model();
   if (mxfp8) {
-    o = mx_options(grad_dtype, format);
-    o.grad_reduce = ReduceOp::Average;
+    o = q_ckpt_options(grad_dtype, format);
     specs = q_model(format);
   }
   auto init = [&](DistributedAdam& opt, Stream s) {
@@ -424,8 +430,7 @@ inline void case_native_to_mxfp8(Backend b, ParamFormat format = ParamFormat::Mx
   init_params(x, s.get());
   da_train(x, s.get(), 3);
   x.save(dir.sub("ckpt"), s.get());
-  DistributedAdamOptions mo = mx_options(DType::bf16, format);
-  mo.grad_reduce = ReduceOp::Average;
+  DistributedAdamOptions mo = q_ckpt_options(DType::bf16, format);
   DistributedAdam y(comm, q_model(format), mo);
   y.load(dir.sub("ckpt"), s.get());
   // The two layouts differ (MXFP8 keeps its 1-D parameters in a buffer of their own), so
@@ -455,8 +460,7 @@ inline void case_native_to_mxfp8(Backend b, ParamFormat format = ParamFormat::Mx
 inline void case_nvfp4_saved_planes(Backend b) {
   SharedDir dir("nv");
   Communicator comm = make_comm(b);
-  DistributedAdamOptions o = mx_options(DType::bf16, ParamFormat::Nvfp4);
-  o.grad_reduce = ReduceOp::Average;
+  DistributedAdamOptions o = q_ckpt_options(DType::bf16, ParamFormat::Nvfp4);
   DistributedAdam x(comm, q_model(ParamFormat::Nvfp4), o);
   TestStream s(b);
   mx_init(x, s.get());
@@ -595,8 +599,7 @@ inline void case_write_for_python(Backend b) {
   da_train(x, s.get(), 4);
   da_train(ref, rs.get(), 4);
   x.save(std::string(out) + "/ckpt", s.get());
-  DistributedAdamOptions nvo = mx_options(DType::bf16, ParamFormat::Nvfp4);
-  nvo.grad_reduce = ReduceOp::Average;
+  DistributedAdamOptions nvo = q_ckpt_options(DType::bf16, ParamFormat::Nvfp4);
   DistributedAdam nv(comm, q_model(ParamFormat::Nvfp4), nvo);
   TestStream ns(b);
   mx_init(nv, ns.get());

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/dist_adam_cases.hpp"
+#include "core/float_env.hpp"
 #include "shardopt/bucket_store.hpp"
 #include "shardopt/mxfp8.hpp"
 #include "unit/test_mxfp8_reference.hpp"
@@ -239,6 +240,7 @@ inline QPlanes expected_q(const DistributedAdam& opt, int i) {
   const std::vector<float> master = full_master(opt, i);
   const Nvfp4View v = opt.nvfp4_param(i);
   const std::int64_t mn = v.shape.numel();
+  const detail::IeeeSubnormals ieee;  // the oracle's float code, whatever CUDA's start-up left in the CPU
   QPlanes out;
   for (std::int64_t g = 0; g < v.members; ++g) {
     std::vector<std::uint16_t> x(static_cast<std::size_t>(mn));

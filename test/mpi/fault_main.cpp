@@ -4,10 +4,10 @@
 // one: an injected fault makes it skip every collective from some point on (it never
 // enters them, then goes on to MPI_Finalize; on CUDA it then exits at once, since its
 // NCCL teardown would wait for peers that gave up) or exit the process in the middle of
-// a step. On CUDA the collectives only enqueue, so the error comes from synchronize(). Every other rank must get Error(Timeout)
-// within the deadline + 20%, naming the collective, the bucket or unit and the time
-// waited; then every further call that needs the communicator throws Error(Timeout) at
-// once, and the process exits cleanly.
+// a step. On CUDA the collectives only enqueue, so the error comes from synchronize().
+// Every other rank must get Error(Timeout) within the deadline + 20%, naming the
+// collective, the bucket or unit and the time waited; then every further call that needs
+// the communicator throws Error(Timeout) at once, and the process exits cleanly.
 //
 //   mpi_fault_cases <scenario> <timeout_ms>
 //   scenarios: skip_eager, exit_mid_step, skip_replay, skip_fsdp, skip_construct
@@ -84,7 +84,7 @@ void arm(const Communicator& comm, detail::InjectedFault fault, int after) {
 
 DistributedAdamOptions with_wait_timeout(long long ms) {
   DistributedAdamOptions o = base_options(DType::f32);
-  o.watchdog = WatchdogOptions{std::chrono::milliseconds(ms), std::chrono::minutes(5)};
+  o.watchdog.emplace().wait_timeout = std::chrono::milliseconds(ms);  // step_timeout: the default
   return o;
 }
 
@@ -161,7 +161,7 @@ void run(const std::string& scenario, long long t) {
     expect_refused(scenario + " synchronize", comm, [&] { opt.synchronize(s); });
   } else if (scenario == "skip_fsdp") {
     FsdpOptions o = fsdp_options(base_options(DType::f32));
-    o.watchdog = WatchdogOptions{std::chrono::milliseconds(t), std::chrono::minutes(5)};
+    o.watchdog.emplace().wait_timeout = std::chrono::milliseconds(t);  // step_timeout: the default
     Fsdp f(comm, small_model(), small_units(), o);
     init_fsdp(f, s);
     f.synchronize(s);
