@@ -21,6 +21,7 @@
 
 #include "comm/deadline.hpp"
 #include "core/device_guard.hpp"
+#include "core/fnv.hpp"
 #include "core/memory.hpp"
 #include "core/streams.hpp"
 #include "shardopt/error.hpp"
@@ -59,12 +60,9 @@ std::string describe_options(std::uint64_t v) {
 
 // FNV-1a of the per-bucket staged byte counts, for the ranks' agreement.
 std::uint64_t hash_of(const std::vector<std::int64_t>& v) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (std::int64_t x : v) {
-    h ^= static_cast<std::uint64_t>(x);
-    h *= 1099511628211ull;
-  }
-  return h;
+  detail::Fnv f;
+  for (std::int64_t x : v) f.i64(x);
+  return f.h;
 }
 
 }  // namespace

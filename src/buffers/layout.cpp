@@ -5,6 +5,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/fnv.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt {
@@ -12,22 +13,7 @@ namespace {
 
 std::int64_t align_up(std::int64_t x, std::int64_t a) { return (x + a - 1) / a * a; }
 
-// FNV-1a, 64 bit: a stable hash that every rank computes identically.
-struct Fnv {
-  std::uint64_t h = 1469598103934665603ull;
-  void bytes(const void* p, std::size_t n) {
-    const auto* c = static_cast<const unsigned char*>(p);
-    for (std::size_t i = 0; i < n; ++i) {
-      h ^= c[i];
-      h *= 1099511628211ull;
-    }
-  }
-  void i64(std::int64_t v) { bytes(&v, sizeof v); }
-  void str(const std::string& s) {
-    i64(static_cast<std::int64_t>(s.size()));
-    bytes(s.data(), s.size());
-  }
-};
+using detail::Fnv;
 
 std::uint64_t hash_spec(const ParamSpec& s) {
   Fnv f;

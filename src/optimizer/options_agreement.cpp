@@ -6,6 +6,7 @@
 #include <map>
 
 #include "comm/deadline.hpp"
+#include "core/fnv.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt::detail {
@@ -23,12 +24,9 @@ std::string group_text(const AdamGroup& g) {
 
 // FNV-1a, 64 bit: the same value on every rank for the same text.
 std::uint64_t hash_text(const std::string& s) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
+  Fnv f;
+  f.bytes(s.data(), s.size());
+  return f.h;
 }
 
 constexpr std::size_t kTextWords = 24;  // up to 191 characters of a value per rank

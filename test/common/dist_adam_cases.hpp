@@ -121,6 +121,24 @@ inline void report_all(DistributedAdam& opt, Stream s) {
   for (int i = opt.num_params() - 1; i >= 0; --i) opt.grad_ready(i, s);
 }
 
+/// A StepGraph microbatch function for `opt`: `before_forward(s)` (may be empty), then
+/// random gradients of scale 0.2 seeded by `rank`, the step and microbatch read on the
+/// device; the last microbatch reports every gradient ready.
+inline StepGraph::MicrobatchFn random_grads_fn(DistributedAdam& opt, Backend b, int rank,
+                                    std::function<void(Stream)> before_forward = {}) {
+  return [&opt, targets = grad_targets(opt), rank, b, before_forward](Stream s, bool last) {
+    if (before_forward) before_forward(s);
+    GradStreamParams p;
+    p.kind = GradKind::Random;
+    p.scale = 0.2f;
+    p.rank = rank;
+    p.scalars = opt.device_scalars();
+    p.microbatch = opt.device_microbatch();
+    add_grads(b, s, p, targets);
+    if (last) report_all(opt, s);
+  };
+}
+
 /// Compares every param view, master, moment piece and the step scalars of two
 /// optimizers with the same layout on the same ranks, bitwise.
 inline void expect_same_state(DistributedAdam& a, DistributedAdam& b, Stream sa, Stream sb) {
@@ -270,19 +288,10 @@ inline void case_graph_equals_eager(Backend b, DType grad_dtype, int microbatche
   init_params(eager, se.get());
   init_params(graphed, sg.get());
   auto make_fn = [rank, b](DistributedAdam& opt) {
-    auto targets = grad_targets(opt);
-    return [&opt, targets, rank, b](Stream s, bool last) {
-      // The forward would read the params: wait for deferred gathers first.
+    // The forward would read the params: wait for deferred gathers first.
+    return random_grads_fn(opt, b, rank, [&opt](Stream s) {
       for (int k = 0; k < static_cast<int>(opt.layout().buckets().size()); ++k) opt.wait_param(k, s);
-      GradStreamParams p;
-      p.kind = GradKind::Random;
-      p.scale = 0.2f;
-      p.rank = rank;
-      p.scalars = opt.device_scalars();
-      p.microbatch = opt.device_microbatch();
-      add_grads(b, s, p, targets);
-      if (last) report_all(opt, s);
-    };
+    });
   };
   StepGraph ge(eager, make_fn(eager));
   StepGraph gg(graphed, make_fn(graphed), StepGraphOptions{1});

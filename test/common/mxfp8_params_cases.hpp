@@ -942,18 +942,7 @@ inline void case_mx_graph_equals_eager(Backend b, int microbatches, int iteratio
   mx_init(eager, se.get());
   mx_init(graphed, sg.get());
   auto make_fn = [rank, b](DistributedAdam& opt) {
-    auto targets = grad_targets(opt);
-    return [&opt, targets, rank, b](Stream s, bool last) {
-      wait_all(opt, s);  // the forward reads the weights
-      GradStreamParams p;
-      p.kind = GradKind::Random;
-      p.scale = 0.2f;
-      p.rank = rank;
-      p.scalars = opt.device_scalars();
-      p.microbatch = opt.device_microbatch();
-      add_grads(b, s, p, targets);
-      if (last) report_all(opt, s);
-    };
+    return random_grads_fn(opt, b, rank, [&opt](Stream s) { wait_all(opt, s); });  // the forward reads the weights
   };
   StepGraphOptions go;
   go.warmup_iterations = 1;

@@ -93,19 +93,7 @@ TEST(WatchdogHost, ArmedDeadlinesComputeTheSameBits) {
   TestStream sa(Backend::Host), sb(Backend::Host);
   init_params(a, sa.get());
   init_params(b, sb.get());
-  auto fn = [rank](DistributedAdam& opt) {
-    auto targets = grad_targets(opt);
-    return [&opt, targets, rank](Stream s, bool last) {
-      GradStreamParams p;
-      p.kind = GradKind::Random;
-      p.scale = 0.2f;
-      p.rank = rank;
-      p.scalars = opt.device_scalars();
-      p.microbatch = opt.device_microbatch();
-      add_grads(Backend::Host, s, p, targets);
-      if (last) report_all(opt, s);
-    };
-  };
+  auto fn = [rank](DistributedAdam& opt) { return random_grads_fn(opt, Backend::Host, rank); };
   StepGraph ga(a, fn(a)), gb(b, fn(b));
   for (int i = 0; i < 2; ++i) {
     ga.run_eager(sa.get());
