@@ -5,6 +5,7 @@
 // NCCL kernels still waiting for a peer).
 #include "comm/nccl_comm.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -14,9 +15,9 @@
 #include <thread>
 #include <vector>
 
+#include "comm/abort_wait.hpp"
 #include "core/check.hpp"
 #include "core/device_guard.hpp"
-#include "core/memory.hpp"
 #include "core/streams.hpp"
 
 namespace shardopt {
@@ -66,6 +67,8 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 
 // Device scratch of the barrier (one float is all-reduced).
 constexpr std::size_t kScratchBytes = 256;
+// all_gather_value's first staging size (an options agreement on up to a few hundred ranks).
+constexpr std::size_t kValueStagingBytes = 64 * 1024;
 
 class NcclCommImpl final : public CommImpl {
  public:
@@ -77,6 +80,7 @@ class NcclCommImpl final : public CommImpl {
       SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&aux_, cudaStreamNonBlocking));
       SHARDOPT_CUDA_CHECK(cudaMalloc(&scratch_, kScratchBytes));
       SHARDOPT_CUDA_CHECK(cudaMemsetAsync(scratch_, 0, kScratchBytes, aux_));
+      reserve_value_staging(kValueStagingBytes);
       // NCCL connects peers lazily, at the first collective that needs them; run one
       // eagerly here so that no captured collective is ever the first.
       SHARDOPT_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, aux_));
@@ -169,16 +173,23 @@ class NcclCommImpl final : public CommImpl {
     const std::size_t slot = mine.size() * sizeof(std::uint64_t);
     std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(size()));
     if (slot == 0) return all;
-    DeviceBuffer buffer(Backend::Cuda, slot * static_cast<std::size_t>(size()));
-    char* base = buffer.as<char>();
-    char* own = base + static_cast<std::size_t>(rank()) * slot;
-    SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(own, mine.data(), slot, cudaMemcpyHostToDevice, aux_));
+    // Staged through pinned memory both ways: a copy from or into pageable memory would
+    // block this thread until the all-gather ends, so a missing peer would hang it past
+    // the deadline that wait_aux enforces.
+    const std::size_t total = slot * static_cast<std::size_t>(size());
+    reserve_value_staging(total);
+    char* base = static_cast<char*>(value_device_);
+    char* host = static_cast<char*>(value_host_);
+    const std::size_t own = static_cast<std::size_t>(rank()) * slot;
+    std::memcpy(host + own, mine.data(), slot);
+    SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(base + own, host + own, slot, cudaMemcpyHostToDevice, aux_));
     {
       const Use use(*this);
-      SHARDOPT_NCCL_CHECK(ncclAllGather(own, base, slot, ncclUint8, use.get(), aux_));
+      SHARDOPT_NCCL_CHECK(ncclAllGather(base + own, base, slot, ncclUint8, use.get(), aux_));
     }
-    SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(all.data(), base, buffer.bytes(), cudaMemcpyDeviceToHost, aux_));
+    SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(host, base, total, cudaMemcpyDeviceToHost, aux_));
     wait_aux("all_gather_value");
+    std::memcpy(all.data(), host, total);
     return all;
   }
 
@@ -239,7 +250,10 @@ class NcclCommImpl final : public CommImpl {
     if (c == nullptr) return;
     std::shared_ptr<std::atomic<bool>> done = abort_done_;
     const int dev = device();
-    auto abort = [this, c, done, dev] {
+    // Counted from now until the abort has returned, so that an exit waits for it
+    // (abort_wait.hpp); the count ends with the lambda, on the abort's thread.
+    auto running = std::make_shared<RunningAbort>();
+    auto abort = [this, c, done, dev, running] {
       while (in_flight_.load() != 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
       abort_issued_.store(true);  // the last access to this object
       int previous = -1;
@@ -275,6 +289,25 @@ class NcclCommImpl final : public CommImpl {
 
  private:
   static cudaStream_t cuda(Stream s) { return reinterpret_cast<cudaStream_t>(s); }
+
+  // all_gather_value's staging (device bytes and their pinned host mirror), kept for the
+  // communicator's life: a cudaFree per call would wait for the whole device, NCCL
+  // kernels of other streams included. Grown (rarely: the first agreements) only while
+  // aux_ is idle, which every wait_aux leaves it.
+  void reserve_value_staging(std::size_t bytes) {
+    if (bytes <= value_bytes_) return;
+    const std::size_t want = std::max(bytes, 2 * value_bytes_);
+    free_value_staging();
+    SHARDOPT_CUDA_CHECK(cudaMalloc(&value_device_, want));
+    SHARDOPT_CUDA_CHECK(cudaMallocHost(&value_host_, want));
+    value_bytes_ = want;
+  }
+  void free_value_staging() noexcept {
+    if (value_device_ != nullptr) (void)cudaFree(value_device_);
+    if (value_host_ != nullptr) (void)cudaFreeHost(value_host_);
+    value_device_ = value_host_ = nullptr;
+    value_bytes_ = 0;
+  }
 
 
   // One use of the NCCL handle by a caller, counted while it lives (see on_failure).
@@ -340,6 +373,7 @@ class NcclCommImpl final : public CommImpl {
       const bool abort_running = abort_issued_.load() && !abort_done_->load();
       if (abort_running) return;
       if (scratch_ != nullptr) (void)cudaFree(scratch_);
+      free_value_staging();
       if (aux_ != nullptr) (void)cudaStreamDestroy(aux_);
       scratch_ = nullptr;
       aux_ = nullptr;
@@ -365,6 +399,9 @@ class NcclCommImpl final : public CommImpl {
   std::shared_ptr<std::atomic<bool>> abort_done_ = std::make_shared<std::atomic<bool>>(false);
   cudaStream_t aux_ = nullptr;
   void* scratch_ = nullptr;
+  void* value_device_ = nullptr;  // all_gather_value's staging (reserve_value_staging)
+  void* value_host_ = nullptr;    // pinned
+  std::size_t value_bytes_ = 0;
 };
 
 }  // namespace

@@ -52,10 +52,14 @@ SHARDOPT_HD std::uint32_t amax_bits(std::uint16_t bf16) {
 SHARDOPT_HD bool refused(std::uint32_t tensor_amax) { return tensor_amax >= 0x7F800000u; }
 
 /// S_enc = min(fl32(2688 / amax), FLT_MAX), 1 when amax is 0 or S_enc is 0.
+/// The zero amax is tested before the division, not after the clamp: g++ 13.3 at -O2
+/// folded "quotient > FLT_MAX" into "amax == 0" in that order and returned 1 where
+/// the quotient overflows (seen in the test oracle, docs/decisions.md).
 SHARDOPT_HD float encode_scale(float amax) {
-  float s = div_rn(kEncodeNumerator, amax);
-  s = s < kF32Max ? s : kF32Max;
-  return amax == 0.0f || s == 0.0f ? 1.0f : s;
+  if (amax == 0.0f) return 1.0f;
+  const float s = div_rn(kEncodeNumerator, amax);
+  if (s == 0.0f) return 1.0f;
+  return s < kF32Max ? s : kF32Max;
 }
 
 /// The tensor's two stored fp32 values from its amax bits: amax (NaN if refused) and

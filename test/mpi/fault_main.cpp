@@ -14,12 +14,16 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <execinfo.h>
+#include <unistd.h>
 
 #include "comm/comm_impl.hpp"
 #include "common/error_of.hpp"
@@ -47,13 +51,24 @@ long long ms_since(Clock::time_point t0) {
   return static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
 }
 
+const Clock::time_point started = Clock::now();
+
+// A progress line: where a rank is when a scenario hangs (run_fault.sh prints the output
+// of a job that `timeout` ended).
+void progress(const std::string& what) {
+  std::printf("rank %d +%lld ms: %s\n", world_rank(), ms_since(started), what.c_str());
+  std::fflush(stdout);
+}
+
 // Runs `call`, which must throw Error(Timeout) after about `timeout_ms`, with a message
 // holding every string of `names`.
 void expect_timeout(const std::string& label, long long timeout_ms, const std::vector<std::string>& names,
                     const std::function<void()>& call) {
   const Clock::time_point t0 = Clock::now();
+  progress(label + ": waiting for the timeout");
   const std::optional<Error> err = error_of(call);
   const long long took = ms_since(t0);
+  progress(label + ": the call returned");
   check(err.has_value(), label + ": no error (returned after " + std::to_string(took) + " ms)");
   if (!err) return;
   const std::string what = err->what();
@@ -90,6 +105,7 @@ DistributedAdamOptions with_wait_timeout(long long ms) {
 
 // The faulty rank, done with its part: on CUDA it leaves at once (see the file comment).
 void faulty_done(Backend b) {
+  progress("faulty rank done");
   if (b == Backend::Cuda) {
     std::fflush(nullptr);
     std::_Exit(0);
@@ -99,11 +115,12 @@ void faulty_done(Backend b) {
 void run(const std::string& scenario, long long t) {
   const Backend b = default_backend();
   const bool host = b == Backend::Host;
-  TestStream ts(b);
+  Communicator comm = make_comm(b);  // first: on CUDA it selects this rank's GPU
+  TestStream ts(b);                   // so the stream is made on that GPU
   const Stream s = ts.get();
-  Communicator comm = make_comm(b);
   const bool faulty = comm.rank() == comm.size() - 1;
   const std::string me = "rank " + std::to_string(comm.rank());
+  progress("communicator up");
 
   if (scenario == "skip_construct") {
     // The faulty rank never constructs: the others give up in the options agreement.
@@ -186,11 +203,28 @@ void run(const std::string& scenario, long long t) {
     std::printf("PASS %s rank %d\n", scenario.c_str(), comm.rank());
     std::fflush(stdout);
   }
+  progress("releasing the optimizer, the communicator and the stream");
 }
 
 }  // namespace
 
+// SIGUSR1 prints the receiving thread's stack (run_fault.sh sends it to every rank of a
+// job that hangs, before ending it; the kernel hands a process-directed signal to the
+// main thread unless that thread blocks it).
+void print_stack(int) {
+  void* frames[64];
+  const int n = backtrace(frames, 64);
+  static const char head[] = "---- stack of a rank that hangs (SIGUSR1):\n";
+  (void)!write(STDOUT_FILENO, head, sizeof head - 1);
+  backtrace_symbols_fd(frames, n, STDOUT_FILENO);
+}
+
 int main(int argc, char** argv) {
+  {
+    void* warm[1];
+    (void)backtrace(warm, 1);  // loads the unwinder now, not inside the handler
+  }
+  std::signal(SIGUSR1, print_stack);
   MPI_Init(&argc, &argv);
   if (argc != 3) {
     std::fprintf(stderr, "usage: %s <scenario> <timeout_ms>\n", argv[0]);
@@ -203,6 +237,7 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     check(false, std::string("unexpected exception: ") + e.what());
   }
+  progress("released; exiting");
   std::fflush(nullptr);
   // MPI_Finalize is collective over the whole job and cannot complete once a rank has
   // died (MPI 3 has no fault tolerance: Open MPI's waits for the dead rank, sometimes

@@ -23,11 +23,30 @@ case "${LSAN_OPTIONS:-}" in
 esac
 # The deadline, the job's start-up and teardown, with room for a slow shared machine.
 limit=$(( ms / 1000 * 3 + 60 ))
-out=$(timeout "$limit" "$mpiexec" -n "$n" --oversubscribe --bind-to none \
-        --mca orte_allowed_exit_without_sync 1 "$exe" "$scenario" "$ms" 2>&1)
-rc=$?
+# The output goes to a file as it comes, so that a job ended by `timeout` still shows
+# how far each rank got.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+"$mpiexec" -n "$n" --oversubscribe --bind-to none \
+  --mca orte_allowed_exit_without_sync 1 "$exe" "$scenario" "$ms" >"$log" 2>&1 &
+job=$!
+waited=0
+while kill -0 "$job" 2>/dev/null && [ "$waited" -lt "$limit" ]; do sleep 1; waited=$((waited + 1)); done
+if kill -0 "$job" 2>/dev/null; then
+  # A hang: each rank prints its main thread's stack (SIGUSR1), then the job is ended.
+  ranks=$(pgrep -f -- "$exe $scenario $ms" || true)
+  for p in $ranks; do [ "$p" = "$job" ] || kill -USR1 "$p" 2>/dev/null; done
+  sleep 3
+  kill -TERM "$job" $ranks 2>/dev/null; sleep 5; kill -KILL "$job" $ranks 2>/dev/null
+  wait "$job" 2>/dev/null
+  rc=124
+else
+  wait "$job"
+  rc=$?
+fi
+out=$(cat "$log")
 printf '%s\n' "$out"
-if [ "$rc" -eq 124 ]; then
+if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
   echo "run_fault: '$scenario' still running after ${limit} s: a rank hangs"
   exit 1
 fi
