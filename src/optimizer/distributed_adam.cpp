@@ -51,14 +51,9 @@ Layout make_layout(std::vector<ParamSpec> specs, int world, const DistributedAda
                          " keeps the 1-D parameters (norm weights, biases) in f32 and quantizes the others; "
                          "param_dtype " +
                          to_string(*o.param_dtype) + " cannot apply: leave it unset or set f32");
-    lo.param_storage.resize(specs.size(), 0);
-    for (std::size_t i = 0; i < specs.size(); ++i) {
-      if (detail::is_quantized_spec(validated(specs[i]))) {
-        lo.param_storage[i] = detail::kQuantizedStorage;
-      } else {
-        specs[i].dtype = DType::f32;
-      }
-    }
+    lo.param_storage = detail::quantized_storage(specs);
+    for (std::size_t i = 0; i < specs.size(); ++i)
+      if (lo.param_storage[i] != detail::kQuantizedStorage) specs[i].dtype = DType::f32;
     return Layout(std::move(specs), world, lo);
   }
   if (o.param_dtype) {
@@ -71,10 +66,8 @@ Layout make_layout(std::vector<ParamSpec> specs, int world, const DistributedAda
 
 // Which layout buffers hold quantized parameters: those of the quantized storage class.
 std::vector<bool> quantized_buffers(const Layout& L, const DistributedAdamOptions& o) {
-  std::vector<bool> q(L.buffers().size(), false);
-  if (o.param_format == ParamFormat::Native) return q;
-  for (std::size_t b = 0; b < q.size(); ++b) q[b] = L.buffers()[b].storage == detail::kQuantizedStorage;
-  return q;
+  if (o.param_format == ParamFormat::Native) return std::vector<bool>(L.buffers().size(), false);
+  return detail::quantized_buffers(L);
 }
 
 detail::QuantizedParams::MakeFormat format_maker(ParamFormat f) {
@@ -113,17 +106,6 @@ BucketStoreOptions store_options(const Layout& L, const DistributedAdamOptions& 
   return so;
 }
 
-// Where each parameter's piece of this rank's fp32 master lives, for the quantize.
-std::vector<detail::MasterPiece> master_pieces(const detail::ShardEngine& engine, const Layout& L) {
-  std::vector<detail::MasterPiece> out(L.params().size());
-  for (std::size_t p = 0; p < out.size(); ++p) {
-    const detail::ParamPiece& piece = engine.piece(static_cast<int>(p));
-    out[p] = {piece.length == 0 ? nullptr : engine.master(piece.buffer) + piece.shard_offset, piece.param_offset,
-              piece.shard_offset, piece.length};
-  }
-  return out;
-}
-
 BucketStore make_store(const Communicator& comm, std::vector<ParamSpec> specs, const DistributedAdamOptions& o) {
   Layout L = make_layout(std::move(specs), comm.size(), o);
   BucketStoreOptions so = store_options(L, o);
@@ -141,7 +123,7 @@ class DistributedAdam::Impl final : public detail::StepTarget {
         store(make_store(comm, std::move(specs), opt)),
         state(backend, store.layout(), comm.rank(), detail::EngineSettings{opt, opt.grad_dtype, /*shard_addressed=*/false,
                                                                  opt.persistent_grad_copies, "DistributedAdamOptions"}),
-        mx(backend, store.layout(), store, master_pieces(state, store.layout()), quantized_buffers(store.layout(), opt),
+        mx(backend, store.layout(), store, detail::master_pieces(state, store.layout()), quantized_buffers(store.layout(), opt),
            format_maker(opt.param_format)) {
     for (int b = 0; b < static_cast<int>(store.layout().buffers().size()); ++b)
       state.bind(b, store.grad_buffer(b), store.param_buffer(b));  // null params: MXFP8, master only
