@@ -27,9 +27,9 @@
 // MXFP8 parameters (FsdpOptions::param_format = ParamFormat::Mxfp8, docs/mxfp8.md
 // "FSDP"): every parameter of two or more dims persists only as this rank's fp32 master
 // shard, its moments and its shard of the rowwise and columnwise MXFP8 data (the scales
-// whole: the step's scale exchange leaves every rank with them). A unit's first
-// wait_param of an iteration is its forward pass and gathers only the rowwise plane;
-// its second is its backward pass and gathers only the columnwise plane; the trainer
+// whole: the step's scale exchange leaves every rank with them). A unit's wait_param
+// calls alternate: its forward pass gathers only the rowwise plane, its backward pass
+// only the columnwise plane (each microbatch); the trainer
 // names the pass (wait_param(unit, pass, stream), mxfp8_param(i, pass)) and a call that
 // names the other pass is an error. GEMMs of a linear layer Y = X W^T (W: [rows, cols] =
 // [out, in]): the forward GEMM contracts over cols and reads the rowwise plane (1 x 32
@@ -72,8 +72,9 @@ struct FsdpUnit {
   int count = 0;
 };
 
-/// Which pass of an iteration a wait_param call serves: a unit's first wait_param of an
-/// iteration is its Forward, its second its Backward (the learned order tells them apart).
+/// Which pass of an iteration a wait_param call serves: a unit's calls alternate, Forward
+/// then Backward, microbatch after microbatch (the learned order tells them apart;
+/// activation recomputation, a second forward inside the backward, is not supported).
 enum class FsdpPass { Forward, Backward };
 
 /// One plane of a gathered MXFP8 parameter (Fsdp::mxfp8_param): the rowwise plane in

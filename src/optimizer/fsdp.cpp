@@ -489,19 +489,14 @@ std::vector<ParamView> Fsdp::Impl::wait_param(int unit, std::optional<FsdpPass> 
                          m.unit_name(unit) + "', but the order learned on the first iteration has " +
                          (k < m.order.size() ? "'" + m.unit_name(m.order[k]) + "'" : std::string("no more units")) +
                          " there; call wait_param in the same order every iteration");
-  else
-    SHARDOPT_REQUIRE(!m.mx_mode() || seen < 2, ErrorCode::InvalidState,
-                     "wait_param('" + m.unit_name(unit) + "') a third time in one iteration: with MXFP8 parameters "
-                     "a unit's first call is its forward (rowwise plane) and its second its backward (columnwise "
-                     "plane); call it once per pass");
-  const FsdpPass expected = m.learned ? m.pass_of[k] : (seen == 0 ? FsdpPass::Forward : FsdpPass::Backward);
+  // A unit's calls alternate forward, backward (microbatch after microbatch).
+  const FsdpPass expected = m.learned ? m.pass_of[k] : (seen % 2 == 0 ? FsdpPass::Forward : FsdpPass::Backward);
   if (pass && *pass != expected)
     throw Error(ErrorCode::InvalidArgument,
                 "wait_param('" + m.unit_name(unit) + "', " + pass_name(*pass) + "): position " + std::to_string(k) +
-                    " of the iteration is this unit's " + (expected == FsdpPass::Forward ? "first" : "second") +
-                    " call, its " + pass_name(expected) + " pass, which gathers the " + plane_name(expected) +
-                    " plane only; ask for " + pass_name(expected) + " (a unit's first wait_param of an iteration "
-                    "is its forward, the second its backward)");
+                    " of the iteration is this unit's call #" + std::to_string(seen + 1) + ", its " +
+                    pass_name(expected) + " pass, which gathers the " + plane_name(expected) + " plane only; ask for " +
+                    pass_name(expected) + " (a unit's calls alternate: forward, then backward, each microbatch)");
   if (!m.learned) {
     // First iteration: learn the order and plan a slot (and a staging half) per position.
     const bool keep = m.opt.keep_last_unit && !m.order.empty() && m.order.back() == unit;
