@@ -125,25 +125,27 @@ UnitWeights unit_weights(Fsdp& f, int u, FsdpPass pass, DeviceBuffer* scratch, D
   return {out, out + kHidden * kMlp * 2};
 }
 
+// One iteration without the GEMMs: every gather and reduce-scatter, the step, zero_grad.
+void comm_iteration(Fsdp& f, Stream s) {
+  for (int u = 0; u < kUnits; ++u) (void)f.wait_param(u, FsdpPass::Forward, s);
+  for (int u = kUnits - 1; u >= 0; --u) {
+    (void)f.wait_param(u, FsdpPass::Backward, s);
+    (void)f.grad_slot(u, s);
+    f.grad_ready(u, s);
+  }
+  f.step(s);
+  f.zero_grad(s);
+}
+
 // Bytes of parameter all-gathers of one eager iteration (forward + backward, no
 // compute) and the persistent memory per rank of an optimizer of the same options.
 struct Traffic {
   std::int64_t gathered = 0, memory = 0, pool = 0, mxfp8 = 0;
 };
 Traffic traffic(Fsdp& f, Stream s) {
-  auto pass = [&] {
-    for (int u = 0; u < kUnits; ++u) (void)f.wait_param(u, FsdpPass::Forward, s);
-    for (int u = kUnits - 1; u >= 0; --u) {
-      (void)f.wait_param(u, FsdpPass::Backward, s);
-      (void)f.grad_slot(u, s);
-      f.grad_ready(u, s);
-    }
-    f.step(s);
-    f.zero_grad(s);
-  };
-  pass();  // learns the order
+  comm_iteration(f, s);  // learns the order
   const FsdpGatherStats before = f.gather_stats();
-  pass();
+  comm_iteration(f, s);
   const FsdpGatherStats after = f.gather_stats();
   f.synchronize(s);
   const MemoryReport m = f.memory();
@@ -303,17 +305,7 @@ int main(int argc, char** argv) {
     // Communication + step: the same iteration without the GEMMs.
     Fsdp f(comm, model_specs(kHidden, kMlp), model_units(), options(false, a.mxfp8));
     init_shard(f, s);
-    auto no_compute = [&] {
-      for (int u = 0; u < kUnits; ++u) (void)f.wait_param(u, FsdpPass::Forward, s);
-      for (int u = kUnits - 1; u >= 0; --u) {
-        (void)f.wait_param(u, FsdpPass::Backward, s);
-        (void)f.grad_slot(u, s);
-        f.grad_ready(u, s);
-      }
-      f.step(s);
-      f.zero_grad(s);
-    };
-    const double comm_and_step = bench::time_ms(s, 2, a.iters, no_compute);
+    const double comm_and_step = bench::time_ms(s, 2, a.iters, [&] { comm_iteration(f, s); });
     // The step alone: an optimizer whose learned order is empty (no gathers).
     Fsdp fa(comm, model_specs(kHidden, kMlp), model_units(), options(false, a.mxfp8));
     init_shard(fa, s);
