@@ -251,6 +251,7 @@ class Fsdp {
   /// file. Call wait() on the handle (on every rank) to finish it; a later save, load or
   /// destruction of this optimizer waits for it first.
   SaveHandle save_async(const std::string& dir, Stream stream, const CheckpointUserData& user = {});
+  /// (MXFP8 parameters: save, save_async and load are Error(Unsupported) for now.)
   /// Loads a checkpoint written by any shardopt optimizer in any layout (other world size,
   /// bucket size, DistributedAdam or Fsdp, grouped or discrete members, bf16 or MXFP8
   /// parameters): each rank reads only the slices it needs, checks every file's checksum,
