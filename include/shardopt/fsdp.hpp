@@ -27,11 +27,11 @@
 // MXFP8 parameters (FsdpOptions::param_format = ParamFormat::Mxfp8, docs/mxfp8.md
 // "FSDP"): every parameter of two or more dims persists only as this rank's fp32 master
 // shard, its moments and its shard of the rowwise and columnwise MXFP8 data (the scales
-// whole: the step's scale exchange leaves every rank with them). A unit's wait_param
-// calls alternate: its forward pass gathers only the rowwise plane, its backward pass
-// only the columnwise plane (each microbatch); the trainer
-// names the pass (wait_param(unit, pass, stream), mxfp8_param(i, pass)) and a call that
-// names the other pass is an error. GEMMs of a linear layer Y = X W^T (W: [rows, cols] =
+// whole: the step's scale exchange leaves every rank with them). A unit's forward pass
+// gathers only the rowwise plane, its backward pass only the columnwise plane; the
+// trainer names the pass (wait_param(unit, pass, stream), mxfp8_param(i, pass)), the
+// learned order records it per position, and a later call that names the other pass
+// (or a view of the other plane) is an error. GEMMs of a linear layer Y = X W^T (W: [rows, cols] =
 // [out, in]): the forward GEMM contracts over cols and reads the rowwise plane (1 x 32
 // blocks along a row); the data-gradient GEMM dX = dY W contracts over rows and reads
 // the columnwise plane (32 x 1 blocks along a column); the weight-gradient GEMM
@@ -72,9 +72,10 @@ struct FsdpUnit {
   int count = 0;
 };
 
-/// Which pass of an iteration a wait_param call serves: a unit's calls alternate, Forward
-/// then Backward, microbatch after microbatch (the learned order tells them apart;
-/// activation recomputation, a second forward inside the backward, is not supported).
+/// Which pass of an iteration a wait_param call serves. The learning iteration records
+/// the pass the trainer names at each position (a backward that needs no weights may
+/// skip its call); later iterations must name the same pass there. The pass-less
+/// wait_param (native parameters) takes a unit's calls as alternating Forward, Backward.
 enum class FsdpPass { Forward, Backward };
 
 /// One plane of a gathered MXFP8 parameter (Fsdp::mxfp8_param): the rowwise plane in

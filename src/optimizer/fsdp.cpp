@@ -489,8 +489,16 @@ std::vector<ParamView> Fsdp::Impl::wait_param(int unit, std::optional<FsdpPass> 
                          m.unit_name(unit) + "', but the order learned on the first iteration has " +
                          (k < m.order.size() ? "'" + m.unit_name(m.order[k]) + "'" : std::string("no more units")) +
                          " there; call wait_param in the same order every iteration");
-  // A unit's calls alternate forward, backward (microbatch after microbatch).
-  const FsdpPass expected = m.learned ? m.pass_of[k] : (seen % 2 == 0 ? FsdpPass::Forward : FsdpPass::Backward);
+  // The learning iteration records the pass the trainer names (a backward that needs no
+  // weights, e.g. the embedding's, makes no call); without a name (native parameters),
+  // a unit's calls alternate forward, backward. Later iterations check it.
+  const FsdpPass expected = m.learned ? m.pass_of[k]
+                            : pass    ? *pass
+                                      : (seen % 2 == 0 ? FsdpPass::Forward : FsdpPass::Backward);
+  if (!m.learned && pass == FsdpPass::Backward && seen == 0)
+    throw Error(ErrorCode::InvalidArgument,
+                "wait_param('" + m.unit_name(unit) + "', Backward) before the unit's forward in this iteration; "
+                "a unit's first call of an iteration is its Forward (rowwise plane)");
   if (pass && *pass != expected)
     throw Error(ErrorCode::InvalidArgument,
                 "wait_param('" + m.unit_name(unit) + "', " + pass_name(*pass) + "): position " + std::to_string(k) +
@@ -544,13 +552,15 @@ std::vector<ParamView> Fsdp::Impl::wait_param(int unit, std::optional<FsdpPass> 
     }
     // The next MXFP8 plane goes through the gradient slot: now during forward (the slot
     // is free), after this unit's grad_ready during backward (the slot then holds its
-    // gradients until their reduce-scatter).
+    // gradients until their reduce-scatter). A Forward position after a Backward one
+    // (the next microbatch) is gathered by its own wait_param: gradient-only units (an
+    // embedding's backward takes no weights) may still take the slot in between.
     const std::size_t n = m.next_mx(k);
     if (n < m.order.size() && !m.mx_prefetched[n]) {
       if (m.pass_of[k] == FsdpPass::Forward) {
         m.gather_mx(n, stream);
         m.mx_prefetched[n] = 1;
-      } else {
+      } else if (m.pass_of[n] == FsdpPass::Backward) {
         m.pending_mx = n;
       }
     }
