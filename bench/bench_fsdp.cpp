@@ -91,6 +91,7 @@ FsdpOptions options(bool prefetch, bool mxfp8) {
   return o;
 }
 
+#if SHARDOPT_HAVE_CUDA
 // Initial values: random bf16 parameter shards (init_master), or, for MXFP8, the same
 // random values written as fp32 into the master (init_from_master).
 void init_shard(Fsdp& f, Stream s) {
@@ -153,7 +154,6 @@ Traffic traffic(Fsdp& f, Stream s) {
           m.mxfp8};
 }
 
-#if SHARDOPT_HAVE_CUDA
 #define CUBLAS_CHECK(call)                                                                        \
   do {                                                                                            \
     const cublasStatus_t st_ = (call);                                                            \

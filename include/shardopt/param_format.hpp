@@ -27,4 +27,14 @@ enum class ParamFormat {
   Nvfp4,
 };
 
+/// "Native", "Mxfp8", "Nvfp4" (errors and the options agreement name formats so).
+constexpr const char* to_string(ParamFormat f) noexcept {
+  switch (f) {
+    case ParamFormat::Native: return "Native";
+    case ParamFormat::Mxfp8: return "Mxfp8";
+    case ParamFormat::Nvfp4: return "Nvfp4";
+  }
+  return "?";
+}
+
 }  // namespace shardopt

@@ -31,15 +31,6 @@ constexpr const char* kInitCalls =
 }  // namespace
 namespace {
 
-const char* format_name(ParamFormat f) {
-  switch (f) {
-    case ParamFormat::Native: return "Native";
-    case ParamFormat::Mxfp8: return "Mxfp8";
-    case ParamFormat::Nvfp4: return "Nvfp4";
-  }
-  return "?";
-}
-
 Layout make_layout(std::vector<ParamSpec> specs, int world, const DistributedAdamOptions& o) {
   LayoutOptions lo;
   lo.bucket_numel = o.bucket_numel;
@@ -47,7 +38,7 @@ Layout make_layout(std::vector<ParamSpec> specs, int world, const DistributedAda
     // Quantized parameters get a storage class of their own, so they never share a
     // buffer with native ones; the 1-D parameters stay native, in f32.
     SHARDOPT_REQUIRE(!o.param_dtype || *o.param_dtype == DType::f32, ErrorCode::InvalidArgument,
-                     std::string("param_format ") + format_name(o.param_format) +
+                     std::string("param_format ") + to_string(o.param_format) +
                          " keeps the 1-D parameters (norm weights, biases) in f32 and quantizes the others; "
                          "param_dtype " +
                          to_string(*o.param_dtype) + " cannot apply: leave it unset or set f32");
@@ -258,7 +249,7 @@ DistributedAdam::DistributedAdam(Communicator comm, std::vector<ParamSpec> specs
   fields.insert(fields.end(),
                 {{"grad_dtype", to_string(options.grad_dtype)},
                  {"param_dtype", options.param_dtype ? to_string(*options.param_dtype) : "unset"},
-                 {"param_format", format_name(options.param_format)},
+                 {"param_format", to_string(options.param_format)},
                  {"grad_reduce", to_string(options.grad_reduce)},
                  {"bucket_numel", options.bucket_numel ? std::to_string(*options.bucket_numel) : "unset"},
                  {"overlap_grad_reduce", detail::option_text(options.overlap_grad_reduce)},
@@ -294,7 +285,7 @@ ParamView DistributedAdam::param(int i) const {
   (void)live(impl_).state.piece(i);
   SHARDOPT_REQUIRE(!live(impl_).mx.is_param(i), ErrorCode::InvalidArgument,
                    "param(" + param_name(layout(), i) + "): an " + live(impl_).mx.name() +
-                       " parameter has no bf16 view (param_format " + format_name(live(impl_).opt.param_format) +
+                       " parameter has no bf16 view (param_format " + to_string(live(impl_).opt.param_format) +
                        "); read its storage with " + view_call(live(impl_).opt.param_format) + "(i)");
   const auto& spec = layout().specs()[static_cast<std::size_t>(i)];
   const DType dt = layout().buffers()[static_cast<std::size_t>(layout().params()[static_cast<std::size_t>(i)].buffer)].dtype;
@@ -356,7 +347,7 @@ void require_view(const DistributedAdam::Impl& m, int i, ParamFormat want) {
   throw Error(ErrorCode::InvalidArgument,
               std::string(view_call(want)) + "(" + param_name(m.store.layout(), i) + "): not an " +
                   (want == ParamFormat::Nvfp4 ? "NVFP4" : "MXFP8") + " parameter (" +
-                  (has != want ? std::string("param_format is ") + format_name(has)
+                  (has != want ? std::string("param_format is ") + to_string(has)
                                : std::string("1-D parameters stay native in f32")) +
                   "); use " + (quantized ? std::string(view_call(has)) + "(i)" : std::string("param(i)")));
 }

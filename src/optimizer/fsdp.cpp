@@ -435,7 +435,8 @@ Fsdp::Fsdp(Communicator comm, std::vector<ParamSpec> specs, std::vector<FsdpUnit
                  {"bucket_numel", options.bucket_numel ? std::to_string(*options.bucket_numel) : "unset"},
                  {"keep_last_unit", detail::option_text(options.keep_last_unit)},
                  {"prefetch", detail::option_text(options.prefetch)},
-                 {"shard_group_size", std::to_string(options.shard_group_size)}});
+                 {"shard_group_size", std::to_string(options.shard_group_size)},
+                 {"param_format", to_string(options.param_format)}});
   detail::check_options_agree(comm, "FsdpOptions", fields);
   detail::validate(options, options.grad_dtype);
   impl_ = std::make_unique<Impl>(std::move(comm), std::move(specs), std::move(units), std::move(options));
