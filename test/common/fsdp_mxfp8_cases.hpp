@@ -87,10 +87,12 @@ inline std::vector<GradTarget> plain_targets(Fsdp& f, int u, const std::vector<G
 /// (columnwise), each unit's gradients accumulated into its slot and reduce-scattered.
 /// `forward_only`: an evaluation pass (end_forward_only, no gradients).
 inline void fsdp_mx_microbatch(Fsdp& f, Stream s, int rank, GradKind kind, const PassHook& hook = {},
-                               bool forward_only = false, const TargetsFn& targets = plain_targets) {
+                               bool forward_only = false, const TargetsFn& targets = plain_targets,
+                               const std::function<void(Stream)>& before_wait = {}) {
   int position = 0;
   const int nu = f.num_units();
   auto wait = [&](int u, FsdpPass pass) {
+    if (before_wait) before_wait(s);
     (void)f.wait_param(u, pass, s);
     if (hook) hook(position, u, pass, s);
     ++position;
@@ -116,6 +118,9 @@ enum class FsdpMxPath {
   EvalTwice,       ///< two evals in a row between training iterations
   NoPrefetch,      ///< every gather issued by its wait_param (nothing prefetched)
   NoKeepLastUnit,  ///< the last forward unit's native part is gathered again for its backward
+  Hsdp,            ///< shard groups of 2 ranks, 2 replicas (4 ranks)
+  DelayedGathers,  ///< the gather stream sleeps ~2 ms before every wait_param (GPUs): a
+                   ///< missing wait would let a pass read a place before its plane lands
 };
 
 /// Every MXFP8 plane a pass reads equals the oracle's plane (quantize(bf16(master)) of
@@ -134,6 +139,7 @@ inline void case_fsdp_mx_equals_dist_adam(Backend b, int microbatches, int steps
   FsdpOptions fo = fsdp_mx_options(d);
   fo.prefetch = path != FsdpMxPath::NoPrefetch;
   fo.keep_last_unit = path != FsdpMxPath::NoKeepLastUnit;
+  if (path == FsdpMxPath::Hsdp) fo.shard_group_size = 2;
   Fsdp f(comm, mx_model(), mx_units(), fo);
   DistributedAdamOptions ro = d;
   ro.grad_reduce = ReduceOp::Sum;
@@ -143,6 +149,9 @@ inline void case_fsdp_mx_equals_dist_adam(Backend b, int microbatches, int steps
   fsdp_mx_init(f, s.get());
   mx_init(ref, rs.get());
   const auto rt = grad_targets(ref);
+  std::function<void(Stream)> before;
+  if (path == FsdpMxPath::DelayedGathers && b == Backend::Cuda)
+    before = [&f, b](Stream) { delay_stream(b, f.gather_stream(), 2000); };
   int checked = 0, evals = 0;
   for (int t = 0; t < steps; ++t) {
     std::map<int, mxfp8_ref::Quantized> want;
@@ -174,7 +183,7 @@ inline void case_fsdp_mx_equals_dist_adam(Backend b, int microbatches, int steps
       ++evals;
     }
     for (int mb = 0; mb < microbatches; ++mb) {
-      fsdp_mx_microbatch(f, s.get(), rank, GradKind::Grid, check);
+      fsdp_mx_microbatch(f, s.get(), rank, GradKind::Grid, check, false, plain_targets, before);
       f.advance_microbatch(s.get());
       add_every_ranks_grads(ref, rs.get(), rt);
       ref.advance_microbatch(rs.get());
