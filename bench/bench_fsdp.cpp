@@ -2,7 +2,13 @@
 // Llama-3.2-1B-sized MLP block pair of bf16 GEMMs (up 8192x2048, down 2048x8192; cuBLAS,
 // fp32 accumulation), forward + backward + step, one CUDA graph per iteration.
 //
-//   mpirun -n 4 bench_fsdp [--results DIR] [--peer FILE] [--iters N] [--tokens T]
+//   mpirun -n 4 bench_fsdp [--results DIR] [--peer FILE] [--iters N] [--tokens T] [--params bf16|mxfp8]
+//
+// --params mxfp8: MXFP8 parameters (FsdpOptions::param_format, docs/mxfp8.md "FSDP"):
+// each forward gathers the rowwise plane, each backward the columnwise plane, one byte
+// per element; the GEMMs stay bf16 (Hopper has no MXFP8 GEMM): every unit's gathered
+// plane is dequantized to bf16 first (the data-gradient GEMM from the columnwise plane).
+// Both modes report the bytes gathered per iteration and the persistent memory per rank.
 //
 // Measured in one process: the iteration with prefetch on and off (graph replay, CUDA
 // events, median); its pieces alone — compute only (the same GEMMs on resident
@@ -17,10 +23,12 @@
 
 #include "core/check.hpp"
 #include "core/memory.hpp"
+#include "kernels/convert.hpp"
 #include "mpi_bench.hpp"
 #include "results.hpp"
 #include "shardopt/fsdp.hpp"
 #include "shardopt/host_stream.hpp"
+#include "shardopt/mxfp8.hpp"
 #include "shardopt/step_graph.hpp"
 
 #if SHARDOPT_HAVE_CUDA
@@ -35,17 +43,24 @@ using namespace shardopt;
 constexpr int kUnits = 16;
 constexpr std::int64_t kHidden = 2048, kMlp = 8192;
 
-// --results DIR, --peer FILE, --iters N (default 20) and --tokens T.
+// --results DIR, --peer FILE, --iters N (default 20), --tokens T and --params.
 struct Args : bench::RunArgs {
   std::int64_t tokens = 4096;
+  bool mxfp8 = false;
 };
 
 Args parse(int argc, char** argv) {
   Args a;
   a.iters = 20;
   bench::parse_run_args(argc, argv, a, [&](bench::ArgReader& r) {
-    if (r.arg() != "--tokens") return false;
-    a.tokens = std::atoll(r.value().c_str());
+    if (r.arg() == "--tokens") {
+      a.tokens = std::atoll(r.value().c_str());
+      return true;
+    }
+    if (r.arg() != "--params") return false;
+    const std::string v = r.value();
+    if (v != "bf16" && v != "mxfp8") throw std::invalid_argument("--params takes bf16 or mxfp8, not " + v);
+    a.mxfp8 = v == "mxfp8";
     return true;
   });
   return a;
@@ -66,16 +81,79 @@ std::vector<FsdpUnit> model_units() {
   return u;
 }
 
-FsdpOptions options(bool prefetch) {
+FsdpOptions options(bool prefetch, bool mxfp8) {
   FsdpOptions o;
   o.clip_max_norm = 1.0f;
   o.groups["decay"] = AdamGroup{0.1, 1.0};
   o.lr_schedule = LrSchedule::constant(1e-4f);
   o.prefetch = prefetch;
+  if (mxfp8) o.param_format = ParamFormat::Mxfp8;
   return o;
 }
 
 #if SHARDOPT_HAVE_CUDA
+// Initial values: random bf16 parameter shards (init_master), or, for MXFP8, the same
+// random values written as fp32 into the master (init_from_master).
+void init_shard(Fsdp& f, Stream s) {
+  for (int i = 0; i < f.num_params(); ++i) {
+    const bool mx = f.is_mxfp8(i);
+    const ShardView v = mx ? f.shard_master(i) : f.shard_param(i);
+    bench::fill_random(v.data, mx ? DType::f32 : DType::bf16, v.numel(), 100 + static_cast<std::uint64_t>(i), 0.02f, s);
+  }
+  if (f.options().param_format == ParamFormat::Mxfp8) {
+    f.init_from_master(s);
+  } else {
+    f.init_master(s);
+  }
+}
+
+// wait_param of unit u for `pass`: bf16 views, or (MXFP8) the pass's plane of each
+// weight dequantized into `scratch` (f32, then bf16 in `weights`), which the GEMMs read.
+struct UnitWeights {
+  const void* up = nullptr;
+  const void* down = nullptr;
+};
+UnitWeights unit_weights(Fsdp& f, int u, FsdpPass pass, DeviceBuffer* scratch, DeviceBuffer* weights, Stream s) {
+  const auto w = f.wait_param(u, pass, s);
+  if (f.options().param_format != ParamFormat::Mxfp8) return {w[0].data, w[1].data};
+  char* out = weights->as<char>();
+  for (int k = 0; k < 2; ++k) {
+    const Mxfp8PassView v = f.mxfp8_param(2 * u + k, pass);
+    dequantize_mxfp8(v.shape, v.plane, v.data, v.scales, scratch->as<float>(), f.backend(), s);
+    kernels::convert(scratch->data(), DType::f32, out + static_cast<std::size_t>(k) * kHidden * kMlp * 2, DType::bf16,
+                     v.shape.numel(), f.backend(), s);
+  }
+  return {out, out + kHidden * kMlp * 2};
+}
+
+// One iteration without the GEMMs: every gather and reduce-scatter, the step, zero_grad.
+void comm_iteration(Fsdp& f, Stream s) {
+  for (int u = 0; u < kUnits; ++u) (void)f.wait_param(u, FsdpPass::Forward, s);
+  for (int u = kUnits - 1; u >= 0; --u) {
+    (void)f.wait_param(u, FsdpPass::Backward, s);
+    (void)f.grad_slot(u, s);
+    f.grad_ready(u, s);
+  }
+  f.step(s);
+  f.zero_grad(s);
+}
+
+// Bytes of parameter all-gathers of one eager iteration (forward + backward, no
+// compute) and the persistent memory per rank of an optimizer of the same options.
+struct Traffic {
+  std::int64_t gathered = 0, memory = 0, pool = 0, mxfp8 = 0;
+};
+Traffic traffic(Fsdp& f, Stream s) {
+  comm_iteration(f, s);  // learns the order
+  const FsdpGatherStats before = f.gather_stats();
+  comm_iteration(f, s);
+  const FsdpGatherStats after = f.gather_stats();
+  f.synchronize(s);
+  const MemoryReport m = f.memory();
+  return {after.forward_bytes + after.backward_bytes - before.forward_bytes - before.backward_bytes, m.total(), m.pool,
+          m.mxfp8};
+}
+
 #define CUBLAS_CHECK(call)                                                                        \
   do {                                                                                            \
     const cublasStatus_t st_ = (call);                                                            \
@@ -136,29 +214,26 @@ void unit_backward(cublasHandle_t h, std::int64_t T, const void* up, const void*
        kHidden, 1.0f);
 }
 
-void init_shard(Fsdp& f, Stream s) {
-  for (int i = 0; i < f.num_params(); ++i) {
-    const ShardView v = f.shard_param(i);
-    bench::fill_random(v.data, DType::bf16, v.numel(), 100 + static_cast<std::uint64_t>(i), 0.02f, s);
-  }
-  f.init_master(s);
-}
-
 // Iteration time with one captured graph (median), prefetch on or off.
 double iteration_ms(const Communicator& comm, cublasHandle_t h, DeviceBuffer& ws, Activations& act, std::int64_t T,
-                    bool prefetch, Stream s, int iters) {
-  Fsdp f(comm, model_specs(kHidden, kMlp), model_units(), options(prefetch));
+                    bool prefetch, bool mxfp8, Stream s, int iters) {
+  Fsdp f(comm, model_specs(kHidden, kMlp), model_units(), options(prefetch, mxfp8));
   init_shard(f, s);
+  DeviceBuffer scratch, weights;  // MXFP8: the dequantized weights of the unit in use
+  if (mxfp8) {
+    scratch = DeviceBuffer(Backend::Cuda, static_cast<std::size_t>(kHidden * kMlp) * 4);
+    weights = DeviceBuffer(Backend::Cuda, static_cast<std::size_t>(2 * kHidden * kMlp) * 2);
+  }
   StepGraph g(f, [&](Stream st, bool) {
     bind(h, st, ws.data(), ws.bytes());
     for (int u = 0; u < kUnits; ++u) {
-      const auto w = f.wait_param(u, st);
-      unit_forward(h, T, w[0].data, w[1].data, act, u);
+      const UnitWeights w = unit_weights(f, u, FsdpPass::Forward, &scratch, &weights, st);
+      unit_forward(h, T, w.up, w.down, act, u);
     }
     for (int u = kUnits - 1; u >= 0; --u) {
-      const auto w = f.wait_param(u, st);
+      const UnitWeights w = unit_weights(f, u, FsdpPass::Backward, &scratch, &weights, st);
       const auto g = f.grad_slot(u, st);
-      unit_backward(h, T, w[0].data, w[1].data, g[0].data, g[1].data, act, u);
+      unit_backward(h, T, w.up, w.down, g[0].data, g[1].data, act, u);
       f.grad_ready(u, st);
     }
   });
@@ -169,15 +244,19 @@ double iteration_ms(const Communicator& comm, cublasHandle_t h, DeviceBuffer& ws
 }
 #endif
 
-void host_smoke(const Communicator& comm) {
+void host_smoke(const Communicator& comm, bool mxfp8) {
   HostStream hs;
   const auto specs = model_specs(32, 64);
-  Fsdp f(comm, specs, model_units(), options(true));
-  f.init_master(hs.handle());
+  Fsdp f(comm, specs, model_units(), options(true, mxfp8));
+  if (mxfp8) {
+    f.init_from_master(hs.handle());
+  } else {
+    f.init_master(hs.handle());
+  }
   StepGraph g(f, [&](Stream st, bool) {
-    for (int u = 0; u < kUnits; ++u) (void)f.wait_param(u, st);
+    for (int u = 0; u < kUnits; ++u) (void)f.wait_param(u, FsdpPass::Forward, st);
     for (int u = kUnits - 1; u >= 0; --u) {
-      (void)f.wait_param(u, st);
+      (void)f.wait_param(u, FsdpPass::Backward, st);
       (void)f.grad_slot(u, st);
       f.grad_ready(u, st);
     }
@@ -185,8 +264,9 @@ void host_smoke(const Communicator& comm) {
   g.capture(hs.handle());
   for (int i = 0; i < 3; ++i) g.replay(hs.handle());
   if (comm.rank() == 0)
-    std::printf("fsdp host smoke: %d units, step count %lld\n", f.num_units(),
-                static_cast<long long>(f.read_scalars(hs.handle()).step));
+    std::printf("fsdp host smoke (%s): %d units, step count %lld, %lld bytes gathered\n", mxfp8 ? "mxfp8" : "bf16",
+                f.num_units(), static_cast<long long>(f.read_scalars(hs.handle()).step),
+                static_cast<long long>(f.gather_stats().forward_bytes + f.gather_stats().backward_bytes));
 }
 
 }  // namespace
@@ -197,7 +277,7 @@ int main(int argc, char** argv) {
     bench::MpiBench mb(default_backend());
     const Communicator& comm = mb.comm();
     if (mb.backend() == Backend::Host) {
-      host_smoke(comm);
+      host_smoke(comm, a.mxfp8);
       return 0;
     }
 #if SHARDOPT_HAVE_CUDA
@@ -208,8 +288,8 @@ int main(int argc, char** argv) {
     bind(h, s, workspace.data(), workspace.bytes());
     const std::int64_t T = a.tokens;
     Activations act(T, s);
-    const double on = iteration_ms(comm, h, workspace, act, T, true, s, a.iters);
-    const double off = iteration_ms(comm, h, workspace, act, T, false, s, a.iters);
+    const double on = iteration_ms(comm, h, workspace, act, T, true, a.mxfp8, s, a.iters);
+    const double off = iteration_ms(comm, h, workspace, act, T, false, a.mxfp8, s, a.iters);
 
     // Pieces alone: compute on resident weights; communication of an iteration; the step.
     DeviceBuffer w(Backend::Cuda, static_cast<std::size_t>(2 * kHidden * kMlp) * 2),
@@ -223,26 +303,20 @@ int main(int argc, char** argv) {
         unit_backward(h, T, up, down, gw.as<char>(), gw.as<char>() + kHidden * kMlp * 2, act, u);
     });
     // Communication + step: the same iteration without the GEMMs.
-    Fsdp f(comm, model_specs(kHidden, kMlp), model_units(), options(false));
+    Fsdp f(comm, model_specs(kHidden, kMlp), model_units(), options(false, a.mxfp8));
     init_shard(f, s);
-    auto no_compute = [&] {
-      for (int u = 0; u < kUnits; ++u) (void)f.wait_param(u, s);
-      for (int u = kUnits - 1; u >= 0; --u) {
-        (void)f.wait_param(u, s);
-        (void)f.grad_slot(u, s);
-        f.grad_ready(u, s);
-      }
-      f.step(s);
-      f.zero_grad(s);
-    };
-    const double comm_and_step = bench::time_ms(s, 2, a.iters, no_compute);
+    const double comm_and_step = bench::time_ms(s, 2, a.iters, [&] { comm_iteration(f, s); });
     // The step alone: an optimizer whose learned order is empty (no gathers).
-    Fsdp fa(comm, model_specs(kHidden, kMlp), model_units(), options(false));
+    Fsdp fa(comm, model_specs(kHidden, kMlp), model_units(), options(false, a.mxfp8));
     init_shard(fa, s);
     const double step = bench::time_ms(s, 2, a.iters, [&] { fa.step(s); });
+    Fsdp ft(comm, model_specs(kHidden, kMlp), model_units(), options(true, a.mxfp8));
+    init_shard(ft, s);
+    const Traffic tr = traffic(ft, s);
     SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(s));
     if (comm.rank() == 0) {
-      const std::string config = "16xMLP/T" + std::to_string(T) + "/n" + std::to_string(comm.size());
+      const std::string config = "16xMLP/T" + std::to_string(T) + "/n" + std::to_string(comm.size()) +
+                                 (a.mxfp8 ? "/mxfp8" : "/bf16");
       bench::Result r;
       r.bench = "fsdp_iteration";
       r.config = config;
@@ -255,6 +329,12 @@ int main(int argc, char** argv) {
       r.numbers["comm_and_step_ms"] = comm_and_step;
       r.numbers["step_only_ms"] = step;
       r.numbers["params"] = static_cast<double>(2 * kUnits * kHidden * kMlp);
+      r.numbers["gathered_bytes_per_iteration"] = static_cast<double>(tr.gathered);
+      r.numbers["memory_per_rank_bytes"] = static_cast<double>(tr.memory);
+      r.numbers["pool_bytes"] = static_cast<double>(tr.pool);
+      r.numbers["mxfp8_storage_bytes"] = static_cast<double>(tr.mxfp8);
+      r.notes["params"] = a.mxfp8 ? "MXFP8 (one plane gathered per pass, dequantized to bf16 for the cuBLAS GEMMs)"
+                                  : "bf16";
       r.notes["limit"] = "max(compute alone, gathers + reduce-scatters alone) + the step alone, same process";
       r.notes["ours"] = "whole iteration (fwd + bwd + step + zero_grad) replayed from one CUDA graph, prefetch on";
       r.command = bench::command_line(argc, argv);

@@ -111,7 +111,8 @@ PUBLIC_HEADER_LAYER = {
     "checkpoint.hpp": "optimizer",    # src/optimizer/checkpoint.cpp (SaveHandle)
     "distributed_adam.hpp": "optimizer",  # src/optimizer/distributed_adam.cpp
     "fsdp.hpp": "optimizer",       # src/optimizer/fsdp.cpp
-    "memory_report.hpp": "optimizer",  # src/optimizer/views.cpp (MemoryReport::to_string)
+    "memory_report.hpp": "optimizer",
+    "param_format.hpp": "optimizer",  # header-only enum (ParamFormat)  # src/optimizer/views.cpp (MemoryReport::to_string)
     "step_graph.hpp": "optimizer", # src/optimizer/step_graph.cpp
     "views.hpp": "optimizer",      # src/optimizer/views.cpp; includes param_spec.hpp (buffers)
     # the umbrella: top layer, nothing may include it

@@ -397,13 +397,15 @@ struct DequantArgs {
   i64 rows[kMaxExperts];
   i64 cols[kMaxExperts];
   i64 out_offset[kMaxExperts];  // first output element of each source
+  bool colwise[kMaxExperts];    // the source is a columnwise plane (FSDP backward)
   int count = 0;
 };
 
-// dst = bf16 of the sources' rowwise planes (blockIdx.y = source), unless the device says
-// the weights are current. A thread decodes a run of 8 elements of one row when the row
-// length is a multiple of 8 (one scale byte: a run never crosses a 32-element block; an
-// 8-byte load and a 16-byte store where aligned), else one element.
+// dst = bf16 of the sources' planes (blockIdx.y = source), unless the device says the
+// weights are current. A thread decodes a run of 8 elements of one row when the row
+// length is a multiple of 8 and the plane is rowwise (one scale byte: a run never crosses
+// a 32-element block; an 8-byte load and a 16-byte store where aligned), else one element
+// (a columnwise plane has a scale byte per column of a 32-row block).
 __global__ void k_dequantize_mxfp8(DequantArgs a, bf16* dst, const shardopt::MicrobatchState* skip) {
   if (skip != nullptr && skip->skip_weight_update != 0) return;
   const int s = blockIdx.y;
@@ -412,16 +414,20 @@ __global__ void k_dequantize_mxfp8(DequantArgs a, bf16* dst, const shardopt::Mic
   const shardopt::Mxfp8Member* table = a.members[s];
   const std::uint8_t* data = a.data[s];
   const std::uint8_t* scale = a.scale[s];
-  const int run = cols % 8 == 0 ? 8 : 1;
+  const bool col = a.colwise[s];
+  const i64 col_blocks = (rows + shardopt::kMxfp8Block - 1) / shardopt::kMxfp8Block;
+  const int run = !col && cols % 8 == 0 ? 8 : 1;
   const i64 runs = a.groups[s] * member_numel / run;
   bf16* out = dst + a.out_offset[s];
   for (i64 k = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; k < runs; k += static_cast<i64>(gridDim.x) * blockDim.x) {
     const i64 e = k * run;  // element of this source's output: member g, row r, column c
     const i64 g = e / member_numel, rem = e % member_numel, r = rem / cols, c = rem % cols;
     const i64 data_at = table != nullptr ? table[g].element_offset : g * member_numel;
-    const i64 scale_at = table != nullptr ? table[g].scale_row_offset : g * rows * row_blocks;
+    const i64 scale_at = table != nullptr ? (col ? table[g].scale_col_offset : table[g].scale_row_offset)
+                                          : (col ? g * col_blocks * cols : g * rows * row_blocks);
     const std::uint8_t* in = data + data_at + r * cols + c;
-    const std::uint8_t sc = scale[scale_at + r * row_blocks + c / shardopt::kMxfp8Block];
+    const std::uint8_t sc = scale[scale_at + (col ? (r / shardopt::kMxfp8Block) * cols + c
+                                                  : r * row_blocks + c / shardopt::kMxfp8Block)];
     if (run == 1) {
       out[e] = math::mxfp8_to_bf16(in[0], sc);
       continue;
@@ -797,8 +803,9 @@ class CudaOps final : public Ops {
       a.rows[i] = x.shape.rows;
       a.cols[i] = x.shape.cols;
       a.out_offset[i] = offset;
+      a.colwise[i] = x.plane == shardopt::Mxfp8Plane::Columnwise;
       offset += x.shape.numel();
-      most = std::max<i64>(most, x.shape.numel() / (x.shape.cols % 8 == 0 ? 8 : 1));
+      most = std::max<i64>(most, x.shape.numel() / (!a.colwise[i] && x.shape.cols % 8 == 0 ? 8 : 1));
     }
     const dim3 grid(blocks_for(most), static_cast<unsigned>(a.count));
     k_dequantize_mxfp8<<<grid, kThreads, 0, cu(s)>>>(a, dst.as<bf16>(), skip);

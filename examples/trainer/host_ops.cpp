@@ -351,13 +351,16 @@ class HostOps final : public Ops {
         for (std::int64_t g = 0; g < sh.members; ++g) {
           // The member table is read when the op runs, as the kernel reads it.
           const std::int64_t data_at = x.members != nullptr ? x.members[g].element_offset : g * sh.member_numel();
+          const bool col = x.plane == shardopt::Mxfp8Plane::Columnwise;
           const std::int64_t scale_at =
-              x.members != nullptr ? x.members[g].scale_row_offset : g * sh.rows * sh.row_blocks();
+              x.members != nullptr ? (col ? x.members[g].scale_col_offset : x.members[g].scale_row_offset)
+                                   : (col ? g * sh.col_blocks() * sh.cols : g * sh.rows * sh.row_blocks());
           for (std::int64_t r = 0; r < sh.rows; ++r)
             for (std::int64_t c = 0; c < sh.cols; ++c)
-              out[g * sh.member_numel() + r * sh.cols + c] =
-                  math::mxfp8_to_bf16(x.data[data_at + r * sh.cols + c],
-                                      x.scale[scale_at + r * sh.row_blocks() + c / shardopt::kMxfp8Block]);
+              out[g * sh.member_numel() + r * sh.cols + c] = math::mxfp8_to_bf16(
+                  x.data[data_at + r * sh.cols + c],
+                  x.scale[scale_at + (col ? (r / shardopt::kMxfp8Block) * sh.cols + c
+                                          : r * sh.row_blocks() + c / shardopt::kMxfp8Block)]);
         }
         out += sh.numel();
       }

@@ -58,9 +58,9 @@ Model::Model(const ModelSpec& spec, Ops& ops, ModelOptions options)
     throw std::invalid_argument("ModelOptions: mxfp8_params and nvfp4_params exclude each other");
   if (opt_.mxfp8_params || opt_.nvfp4_params) {
     const char* fmt = opt_.mxfp8_params ? "MXFP8" : "NVFP4";
-    if (opt_.gathered_weights)
-      throw std::invalid_argument(std::string("ModelOptions: ") + fmt +
-                                  " parameters are persistent (DistributedAdam), not gathered per use");
+    if (opt_.gathered_weights && opt_.nvfp4_params)
+      throw std::invalid_argument("ModelOptions: NVFP4 parameters are persistent (DistributedAdam), not gathered "
+                                  "per use");
     if (ops.precision() != Precision::Mixed)
       throw std::invalid_argument(std::string("ModelOptions: ") + fmt + " parameters need mixed precision");
     // One bf16 compute buffer per quantized parameter; discrete experts decode into the
@@ -175,8 +175,14 @@ Tensor Model::compute_weight(Weights& w, int i, Stream s, bool refresh) {
   // MXFP8: Hopper has no MXFP8 GEMM, so the rowwise plane is decoded to bf16 once per step
   // (the weights change only at the step): on the first microbatch, decided on the device
   // (skip_weight_update), never by a host flag, which capture would freeze into the graph.
+  // Gathered MXFP8 weights (FSDP) are decoded on every use, from the plane of the pass:
+  // rowwise in forward, columnwise for the backward's data-gradient GEMM.
   const Tensor& dst = compute_[static_cast<std::size_t>(i)].get();
-  if (refresh) decode(w, {i}, dst, opt_.microbatch, s);
+  if (opt_.gathered_weights) {
+    decode(w, {i}, dst, nullptr, s);
+  } else if (refresh) {
+    decode(w, {i}, dst, opt_.microbatch, s);
+  }
   return dst;
 }
 
@@ -193,7 +199,7 @@ Tensor Model::compute_experts(Weights& w, const std::vector<int>& idx, const Buf
   // reuse on the others, deciding on the device (skip_weight_update), never by a host flag
   // frozen at capture. Gathered weights are packed on every use.
   if (opt_.mxfp8_params || opt_.nvfp4_params) {
-    decode(w, idx, dst, opt_.microbatch, s);
+    decode(w, idx, dst, opt_.gathered_weights ? nullptr : opt_.microbatch, s);
     return dst;
   }
   std::vector<Tensor> src;

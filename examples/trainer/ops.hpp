@@ -105,6 +105,10 @@ struct Mxfp8Source {
   /// the op runs (never on the host: grouped weights need no host-side split sizes per
   /// step); null: contiguous members.
   const shardopt::Mxfp8Member* members = nullptr;
+  /// Which plane `data` and `scale` are: Rowwise (scales [G*rows, ceil(cols/32)]) or
+  /// Columnwise (an FSDP backward's plane; scales [G*ceil(rows/32), cols], members'
+  /// scales at Mxfp8Member::scale_col_offset). The output is [G, rows, cols] either way.
+  shardopt::Mxfp8Plane plane = shardopt::Mxfp8Plane::Rowwise;
 };
 
 /// Throws std::invalid_argument unless `src` (1..kMaxExperts sources, valid shapes,

@@ -45,11 +45,6 @@ float default_lr(const std::string& size) {
 }  // namespace
 
 void check_supported(const TrainOptions& o) {
-  if (o.params == "mxfp8" && o.mode == "fsdp")
-    throw std::runtime_error(
-        "--params mxfp8 --mode fsdp: shardopt has no MXFP8 parameters in FSDP (ZeRO-3); its MXFP8 parameter path "
-        "(ParamFormat::Mxfp8, docs/mxfp8.md) is DistributedAdam's. Use --mode dist-adam with --params mxfp8, or "
-        "--params bf16 with --mode fsdp.");
   if (o.params == "nvfp4" && o.mode == "fsdp")
     throw std::runtime_error(
         "--params nvfp4 --mode fsdp: shardopt has no NVFP4 parameters in FSDP (ZeRO-3); its NVFP4 parameter path "
@@ -102,6 +97,7 @@ Trainer::Trainer(const TrainOptions& options, shardopt::Communicator comm, Train
     o.groups["no_decay"] = no_decay;
     o.lr_schedule = schedule_of(options_, lr);
     o.microbatches = options_.microbatches;
+    if (mxfp8()) o.param_format = shardopt::ParamFormat::Mxfp8;  // one plane gathered per pass
     fsdp_ = std::make_unique<shardopt::Fsdp>(comm_, spec_->specs(), spec_->units(), o);
     weights_ = make_fsdp_weights(*fsdp_, *spec_);
     microbatch = fsdp_->device_microbatch();
@@ -144,18 +140,22 @@ Trainer::~Trainer() {
 
 void Trainer::init_params() {
   const shardopt::Stream s = ops_->stream();
-  if (adam_ && (mxfp8() || nvfp4())) {
-    // Quantized parameters have no param views: every rank writes the fp32 initial values of its
-    // own master pieces, and init_from_master quantizes, gathers and lands them (the 1-D
-    // parameters, native f32, are published as they are).
+  if (mxfp8() || nvfp4()) {
+    // Quantized parameters have no param views or shards: every rank writes the fp32
+    // initial values of its own master pieces, and init_from_master publishes them
+    // (DistributedAdam quantizes, gathers and lands them; Fsdp quantizes its shard
+    // planes; the 1-D parameters are published from the master as they are).
     for (int i = 0; i < spec_->num_params(); ++i) {
-      const shardopt::ShardView piece = adam_->shard_master(i);
+      const shardopt::ShardView piece = adam_ ? adam_->shard_master(i) : fsdp_->shard_master(i);
       if (piece.numel() == 0) continue;
       InitArgs a = spec_->init_args(i);
       a.offset = piece.param_offset;
       ops_->init_param(from_view(piece), a, s);
     }
-    adam_->init_from_master(s);
+    if (adam_)
+      adam_->init_from_master(s);
+    else
+      fsdp_->init_from_master(s);
     ops_->synchronize();
     return;
   }

@@ -85,9 +85,9 @@ class FsdpWeights final : public Weights {
     if (opt.num_params() != spec.num_params() || opt.num_units() != spec.num_units())
       throw std::invalid_argument("the FSDP optimizer was built from another parameter list");
   }
-  void forward_unit(int unit, Stream s) override { take_params(unit, s); }
+  void forward_unit(int unit, Stream s) override { take_params(unit, shardopt::FsdpPass::Forward, s); }
   void backward_unit(int unit, bool need_params, Stream s) override {
-    if (need_params) take_params(unit, s);
+    if (need_params) take_params(unit, shardopt::FsdpPass::Backward, s);
     const auto views = opt_.grad_slot(unit, s);
     const auto& u = units_[static_cast<std::size_t>(unit)];
     for (int k = 0; k < u.count; ++k)
@@ -101,15 +101,32 @@ class FsdpWeights final : public Weights {
   void grad_done(int, Stream) override {}
   Tensor param(int i, int m) override { return member_tensor(checked(params_, i, "parameter"), info(i), m); }
   Tensor grad(int i, int m) override { return member_tensor(checked(grads_, i, "gradient"), info(i), m); }
+  bool is_mxfp8(int i) const override { return opt_.is_mxfp8(i); }
+  /// The plane the unit's last wait_param gathered: rowwise in forward, columnwise in
+  /// backward (the data-gradient GEMM's).
+  Mxfp8Source mxfp8(int i) const override {
+    if (!is_mxfp8(i)) return Weights::mxfp8(i);  // the error
+    const Mxfp8Source& x = sources_.at(static_cast<std::size_t>(i));
+    if (x.data == nullptr)
+      throw std::logic_error("FSDP: the MXFP8 parameter '" + info(i).name + "' is used outside its unit's passes");
+    return x;
+  }
   bool persistent() const noexcept override { return false; }
   SumsqWhen sumsq_when() const noexcept override { return SumsqWhen::SumOverMicrobatches; }
 
  private:
-  void take_params(int unit, Stream s) {
-    const auto views = opt_.wait_param(unit, s);
+  void take_params(int unit, shardopt::FsdpPass pass, Stream s) {
+    const auto views = opt_.wait_param(unit, pass, s);
     const auto& u = units_[static_cast<std::size_t>(unit)];
-    for (int k = 0; k < u.count; ++k)
-      params_[static_cast<std::size_t>(u.first + k)] = from_view(views[static_cast<std::size_t>(k)]);
+    for (int k = 0; k < u.count; ++k) {
+      const auto p = static_cast<std::size_t>(u.first + k);
+      if (!opt_.is_mxfp8(u.first + k)) {
+        params_[p] = from_view(views[static_cast<std::size_t>(k)]);
+        continue;
+      }
+      const shardopt::Mxfp8PassView v = opt_.mxfp8_param(u.first + k, pass);
+      sources_[p] = Mxfp8Source{v.shape, v.data, v.scales, v.members, v.plane};
+    }
   }
   const Tensor& checked(const std::vector<Tensor>& v, int i, const char* what) const {
     const Tensor& t = v.at(static_cast<std::size_t>(i));
@@ -123,6 +140,7 @@ class FsdpWeights final : public Weights {
   const ModelSpec& spec_;
   std::vector<shardopt::FsdpUnit> units_;
   std::vector<Tensor> params_, grads_;
+  std::vector<Mxfp8Source> sources_ = std::vector<Mxfp8Source>(params_.size());
 };
 
 }  // namespace

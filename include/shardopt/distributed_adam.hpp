@@ -35,32 +35,13 @@
 #include "shardopt/microbatch.hpp"
 #include "shardopt/mxfp8.hpp"
 #include "shardopt/mxfp8_param.hpp"
+#include "shardopt/param_format.hpp"
 #include "shardopt/nvfp4_param.hpp"
 #include "shardopt/param_spec.hpp"
 #include "shardopt/schedule.hpp"
 #include "shardopt/views.hpp"
 
 namespace shardopt {
-
-/// How the model parameters are stored (DistributedAdamOptions::param_format).
-enum class ParamFormat {
-  /// Flat bf16 / f16 / f32 parameter buffers that Adam writes and the all-gather fills.
-  Native,
-  /// Every parameter of two or more dims (grouped ones: every member) is an MXFP8
-  /// parameter (shardopt/mxfp8.hpp; docs/mxfp8.md): no bf16 copy exists; after Adam each
-  /// rank quantizes its fp32 master shard (scheme A: partial scales, one e8m0 Max
-  /// all-reduce, data bytes), all-gathers the data bytes through the gradient buffer
-  /// (free between the step and the next backward) and lands them in persistent MXFP8
-  /// storage (mxfp8_param), then zeroes that gradient region. 1-D parameters (norm
-  /// weights, biases) stay native, in f32.
-  Mxfp8,
-  /// As Mxfp8, in NVFP4 (shardopt/nvfp4.hpp; docs/nvfp4.md): each member is one NVFP4
-  /// tensor (E2M1 data, 16 x 16 block scales, a global amax), rowwise only; the sharded
-  /// quantize exchanges partial u32 block and tensor amaxes in one Max all-reduce, the
-  /// all-gather moves half a byte per element through the gradient buffer, and the
-  /// storage (nvfp4_param) holds numel / 2 bytes plus scales. 1-D parameters stay f32.
-  Nvfp4,
-};
 
 /// Options of a DistributedAdam: the Adam settings (AdamOptions: betas, eps, groups,
 /// clipping, moment dtype, schedule, microbatches) and the distributed-Adam ones below.

@@ -23,6 +23,22 @@
 // Views returned by wait_param and grad_slot are the same on every iteration for the
 // same position in the learned order, so a whole iteration captures in one CUDA graph
 // (StepGraph); nothing in it allocates or reads device data on the host.
+//
+// MXFP8 parameters (FsdpOptions::param_format = ParamFormat::Mxfp8, docs/mxfp8.md
+// "FSDP"): every parameter of two or more dims persists only as this rank's fp32 master
+// shard, its moments and its shard of the rowwise and columnwise MXFP8 data (the scales
+// whole: the step's scale exchange leaves every rank with them). A unit's forward pass
+// gathers only the rowwise plane, its backward pass only the columnwise plane; the
+// trainer names the pass (wait_param(unit, pass, stream), mxfp8_param(i, pass)), the
+// learned order records it per position, and a later call that names the other pass
+// (or a view of the other plane) is an error. GEMMs of a linear layer Y = X W^T (W: [rows, cols] =
+// [out, in]): the forward GEMM contracts over cols and reads the rowwise plane (1 x 32
+// blocks along a row); the data-gradient GEMM dX = dY W contracts over rows and reads
+// the columnwise plane (32 x 1 blocks along a column); the weight-gradient GEMM
+// dW = dY^T X reads no weight. Forward planes land in the gradient slot (free during
+// forward); backward planes are staged there too, between the previous unit's
+// grad_ready and this unit's grad_slot, and copied into one columnwise slot;
+// grad_slot zeroes whatever staging the gradient slot held before it hands out views.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +56,9 @@
 #include "shardopt/layout.hpp"
 #include "shardopt/memory_report.hpp"
 #include "shardopt/microbatch.hpp"
+#include "shardopt/mxfp8.hpp"
+#include "shardopt/mxfp8_param.hpp"
+#include "shardopt/param_format.hpp"
 #include "shardopt/param_spec.hpp"
 #include "shardopt/schedule.hpp"
 #include "shardopt/views.hpp"
@@ -51,6 +70,36 @@ struct FsdpUnit {
   std::string name;
   int first = 0;
   int count = 0;
+};
+
+/// Which pass of an iteration a wait_param call serves. The learning iteration records
+/// the pass the trainer names at each position (a backward that needs no weights may
+/// skip its call); later iterations must name the same pass there. The pass-less
+/// wait_param (native parameters) takes a unit's calls as alternating Forward, Backward.
+enum class FsdpPass { Forward, Backward };
+
+/// One plane of a gathered MXFP8 parameter (Fsdp::mxfp8_param): the rowwise plane in
+/// forward, the columnwise plane in backward. Valid on the stream of the wait_param
+/// that gathered it until the next wait_param after it (the place is then reused).
+struct Mxfp8PassView {
+  Mxfp8Shape shape;            ///< G members of [rows, cols]
+  FsdpPass pass = FsdpPass::Forward;
+  Mxfp8Plane plane = Mxfp8Plane::Rowwise;  ///< Rowwise for Forward, Columnwise for Backward
+  const std::uint8_t* data = nullptr;      ///< e4m3, [G, rows, cols] (the gathered plane)
+  /// e8m0 scales of that plane (compact, unswizzled): rowwise [G*rows, ceil(cols/32)],
+  /// columnwise [G*ceil(rows/32), cols]; persistent (the step's exchange made them whole).
+  const std::uint8_t* scales = nullptr;
+  /// Device table of shape.members entries (offsets relative to data and scales).
+  const Mxfp8Member* members = nullptr;
+};
+
+/// Bytes of parameter all-gathers this rank has issued (Fsdp::gather_stats), per pass:
+/// count_per_rank x element size x shard group size of every all_gather call.
+struct FsdpGatherStats {
+  std::int64_t calls = 0;
+  std::int64_t forward_bytes = 0;   ///< gathers for Forward positions
+  std::int64_t backward_bytes = 0;  ///< gathers for Backward positions
+  std::int64_t mxfp8_bytes = 0;     ///< of these, MXFP8 plane bytes (one plane per pass)
 };
 
 /// Options of an Fsdp optimizer: the Adam settings (AdamOptions: betas, eps, groups,
@@ -75,6 +124,11 @@ struct FsdpOptions : AdamOptions {
   int shard_group_size = 0;
   /// Cast copies made by shard_grad persist across zero_grad (graph mode).
   bool persistent_grad_copies = false;
+  /// Native (param_dtype everywhere) or Mxfp8: parameters of two or more dims become
+  /// MXFP8 (one plane gathered per pass; the 1-D ones stay param_dtype). Nvfp4 is
+  /// Error(Unsupported). With Mxfp8 the trainer seeds shard_master(i) and calls
+  /// init_from_master, and names the pass in wait_param.
+  ParamFormat param_format = ParamFormat::Native;
 };
 
 namespace detail {
@@ -109,7 +163,31 @@ class Fsdp {
 
   /// Gathers unit `unit` (or waits for its prefetched gather) and returns views of its
   /// parameters, in registration order. `stream` reads them only after the gather.
+  /// With MXFP8 parameters use the overload that names the pass (Error(InvalidArgument)).
   std::vector<ParamView> wait_param(int unit, Stream stream);
+  /// The same for pass `pass` (Error(InvalidArgument) when the learned order has the
+  /// other pass at this position: a unit's first call of an iteration is its Forward).
+  /// MXFP8 parameters get a view with null data (their dtype e4m3): read them with
+  /// mxfp8_param(i, pass); the gather moved only that pass's plane.
+  std::vector<ParamView> wait_param(int unit, FsdpPass pass, Stream stream);
+  /// The plane of MXFP8 parameter i gathered by its unit's last wait_param, which must
+  /// have been for `pass` (Error(InvalidArgument) naming the plane otherwise; a native
+  /// parameter or a unit not gathered yet: Error(InvalidArgument) / Error(InvalidState)).
+  Mxfp8PassView mxfp8_param(int i, FsdpPass pass) const;
+  /// True when parameter i is MXFP8 (param_format Mxfp8 and two or more dims).
+  bool is_mxfp8(int i) const;
+  /// Ends a forward-only pass (evaluation) without backward or step: `stream` waits for
+  /// the gathers still prefetched, and the next wait_param starts an iteration. Before
+  /// the order is learned it forgets the calls so far. Error(InvalidState) after a
+  /// Backward wait_param or while a unit holds the gradient slot.
+  void end_forward_only(Stream stream);
+  /// Where the gradient slot's MXFP8 staging region `half` (0 or 1) stands: InFlight
+  /// (a plane is gathered into it), Landed (its bytes may be read), Consumed (read; not
+  /// zeroed yet), Idle (zero, or never written). grad_slot zeroes every region that is
+  /// not Idle before it hands out gradient views (seed 001).
+  GatherState staging_state(int half) const;
+  /// Parameter all-gather bytes issued by this rank so far, per pass.
+  FsdpGatherStats gather_stats() const;
   /// Zeroed views of unit `unit`'s full gradients (registration order) in the gradient
   /// slot; `stream` first waits until the slot is free.
   std::vector<GradView> grad_slot(int unit, Stream stream);
@@ -122,7 +200,8 @@ class Fsdp {
 
   /// This rank's piece of parameter i: params (write initial values here, then call
   /// init_master), fp32 master, moments, and the reduced gradient (a view in the shard's
-  /// dtype, or a cast copy for an external optimizer).
+  /// dtype, or a cast copy for an external optimizer). shard_param of an MXFP8 parameter
+  /// is Error(InvalidArgument): it has no parameter shard (write shard_master).
   ShardView shard_param(int i) const;
   ShardView shard_master(int i) const;
   ShardView shard_exp_avg(int i) const;
@@ -131,6 +210,11 @@ class Fsdp {
   /// Seeds the fp32 master from the parameter shard. Until init_master or load has run,
   /// step(), wait_param() and grad_ready() throw Error(InvalidState).
   void init_master(Stream stream);
+  /// The other way round, for any format: publishes the fp32 values written into the
+  /// shard_master(i) pieces (native shards converted, MXFP8 shards quantized: one scale
+  /// Max all-reduce over the shard group). Collective. The way to seed MXFP8 parameters
+  /// (init_master is Error(InvalidState) with them).
+  void init_from_master(Stream stream);
 
   /// Learning rate (LrSchedule::Kind::Host) and loss scale: pinned host slots that every
   /// (replayed) step copies to the device, as in DistributedAdam.
@@ -168,6 +252,7 @@ class Fsdp {
   /// file. Call wait() on the handle (on every rank) to finish it; a later save, load or
   /// destruction of this optimizer waits for it first.
   SaveHandle save_async(const std::string& dir, Stream stream, const CheckpointUserData& user = {});
+  /// (MXFP8 parameters: save, save_async and load are Error(Unsupported) for now.)
   /// Loads a checkpoint written by any shardopt optimizer in any layout (other world size,
   /// bucket size, DistributedAdam or Fsdp, grouped or discrete members, bf16 or MXFP8
   /// parameters): each rank reads only the slices it needs, checks every file's checksum,
@@ -178,7 +263,8 @@ class Fsdp {
   /// an index) is an Error on every rank, and nothing in the optimizer changes.
   CheckpointInfo load(const std::string& dir, Stream stream);
 
-  /// Persistent shard + moments + pool (two param slots, one grad slot).
+  /// Persistent shard + moments + pool (two param slots, one grad slot; with MXFP8 one
+  /// columnwise slot, and `mxfp8` = the shard planes + whole scales; docs/mxfp8.md).
   MemoryReport memory() const;
   /// Error(CaptureRefused) when capturing now would allocate or free inside the graph
   /// (order not learned yet, or cast copies without persistent_grad_copies).

@@ -20,6 +20,7 @@
 #include "shardopt/numerics.hpp"
 #include "shardopt/nvfp4.hpp"
 #include "shardopt/nvfp4_param.hpp"
+#include "shardopt/param_format.hpp"
 #include "shardopt/param_spec.hpp"
 #include "shardopt/presets.hpp"
 #include "shardopt/schedule.hpp"

@@ -31,15 +31,6 @@ constexpr const char* kInitCalls =
 }  // namespace
 namespace {
 
-const char* format_name(ParamFormat f) {
-  switch (f) {
-    case ParamFormat::Native: return "Native";
-    case ParamFormat::Mxfp8: return "Mxfp8";
-    case ParamFormat::Nvfp4: return "Nvfp4";
-  }
-  return "?";
-}
-
 Layout make_layout(std::vector<ParamSpec> specs, int world, const DistributedAdamOptions& o) {
   LayoutOptions lo;
   lo.bucket_numel = o.bucket_numel;
@@ -47,18 +38,13 @@ Layout make_layout(std::vector<ParamSpec> specs, int world, const DistributedAda
     // Quantized parameters get a storage class of their own, so they never share a
     // buffer with native ones; the 1-D parameters stay native, in f32.
     SHARDOPT_REQUIRE(!o.param_dtype || *o.param_dtype == DType::f32, ErrorCode::InvalidArgument,
-                     std::string("param_format ") + format_name(o.param_format) +
+                     std::string("param_format ") + to_string(o.param_format) +
                          " keeps the 1-D parameters (norm weights, biases) in f32 and quantizes the others; "
                          "param_dtype " +
                          to_string(*o.param_dtype) + " cannot apply: leave it unset or set f32");
-    lo.param_storage.resize(specs.size(), 0);
-    for (std::size_t i = 0; i < specs.size(); ++i) {
-      if (detail::is_quantized_spec(validated(specs[i]))) {
-        lo.param_storage[i] = detail::kQuantizedStorage;
-      } else {
-        specs[i].dtype = DType::f32;
-      }
-    }
+    lo.param_storage = detail::quantized_storage(specs);
+    for (std::size_t i = 0; i < specs.size(); ++i)
+      if (lo.param_storage[i] != detail::kQuantizedStorage) specs[i].dtype = DType::f32;
     return Layout(std::move(specs), world, lo);
   }
   if (o.param_dtype) {
@@ -71,10 +57,8 @@ Layout make_layout(std::vector<ParamSpec> specs, int world, const DistributedAda
 
 // Which layout buffers hold quantized parameters: those of the quantized storage class.
 std::vector<bool> quantized_buffers(const Layout& L, const DistributedAdamOptions& o) {
-  std::vector<bool> q(L.buffers().size(), false);
-  if (o.param_format == ParamFormat::Native) return q;
-  for (std::size_t b = 0; b < q.size(); ++b) q[b] = L.buffers()[b].storage == detail::kQuantizedStorage;
-  return q;
+  if (o.param_format == ParamFormat::Native) return std::vector<bool>(L.buffers().size(), false);
+  return detail::quantized_buffers(L);
 }
 
 detail::QuantizedParams::MakeFormat format_maker(ParamFormat f) {
@@ -113,17 +97,6 @@ BucketStoreOptions store_options(const Layout& L, const DistributedAdamOptions& 
   return so;
 }
 
-// Where each parameter's piece of this rank's fp32 master lives, for the quantize.
-std::vector<detail::MasterPiece> master_pieces(const detail::ShardEngine& engine, const Layout& L) {
-  std::vector<detail::MasterPiece> out(L.params().size());
-  for (std::size_t p = 0; p < out.size(); ++p) {
-    const detail::ParamPiece& piece = engine.piece(static_cast<int>(p));
-    out[p] = {piece.length == 0 ? nullptr : engine.master(piece.buffer) + piece.shard_offset, piece.param_offset,
-              piece.shard_offset, piece.length};
-  }
-  return out;
-}
-
 BucketStore make_store(const Communicator& comm, std::vector<ParamSpec> specs, const DistributedAdamOptions& o) {
   Layout L = make_layout(std::move(specs), comm.size(), o);
   BucketStoreOptions so = store_options(L, o);
@@ -141,7 +114,7 @@ class DistributedAdam::Impl final : public detail::StepTarget {
         store(make_store(comm, std::move(specs), opt)),
         state(backend, store.layout(), comm.rank(), detail::EngineSettings{opt, opt.grad_dtype, /*shard_addressed=*/false,
                                                                  opt.persistent_grad_copies, "DistributedAdamOptions"}),
-        mx(backend, store.layout(), store, master_pieces(state, store.layout()), quantized_buffers(store.layout(), opt),
+        mx(backend, store.layout(), store, detail::master_pieces(state, store.layout()), quantized_buffers(store.layout(), opt),
            format_maker(opt.param_format)) {
     for (int b = 0; b < static_cast<int>(store.layout().buffers().size()); ++b)
       state.bind(b, store.grad_buffer(b), store.param_buffer(b));  // null params: MXFP8, master only
@@ -276,7 +249,7 @@ DistributedAdam::DistributedAdam(Communicator comm, std::vector<ParamSpec> specs
   fields.insert(fields.end(),
                 {{"grad_dtype", to_string(options.grad_dtype)},
                  {"param_dtype", options.param_dtype ? to_string(*options.param_dtype) : "unset"},
-                 {"param_format", format_name(options.param_format)},
+                 {"param_format", to_string(options.param_format)},
                  {"grad_reduce", to_string(options.grad_reduce)},
                  {"bucket_numel", options.bucket_numel ? std::to_string(*options.bucket_numel) : "unset"},
                  {"overlap_grad_reduce", detail::option_text(options.overlap_grad_reduce)},
@@ -312,7 +285,7 @@ ParamView DistributedAdam::param(int i) const {
   (void)live(impl_).state.piece(i);
   SHARDOPT_REQUIRE(!live(impl_).mx.is_param(i), ErrorCode::InvalidArgument,
                    "param(" + param_name(layout(), i) + "): an " + live(impl_).mx.name() +
-                       " parameter has no bf16 view (param_format " + format_name(live(impl_).opt.param_format) +
+                       " parameter has no bf16 view (param_format " + to_string(live(impl_).opt.param_format) +
                        "); read its storage with " + view_call(live(impl_).opt.param_format) + "(i)");
   const auto& spec = layout().specs()[static_cast<std::size_t>(i)];
   const DType dt = layout().buffers()[static_cast<std::size_t>(layout().params()[static_cast<std::size_t>(i)].buffer)].dtype;
@@ -374,7 +347,7 @@ void require_view(const DistributedAdam::Impl& m, int i, ParamFormat want) {
   throw Error(ErrorCode::InvalidArgument,
               std::string(view_call(want)) + "(" + param_name(m.store.layout(), i) + "): not an " +
                   (want == ParamFormat::Nvfp4 ? "NVFP4" : "MXFP8") + " parameter (" +
-                  (has != want ? std::string("param_format is ") + format_name(has)
+                  (has != want ? std::string("param_format is ") + to_string(has)
                                : std::string("1-D parameters stay native in f32")) +
                   "); use " + (quantized ? std::string(view_call(has)) + "(i)" : std::string("param(i)")));
 }

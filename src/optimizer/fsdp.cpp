@@ -17,6 +17,8 @@
 #include "optimizer/options_agreement.hpp"
 #include "optimizer/shard_engine.hpp"
 #include "optimizer/step_target.hpp"
+#include "quantized/mxfp8_params.hpp"
+#include "quantized/quantized_params.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt {
@@ -62,10 +64,19 @@ std::vector<int> unit_ids(const std::vector<FsdpUnit>& units, std::size_t params
 
 class Fsdp::Impl final : public detail::StepTarget {
  public:
+  // One layout buffer's part of a unit: its element range there, and where the part
+  // starts in the unit's gradient slot (`grad_at`) and in its parameter place (`at`:
+  // the native param slot, or an MXFP8 plane place; elements).
+  struct Part {
+    std::int64_t begin = 0, end = 0;
+    std::int64_t grad_at = 0, at = 0;
+  };
   struct UnitInfo {
-    std::vector<int> buckets;  // in buffer order
-    std::int64_t begin = 0;    // buffer range of the unit
-    std::int64_t end = 0;
+    std::vector<int> buckets;  // every bucket of the unit, in layout order
+    std::vector<Part> parts;   // per layout buffer (empty range: none there)
+    std::int64_t numel = 0;    // elements of every part (the gradient slot's extent)
+    std::int64_t native = 0;   // elements of the native parts (param slot extent)
+    std::int64_t mx = 0;       // elements of the MXFP8 parts (bytes of one plane)
   };
 
   Impl(Communicator c, std::vector<ParamSpec> specs, std::vector<FsdpUnit> u, FsdpOptions o)
@@ -86,6 +97,7 @@ class Fsdp::Impl final : public detail::StepTarget {
         gather_stream(backend),
         reduce_stream(backend),
         slot_ready{Event(backend), Event(backend)},
+        stage_ready{Event(backend), Event(backend)},
         grad_free(backend),
         gather_go(backend),
         reduce_go(backend) {
@@ -104,77 +116,209 @@ class Fsdp::Impl final : public detail::StepTarget {
                          "group agrees within itself); give every rank the same specs, units and options");
     }
     const auto& L = layout;
-    SHARDOPT_REQUIRE(L.buffers().size() == 1, ErrorCode::Internal, "FSDP expects a single buffer");
+    const std::size_t nbuf = L.buffers().size();
+    quantized = opt.param_format == ParamFormat::Mxfp8 ? detail::quantized_buffers(L) : std::vector<bool>(nbuf, false);
     info.resize(units.size());
-    for (int b : L.buffers()[0].buckets) {
-      UnitInfo& ui = info[static_cast<std::size_t>(L.bucket_units()[static_cast<std::size_t>(b)])];
-      const Range r = L.buckets()[static_cast<std::size_t>(b)].range;
-      if (ui.buckets.empty()) ui.begin = r.begin;
-      ui.buckets.push_back(b);
-      ui.end = r.end;
+    for (auto& ui : info) ui.parts.resize(nbuf);
+    for (std::size_t b = 0; b < L.buckets().size(); ++b) {
+      UnitInfo& ui = info[static_cast<std::size_t>(L.bucket_units()[b])];
+      const Bucket& bk = L.buckets()[b];
+      Part& part = ui.parts[static_cast<std::size_t>(bk.buffer)];
+      if (part.begin == part.end) part.begin = bk.range.begin;
+      part.end = bk.range.end;
+      ui.buckets.push_back(static_cast<int>(b));
     }
-    std::int64_t max_unit = 0;
-    for (const auto& ui : info) max_unit = std::max(max_unit, ui.end - ui.begin);
-    const std::int64_t shard = L.buffers()[0].shard_numel;
-    param_shard = DeviceBuffer(backend, static_cast<std::size_t>(shard) * psize);
-    grad_shard = DeviceBuffer(backend, static_cast<std::size_t>(shard) * gsize);
-    for (auto& s : param_slots) s = DeviceBuffer(backend, static_cast<std::size_t>(max_unit) * psize);
-    grad_slot = DeviceBuffer(backend, static_cast<std::size_t>(max_unit) * slot_gsize);
-    fill_zero_async(backend, param_shard.data(), param_shard.bytes(), nullptr);
-    fill_zero_async(backend, grad_shard.data(), grad_shard.bytes(), nullptr);
+    std::int64_t max_native = 0;
+    for (auto& ui : info) {
+      for (std::size_t b = 0; b < nbuf; ++b) {
+        Part& part = ui.parts[b];
+        std::int64_t& kind = quantized[b] ? ui.mx : ui.native;
+        part.grad_at = ui.numel;
+        part.at = kind;
+        ui.numel += part.end - part.begin;
+        kind += part.end - part.begin;
+      }
+      max_numel = std::max(max_numel, ui.numel);
+      max_native = std::max(max_native, ui.native);
+      max_mx = std::max(max_mx, ui.mx);
+    }
+    param_shards.resize(nbuf);
+    grad_shards.resize(nbuf);
+    for (std::size_t b = 0; b < nbuf; ++b) {
+      const auto shard = static_cast<std::size_t>(L.buffers()[b].shard_numel);
+      if (!quantized[b]) param_shards[b] = DeviceBuffer(backend, shard * psize);
+      grad_shards[b] = DeviceBuffer(backend, shard * gsize);
+      fill_zero_async(backend, param_shards[b].data(), param_shards[b].bytes(), nullptr);
+      fill_zero_async(backend, grad_shards[b].data(), grad_shards[b].bytes(), nullptr);
+    }
+    for (auto& s : param_slots) s = DeviceBuffer(backend, static_cast<std::size_t>(max_native) * psize);
+    grad_slot = DeviceBuffer(backend, static_cast<std::size_t>(max_numel) * slot_gsize);
+    // MXFP8: the two staging halves of max_mx bytes fit the gradient slot (2 or more
+    // bytes per element); the columnwise slot receives the backward planes.
+    col_slot = DeviceBuffer(backend, static_cast<std::size_t>(max_mx));
+    fill_zero_async(backend, grad_slot.data(), grad_slot.bytes(), nullptr);
     shardopt::synchronize(backend, nullptr);
-    state.bind(0, grad_shard.data(), param_shard.data());
+    for (std::size_t b = 0; b < nbuf; ++b)
+      state.bind(static_cast<int>(b), grad_shards[b].data(), quantized[b] ? nullptr : param_shards[b].data());
+    if (opt.param_format == ParamFormat::Mxfp8) {
+      // The sharded quantize of distributed Adam (scheme A), with the data planes kept as
+      // this rank's shard; the scale exchange runs on the shard group.
+      auto exchange = [this](void* data, std::int64_t count, DType dt, Stream s) {
+        std::optional<detail::OperationLabel> label;  // names it if a host-backend wait times out
+        if (backend == Backend::Host) label.emplace("MXFP8 scale Max all-reduce");
+        shard_comm.all_reduce(data, count, dt, ReduceOp::Max, s);
+      };
+      mx = std::make_unique<detail::QuantizedParams>(backend, layout, shard_comm.rank(), exchange,
+                                                     detail::master_pieces(state, layout), quantized,
+                                                     detail::make_mxfp8_format);
+    }
   }
 
   Layout make_layout(std::vector<ParamSpec> specs) {
     unit_of_param = unit_ids(units, specs.size());
     SHARDOPT_REQUIRE(is_float_storage(opt.param_dtype), ErrorCode::InvalidArgument,
                      "param_dtype must be f32, bf16 or f16");
-    for (auto& s : specs) s.dtype = opt.param_dtype;  // one buffer: every slot holds one dtype
+    SHARDOPT_REQUIRE(opt.param_format != ParamFormat::Nvfp4, ErrorCode::Unsupported,
+                     "FsdpOptions::param_format Nvfp4: NVFP4 parameters exist only in DistributedAdam; use Mxfp8 or "
+                     "Native with Fsdp");
+    for (auto& s : specs) s.dtype = opt.param_dtype;  // native slots hold one dtype
     LayoutOptions lo;
     lo.bucket_numel = opt.bucket_numel;
     lo.param_units = unit_of_param;
+    // MXFP8: the quantized parameters form a buffer of their own (a unit then has a part
+    // in each buffer).
+    if (opt.param_format == ParamFormat::Mxfp8) lo.param_storage = detail::quantized_storage(specs);
     return Layout(std::move(specs), shard_size, lo);
   }
+
+  bool mx_mode() const { return mx != nullptr; }
+  const std::string& unit_name(int u) const { return units[static_cast<std::size_t>(u)].name; }
 
   void check_unit(int u) const {
     SHARDOPT_REQUIRE(u >= 0 && u < static_cast<int>(units.size()), ErrorCode::OutOfRange,
                      "unit " + std::to_string(u) + " is out of range [0, " + std::to_string(units.size()) + ")");
   }
 
-  // Enqueues the gather of unit u into slot `slot`, after the work queued on `stream`.
-  void gather(int u, int slot, Stream stream) {
+  // The gather stream, forked from the work queued on `stream` so far.
+  Stream fork_gather(Stream stream) {
     const Stream gs = gather_stream.on(stream);
     if (gs != stream) {
       gather_go.record(stream);
       gather_go.wait(gs);
     }
+    return gs;
+  }
+
+  // In-place all-gathers of unit u's buckets of the buffers `pick` selects into `base`
+  // (the part of buffer b at part.at elements of `esize` bytes), after copying this
+  // rank's shard piece (from `shard(b)`) into its slice. Counts the bytes for `pass`.
+  template <class Pick, class Shard>
+  void gather_parts(int u, char* base, std::size_t esize, DType dt, FsdpPass pass, bool mxfp8, Pick pick,
+                    Shard shard, Stream gs) {
     const UnitInfo& ui = info[static_cast<std::size_t>(u)];
     const int r = shard_comm.rank();
-    auto* base = static_cast<char*>(param_slots[static_cast<std::size_t>(slot)].data());
     for (int b : ui.buckets) {
       const Bucket& bk = layout.buckets()[static_cast<std::size_t>(b)];
+      if (!pick(bk.buffer)) continue;
+      const Part& part = ui.parts[static_cast<std::size_t>(bk.buffer)];
       const std::int64_t count = bk.range.size() / shard_size;
-      char* at = base + static_cast<std::size_t>(bk.range.begin - ui.begin) * psize;
-      copy_async(backend, at + static_cast<std::size_t>(r * count) * psize,
-                 static_cast<const char*>(param_shard.data()) + static_cast<std::size_t>(bk.shard_offset) * psize,
-                 static_cast<std::size_t>(count) * psize, gs);
+      char* at = base + static_cast<std::size_t>(bk.range.begin - part.begin + part.at) * esize;
+      copy_async(backend, at + static_cast<std::size_t>(r * count) * esize,
+                 static_cast<const char*>(static_cast<const void*>(shard(bk.buffer))) +
+                     static_cast<std::size_t>(bk.shard_offset) * esize,
+                 static_cast<std::size_t>(count) * esize, gs);
       std::optional<detail::OperationLabel> label;  // names the unit if a host-backend wait times out
-      if (backend == Backend::Host) label.emplace("unit '" + units[static_cast<std::size_t>(u)].name + "' parameter all-gather");
-      shard_comm.all_gather(at, count, opt.param_dtype, gs);
+      if (backend == Backend::Host) label.emplace("unit '" + unit_name(u) + "' parameter all-gather");
+      shard_comm.all_gather(at, count, dt, gs);
+      const auto bytes = static_cast<std::int64_t>(count * shard_size) * static_cast<std::int64_t>(esize);
+      ++stats.calls;
+      (pass == FsdpPass::Forward ? stats.forward_bytes : stats.backward_bytes) += bytes;
+      if (mxfp8) stats.mxfp8_bytes += bytes;
     }
+  }
+
+  // Position k's native parts into its parameter slot.
+  void gather_native(std::size_t k, Stream stream) {
+    const Stream gs = fork_gather(stream);
+    const int slot = slot_of[k];
+    gather_parts(
+        order[k], static_cast<char*>(param_slots[static_cast<std::size_t>(slot)].data()), psize, opt.param_dtype,
+        pass_of[k], false, [this](int b) { return !quantized[static_cast<std::size_t>(b)]; },
+        [this](int b) { return param_shards[static_cast<std::size_t>(b)].data(); }, gs);
     slot_ready[static_cast<std::size_t>(slot)].record(gs);
   }
 
+  // Position k's MXFP8 plane (rowwise for a Forward position, columnwise for a
+  // Backward one) into its staging half of the gradient slot.
+  void gather_mx(std::size_t k, Stream stream) {
+    const int u = order[k];
+    SHARDOPT_REQUIRE(grad_unit < 0, ErrorCode::InvalidState,
+                     "wait_param('" + unit_name(u) + "') gathers its MXFP8 plane through the gradient slot, which unit '" +
+                         (grad_unit >= 0 ? unit_name(grad_unit) : std::string()) +
+                         "' holds; call grad_ready for that unit first");
+    const int h = half_of[k];
+    GatherState& st = staging[static_cast<std::size_t>(h)];
+    // The half's earlier bytes were read by work queued on `stream` before now (a pass
+    // of an earlier position), which the gather follows: they are dead.
+    if (st == GatherState::Landed) detail::advance_gather(st, GatherState::Consumed, staging_name(h));
+    if (st == GatherState::Consumed) detail::advance_gather(st, GatherState::Idle, staging_name(h));
+    const Stream gs = fork_gather(stream);
+    if (reduce_pending && gs != stream) grad_free.wait(gs);  // the slot's last reduce-scatter read it
+    const Mxfp8Plane plane = pass_of[k] == FsdpPass::Forward ? Mxfp8Plane::Rowwise : Mxfp8Plane::Columnwise;
+    gather_parts(
+        u, half_base(h), 1, DType::e4m3, pass_of[k], true, [this](int b) { return quantized[static_cast<std::size_t>(b)]; },
+        [this, plane](int b) { return detail::mxfp8_shard_plane(*mx->format(), b, plane); }, gs);
+    stage_ready[static_cast<std::size_t>(h)].record(gs);
+    detail::advance_gather(st, GatherState::InFlight, staging_name(h));
+    staged_end[static_cast<std::size_t>(h)] =
+        static_cast<std::size_t>(h) * static_cast<std::size_t>(max_mx) + static_cast<std::size_t>(info[static_cast<std::size_t>(u)].mx);
+  }
+
+  char* half_base(int h) const { return static_cast<char*>(grad_slot.data()) + static_cast<std::size_t>(h * max_mx); }
+  std::string staging_name(int h) const { return "FSDP gradient-slot staging half " + std::to_string(h); }
+  bool has_mx(std::size_t k) const { return half_of[k] >= 0; }
+
+  // `stream` waits for position k's staged plane; a Backward plane is copied into the
+  // columnwise slot (the gradient slot is about to hold the unit's gradients).
+  void land_mx(std::size_t k, Stream stream) {
+    const int h = half_of[k];
+    GatherState& st = staging[static_cast<std::size_t>(h)];
+    stage_ready[static_cast<std::size_t>(h)].wait(stream);
+    detail::advance_gather(st, GatherState::Landed, staging_name(h));
+    const int u = order[k];
+    if (pass_of[k] == FsdpPass::Backward) {
+      copy_async(backend, col_slot.data(), half_base(h), static_cast<std::size_t>(info[static_cast<std::size_t>(u)].mx),
+                 stream);
+      detail::advance_gather(st, GatherState::Consumed, staging_name(h));
+      place_of[static_cast<std::size_t>(u)] = 2;
+    } else {
+      place_of[static_cast<std::size_t>(u)] = h;
+    }
+    pass_now[static_cast<std::size_t>(u)] = pass_of[k];
+  }
+
+  // The next position after k that gathers its MXFP8 plane (or order.size()).
+  std::size_t next_mx(std::size_t k) const {
+    std::size_t n = k + 1;
+    while (n < order.size() && !has_mx(n)) ++n;
+    return n;
+  }
+
   template <class View>
-  std::vector<View> unit_views(int u, void* base, DType dtype) const {
+  std::vector<View> unit_views(int u, void* base, DType dtype, bool grads) const {
     std::vector<View> out;
     const FsdpUnit& unit = units[static_cast<std::size_t>(u)];
-    const std::int64_t begin = info[static_cast<std::size_t>(u)].begin;
+    const UnitInfo& ui = info[static_cast<std::size_t>(u)];
     for (int p = unit.first; p < unit.first + unit.count; ++p) {
       const auto& pl = layout.params()[static_cast<std::size_t>(p)];
-      out.push_back(View{contiguous_view(static_cast<char*>(base) + static_cast<std::size_t>(pl.offset - begin) * size_of(dtype),
-                                 layout.specs()[static_cast<std::size_t>(p)].shape, dtype)});
+      const Part& part = ui.parts[static_cast<std::size_t>(pl.buffer)];
+      const Shape& shape = layout.specs()[static_cast<std::size_t>(p)].shape;
+      if (!grads && quantized[static_cast<std::size_t>(pl.buffer)]) {
+        out.push_back(View{contiguous_view(nullptr, shape, DType::e4m3)});  // read it with mxfp8_param
+        continue;
+      }
+      const std::int64_t at = pl.offset - part.begin + (grads ? part.grad_at : part.at);
+      out.push_back(View{contiguous_view(static_cast<char*>(base) + static_cast<std::size_t>(at) * size_of(dtype), shape, dtype)});
     }
     return out;
   }
@@ -182,6 +326,9 @@ class Fsdp::Impl final : public detail::StepTarget {
   ~Impl() override { detail::orphan_save(last_save); }
 
   detail::CheckpointTarget checkpoint_target() {
+    SHARDOPT_REQUIRE(!mx_mode(), ErrorCode::Unsupported,
+                     "Fsdp checkpoints of MXFP8 parameters are not implemented yet (the MXFP8 planes are sharded); "
+                     "save with param_format Native, or from a DistributedAdam");
     detail::CheckpointTarget t;
     t.backend = backend;
     t.layout = &layout;
@@ -209,8 +356,17 @@ class Fsdp::Impl final : public detail::StepTarget {
   void finish_pending(Stream) override {}
   void join_reductions(Stream) override {}
   // The bodies of the public calls of the same names.
+  std::vector<ParamView> wait_param(int unit, std::optional<FsdpPass> pass, Stream stream);
   void step(Stream stream);
   void zero_grad(Stream stream);
+  // A new iteration's position 0: the per-iteration counts start again.
+  void restart_iteration() {
+    pos = 0;
+    std::fill(seen.begin(), seen.end(), 0);
+    pending_mx = npos;
+  }
+
+  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
   Communicator world;
   FsdpOptions opt;
@@ -222,23 +378,36 @@ class Fsdp::Impl final : public detail::StepTarget {
   Layout layout;
   std::size_t psize, gsize, slot_gsize;
   detail::ShardEngine state;
+  std::vector<bool> quantized;  // per layout buffer: MXFP8
+  std::unique_ptr<detail::QuantizedParams> mx;  // MXFP8 parameters (null when Native)
   std::vector<UnitInfo> info;
-  DeviceBuffer param_shard, grad_shard, grad_slot;
+  std::int64_t max_numel = 0, max_mx = 0;
+  std::vector<DeviceBuffer> param_shards, grad_shards;  // per layout buffer (no param shard for MXFP8)
+  DeviceBuffer grad_slot, col_slot;
   std::array<DeviceBuffer, 2> param_slots;
   SideStream gather_stream, reduce_stream;
-  std::array<Event, 2> slot_ready;
+  std::array<Event, 2> slot_ready, stage_ready;
   Event grad_free;
   Event gather_go, reduce_go;  // the side streams start after the caller's queued work
+  // The gradient slot's two MXFP8 staging halves (bytes [h * max_mx, ...)).
+  std::array<GatherState, 2> staging{GatherState::Idle, GatherState::Idle};
+  std::array<std::size_t, 2> staged_end{0, 0};  // byte end of what each half received
+  FsdpGatherStats stats;
 
   // The learned order of wait_param calls and its gather plan.
   bool learned = false;
   std::vector<int> order;
-  std::vector<int> slot_of;
-  std::vector<char> needs_gather, prefetched;
+  std::vector<int> slot_of, half_of;  // native slot; MXFP8 staging half (-1: no MXFP8 part)
+  std::vector<FsdpPass> pass_of;
+  std::vector<char> needs_gather, prefetched, mx_prefetched;
   std::size_t pos = 0;
+  std::vector<int> seen = std::vector<int>(units.size(), 0);  // wait_param calls per unit this iteration
+  std::vector<int> place_of = std::vector<int>(units.size(), -1);  // MXFP8 plane: half 0/1, or 2 (columnwise slot)
+  std::vector<FsdpPass> pass_now = std::vector<FsdpPass>(units.size(), FsdpPass::Forward);
+  std::size_t pending_mx = npos;  // a Backward position's MXFP8 gather waits for grad_ready
   std::shared_ptr<detail::SaveJob> last_save;  // the last save_async (a later save waits for it)
   std::shared_ptr<DeviceBuffer> snapshot_pool;  // save_async's pinned snapshot, kept between saves
-  int next_slot = 0;
+  int next_slot = 0, next_half = 0;
   int grad_unit = -1;
   bool reduce_pending = false;
 };
@@ -266,7 +435,8 @@ Fsdp::Fsdp(Communicator comm, std::vector<ParamSpec> specs, std::vector<FsdpUnit
                  {"bucket_numel", options.bucket_numel ? std::to_string(*options.bucket_numel) : "unset"},
                  {"keep_last_unit", detail::option_text(options.keep_last_unit)},
                  {"prefetch", detail::option_text(options.prefetch)},
-                 {"shard_group_size", std::to_string(options.shard_group_size)}});
+                 {"shard_group_size", std::to_string(options.shard_group_size)},
+                 {"param_format", to_string(options.param_format)}});
   detail::check_options_agree(comm, "FsdpOptions", fields);
   detail::validate(options, options.grad_dtype);
   impl_ = std::make_unique<Impl>(std::move(comm), std::move(specs), std::move(units), std::move(options));
@@ -292,37 +462,84 @@ int Fsdp::unit_of(int param) const {
 
 std::vector<ParamView> Fsdp::wait_param(int unit, Stream stream) {
   Impl& m = live(impl_);
+  SHARDOPT_REQUIRE(!m.mx_mode(), ErrorCode::InvalidArgument,
+                   "wait_param(unit, stream) with MXFP8 parameters: name the pass, wait_param(unit, "
+                   "FsdpPass::Forward or FsdpPass::Backward, stream); each pass gathers only its plane");
+  return m.wait_param(unit, std::nullopt, stream);
+}
+
+std::vector<ParamView> Fsdp::wait_param(int unit, FsdpPass pass, Stream stream) {
+  return live(impl_).wait_param(unit, pass, stream);
+}
+
+namespace {
+const char* pass_name(FsdpPass p) { return p == FsdpPass::Forward ? "Forward" : "Backward"; }
+const char* plane_name(FsdpPass p) { return p == FsdpPass::Forward ? "rowwise" : "columnwise"; }
+}  // namespace
+
+std::vector<ParamView> Fsdp::Impl::wait_param(int unit, std::optional<FsdpPass> pass, Stream stream) {
+  Impl& m = *this;
   m.check_unit(unit);
   if (!m.state.initialized())
-    m.state.require_initialized("wait_param('" + m.units[static_cast<std::size_t>(unit)].name + "')", kInitCalls);
-  std::size_t k = m.pos;
+    m.state.require_initialized("wait_param('" + m.unit_name(unit) + "')", kInitCalls);
+  const std::size_t k = m.pos;
+  const int seen = m.seen[static_cast<std::size_t>(unit)];
+  if (m.learned)
+    SHARDOPT_REQUIRE(k < m.order.size() && m.order[k] == unit, ErrorCode::InvalidState,
+                     "the unit order changed: wait_param #" + std::to_string(k) + " of this iteration asks for unit '" +
+                         m.unit_name(unit) + "', but the order learned on the first iteration has " +
+                         (k < m.order.size() ? "'" + m.unit_name(m.order[k]) + "'" : std::string("no more units")) +
+                         " there; call wait_param in the same order every iteration");
+  // The learning iteration records the pass the trainer names (a backward that needs no
+  // weights, e.g. the embedding's, makes no call); without a name (native parameters),
+  // a unit's calls alternate forward, backward. Later iterations check it.
+  const FsdpPass expected = m.learned ? m.pass_of[k]
+                            : pass    ? *pass
+                                      : (seen % 2 == 0 ? FsdpPass::Forward : FsdpPass::Backward);
+  if (!m.learned && pass == FsdpPass::Backward && seen == 0)
+    throw Error(ErrorCode::InvalidArgument,
+                "wait_param('" + m.unit_name(unit) + "', Backward) before the unit's forward in this iteration; "
+                "a unit's first call of an iteration is its Forward (rowwise plane)");
+  if (pass && *pass != expected)
+    throw Error(ErrorCode::InvalidArgument,
+                "wait_param('" + m.unit_name(unit) + "', " + pass_name(*pass) + "): position " + std::to_string(k) +
+                    " of the iteration is this unit's call #" + std::to_string(seen + 1) + ", its " +
+                    pass_name(expected) + " pass, which gathers the " + plane_name(expected) + " plane only; ask for " +
+                    pass_name(expected) + " (a unit's calls alternate: forward, then backward, each microbatch)");
   if (!m.learned) {
-    // First iteration: learn the order and plan a slot per position.
+    // First iteration: learn the order and plan a slot (and a staging half) per position.
     const bool keep = m.opt.keep_last_unit && !m.order.empty() && m.order.back() == unit;
     m.order.push_back(unit);
-    m.needs_gather.push_back(keep ? 0 : 1);
+    m.pass_of.push_back(expected);
+    m.needs_gather.push_back(keep || m.info[static_cast<std::size_t>(unit)].native == 0 ? 0 : 1);
     m.prefetched.push_back(0);
+    m.mx_prefetched.push_back(0);
     if (keep) {
       m.slot_of.push_back(m.slot_of.back());
     } else {
       m.slot_of.push_back(m.next_slot);
       m.next_slot ^= 1;
     }
-  } else {
-    SHARDOPT_REQUIRE(k < m.order.size() && m.order[k] == unit, ErrorCode::InvalidState,
-                     "the unit order changed: wait_param #" + std::to_string(k) + " of this iteration asks for unit '" +
-                         m.units[static_cast<std::size_t>(unit)].name + "', but the order learned on the first " +
-                         "iteration has " +
-                         (k < m.order.size() ? "'" + m.units[static_cast<std::size_t>(m.order[k])].name + "'"
-                                             : std::string("no more units")) +
-                         " there; call wait_param in the same order every iteration");
+    if (m.mx_mode() && m.info[static_cast<std::size_t>(unit)].mx > 0) {
+      m.half_of.push_back(m.next_half);
+      m.next_half ^= 1;
+    } else {
+      m.half_of.push_back(-1);
+    }
   }
+  ++m.seen[static_cast<std::size_t>(unit)];
   ++m.pos;
   const int slot = m.slot_of[k];
   if (m.needs_gather[k]) {
-    if (!m.prefetched[k]) m.gather(unit, slot, stream);
+    if (!m.prefetched[k]) m.gather_native(k, stream);
     m.prefetched[k] = 0;
     m.slot_ready[static_cast<std::size_t>(slot)].wait(stream);
+  }
+  if (m.has_mx(k)) {
+    if (!m.mx_prefetched[k]) m.gather_mx(k, stream);
+    m.mx_prefetched[k] = 0;
+    if (m.pending_mx == k) m.pending_mx = npos;
+    m.land_mx(k, stream);
   }
   if (m.learned && m.opt.prefetch) {
     // Prefetch the next gather of the iteration into the other slot, whose last user
@@ -330,35 +547,139 @@ std::vector<ParamView> Fsdp::wait_param(int unit, Stream stream) {
     for (std::size_t n = k + 1; n < m.order.size(); ++n) {
       if (!m.needs_gather[n]) continue;
       if (m.prefetched[n]) break;  // already on its way (we are at a kept position)
-      m.gather(m.order[n], m.slot_of[n], stream);
+      m.gather_native(n, stream);
       m.prefetched[n] = 1;
       break;
     }
+    // The next MXFP8 plane goes through the gradient slot: now during forward (the slot
+    // is free), after this unit's grad_ready during backward (the slot then holds its
+    // gradients until their reduce-scatter). A Forward position after a Backward one
+    // (the next microbatch) is gathered by its own wait_param: gradient-only units (an
+    // embedding's backward takes no weights) may still take the slot in between.
+    const std::size_t n = m.next_mx(k);
+    if (n < m.order.size() && !m.mx_prefetched[n]) {
+      if (m.pass_of[k] == FsdpPass::Forward) {
+        m.gather_mx(n, stream);
+        m.mx_prefetched[n] = 1;
+      } else if (m.pass_of[n] == FsdpPass::Backward) {
+        m.pending_mx = n;
+      }
+    }
   }
-  return m.unit_views<ParamView>(unit, m.param_slots[static_cast<std::size_t>(slot)].data(), m.opt.param_dtype);
+  return m.unit_views<ParamView>(unit, m.param_slots[static_cast<std::size_t>(slot)].data(), m.opt.param_dtype, false);
 }
+
+Mxfp8PassView Fsdp::mxfp8_param(int i, FsdpPass pass) const {
+  const Impl& m = live(impl_);
+  (void)m.state.piece(i);
+  const auto& pl = m.layout.params()[static_cast<std::size_t>(i)];
+  const std::string& name = m.layout.specs()[static_cast<std::size_t>(i)].name;
+  SHARDOPT_REQUIRE(m.mx_mode() && m.quantized[static_cast<std::size_t>(pl.buffer)], ErrorCode::InvalidArgument,
+                   "mxfp8_param('" + name + "'): not an MXFP8 parameter (" +
+                       (m.mx_mode() ? "1-D parameters stay native" : "param_format is Native") +
+                       "); read it from wait_param's views");
+  const int u = m.unit_of_param[static_cast<std::size_t>(i)];
+  const int place = m.place_of[static_cast<std::size_t>(u)];
+  SHARDOPT_REQUIRE(place >= 0, ErrorCode::InvalidState,
+                   "mxfp8_param('" + name + "') before wait_param gathered its unit '" + m.unit_name(u) + "'");
+  const FsdpPass has = m.pass_now[static_cast<std::size_t>(u)];
+  SHARDOPT_REQUIRE(has == pass, ErrorCode::InvalidArgument,
+                   std::string("mxfp8_param('") + name + "', " + pass_name(pass) + ") asks for the " + plane_name(pass) +
+                       " plane, but unit '" + m.unit_name(u) + "' was last gathered for its " + pass_name(has) +
+                       " pass, which moves the " + plane_name(has) + " plane only (the forward GEMM reads rowwise, "
+                       "the data-gradient GEMM columnwise)");
+  const Impl::Part& part = m.info[static_cast<std::size_t>(u)].parts[static_cast<std::size_t>(pl.buffer)];
+  const char* base = place == 2 ? static_cast<const char*>(m.col_slot.data()) : m.half_base(place);
+  const Mxfp8View whole = detail::mxfp8_view(*m.mx->format(), i);
+  Mxfp8PassView v;
+  v.shape = whole.shape;
+  v.pass = pass;
+  v.plane = pass == FsdpPass::Forward ? Mxfp8Plane::Rowwise : Mxfp8Plane::Columnwise;
+  v.data = reinterpret_cast<const std::uint8_t*>(base) + (pl.offset - part.begin + part.at);
+  v.scales = pass == FsdpPass::Forward ? whole.planes.scale_row : whole.planes.scale_col;
+  v.members = whole.members;
+  return v;
+}
+
+bool Fsdp::is_mxfp8(int i) const {
+  const Impl& m = live(impl_);
+  (void)m.state.piece(i);
+  return m.mx_mode() && m.quantized[static_cast<std::size_t>(m.layout.params()[static_cast<std::size_t>(i)].buffer)];
+}
+
+void Fsdp::end_forward_only(Stream stream) {
+  Impl& m = live(impl_);
+  SHARDOPT_REQUIRE(m.grad_unit < 0, ErrorCode::InvalidState,
+                   "end_forward_only while unit '" + (m.grad_unit >= 0 ? m.unit_name(m.grad_unit) : std::string()) +
+                       "' holds the gradient slot; a forward-only pass takes no gradient slot");
+  for (std::size_t k = 0; k < m.pos; ++k)
+    SHARDOPT_REQUIRE(m.pass_of[k] == FsdpPass::Forward, ErrorCode::InvalidState,
+                     "end_forward_only after a Backward wait_param (unit '" + m.unit_name(m.order[k]) +
+                         "'): finish the iteration with grad_ready and step() instead");
+  // Gathers prefetched for positions the pass did not reach: `stream` waits for them,
+  // so that nothing still writes a slot or a staging half.
+  for (std::size_t n = 0; n < m.order.size(); ++n) {
+    if (m.prefetched[n]) m.slot_ready[static_cast<std::size_t>(m.slot_of[n])].wait(stream);
+    if (m.mx_prefetched[n]) {
+      const int h = m.half_of[n];
+      m.stage_ready[static_cast<std::size_t>(h)].wait(stream);
+      detail::advance_gather(m.staging[static_cast<std::size_t>(h)], GatherState::Landed, m.staging_name(h));
+    }
+    m.prefetched[n] = m.mx_prefetched[n] = 0;
+  }
+  if (!m.learned) {  // the order is learned on a training iteration
+    for (auto* v : {&m.order, &m.slot_of, &m.half_of}) v->clear();
+    m.pass_of.clear();
+    m.needs_gather.clear();
+    m.prefetched.clear();
+    m.mx_prefetched.clear();
+    m.next_slot = m.next_half = 0;
+  }
+  m.restart_iteration();
+}
+
+GatherState Fsdp::staging_state(int half) const {
+  SHARDOPT_REQUIRE(half == 0 || half == 1, ErrorCode::OutOfRange, "staging_state: half must be 0 or 1");
+  return live(impl_).staging[static_cast<std::size_t>(half)];
+}
+
+FsdpGatherStats Fsdp::gather_stats() const { return live(impl_).stats; }
 
 std::vector<GradView> Fsdp::grad_slot(int unit, Stream stream) {
   Impl& m = live(impl_);
   m.check_unit(unit);
   SHARDOPT_REQUIRE(m.grad_unit < 0, ErrorCode::InvalidState,
-                   "grad_slot('" + m.units[static_cast<std::size_t>(unit)].name + "') while unit '" +
-                       (m.grad_unit >= 0 ? m.units[static_cast<std::size_t>(m.grad_unit)].name : std::string()) +
+                   "grad_slot('" + m.unit_name(unit) + "') while unit '" +
+                       (m.grad_unit >= 0 ? m.unit_name(m.grad_unit) : std::string()) +
                        "' holds the gradient slot; call grad_ready for it first");
+  for (int h = 0; h < 2; ++h)
+    SHARDOPT_REQUIRE(m.staging[static_cast<std::size_t>(h)] != GatherState::InFlight, ErrorCode::InvalidState,
+                     "grad_slot('" + m.unit_name(unit) + "') while an MXFP8 plane is still being gathered into the "
+                     "gradient slot (a prefetched position); call wait_param for the next unit of the learned order "
+                     "first, so that its plane lands before gradients are written there");
   if (m.reduce_pending) m.grad_free.wait(stream);
-  const Impl::UnitInfo& ui = m.info[static_cast<std::size_t>(unit)];
-  fill_zero_async(m.backend, m.grad_slot.data(), static_cast<std::size_t>(ui.end - ui.begin) * m.slot_gsize, stream);
+  // Seed 001: the staging bytes a pass left in the slot are zeroed together with the
+  // unit's gradient range, before any gradient is written.
+  std::size_t bytes = static_cast<std::size_t>(m.info[static_cast<std::size_t>(unit)].numel) * m.slot_gsize;
+  for (int h = 0; h < 2; ++h) {
+    GatherState& st = m.staging[static_cast<std::size_t>(h)];
+    if (st == GatherState::Idle) continue;
+    bytes = std::max(bytes, m.staged_end[static_cast<std::size_t>(h)]);
+    if (st == GatherState::Landed) detail::advance_gather(st, GatherState::Consumed, m.staging_name(h));
+    detail::advance_gather(st, GatherState::Idle, m.staging_name(h));
+  }
+  fill_zero_async(m.backend, m.grad_slot.data(), bytes, stream);
   m.grad_unit = unit;
-  return m.unit_views<GradView>(unit, m.grad_slot.data(), m.opt.slot_grad_dtype);
+  return m.unit_views<GradView>(unit, m.grad_slot.data(), m.opt.slot_grad_dtype, true);
 }
 
 void Fsdp::grad_ready(int unit, Stream stream) {
   Impl& m = live(impl_);
   m.check_unit(unit);
   if (!m.state.initialized())
-    m.state.require_initialized("grad_ready('" + m.units[static_cast<std::size_t>(unit)].name + "')", kInitCalls);
+    m.state.require_initialized("grad_ready('" + m.unit_name(unit) + "')", kInitCalls);
   SHARDOPT_REQUIRE(m.grad_unit == unit, ErrorCode::InvalidState,
-                   "grad_ready('" + m.units[static_cast<std::size_t>(unit)].name +
+                   "grad_ready('" + m.unit_name(unit) +
                        "') without grad_slot for it; take the unit's gradient views with grad_slot first");
   const Stream rs = m.reduce_stream.on(stream);
   if (rs != stream) {
@@ -370,28 +691,36 @@ void Fsdp::grad_ready(int unit, Stream stream) {
   auto* base = static_cast<char*>(m.grad_slot.data());
   for (int b : ui.buckets) {
     const Bucket& bk = m.layout.buckets()[static_cast<std::size_t>(b)];
+    const Impl::Part& part = ui.parts[static_cast<std::size_t>(bk.buffer)];
     const std::int64_t count = bk.range.size() / m.shard_size;
-    char* at = base + static_cast<std::size_t>(bk.range.begin - ui.begin) * m.slot_gsize;
+    char* at = base + static_cast<std::size_t>(bk.range.begin - part.begin + part.grad_at) * m.slot_gsize;
     std::optional<detail::OperationLabel> label;  // names the unit if a host-backend wait times out
-    if (m.backend == Backend::Host)
-      label.emplace("unit '" + m.units[static_cast<std::size_t>(unit)].name + "' gradient reduce-scatter");
+    if (m.backend == Backend::Host) label.emplace("unit '" + m.unit_name(unit) + "' gradient reduce-scatter");
     m.shard_comm.reduce_scatter(at, count, m.opt.slot_grad_dtype, m.opt.grad_reduce, rs);
     char* mine = at + static_cast<std::size_t>(r * count) * m.slot_gsize;
     if (m.replica_comm.size() > 1) m.replica_comm.all_reduce(mine, count, m.opt.slot_grad_dtype, m.opt.grad_reduce, rs);
     kernels::accumulate(mine, m.opt.slot_grad_dtype,
-                        static_cast<char*>(m.grad_shard.data()) + static_cast<std::size_t>(bk.shard_offset) * m.gsize,
+                        static_cast<char*>(m.grad_shards[static_cast<std::size_t>(bk.buffer)].data()) +
+                            static_cast<std::size_t>(bk.shard_offset) * m.gsize,
                         m.opt.grad_dtype, count, m.backend, rs);
   }
   m.grad_free.record(rs);
   m.reduce_pending = true;
   m.grad_unit = -1;
+  if (m.pending_mx != Impl::npos) {
+    // The prefetch of the next backward plane, staged in the slot once its
+    // reduce-scatter has read it (the gather stream waits for grad_free).
+    m.gather_mx(m.pending_mx, stream);
+    m.mx_prefetched[m.pending_mx] = 1;
+    m.pending_mx = Impl::npos;
+  }
 }
 
 void Fsdp::Impl::step(Stream stream) {
   Impl& m = *this;
   m.state.require_initialized("step()", kInitCalls);
   SHARDOPT_REQUIRE(m.grad_unit < 0, ErrorCode::InvalidState,
-                   "step() while unit '" + (m.grad_unit >= 0 ? m.units[static_cast<std::size_t>(m.grad_unit)].name : "") +
+                   "step() while unit '" + (m.grad_unit >= 0 ? m.unit_name(m.grad_unit) : std::string()) +
                        "' holds the gradient slot; call grad_ready for it first");
   if (m.reduce_pending) {
     m.grad_free.wait(stream);
@@ -405,20 +734,29 @@ void Fsdp::Impl::step(Stream stream) {
                      "on the first iteration has " + std::to_string(m.order.size()) +
                          "; call wait_param for the same units every iteration");
   }
-  m.pos = 0;
+  m.restart_iteration();
   m.state.step(m.shard_comm, stream);
+  // MXFP8: the new master's shard quantized into this rank's shard planes (one scale
+  // Max all-reduce); the next iteration's gathers read them.
+  if (m.mx) m.mx->quantize(0, static_cast<int>(m.layout.buckets().size()), stream);
 }
 
 void Fsdp::Impl::zero_grad(Stream stream) {
   Impl& m = *this;
-  fill_zero_async(m.backend, m.grad_shard.data(), m.grad_shard.bytes(), stream);
+  for (const auto& g : m.grad_shards) fill_zero_async(m.backend, g.data(), g.bytes(), stream);
   m.state.release_copies(stream);
 }
 
 void Fsdp::step(Stream stream) { live(impl_).step(stream); }
 void Fsdp::zero_grad(Stream stream) { live(impl_).zero_grad(stream); }
 
-ShardView Fsdp::shard_param(int i) const { return live(impl_).state.param_view(i); }
+ShardView Fsdp::shard_param(int i) const {
+  SHARDOPT_REQUIRE(!is_mxfp8(i), ErrorCode::InvalidArgument,
+                   "shard_param('" + live(impl_).layout.specs()[static_cast<std::size_t>(i)].name +
+                       "'): an MXFP8 parameter has no parameter shard; write its fp32 master through shard_master(i) "
+                       "and publish it with init_from_master");
+  return live(impl_).state.param_view(i);
+}
 
 ShardView Fsdp::shard_master(int i) const { return live(impl_).state.master_view(i); }
 ShardView Fsdp::shard_exp_avg(int i) const { return live(impl_).state.exp_avg_view(i); }
@@ -431,7 +769,21 @@ ShardView Fsdp::shard_grad(int i, DType dtype, Stream stream) {
   return m.state.grad_view(i, dtype, stream, "shard_grad('" + name + "', " + to_string(dtype) + ")");
 }
 
-void Fsdp::init_master(Stream stream) { live(impl_).state.init_master(stream); }
+void Fsdp::init_master(Stream stream) {
+  SHARDOPT_REQUIRE(!live(impl_).mx_mode(), ErrorCode::InvalidState,
+                   "init_master seeds the master from the parameter shards, which MXFP8 parameters do not have; "
+                   "write the initial values into shard_master(i) and call init_from_master(stream)");
+  live(impl_).state.init_master(stream);
+}
+
+void Fsdp::init_from_master(Stream stream) {
+  Impl& m = live(impl_);
+  SHARDOPT_REQUIRE(m.grad_unit < 0 && m.pos == 0, ErrorCode::InvalidState,
+                   "init_from_master in the middle of an iteration; call it before the first wait_param or after "
+                   "step()");
+  m.state.publish_master(stream);
+  if (m.mx) m.mx->quantize(0, static_cast<int>(m.layout.buckets().size()), stream);
+}
 void Fsdp::set_lr(float lr) { live(impl_).state.set_lr(lr); }
 void Fsdp::set_loss_scale(float scale) { live(impl_).state.set_loss_scale(scale); }
 StepScalars* Fsdp::device_scalars() const { return live(impl_).state.scalars(); }
@@ -450,13 +802,20 @@ const std::vector<int>& Fsdp::unit_order() const {
 MemoryReport Fsdp::memory() const {
   const Impl& m = live(impl_);
   MemoryReport r;
-  r.params = static_cast<std::int64_t>(m.param_shard.bytes());
-  r.grads = static_cast<std::int64_t>(m.grad_shard.bytes());
-  r.pool = static_cast<std::int64_t>(m.param_slots[0].bytes() + m.param_slots[1].bytes() + m.grad_slot.bytes());
+  for (std::size_t b = 0; b < m.layout.buffers().size(); ++b) {
+    r.params += static_cast<std::int64_t>(m.param_shards[b].bytes());
+    r.grads += static_cast<std::int64_t>(m.grad_shards[b].bytes());
+  }
+  r.mxfp8 = m.mx ? static_cast<std::int64_t>(m.mx->storage_bytes()) : 0;  // shard planes + whole scales
+  r.pool = static_cast<std::int64_t>(m.param_slots[0].bytes() + m.param_slots[1].bytes() + m.grad_slot.bytes() +
+                                     m.col_slot.bytes());
   m.state.add_memory(r);  // master, moments, their shard padding, cast copies
-  std::int64_t shard_real = 0;
-  for (int i = 0; i < num_params(); ++i) shard_real += m.state.piece(i).length;
-  r.padding += (m.layout.buffers()[0].shard_numel - shard_real) * static_cast<std::int64_t>(m.psize + m.gsize);
+  std::vector<std::int64_t> real(m.layout.buffers().size(), 0);
+  for (int i = 0; i < num_params(); ++i) real[static_cast<std::size_t>(m.state.piece(i).buffer)] += m.state.piece(i).length;
+  for (std::size_t b = 0; b < real.size(); ++b) {
+    const std::size_t param_size = m.quantized[b] ? 2 : m.psize;  // MXFP8: one byte in each shard plane
+    r.padding += (m.layout.buffers()[b].shard_numel - real[b]) * static_cast<std::int64_t>(param_size + m.gsize);
+  }
   return r;
 }
 

@@ -342,4 +342,14 @@ void ShardEngine::check_capturable() const {
                        "MemoryReport::copies)");
 }
 
+std::vector<MasterPiece> master_pieces(const ShardEngine& engine, const Layout& L) {
+  std::vector<MasterPiece> out(L.params().size());
+  for (std::size_t p = 0; p < out.size(); ++p) {
+    const ParamPiece& piece = engine.piece(static_cast<int>(p));
+    out[p] = {piece.length == 0 ? nullptr : engine.master(piece.buffer) + piece.shard_offset, piece.param_offset,
+              piece.shard_offset, piece.length};
+  }
+  return out;
+}
+
 }  // namespace shardopt::detail

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/memory.hpp"
+#include "quantized/quantized_params.hpp"
 #include "shardopt/adam_options.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/fused_adam.hpp"
@@ -154,5 +155,8 @@ class ShardEngine {
   bool copies_requested_ = false;
   bool initialized_ = false;
 };
+
+/// Where each parameter's piece of `engine`'s fp32 master lives (the quantize's input).
+std::vector<MasterPiece> master_pieces(const ShardEngine& engine, const Layout& layout);
 
 }  // namespace shardopt::detail

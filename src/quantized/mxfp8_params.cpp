@@ -28,6 +28,7 @@ class Mxfp8Format final : public StoredFormat {
   void landing(int b, std::vector<BytePiece>& table) const override;
 
   Mxfp8View view(int param) const;
+  std::uint8_t* shard_plane(int buffer, Mxfp8Plane plane) const;
 
  private:
   struct ParamInfo {
@@ -41,21 +42,36 @@ class Mxfp8Format final : public StoredFormat {
     int batch = -1;                               // its params' ranges in batches_ (phase 1 and 2)
   };
 
+  bool shard_storage_ = false;
+  std::vector<std::size_t> shard_row_, shard_col_;  // shard storage: per buffer, its data planes' offsets
   std::vector<ParamInfo> param_;
   std::vector<BucketInfo> bucket_;
   DeviceBuffer members_;  // Mxfp8Member tables of every MXFP8 param
   std::vector<Mxfp8ShardBatch> batches_;  // per MXFP8 bucket: this rank's ranges of its params
 };
 
-Mxfp8Format::Mxfp8Format(const FormatContext& ctx) : StoredFormat(ctx) {
+Mxfp8Format::Mxfp8Format(const FormatContext& ctx) : StoredFormat(ctx), shard_storage_(ctx.shard_storage) {
   const Layout& L = layout_;
   const std::vector<bool>& mx_buffer = *ctx.buffers;
   const int world = L.world_size(), rank = ctx.rank;
   param_.resize(L.params().size());
   bucket_.resize(L.buckets().size());
 
-  // Storage offsets: data planes per parameter, then scales bucket by bucket.
+  // Storage offsets: data planes (per parameter, or per buffer shard with shard
+  // storage), then scales bucket by bucket.
   std::size_t cursor = 0;
+  shard_row_.assign(L.buffers().size(), 0);
+  shard_col_.assign(L.buffers().size(), 0);
+  if (shard_storage_) {
+    for (std::size_t b = 0; b < L.buffers().size(); ++b) {
+      if (!mx_buffer[b]) continue;
+      const auto n = static_cast<std::size_t>(L.buffers()[b].shard_numel);
+      shard_row_[b] = cursor;
+      cursor = align_up(cursor + n);
+      shard_col_[b] = cursor;
+      cursor = align_up(cursor + n);
+    }
+  }
   std::vector<Mxfp8Member> member_table;
   for (std::size_t p = 0; p < L.params().size(); ++p) {
     if (!mx_buffer[static_cast<std::size_t>(L.params()[p].buffer)]) continue;
@@ -63,10 +79,12 @@ Mxfp8Format::Mxfp8Format(const FormatContext& ctx) : StoredFormat(ctx) {
     pi.mx = true;
     pi.shape = Mxfp8Shape::of(L.specs()[p]);
     const auto n = static_cast<std::size_t>(pi.shape.numel());
-    pi.data_row = cursor;
-    cursor = align_up(cursor + n);
-    pi.data_col = cursor;
-    cursor = align_up(cursor + n);
+    if (!shard_storage_) {
+      pi.data_row = cursor;
+      cursor = align_up(cursor + n);
+      pi.data_col = cursor;
+      cursor = align_up(cursor + n);
+    }
     pi.members = member_table.size();
     for (const Mxfp8Member& m : mxfp8_contiguous_members(pi.shape)) member_table.push_back(m);
   }
@@ -91,8 +109,9 @@ Mxfp8Format::Mxfp8Format(const FormatContext& ctx) : StoredFormat(ctx) {
   // Per bucket, one table of this rank's ranges of its params (an empty range where the
   // rank owns none of a param: phase 1 still zero-fills its scales for the Max). Element
   // i of a param goes to staging byte (rank * 2S + k0 + i - param_offset): k0 is the
-  // piece's offset inside this rank's slice. The base may point outside the region; the
-  // kernels only add indices of the range. Computed as integers.
+  // piece's offset inside this rank's slice; with shard storage, to byte
+  // (shard_offset + i - param_offset) of the buffer's shard planes. The base may point
+  // outside the region; the kernels only add indices of the range. Computed as integers.
   for (std::size_t b = 0; b < L.buckets().size(); ++b) {
     const Bucket& bk = L.buckets()[b];
     if (!mx_buffer[static_cast<std::size_t>(bk.buffer)]) continue;
@@ -106,7 +125,15 @@ Mxfp8Format::Mxfp8Format(const FormatContext& ctx) : StoredFormat(ctx) {
       t.range = Range{piece.param_offset, piece.param_offset + piece.length};
       t.out.scale_row = at(pi.scale_row);
       t.out.scale_col = at(pi.scale_col);
-      if (piece.length > 0) {
+      if (piece.length > 0 && shard_storage_) {
+        t.master = piece.master;
+        const auto row = reinterpret_cast<std::uintptr_t>(at(shard_row_[static_cast<std::size_t>(bk.buffer)])) +
+                         static_cast<std::uintptr_t>(piece.shard_offset) - static_cast<std::uintptr_t>(piece.param_offset);
+        const auto col = reinterpret_cast<std::uintptr_t>(at(shard_col_[static_cast<std::size_t>(bk.buffer)])) +
+                         static_cast<std::uintptr_t>(piece.shard_offset) - static_cast<std::uintptr_t>(piece.param_offset);
+        t.out.data_row = reinterpret_cast<std::uint8_t*>(row);
+        t.out.data_col = reinterpret_cast<std::uint8_t*>(col);
+      } else if (piece.length > 0) {
         t.master = piece.master;
         const std::int64_t k0 = piece.shard_offset - bk.shard_offset;
         const auto base = reinterpret_cast<std::uintptr_t>(staging_[b].region);
@@ -124,6 +151,7 @@ Mxfp8Format::Mxfp8Format(const FormatContext& ctx) : StoredFormat(ctx) {
 }
 
 void Mxfp8Format::landing(int bucket, std::vector<BytePiece>& table) const {
+  if (shard_storage_) return;  // phase 2 wrote the storage itself
   const Layout& L = layout_;
   const Bucket& bk = L.buckets()[static_cast<std::size_t>(bucket)];
   const std::int64_t S = bk.range.size() / L.world_size();
@@ -143,12 +171,18 @@ Mxfp8View Mxfp8Format::view(int param) const {
   const ParamInfo& pi = param_[static_cast<std::size_t>(param)];
   Mxfp8View v;
   v.shape = pi.shape;
-  v.planes.data_row = at(pi.data_row);
+  v.planes.data_row = shard_storage_ ? nullptr : at(pi.data_row);
   v.planes.scale_row = at(pi.scale_row);
-  v.planes.data_col = at(pi.data_col);
+  v.planes.data_col = shard_storage_ ? nullptr : at(pi.data_col);
   v.planes.scale_col = at(pi.scale_col);
   v.members = members_.as<Mxfp8Member>() + pi.members;
   return v;
+}
+
+std::uint8_t* Mxfp8Format::shard_plane(int buffer, Mxfp8Plane plane) const {
+  if (!shard_storage_) throw_internal("mxfp8_shard_plane of a format that stores whole parameters");
+  const auto b = static_cast<std::size_t>(buffer);
+  return at(plane == Mxfp8Plane::Rowwise ? shard_row_[b] : shard_col_[b]);
 }
 
 }  // namespace
@@ -159,6 +193,10 @@ std::unique_ptr<QuantizedFormat> make_mxfp8_format(const FormatContext& ctx) {
 
 Mxfp8View mxfp8_view(const QuantizedFormat& format, int param) {
   return format_as<Mxfp8Format>(format, "mxfp8_view").view(param);
+}
+
+std::uint8_t* mxfp8_shard_plane(const QuantizedFormat& format, int buffer, Mxfp8Plane plane) {
+  return format_as<Mxfp8Format>(format, "mxfp8_shard_plane").shard_plane(buffer, plane);
 }
 
 }  // namespace shardopt::detail

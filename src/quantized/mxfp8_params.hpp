@@ -14,6 +14,11 @@
 // one in-place all-gather of 2S bytes per rank (BucketStoreOptions::staged_gather_bytes
 // = 2) moves both planes. Landing copies each rank piece of each parameter into the
 // storage.
+//
+// Shard storage (Fsdp, FormatContext::shard_storage): per MXFP8 buffer, this rank's
+// shard of the rowwise and of the columnwise data plane (shard_numel bytes each, indexed
+// like the fp32 master), then the whole scales as above; phase 2 writes the shard planes
+// in place, and Fsdp all-gathers one plane per pass (docs/mxfp8.md, "FSDP").
 #pragma once
 
 #include <cstdint>
@@ -33,6 +38,11 @@ inline constexpr int kMxfp8StagedBytes = 2;
 std::unique_ptr<QuantizedFormat> make_mxfp8_format(const FormatContext& ctx);
 
 /// The persistent storage of MXFP8 parameter p (`format` made by make_mxfp8_format).
+/// With shard storage (Fsdp) the data pointers are null: only the scales are whole.
 Mxfp8View mxfp8_view(const QuantizedFormat& format, int param);
+
+/// Shard storage (FormatContext::shard_storage, Fsdp): this rank's shard of layout
+/// buffer `buffer`'s data plane (shard_numel bytes; element k of the shard at byte k).
+std::uint8_t* mxfp8_shard_plane(const QuantizedFormat& format, int buffer, Mxfp8Plane plane);
 
 }  // namespace shardopt::detail

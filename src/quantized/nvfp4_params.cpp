@@ -89,6 +89,7 @@ class Nvfp4Format final : public StoredFormat {
 };
 
 Nvfp4Format::Nvfp4Format(const FormatContext& ctx) : StoredFormat(ctx) {
+  if (ctx.shard_storage) throw_internal("NVFP4 has no shard storage (Fsdp refuses ParamFormat::Nvfp4)");
   const Layout& L = layout_;
   const std::vector<bool>& quantized = *ctx.buffers;
   param_.resize(L.params().size());

@@ -1,14 +1,14 @@
 #include "quantized/quantized_params.hpp"
 
 #include <string>
+#include <utility>
 
 #include "core/check.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt::detail {
-namespace {
 
-const char* state_name(GatherState s) {
+const char* gather_state_name(GatherState s) {
   switch (s) {
     case GatherState::Idle: return "Idle";
     case GatherState::InFlight: return "InFlight";
@@ -18,7 +18,15 @@ const char* state_name(GatherState s) {
   return "?";
 }
 
-}  // namespace
+void advance_gather(GatherState& s, GatherState to, const std::string& what) {
+  const bool legal = (s == GatherState::Idle && to == GatherState::InFlight) ||
+                     (s == GatherState::InFlight && to == GatherState::Landed) ||
+                     (s == GatherState::Landed && to == GatherState::Consumed) ||
+                     (s == GatherState::Consumed && to == GatherState::Idle);
+  SHARDOPT_REQUIRE(legal, ErrorCode::Internal,
+                   what + ": illegal gather transition " + gather_state_name(s) + " -> " + gather_state_name(to));
+  s = to;
+}
 
 void throw_internal(const std::string& message) { throw Error(ErrorCode::Internal, message); }
 
@@ -32,44 +40,53 @@ bool is_quantized_spec(const ParamSpec& spec) {
   return spec.shape.size() >= lead + 2;
 }
 
+std::vector<int> quantized_storage(const std::vector<ParamSpec>& specs) {
+  std::vector<int> out(specs.size(), 0);
+  for (std::size_t i = 0; i < specs.size(); ++i)
+    if (is_quantized_spec(validated(specs[i]))) out[i] = kQuantizedStorage;
+  return out;
+}
+
+std::vector<bool> quantized_buffers(const Layout& layout) {
+  std::vector<bool> q(layout.buffers().size(), false);
+  for (std::size_t b = 0; b < q.size(); ++b) q[b] = layout.buffers()[b].storage == kQuantizedStorage;
+  return q;
+}
+
 std::int64_t staged_rank_bytes(const BucketStoreOptions& options, const Layout& layout, int bucket) {
   if (!options.staged_gather_rank_bytes.empty()) return options.staged_gather_rank_bytes[static_cast<std::size_t>(bucket)];
   return layout.buckets()[static_cast<std::size_t>(bucket)].range.size() / layout.world_size() *
          options.staged_gather_bytes;
 }
 
-QuantizedParams::QuantizedParams(Backend backend, const Layout& L, BucketStore& store,
-                                 const std::vector<MasterPiece>& masters, const std::vector<bool>& quantized,
-                                 MakeFormat make)
-    : backend_(backend), layout_(L), store_(store) {
+// Marks the quantized parameters and buckets; false when there are none.
+bool QuantizedParams::mark(const std::vector<bool>& quantized) {
+  const Layout& L = layout_;
   param_.assign(L.params().size(), false);
   bucket_.resize(L.buckets().size());
   staging_.resize(L.buckets().size());
   bool any = false;
   for (std::size_t p = 0; p < L.params().size(); ++p)
     if (quantized[static_cast<std::size_t>(L.params()[p].buffer)]) param_[p] = any = true;
-  if (!any) return;
-  SHARDOPT_REQUIRE(make != nullptr, ErrorCode::Internal, "quantized parameters without a format");
+  for (std::size_t b = 0; b < L.buckets().size(); ++b)
+    bucket_[b].quantized = quantized[static_cast<std::size_t>(L.buckets()[b].buffer)];
+  return any;
+}
 
-  const std::size_t gsize = size_of(store.options().grad_dtype);
-  for (std::size_t b = 0; b < L.buckets().size(); ++b) {
-    const Bucket& bk = L.buckets()[b];
-    bucket_[b].quantized = quantized[static_cast<std::size_t>(bk.buffer)];
-    if (!bucket_[b].quantized) continue;
-    Staging& st = staging_[b];
-    st.region = static_cast<std::uint8_t*>(store.grad_buffer(bk.buffer)) + static_cast<std::size_t>(bk.range.begin) * gsize;
-    st.region_bytes = static_cast<std::size_t>(bk.range.size()) * gsize;
-    st.rank_bytes = staged_rank_bytes(store.options(), L, static_cast<int>(b));
-    SHARDOPT_REQUIRE(st.rank_bytes * L.world_size() <= static_cast<std::int64_t>(st.region_bytes), ErrorCode::Internal,
-                     "quantized bucket " + std::to_string(b) + ": its staging does not fit its gradient region");
-  }
+// Builds the format over the staging set so far, then the landing table (empty for
+// shard storage) and warms the exchange up.
+void QuantizedParams::make_format(int rank, const std::vector<MasterPiece>& masters,
+                                  const std::vector<bool>& quantized, MakeFormat make, bool shard_storage) {
+  const Layout& L = layout_;
+  SHARDOPT_REQUIRE(make != nullptr, ErrorCode::Internal, "quantized parameters without a format");
   FormatContext ctx;
-  ctx.backend = backend;
+  ctx.backend = backend_;
   ctx.layout = &L;
-  ctx.rank = store.comm().rank();
+  ctx.rank = rank;
   ctx.masters = &masters;
   ctx.buffers = &quantized;
   ctx.staging = &staging_;
+  ctx.shard_storage = shard_storage;
   format_ = make(ctx);
 
   std::vector<BytePiece> table;
@@ -84,6 +101,33 @@ QuantizedParams::QuantizedParams(Backend backend, const Layout& L, BucketStore& 
   copy_async(backend_, pieces_.data(), table.data(), pieces_.bytes(), nullptr);
   synchronize(backend_, nullptr);
   warm_up();
+}
+
+QuantizedParams::QuantizedParams(Backend backend, const Layout& L, BucketStore& store,
+                                 const std::vector<MasterPiece>& masters, const std::vector<bool>& quantized,
+                                 MakeFormat make)
+    : backend_(backend), layout_(L), store_(&store) {
+  if (!mark(quantized)) return;
+  const std::size_t gsize = size_of(store.options().grad_dtype);
+  for (std::size_t b = 0; b < L.buckets().size(); ++b) {
+    if (!bucket_[b].quantized) continue;
+    const Bucket& bk = L.buckets()[b];
+    Staging& st = staging_[b];
+    st.region = static_cast<std::uint8_t*>(store.grad_buffer(bk.buffer)) + static_cast<std::size_t>(bk.range.begin) * gsize;
+    st.region_bytes = static_cast<std::size_t>(bk.range.size()) * gsize;
+    st.rank_bytes = staged_rank_bytes(store.options(), L, static_cast<int>(b));
+    SHARDOPT_REQUIRE(st.rank_bytes * L.world_size() <= static_cast<std::int64_t>(st.region_bytes), ErrorCode::Internal,
+                     "quantized bucket " + std::to_string(b) + ": its staging does not fit its gradient region");
+  }
+  make_format(store.comm().rank(), masters, quantized, make, /*shard_storage=*/false);
+}
+
+QuantizedParams::QuantizedParams(Backend backend, const Layout& L, int rank, ExchangeFn exchange,
+                                 const std::vector<MasterPiece>& masters, const std::vector<bool>& quantized,
+                                 MakeFormat make)
+    : backend_(backend), layout_(L), exchange_fn_(std::move(exchange)) {
+  if (!mark(quantized)) return;
+  make_format(rank, masters, quantized, make, /*shard_storage=*/true);
 }
 
 // NCCL connects lazily, per algorithm: run the exchange all-reduce eagerly once per
@@ -112,15 +156,8 @@ int QuantizedParams::first_pending() const {
 }
 
 void QuantizedParams::advance(int bucket, GatherState to) {
-  GatherState& s = bucket_[static_cast<std::size_t>(bucket)].state;
-  const bool legal = (s == GatherState::Idle && to == GatherState::InFlight) ||
-                     (s == GatherState::InFlight && to == GatherState::Landed) ||
-                     (s == GatherState::Landed && to == GatherState::Consumed) ||
-                     (s == GatherState::Consumed && to == GatherState::Idle);
-  SHARDOPT_REQUIRE(legal, ErrorCode::Internal,
-                   std::string(name()) + " bucket " + std::to_string(bucket) + ": illegal gather transition " +
-                       state_name(s) + " -> " + state_name(to));
-  s = to;
+  advance_gather(bucket_[static_cast<std::size_t>(bucket)].state, to,
+                 std::string(name()) + " bucket " + std::to_string(bucket));
 }
 
 void QuantizedParams::exchange(std::uint8_t* begin, std::uint8_t* end, Stream stream) {
@@ -129,8 +166,12 @@ void QuantizedParams::exchange(std::uint8_t* begin, std::uint8_t* end, Stream st
   // stream: every collective of the step runs in one order, and `stream` waits only for
   // this one.
   const DType dt = format_->exchange_dtype();
-  store_.all_reduce(begin, static_cast<std::int64_t>(static_cast<std::size_t>(end - begin) / size_of(dt)), dt,
-                    ReduceOp::Max, stream);
+  const auto count = static_cast<std::int64_t>(static_cast<std::size_t>(end - begin) / size_of(dt));
+  if (store_ == nullptr) {
+    exchange_fn_(begin, count, dt, stream);
+    return;
+  }
+  store_->all_reduce(begin, count, dt, ReduceOp::Max, stream);
 }
 
 void QuantizedParams::quantize(int first, int last, Stream stream) {
@@ -140,7 +181,7 @@ void QuantizedParams::quantize(int first, int last, Stream stream) {
     if (!bi.quantized) continue;
     SHARDOPT_REQUIRE(bi.state == GatherState::Idle, ErrorCode::Internal,
                      std::string(name()) + " bucket " + std::to_string(b) + " is quantized while its gather is " +
-                         state_name(bi.state));
+                         gather_state_name(bi.state));
     format_->partials(b, stream);
     if (span_begin == nullptr) span_begin = format_->exchange_begin(b);
     span_end = format_->exchange_end(b);

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +43,12 @@ struct MasterPiece {
 /// member (a grouped spec's shape is [G, member...]; a plain spec needs two).
 bool is_quantized_spec(const ParamSpec& spec);
 
+/// The layout storage class of every spec (LayoutOptions::param_storage) when the
+/// quantizable ones (is_quantized_spec) are quantized: kQuantizedStorage or 0.
+std::vector<int> quantized_storage(const std::vector<ParamSpec>& specs);
+/// Per layout buffer: true when it holds the quantized storage class.
+std::vector<bool> quantized_buffers(const Layout& layout);
+
 /// A bucket's staging: its gradient region, rank r's slice at byte r * rank_bytes.
 struct Staging {
   std::uint8_t* region = nullptr;
@@ -57,6 +64,11 @@ struct FormatContext {
   const std::vector<MasterPiece>* masters = nullptr;  ///< per parameter
   const std::vector<bool>* buffers = nullptr;          ///< per layout buffer: quantized
   const std::vector<Staging>* staging = nullptr;      ///< per bucket (quantized ones set)
+  /// Fsdp: the storage holds only this rank's shard of the data planes (per quantized
+  /// buffer, shard_numel bytes each, at the master's shard offsets); phase 2 writes them
+  /// in place, nothing is staged and there are no landing copies. The scale tensors are
+  /// whole either way (the exchange leaves every rank with all of them).
+  bool shard_storage = false;
 };
 
 /// One quantized parameter format: its storage and the work of each phase.
@@ -81,6 +93,13 @@ class QuantizedFormat {
   /// Bytes of the persistent storage (data, scales, exchange buffers, alignment gaps).
   virtual std::size_t storage_bytes() const = 0;
 };
+
+/// One checked transition of the gather state machine (Idle -> InFlight -> Landed ->
+/// Consumed -> Idle; anything else is Error(Internal) naming `what`). QuantizedParams
+/// drives it per bucket, Fsdp per staging region of its gradient slot.
+void advance_gather(GatherState& state, GatherState to, const std::string& what);
+/// "Idle", "InFlight", "Landed", "Consumed".
+const char* gather_state_name(GatherState s);
 
 /// Throws Error(Internal) with `message` (format_as's failure).
 [[noreturn]] void throw_internal(const std::string& message);
@@ -125,6 +144,15 @@ class QuantizedParams {
   using MakeFormat = std::unique_ptr<QuantizedFormat> (*)(const FormatContext&);
   QuantizedParams(Backend backend, const Layout& layout, BucketStore& store, const std::vector<MasterPiece>& masters,
                   const std::vector<bool>& quantized, MakeFormat make);
+  /// The exchange of a front end without a BucketStore: an in-place Max all-reduce of
+  /// `count` elements of `dtype`, ordered after `stream`'s work (`stream` waits for it).
+  using ExchangeFn = std::function<void(void* data, std::int64_t count, DType dtype, Stream stream)>;
+  /// Fsdp's parameters (FormatContext::shard_storage): the format keeps this rank's
+  /// shard of the data planes and phase 2 writes them in place, so quantize() is the
+  /// whole publication; dispatched() and consume() are not used. `rank` within the
+  /// layout's world; `exchange` runs the Max all-reduce (collective).
+  QuantizedParams(Backend backend, const Layout& layout, int rank, ExchangeFn exchange,
+                  const std::vector<MasterPiece>& masters, const std::vector<bool>& quantized, MakeFormat make);
   // The format refers to staging_: the object stays where it was built.
   QuantizedParams(const QuantizedParams&) = delete;
   QuantizedParams& operator=(const QuantizedParams&) = delete;
@@ -160,13 +188,17 @@ class QuantizedParams {
     std::int64_t pieces_begin = 0, pieces_end = 0;  // its byte copies in pieces_
   };
 
+  bool mark(const std::vector<bool>& quantized);
+  void make_format(int rank, const std::vector<MasterPiece>& masters, const std::vector<bool>& quantized,
+                   MakeFormat make, bool shard_storage);
   void warm_up();
   void advance(int bucket, GatherState to);
   void exchange(std::uint8_t* begin, std::uint8_t* end, Stream stream);
 
   Backend backend_;
   const Layout& layout_;
-  BucketStore& store_;
+  BucketStore* store_ = nullptr;  // DistributedAdam's collectives, or
+  ExchangeFn exchange_fn_;        // Fsdp's exchange
   std::vector<bool> param_;
   std::vector<BucketInfo> bucket_;
   std::vector<Staging> staging_;

@@ -44,6 +44,18 @@ inline void init_fsdp(Fsdp& f, Stream s) {
   f.init_master(s);
 }
 
+/// The gradient stream of a toy trainer: `kind` gradients of scale 0.2 for `rank`, the
+/// step and microbatch read from the optimizer's device state.
+inline GradStreamParams toy_grads(GradKind kind, int rank, const StepScalars* scalars, const MicrobatchState* microbatch) {
+  GradStreamParams p;
+  p.kind = kind;
+  p.scale = 0.2f;
+  p.rank = rank;
+  p.scalars = scalars;
+  p.microbatch = microbatch;
+  return p;
+}
+
 /// Hook run on the compute stream right after each wait_param (e.g. snapshots).
 using UnitHook = std::function<void(int position, int unit, const std::vector<ParamView>&, Stream)>;
 
@@ -69,15 +81,16 @@ inline void fsdp_microbatch(Fsdp& f, Stream s, int rank, GradKind kind, const Un
     for (int k = 0; k < unit.count; ++k)
       targets.push_back(GradTarget{grads[static_cast<std::size_t>(k)].data, grads[static_cast<std::size_t>(k)].numel(),
                                    unit.first + k, grads[static_cast<std::size_t>(k)].dtype});
-    GradStreamParams p;
-    p.kind = kind;
-    p.scale = 0.2f;
-    p.rank = rank;
-    p.scalars = f.device_scalars();
-    p.microbatch = f.device_microbatch();
-    add_grads(f.backend(), s, p, targets);
+    add_grads(f.backend(), s, toy_grads(kind, rank, f.device_scalars(), f.device_microbatch()), targets);
     f.grad_ready(u, s);
   }
+}
+
+/// The unsharded reference's gradients: every rank's grid gradients (scale 0.2) of the
+/// current microbatch added into `ref`'s targets, rank after rank.
+inline void add_every_ranks_grads(DistributedAdam& ref, Stream s, const std::vector<GradTarget>& targets) {
+  for (int r = 0; r < world_size(); ++r)
+    add_grads(ref.backend(), s, toy_grads(GradKind::Grid, r, ref.device_scalars(), ref.device_microbatch()), targets);
 }
 
 /// True when `part` equals `whole[offset, offset + part.size())` bytewise. An empty part
@@ -171,35 +184,67 @@ inline void case_fsdp_equals_dist_adam(Backend b, int shard_group, int microbatc
     EXPECT_EQ(read_bytes(b, sharded.param(i)), read_bytes(b, ref.param(i)));
 }
 
-/// The whole FSDP iteration captured in one graph and replayed equals eager, bitwise.
-inline void case_fsdp_graph_equals_eager(Backend b, int microbatches, int iterations) {
+/// Two FSDP optimizers with the same layout hold the same step scalars, parameter
+/// shards (native ones), master and moments, bitwise (waits for both streams).
+inline void expect_same_fsdp_state(Fsdp& a, Fsdp& c, Stream sa, Stream sc) {
+  const Backend b = a.backend();
+  const StepScalars x = a.read_scalars(sa), y = c.read_scalars(sc);
+  EXPECT_EQ(x.step, y.step);
+  EXPECT_EQ(num::f32_bits(x.grad_norm), num::f32_bits(y.grad_norm));
+  for (int i = 0; i < a.num_params(); ++i) {
+    SCOPED_TRACE(a.layout().specs()[static_cast<std::size_t>(i)].name);
+    if (!a.is_mxfp8(i)) EXPECT_EQ(read_bytes(b, a.shard_param(i)), read_bytes(b, c.shard_param(i)));
+    EXPECT_EQ(read_bytes(b, a.shard_master(i)), read_bytes(b, c.shard_master(i)));
+    EXPECT_EQ(read_bytes(b, a.shard_exp_avg(i)), read_bytes(b, c.shard_exp_avg(i)));
+    EXPECT_EQ(read_bytes(b, a.shard_exp_avg_sq(i)), read_bytes(b, c.shard_exp_avg_sq(i)));
+  }
+}
+
+/// What a graph case trains: the model, its units, the FSDP options made from the
+/// distributed-Adam ones, the initial values and one microbatch of the toy trainer.
+struct FsdpCaseModel {
+  std::vector<ParamSpec> specs;
+  std::vector<FsdpUnit> units;
+  DistributedAdamOptions adam;
+  std::function<FsdpOptions(const DistributedAdamOptions&)> options;
+  std::function<void(Fsdp&, Stream)> init;
+  std::function<void(Fsdp&, Stream, int rank)> microbatch;
+};
+
+/// The whole FSDP iteration of `model` captured in one graph and replayed equals eager
+/// iterations, bitwise (step scalars, parameter shards, master, moments). `after` (may
+/// be empty) compares more of the two optimizers.
+inline void fsdp_graph_vs_eager(Backend b, const FsdpCaseModel& model, int microbatches, int iterations,
+                                const std::function<void(Fsdp&, Fsdp&, Stream, Stream)>& after = {}) {
   const int rank = world_rank();
-  DistributedAdamOptions d = base_options(DType::bf16);
+  DistributedAdamOptions d = model.adam;
   d.microbatches = microbatches;
   d.clip_max_norm = 0.05f;
   Communicator comm = make_comm(b);
-  Fsdp fe(comm, small_model(), small_units(), fsdp_options(d));
-  Fsdp fg(comm, small_model(), small_units(), fsdp_options(d));
+  Fsdp fe(comm, model.specs, model.units, model.options(d));
+  Fsdp fg(comm, model.specs, model.units, model.options(d));
   TestStream se(b), sg(b);
-  init_fsdp(fe, se.get());
-  init_fsdp(fg, sg.get());
-  auto fn = [rank](Fsdp& f) { return [&f, rank](Stream s, bool) { fsdp_microbatch(f, s, rank, GradKind::Random); }; };
+  model.init(fe, se.get());
+  model.init(fg, sg.get());
+  auto fn = [&model, rank](Fsdp& f) -> StepGraph::MicrobatchFn {
+    return [&model, &f, rank](Stream s, bool) { model.microbatch(f, s, rank); };
+  };
   StepGraph ge(fe, fn(fe)), gg(fg, fn(fg));
   gg.capture(sg.get());
   for (int it = 1; it < iterations; ++it) gg.replay(sg.get());
   for (int it = 0; it < iterations; ++it) ge.run_eager(se.get());
-  const StepScalars x = fe.read_scalars(se.get()), y = fg.read_scalars(sg.get());
-  EXPECT_EQ(x.step, iterations);
+  const StepScalars y = fg.read_scalars(sg.get());
   EXPECT_EQ(y.step, iterations);
   EXPECT_LT(y.clip_coef, 1.0f);
-  EXPECT_EQ(num::f32_bits(x.grad_norm), num::f32_bits(y.grad_norm));
-  for (int i = 0; i < fe.num_params(); ++i) {
-    SCOPED_TRACE(fe.layout().specs()[static_cast<std::size_t>(i)].name);
-    EXPECT_EQ(read_bytes(b, fe.shard_param(i)), read_bytes(b, fg.shard_param(i)));
-    EXPECT_EQ(read_bytes(b, fe.shard_master(i)), read_bytes(b, fg.shard_master(i)));
-    EXPECT_EQ(read_bytes(b, fe.shard_exp_avg(i)), read_bytes(b, fg.shard_exp_avg(i)));
-    EXPECT_EQ(read_bytes(b, fe.shard_exp_avg_sq(i)), read_bytes(b, fg.shard_exp_avg_sq(i)));
-  }
+  expect_same_fsdp_state(fe, fg, se.get(), sg.get());
+  if (after) after(fe, fg, se.get(), sg.get());
+}
+
+/// The whole FSDP iteration captured in one graph and replayed equals eager, bitwise.
+inline void case_fsdp_graph_equals_eager(Backend b, int microbatches, int iterations) {
+  FsdpCaseModel m{small_model(), small_units(), base_options(DType::bf16), fsdp_options, init_fsdp,
+                  [](Fsdp& f, Stream s, int rank) { fsdp_microbatch(f, s, rank, GradKind::Random); }};
+  fsdp_graph_vs_eager(b, m, microbatches, iterations);
 }
 
 /// Every gathered unit the compute stream reads (snapshotted right after wait_param) is
@@ -207,7 +252,7 @@ inline void case_fsdp_graph_equals_eager(Backend b, int microbatches, int iterat
 /// slots. `delay` runs on the gather stream before each wait (on GPUs a sleep kernel), so
 /// a missing wait would expose a stale slot.
 inline void case_fsdp_prefetch_never_stale(Backend b, const std::function<void(Stream)>& delay) {
-  const int rank = world_rank(), world = world_size();
+  const int rank = world_rank();
   DistributedAdamOptions d = base_options(DType::bf16);
   d.grad_reduce = ReduceOp::Sum;
   d.param_dtype = DType::bf16;  // FSDP keeps one dtype; the reference must too
@@ -253,15 +298,7 @@ inline void case_fsdp_prefetch_never_stale(Backend b, const std::function<void(S
     }
     f.step(s.get());
     f.zero_grad(s.get());
-    for (int r = 0; r < world; ++r) {
-      GradStreamParams q;
-      q.kind = GradKind::Grid;
-      q.scale = 0.2f;
-      q.rank = r;
-      q.scalars = ref.device_scalars();
-      q.microbatch = ref.device_microbatch();
-      add_grads(b, rs.get(), q, rt);
-    }
+    add_every_ranks_grads(ref, rs.get(), rt);
     ref.step(rs.get());
     ref.zero_grad(rs.get());
   }

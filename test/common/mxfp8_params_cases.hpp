@@ -783,6 +783,29 @@ inline void case_mx_state_machine(Backend b, ParamFormat format = ParamFormat::M
 
 // ------------------------------------------------------------------ grouped vs discrete
 
+/// The grouped-vs-discrete pair of models: embed, norm, G experts of `member` (one
+/// grouped parameter "experts", or G discrete ones "experts.m"), head.
+inline std::pair<std::vector<ParamSpec>, std::vector<ParamSpec>> moe_models(int G, const Shape& member) {
+  std::vector<ParamSpec> grouped = {ParamSpec::tensor("embed", {37, 40}),
+                                    ParamSpec::tensor("norm", {40}, DType::bf16, "no_decay"),
+                                    ParamSpec::grouped("experts", G, member), ParamSpec::tensor("head", {37, 40})};
+  std::vector<ParamSpec> discrete = {ParamSpec::tensor("embed", {37, 40}),
+                                     ParamSpec::tensor("norm", {40}, DType::bf16, "no_decay")};
+  for (int m = 0; m < G; ++m) discrete.push_back(ParamSpec::tensor("experts." + std::to_string(m), member));
+  discrete.push_back(ParamSpec::tensor("head", {37, 40}));
+  return {grouped, discrete};
+}
+
+/// The id (initial values, gradient stream) of a parameter of moe_models: embed 0,
+/// norm 1, head 2, expert m 100 + m (`member_index` for the grouped one).
+inline int moe_id(const std::string& name, std::int64_t member_index) {
+  if (name == "embed") return 0;
+  if (name == "norm") return 1;
+  if (name == "head") return 2;
+  if (name == "experts") return 100 + static_cast<int>(member_index);
+  return 100 + std::stoi(name.substr(8));
+}
+
 /// A grouped weight registered as one tensor and as G tensors: after 10 steps every
 /// member's MXFP8 data and scales are identical (blocks never straddle members), with
 /// and without gradient accumulation across microbatches. Grid gradients depend on a
@@ -793,13 +816,7 @@ inline void case_grouped_vs_discrete(Backend b, int microbatches, ParamFormat fo
   // members at 2, 3 and 4 ranks (count_odd_boundaries).
   const int G = format == ParamFormat::Nvfp4 ? 6 : 4;
   const Shape member = format == ParamFormat::Nvfp4 ? Shape{17, 9} : Shape{35, 24};
-  const std::vector<ParamSpec> grouped = {ParamSpec::tensor("embed", {37, 40}),
-                                          ParamSpec::tensor("norm", {40}, DType::bf16, "no_decay"),
-                                          ParamSpec::grouped("experts", G, member), ParamSpec::tensor("head", {37, 40})};
-  std::vector<ParamSpec> discrete = {ParamSpec::tensor("embed", {37, 40}),
-                                     ParamSpec::tensor("norm", {40}, DType::bf16, "no_decay")};
-  for (int m = 0; m < G; ++m) discrete.push_back(ParamSpec::tensor("experts." + std::to_string(m), member));
-  discrete.push_back(ParamSpec::tensor("head", {37, 40}));
+  const auto [grouped, discrete] = moe_models(G, member);
   DistributedAdamOptions o = mx_options(DType::bf16, format);
   o.bucket_numel = 1000;
   o.microbatches = microbatches;
@@ -808,14 +825,7 @@ inline void case_grouped_vs_discrete(Backend b, int microbatches, ParamFormat fo
   DistributedAdam og(comm, grouped, o), od(comm, discrete, o);
   TestStream sg(b), sd(b);
   const std::int64_t mn = numel(member);
-  // Ids: embed 0, norm 1, head 2, expert m 100 + m.
-  auto id_of = [](const std::string& name, std::int64_t member_index) -> int {
-    if (name == "embed") return 0;
-    if (name == "norm") return 1;
-    if (name == "head") return 2;
-    if (name == "experts") return 100 + static_cast<int>(member_index);
-    return 100 + std::stoi(name.substr(8));
-  };
+  auto id_of = moe_id;
   auto init = [&](DistributedAdam& opt) {
     write_master(opt, [&](int i, std::int64_t e) {
       const ParamSpec& sp = opt.layout().specs()[static_cast<std::size_t>(i)];

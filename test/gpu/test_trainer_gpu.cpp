@@ -42,6 +42,10 @@ TEST(TrainerGpu, SingleEqualsDiscrete) {
 
 // ---- --params mxfp8 (dist-adam): the host suite's MXFP8 cases on the CUDA backend
 
+TEST(TrainerGpu, LossBelowThresholdFsdpMxfp8) { case_loss_below_threshold(kCuda, "fsdp", "single", "bf16", "mxfp8"); }
+TEST(TrainerGpu, LossBelowThresholdFsdpMxfp8DiscreteFp32Grads) {
+  case_loss_below_threshold(kCuda, "fsdp", "discrete", "fp32", "mxfp8");
+}
 TEST(TrainerGpu, LossBelowThresholdMxfp8) { case_loss_below_threshold(kCuda, "dist-adam", "single", "fp32", "mxfp8"); }
 TEST(TrainerGpu, LossBelowThresholdMxfp8DiscreteBf16Grads) {
   case_loss_below_threshold(kCuda, "dist-adam", "discrete", "bf16", "mxfp8");

@@ -467,6 +467,31 @@ TEST_F(OpsPair, DequantizeMxfp8IsBitwiseTheHostOpAndTheLibrary) {
   EXPECT_THROW(gpu->dequantize_mxfp8(sources(true), wrong.g, nullptr, gs()), std::invalid_argument);
 }
 
+// The columnwise plane (FSDP's backward): kernel = host twin bitwise, and = bf16 of the
+// library's Columnwise decode.
+TEST_F(OpsPair, DequantizeMxfp8ColumnwiseIsBitwiseTheHostOpAndTheLibrary) {
+  const shardopt::Mxfp8Shape sh{2, 37, 40};
+  RandomMxfp8 r(2, 37, 40, 9);
+  r.scale.resize(static_cast<std::size_t>(sh.scale_col_numel()));
+  std::mt19937 gen(10);
+  for (auto& b : r.scale) b = static_cast<std::uint8_t>(0x70 + gen() % 24);
+  Twin d = from(Elem::u8, r.data), s = from(Elem::u8, r.scale);
+  auto source = [&](bool gpu_side) {
+    return Mxfp8Source{sh, (gpu_side ? d.g : d.c).as<std::uint8_t>(), (gpu_side ? s.g : s.c).as<std::uint8_t>(), nullptr,
+                       shardopt::Mxfp8Plane::Columnwise};
+  };
+  Twin out = make(Elem::bf16, sh.numel());
+  gpu->dequantize_mxfp8({source(true)}, out.g, nullptr, gs());
+  cpu->dequantize_mxfp8({source(false)}, out.c, nullptr, cs());
+  const auto got = rg<u16>(out), want = rc<u16>(out);
+  ASSERT_EQ(got, want) << "the kernel and its host twin decode the columnwise plane alike";
+  Buffer f = gpu->alloc(Elem::f32, sh.numel());
+  shardopt::dequantize_mxfp8(sh, shardopt::Mxfp8Plane::Columnwise, d.g.as<std::uint8_t>(), s.g.as<std::uint8_t>(),
+                             f.as<float>(), shardopt::Backend::Cuda, gs());
+  const auto lib = read<float>(f, *gpu);
+  for (std::size_t k = 0; k < lib.size(); ++k) ASSERT_EQ(got[k], math::to_bf16(lib[k])) << "element " << k;
+}
+
 TEST(GpuDequantizeUnderReplay, SkipFlagIsReadWhenTheGraphRuns) {
   // Seed 000 for the MXFP8 compute buffers: one captured decode serves every microbatch; it
   // decodes when the device flag says the weights changed and keeps this step's copy otherwise.

@@ -88,6 +88,7 @@ TEST(OptionsAgreementHost, FsdpOptionsThatDifferAreNamed) {
       {"prefetch", "false", [](auto& o) { o.prefetch = false; }},
       {"keep_last_unit", "false", [](auto& o) { o.keep_last_unit = false; }},
       {"shard_group_size", "1", [](auto& o) { o.shard_group_size = 1; }},
+      {"param_format", "Mxfp8", [](auto& o) { o.param_format = ParamFormat::Mxfp8; }},
   };
   for (const auto& v : variants) {
     FsdpOptions o = fsdp_options(base_options(DType::bf16));

@@ -61,7 +61,8 @@ inline double rel(double a, double b) {
 /// The same claim holds with --params mxfp8 (dist-adam: E4M3 weights decoded to bf16 for
 /// the GEMMs, fp32 master; host backend: 0.024 / 0.019 / 0.016 on 1 / 2 / 4 ranks) and
 /// with --params nvfp4 (E2M1 weights with 16 x 16 E4M3 block scales decoded to bf16;
-/// host backend: 0.024 / 0.020 / 0.018 on 1 / 2 / 4 ranks).
+/// host backend: 0.024 / 0.020 / 0.018 on 1 / 2 / 4 ranks), and with --mode fsdp --params
+/// mxfp8 (each pass decodes the plane it gathered: rowwise forward, columnwise backward).
 inline constexpr int kThresholdSteps = 60;
 inline constexpr double kLossThreshold = 0.1;
 
@@ -285,7 +286,7 @@ inline void case_mxfp8_compute_weights_are_current(shardopt::Backend b, const st
   }
 }
 
-/// --params `params` (mxfp8, nvfp4) with --mode fsdp is refused with an error that says
+/// --params `params` (nvfp4) with --mode fsdp is refused with an error that says
 /// `phrase` and what to use instead; dist-adam takes it.
 inline void case_quantized_fsdp_refused(shardopt::Backend b, const std::string& params, const std::string& phrase) {
   TrainOptions o = options("tiny", "fsdp", 1, 1);

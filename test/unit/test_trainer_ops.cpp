@@ -439,6 +439,39 @@ TEST(TrainerOps, DequantizeMxfp8MatchesAnIndependentDecode) {
   EXPECT_THROW(ops->dequantize_mxfp8(sources, f32, nullptr, ops->stream()), std::invalid_argument);
 }
 
+// The columnwise plane (FSDP's backward): element (g, r, c) scaled by the byte of its
+// 32-row block of column c, members contiguous or behind a permuted table.
+TEST(TrainerOps, DequantizeMxfp8ColumnwiseMatchesAnIndependentDecode) {
+  auto ops = make_host_ops(Precision::Mixed);
+  for (bool permuted : {false, true}) {
+    const shardopt::Mxfp8Shape sh{2, 37, 9};  // a partial 32-row block
+    std::mt19937 gen(permuted ? 7 : 8);
+    std::vector<std::uint8_t> data(static_cast<std::size_t>(sh.numel())), scale(static_cast<std::size_t>(sh.scale_col_numel()));
+    for (auto& b : data) b = static_cast<std::uint8_t>(gen());
+    for (std::size_t k = 0; k < scale.size(); ++k)
+      scale[k] = k % 5 == 0 ? static_cast<std::uint8_t>(gen()) : static_cast<std::uint8_t>(0x70 + gen() % 24);
+    std::vector<shardopt::Mxfp8Member> table;
+    if (permuted)
+      for (std::int64_t g = 0; g < sh.members; ++g)
+        table.push_back({(sh.members - 1 - g) * sh.member_numel(), 0, (sh.members - 1 - g) * sh.col_blocks() * sh.cols});
+    Mxfp8Source src{sh, data.data(), scale.data(), table.empty() ? nullptr : table.data(),
+                    shardopt::Mxfp8Plane::Columnwise};
+    Buffer out = ops->alloc(Elem::bf16, sh.numel());
+    ops->dequantize_mxfp8({src}, out, nullptr, ops->stream());
+    ops->synchronize();
+    const std::uint16_t* got = out.as<std::uint16_t>();
+    for (std::int64_t g = 0; g < sh.members; ++g) {
+      const std::int64_t slot = permuted ? sh.members - 1 - g : g;
+      for (std::int64_t r = 0; r < sh.rows; ++r)
+        for (std::int64_t c = 0; c < sh.cols; ++c) {
+          const std::uint8_t d = data[static_cast<std::size_t>(slot * sh.member_numel() + r * sh.cols + c)];
+          const std::uint8_t s = scale[static_cast<std::size_t>((slot * sh.col_blocks() + r / 32) * sh.cols + c)];
+          ASSERT_EQ(got[g * sh.member_numel() + r * sh.cols + c], expected_bf16(d, s)) << g << " " << r << " " << c;
+        }
+    }
+  }
+}
+
 TEST(TrainerOps, DequantizeMxfp8ReadsTheSkipFlagWhenTheCaptureRuns) {
   // Seed 000 at the op level on the host backend: one captured op serves every microbatch;
   // it decodes when the flag (read at replay) says the weights changed, else keeps the copy.
@@ -616,13 +649,18 @@ TEST_P(Mxfp8Model, EqualsTheBf16ModelOfTheDecodedWeightsBitwise) {
 INSTANTIATE_TEST_SUITE_P(Experts, Mxfp8Model, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "discrete" : "single"; });
 
-TEST(TrainerModel, Mxfp8ParametersNeedPersistentMixedPrecisionWeights) {
+TEST(TrainerModel, Mxfp8ParametersNeedMixedPrecisionWeights) {
   auto ops = make_host_ops(Precision::Mixed);
   ModelSpec spec(check_config(), true);
   ModelOptions mo;
   mo.mxfp8_params = true;
-  mo.gathered_weights = true;
+  mo.gathered_weights = true;  // FSDP's MXFP8 weights are decoded per use
+  EXPECT_NO_THROW(Model(spec, *ops, mo));
+  mo.mxfp8_params = false;
+  mo.nvfp4_params = true;  // NVFP4 weights are DistributedAdam's only
   EXPECT_THROW(Model(spec, *ops, mo), std::invalid_argument);
+  mo.nvfp4_params = false;
+  mo.mxfp8_params = true;
   auto dops = make_host_ops(Precision::Double);
   mo.gathered_weights = false;
   EXPECT_THROW(Model(spec, *dops, mo), std::invalid_argument);
