@@ -20,7 +20,7 @@
 #   comm          bench_comm (all GPUs)
 #   dist          bench_dist_adam + peer (all GPUs, and 2)
 #   hostcpu       bench_dist_adam --host-cpu-only (all GPUs, 2, 1): host CPU per step
-#   fsdp          bench_fsdp + peer (all GPUs)
+#   fsdp          bench_fsdp bf16 (+ FSDP2 peer) and --params mxfp8 (all GPUs, then 1)
 #   trainer       trainer benchmark (all GPUs)
 #   checkpoint    bench_checkpoint: save / load / save_async stall, one rank (CKPT_REPS, default 3)
 #   main          the README's main command (trainer on 2 GPUs)
@@ -116,12 +116,16 @@ phase_hostcpu() {
   done
 }
 
-phase_fsdp() {
+phase_fsdp() {  # bf16 params (with the FSDP2 peer) and MXFP8 params, all GPUs, then one (FSDP_ONE=0: skip)
   [ -x "$BUILD/bench/bench_fsdp" ] || return 0
-  log "== fsdp ($GPUS ranks)"
-  timeout 150 $TORCHRUN --nproc_per_node "$GPUS" bench/peers/fsdp_peer.py --out /tmp/peer_fsdp.tsv >>"$OUT/bench.log" 2>&1 || log "fsdp peer failed"
-  timeout 150 $MPIRUN -n "$GPUS" "$BUILD/bench/bench_fsdp" --peer /tmp/peer_fsdp.tsv --results bench/results >/tmp/b.log 2>&1
-  cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+  for n in $(printf '%s\n' "$GPUS" 1 | awk '!seen[$0]++'); do
+    [ "$n" -eq "$GPUS" ] || [ "${FSDP_ONE:-1}" = 1 ] || continue
+    log "== fsdp ($n ranks)"
+    timeout 150 $TORCHRUN --nproc_per_node "$n" bench/peers/fsdp_peer.py --out /tmp/peer_fsdp.tsv >>"$OUT/bench.log" 2>&1 || log "fsdp peer failed"
+    timeout 150 $MPIRUN -n "$n" "$BUILD/bench/bench_fsdp" --peer /tmp/peer_fsdp.tsv --results bench/results >/tmp/b.log 2>&1
+    timeout 150 $MPIRUN -n "$n" "$BUILD/bench/bench_fsdp" --params mxfp8 --results bench/results >>/tmp/b.log 2>&1
+    cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+  done
 }
 
 phase_trainer() {
