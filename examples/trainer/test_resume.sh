@@ -2,15 +2,18 @@
 # A resumed run ends exactly where an uninterrupted one does, across processes: the
 # trainer program trains 20 steps saving every 10 (DIR/step-00010, DIR/step-00020), then a
 # new mpiexec resumes from DIR/step-00010 and trains to step 20; the two "final loss"
-# lines (printed with %.9g) must be identical. Host backend, 2 ranks, --size tiny.
-#   sh test_resume.sh MPIEXEC TRAINER
+# lines (printed with %.9g) must be identical. Host backend, 2 ranks, --size tiny; ARGS
+# go to every run (e.g. --mode fsdp --params mxfp8).
+#   sh test_resume.sh MPIEXEC TRAINER [ARGS...]
 set -eu
 mpiexec="$1"
 trainer="$2"
+shift 2
+extra="$*"  # trainer flags have no spaces
 work=$(mktemp -d "${TMPDIR:-/tmp}/trainer-resume-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 run() {
-  "$mpiexec" -n 2 --oversubscribe --bind-to none "$trainer" --size tiny --backend host "$@"
+  "$mpiexec" -n 2 --oversubscribe --bind-to none "$trainer" --size tiny --backend host "$@" $extra
 }
 fail() {
   echo "FAILED: $*"

@@ -241,7 +241,9 @@ class Fsdp {
   const std::vector<int>& unit_order() const;
   /// Writes a checkpoint of this optimizer into directory `dir` (created if missing; a
   /// checkpoint already there is replaced): per parameter, in model space, the fp32 master,
-  /// the moments and the parameter as the trainer sees it, plus the step count, the lr
+  /// the moments and the parameter as the trainer sees it (MXFP8 parameters: this rank's
+  /// shard of both data planes and its share of the scales, as DistributedAdam writes
+  /// them), plus the step count, the lr
   /// slot, the loss scale, the Adam options and `user` (docs/checkpoints.md). Collective:
   /// every rank writes only its own file, through a small pinned staging buffer; rank 0
   /// writes the index last. Waits for `stream`'s work first; not inside a capture.
@@ -252,13 +254,13 @@ class Fsdp {
   /// file. Call wait() on the handle (on every rank) to finish it; a later save, load or
   /// destruction of this optimizer waits for it first.
   SaveHandle save_async(const std::string& dir, Stream stream, const CheckpointUserData& user = {});
-  /// (MXFP8 parameters: save, save_async and load are Error(Unsupported) for now.)
   /// Loads a checkpoint written by any shardopt optimizer in any layout (other world size,
   /// bucket size, DistributedAdam or Fsdp, grouped or discrete members, bf16 or MXFP8
   /// parameters): each rank reads only the slices it needs, checks every file's checksum,
   /// then writes master and moments into the existing buffers (views and captured graphs
   /// stay valid), sets the step count, lr slot and loss scale, and publishes the
-  /// parameters from the master. Collective. Any bad input (missing or truncated file,
+  /// parameters from the master (MXFP8: quantized afresh, as init_from_master does, so
+  /// the planes equal the saving run's bitwise). Collective. Any bad input (missing or truncated file,
   /// checksum mismatch, missing tensor, other shape, newer format, a directory without
   /// an index) is an Error on every rank, and nothing in the optimizer changes.
   CheckpointInfo load(const std::string& dir, Stream stream);

@@ -92,7 +92,7 @@ std::vector<ParamFacts> param_facts(const CheckpointTarget& t) {
   std::vector<ParamFacts> out(L.params().size());
   for (std::size_t p = 0; p < out.size(); ++p) {
     ParamFacts& f = out[p];
-    const std::optional<Mxfp8View> mx = t.mxfp8 ? t.mxfp8(static_cast<int>(p)) : std::nullopt;
+    const std::optional<Mxfp8CheckpointSource> mx = t.mxfp8 ? t.mxfp8(static_cast<int>(p)) : std::nullopt;
     const std::optional<Nvfp4View> nv = t.nvfp4 ? t.nvfp4(static_cast<int>(p)) : std::nullopt;
     f.param_dtype = L.buffers()[static_cast<std::size_t>(L.params()[p].buffer)].dtype;
     if (mx) {
@@ -145,8 +145,8 @@ std::vector<Item> rank_items(const Layout& L, const std::vector<ParamFacts>& fac
         if (!with_params) continue;
         if (f.has_param) add(Kind::Param, f.param_dtype, it.src);
         if (f.mxfp8) {
-          add(Kind::MxRowData, DType::e4m3, lo);  // planes are indexed like the parameter
-          add(Kind::MxColData, DType::e4m3, lo);
+          add(Kind::MxRowData, DType::e4m3, it.src);  // the sources give this rank's piece
+          add(Kind::MxColData, DType::e4m3, it.src);
         }
         if (f.nvfp4) {
           // Byte k of a member's data (its elements 2k and 2k + 1) is written by the rank
@@ -217,10 +217,10 @@ const char* source_of(const CheckpointTarget& t, const Item& it) {
              it.src * static_cast<std::int64_t>(size_of(it.dtype));
     case Kind::Param:
       return static_cast<const char*>(e.param_view(it.param).data) + it.src * static_cast<std::int64_t>(size_of(it.dtype));
-    case Kind::MxRowData: return reinterpret_cast<const char*>(t.mxfp8(it.param)->planes.data_row) + it.src;
-    case Kind::MxColData: return reinterpret_cast<const char*>(t.mxfp8(it.param)->planes.data_col) + it.src;
-    case Kind::MxRowScale: return reinterpret_cast<const char*>(t.mxfp8(it.param)->planes.scale_row) + it.src;
-    case Kind::MxColScale: return reinterpret_cast<const char*>(t.mxfp8(it.param)->planes.scale_col) + it.src;
+    case Kind::MxRowData: return reinterpret_cast<const char*>(t.mxfp8(it.param)->row_piece) + it.src;
+    case Kind::MxColData: return reinterpret_cast<const char*>(t.mxfp8(it.param)->col_piece) + it.src;
+    case Kind::MxRowScale: return reinterpret_cast<const char*>(t.mxfp8(it.param)->scale_row) + it.src;
+    case Kind::MxColScale: return reinterpret_cast<const char*>(t.mxfp8(it.param)->scale_col) + it.src;
     case Kind::Nv4Data: return reinterpret_cast<const char*>(t.nvfp4(it.param)->planes.data) + it.src;
     case Kind::Nv4Scale: return reinterpret_cast<const char*>(t.nvfp4(it.param)->planes.scale) + it.src;
     case Kind::Nv4Amax: return reinterpret_cast<const char*>(t.nvfp4(it.param)->planes.amax + it.src);

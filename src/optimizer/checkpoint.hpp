@@ -26,6 +26,19 @@
 
 namespace shardopt::detail {
 
+/// Where the checkpoint reads an MXFP8 parameter's bytes on this rank. The data planes
+/// are given as this rank's piece only (the elements of `ShardEngine::piece(p)`, element
+/// 0 = the piece's first, indexed like `master_view(p)`), so a front end that keeps whole
+/// planes (DistributedAdam) and one that keeps only its shard of them (Fsdp) describe
+/// them alike; the scale tensors are whole on every rank in both.
+struct Mxfp8CheckpointSource {
+  Mxfp8Shape shape;                         ///< G members of [rows, cols]
+  const std::uint8_t* row_piece = nullptr;  ///< this rank's piece of the rowwise data (null: no piece)
+  const std::uint8_t* col_piece = nullptr;  ///< this rank's piece of the columnwise data (null: no piece)
+  const std::uint8_t* scale_row = nullptr;  ///< the whole rowwise scale tensor (all members)
+  const std::uint8_t* scale_col = nullptr;  ///< the whole columnwise scale tensor (all members)
+};
+
 /// What the checkpoint code needs from a front end.
 struct CheckpointTarget {
   Backend backend = Backend::Host;
@@ -34,8 +47,8 @@ struct CheckpointTarget {
   const Communicator* all = nullptr;   ///< every rank of the optimizer (agreement, barrier)
   int shard_rank = 0;                  ///< this rank in the layout's world
   bool writes_file = true;             ///< false on the replicas of FSDP hybrid sharding after the first
-  /// The MXFP8 storage of parameter p, or nullopt for a native one.
-  std::function<std::optional<Mxfp8View>(int)> mxfp8;
+  /// Where MXFP8 parameter p's bytes are on this rank, or nullopt for another (null: none is).
+  std::function<std::optional<Mxfp8CheckpointSource>(int)> mxfp8;
   /// The NVFP4 storage of parameter p, or nullopt for another (null: none is).
   std::function<std::optional<Nvfp4View>(int)> nvfp4;
 };

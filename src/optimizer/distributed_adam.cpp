@@ -189,9 +189,16 @@ class DistributedAdam::Impl final : public detail::StepTarget {
     t.engine = &state;
     t.all = &comm;
     t.shard_rank = comm.rank();
-    t.mxfp8 = [this](int p) -> std::optional<Mxfp8View> {
+    t.mxfp8 = [this](int p) -> std::optional<detail::Mxfp8CheckpointSource> {
       if (!stored_as(p, ParamFormat::Mxfp8)) return std::nullopt;
-      return detail::mxfp8_view(*mx.format(), p);
+      const Mxfp8View v = detail::mxfp8_view(*mx.format(), p);
+      const detail::ParamPiece& piece = state.piece(p);
+      detail::Mxfp8CheckpointSource src{v.shape, nullptr, nullptr, v.planes.scale_row, v.planes.scale_col};
+      if (piece.length > 0) {  // whole planes: this rank's piece starts at its offset in the parameter
+        src.row_piece = v.planes.data_row + piece.param_offset;
+        src.col_piece = v.planes.data_col + piece.param_offset;
+      }
+      return src;
     };
     t.nvfp4 = [this](int p) -> std::optional<Nvfp4View> {
       if (!stored_as(p, ParamFormat::Nvfp4)) return std::nullopt;

@@ -326,9 +326,6 @@ class Fsdp::Impl final : public detail::StepTarget {
   ~Impl() override { detail::orphan_save(last_save); }
 
   detail::CheckpointTarget checkpoint_target() {
-    SHARDOPT_REQUIRE(!mx_mode(), ErrorCode::Unsupported,
-                     "Fsdp checkpoints of MXFP8 parameters are not implemented yet (the MXFP8 planes are sharded); "
-                     "save with param_format Native, or from a DistributedAdam");
     detail::CheckpointTarget t;
     t.backend = backend;
     t.layout = &layout;
@@ -336,7 +333,27 @@ class Fsdp::Impl final : public detail::StepTarget {
     t.all = &world;
     t.shard_rank = shard_comm.rank();
     t.writes_file = world.rank() < shard_size;  // the first replica writes the files
+    if (mx_mode())
+      t.mxfp8 = [this](int p) -> std::optional<detail::Mxfp8CheckpointSource> {
+        const detail::ParamPiece& piece = state.piece(p);
+        if (!quantized[static_cast<std::size_t>(piece.buffer)]) return std::nullopt;
+        const Mxfp8View v = detail::mxfp8_view(*mx->format(), p);  // whole scales, no data planes
+        detail::Mxfp8CheckpointSource src{v.shape, nullptr, nullptr, v.planes.scale_row, v.planes.scale_col};
+        if (piece.length > 0) {  // shard planes, indexed like the master shard
+          src.row_piece = detail::mxfp8_shard_plane(*mx->format(), piece.buffer, Mxfp8Plane::Rowwise) + piece.shard_offset;
+          src.col_piece = detail::mxfp8_shard_plane(*mx->format(), piece.buffer, Mxfp8Plane::Columnwise) + piece.shard_offset;
+        }
+        return src;
+      };
     return t;
+  }
+
+  // The parameters from the master (init_from_master, load): the native parameter shard
+  // converted, the MXFP8 shard planes and whole scales quantized (the sharded quantize of
+  // step(), so the planes equal those of a run that never stopped).
+  void publish_master(Stream stream) {
+    state.publish_master(stream);
+    if (mx) mx->quantize(0, static_cast<int>(layout.buckets().size()), stream);
   }
 
   // StepGraph's interface: FSDP captures only as one whole iteration (its gathers differ
@@ -781,8 +798,7 @@ void Fsdp::init_from_master(Stream stream) {
   SHARDOPT_REQUIRE(m.grad_unit < 0 && m.pos == 0, ErrorCode::InvalidState,
                    "init_from_master in the middle of an iteration; call it before the first wait_param or after "
                    "step()");
-  m.state.publish_master(stream);
-  if (m.mx) m.mx->quantize(0, static_cast<int>(m.layout.buckets().size()), stream);
+  m.publish_master(stream);
 }
 void Fsdp::set_lr(float lr) { live(impl_).state.set_lr(lr); }
 void Fsdp::set_loss_scale(float scale) { live(impl_).state.set_loss_scale(scale); }
@@ -843,7 +859,7 @@ CheckpointInfo Fsdp::load(const std::string& dir, Stream stream) {
   Impl& m = live(impl_);
   detail::wait_save(m.last_save);
   CheckpointInfo info = detail::load_checkpoint(m.checkpoint_target(), dir, stream);
-  m.state.publish_master(stream);  // the parameter shard from the loaded master
+  m.publish_master(stream);  // the parameter shard (MXFP8: its planes and scales) from the loaded master
   return info;
 }
 

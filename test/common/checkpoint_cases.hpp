@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "fsdp_cases.hpp"
+#include "fsdp_mxfp8_cases.hpp"
 #include "mxfp8_params_cases.hpp"
 #include "core/json.hpp"
 #include "shardopt/checkpoint.hpp"
@@ -113,6 +114,17 @@ inline void fsdp_train(Fsdp& f, Stream s, int steps) {
   }
 }
 
+/// `steps` iterations of the MXFP8 FSDP trainer: every rank adds rank 0's grid
+/// gradients (`hook` sees every plane a pass reads).
+inline void fsdp_mx_train(Fsdp& f, Stream s, int steps, const PassHook& hook = {}) {
+  for (int t = 0; t < steps; ++t) {
+    fsdp_mx_microbatch(f, s, /*rank=*/0, GradKind::Grid, hook);
+    f.advance_microbatch(s);
+    f.step(s);
+    f.zero_grad(s);
+  }
+}
+
 /// Everything a DistributedAdam holds on this rank, as bytes (params, MXFP8 or NVFP4
 /// planes, master, moments, step).
 inline std::vector<std::vector<std::uint8_t>> da_state(DistributedAdam& opt, Stream s) {
@@ -133,11 +145,12 @@ inline std::vector<std::vector<std::uint8_t>> da_state(DistributedAdam& opt, Str
   return out;
 }
 
+/// The same for an Fsdp (parameter shards of the native parameters: MXFP8 ones have none).
 inline std::vector<std::vector<std::uint8_t>> fsdp_state(Fsdp& f, Stream s) {
   const Backend b = f.backend();
   std::vector<std::vector<std::uint8_t>> out;
   for (int i = 0; i < f.num_params(); ++i) {
-    out.push_back(read_bytes(b, f.shard_param(i)));
+    if (!f.is_mxfp8(i)) out.push_back(read_bytes(b, f.shard_param(i)));
     out.push_back(read_bytes(b, f.shard_master(i)));
     out.push_back(read_bytes(b, f.shard_exp_avg(i)));
     out.push_back(read_bytes(b, f.shard_exp_avg_sq(i)));
@@ -148,6 +161,20 @@ inline std::vector<std::vector<std::uint8_t>> fsdp_state(Fsdp& f, Stream s) {
 }
 
 // ---------------------------------------------------------------------------- resume
+
+/// `steps` training iterations through a StepGraph of `opt` whose iteration is `body`:
+/// the first call captures (its warm-up iteration is a training step), later ones replay.
+template <class Opt, class Body>
+void graph_steps(Opt& opt, std::optional<StepGraph>& g, const Body& body, Stream s, int steps) {
+  for (int t = 0; t < steps; ++t) {
+    if (!g) {
+      g.emplace(opt, body);
+      g->capture(s);
+    } else {
+      g->replay(s);
+    }
+  }
+}
 
 /// Train 10 steps, save, train 10 more; a fresh optimizer that loads and trains the same
 /// 10 ends bitwise where the uninterrupted one did. With `graph`, both train through a
@@ -178,14 +205,7 @@ inline void case_resume_bitwise(Backend b, DType grad_dtype, bool graph, bool mx
   std::optional<StepGraph> ga;
   auto run = [&](DistributedAdam& opt, std::optional<StepGraph>& g, Stream s, int steps) {
     if (!graph) return da_train(opt, s, steps);
-    for (int t = 0; t < steps; ++t) {
-      if (!g) {
-        g.emplace(opt, fn(opt));
-        g->capture(s);  // its warm-up iteration is a training step
-      } else {
-        g->replay(s);
-      }
-    }
+    graph_steps(opt, g, fn(opt), s, steps);
   };
   run(a, ga, sa.get(), 10);
   a.save(dir.sub("ckpt"), sa.get(), {{"data_position", "1234"}});
@@ -221,14 +241,7 @@ inline void case_fsdp_resume_bitwise(Backend b, bool graph) {
   auto fn = [](Fsdp& f) { return [&f](Stream s, bool) { fsdp_microbatch(f, s, 0, GradKind::Grid); }; };
   auto run = [&](Fsdp& f, std::optional<StepGraph>& g, Stream s, int steps) {
     if (!graph) return fsdp_train(f, s, steps);
-    for (int t = 0; t < steps; ++t) {
-      if (!g) {
-        g.emplace(f, fn(f));
-        g->capture(s);
-      } else {
-        g->replay(s);
-      }
-    }
+    graph_steps(f, g, fn(f), s, steps);
   };
   Fsdp a(comm, small_model(), small_units(), fo);
   TestStream sa(b);
@@ -273,34 +286,55 @@ void expect_master_matches(Opt& opt, DistributedAdam& ref, const std::string& wh
 
 enum class Front { DistAdam, Fsdp };
 
+/// What a reshard case trains: the model, its options, and how each front end seeds and
+/// trains it (every rank adds rank 0's grid gradients).
+struct ReshardModel {
+  std::vector<ParamSpec> specs;
+  std::vector<FsdpUnit> units;
+  DistributedAdamOptions options;
+  std::function<FsdpOptions(const DistributedAdamOptions&)> fsdp_options;
+  std::function<void(DistributedAdam&, Stream)> da_init;
+  std::function<void(Fsdp&, Stream)> fsdp_init;
+  std::function<void(Fsdp&, Stream, int)> fsdp_train;
+};
+
+/// Extra checks of a loaded-and-trained optimizer against the unsharded reference.
+template <class Opt>
+using ReshardCheck = std::function<void(Opt&, DistributedAdam& ref, Stream, const std::string& what)>;
+
 /// Saves after `t1` steps from `from` ranks with front end `a`, loads into `to` ranks
-/// with front end `c` (and another bucket size), trains `t2` more: every rank's pieces
-/// equal an unsharded run of t1 + t2 steps, bitwise. Needs max(from, to) ranks.
-inline void case_reshard(Backend b, int from, Front a, int to, Front c, int t1 = 6, int t2 = 5) {
+/// with front end `c` (and bucket size `bucket`), trains `t2` more: every rank's master
+/// and moments equal an unsharded DistributedAdam run of t1 + t2 steps, bitwise, then the
+/// front end's `check` runs. Needs max(from, to) ranks.
+inline void reshard_run(Backend b, int from, Front a, int to, Front c, const ReshardModel& m, std::int64_t bucket,
+                        int t1, int t2, const ReshardCheck<DistributedAdam>& check_da,
+                        const ReshardCheck<Fsdp>& check_fsdp) {
   const int world = world_size();
   if (world < std::max(from, to)) GTEST_SKIP() << "needs " << std::max(from, to) << " ranks";
   SharedDir dir("reshard");
   Communicator comm = make_comm(b);
-  DistributedAdamOptions o = ckpt_options(DType::f32);
-  o.param_dtype = DType::bf16;  // one dtype, as FSDP keeps
-  DistributedAdam ref(Communicator::self(b), small_model(), o);
+  DistributedAdam ref(Communicator::self(b), m.specs, m.options);
   TestStream rs(b);
-  init_params(ref, rs.get());
+  m.da_init(ref, rs.get());
   da_train(ref, rs.get(), t1 + t2);
   {
     Communicator g = first_ranks(comm, from);
     if (comm.rank() < from) {
       TestStream s(b);
-      if (a == Front::DistAdam) {
-        DistributedAdam x(g, small_model(), o);
-        init_params(x, s.get());
-        da_train(x, s.get(), t1);
-        x.save(dir.sub("ckpt"), s.get());
-      } else {
-        Fsdp x(g, small_model(), small_units(), fsdp_options(o));
-        init_fsdp(x, s.get());
-        fsdp_train(x, s.get(), t1);
-        x.save(dir.sub("ckpt"), s.get());
+      try {  // a failed save fails the test; the ranks still meet below (the load then fails on all)
+        if (a == Front::DistAdam) {
+          DistributedAdam x(g, m.specs, m.options);
+          m.da_init(x, s.get());
+          da_train(x, s.get(), t1);
+          x.save(dir.sub("ckpt"), s.get());
+        } else {
+          Fsdp x(g, m.specs, m.units, m.fsdp_options(m.options));
+          m.fsdp_init(x, s.get());
+          m.fsdp_train(x, s.get(), t1);
+          x.save(dir.sub("ckpt"), s.get());
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "the save failed: " << e.what();
       }
     }
   }
@@ -308,23 +342,37 @@ inline void case_reshard(Backend b, int from, Front a, int to, Front c, int t1 =
   Communicator g = first_ranks(comm, to);
   if (comm.rank() >= to) return;
   TestStream s(b);
-  DistributedAdamOptions o2 = o;
-  o2.bucket_numel = 170;  // another bucket size too
+  DistributedAdamOptions o2 = m.options;
+  o2.bucket_numel = bucket;  // another bucket size too
   const std::string what = std::to_string(from) + " -> " + std::to_string(to) + " ranks";
-  if (c == Front::DistAdam) {
-    DistributedAdam y(g, small_model(), o2);
+  auto finish = [&](auto& y, auto train, const auto& check) {
     const CheckpointInfo info = y.load(dir.sub("ckpt"), s.get());
     EXPECT_EQ(info.saved_world_size, from);
-    da_train(y, s.get(), t2);
+    train(y, s.get(), t2);
     EXPECT_EQ(y.read_scalars(s.get()).step, t1 + t2);
     expect_master_matches(y, ref, what);
-    for (int i = 0; i < y.num_params(); ++i) EXPECT_EQ(read_bytes(b, y.param(i)), read_bytes(b, ref.param(i)));
+    if (check) check(y, ref, s.get(), what);
+  };
+  if (c == Front::DistAdam) {
+    DistributedAdam y(g, m.specs, o2);
+    finish(y, da_train, check_da);
   } else {
-    Fsdp y(g, small_model(), small_units(), fsdp_options(o2));
-    y.load(dir.sub("ckpt"), s.get());
-    fsdp_train(y, s.get(), t2);
-    expect_master_matches(y, ref, what);
+    Fsdp y(g, m.specs, m.units, m.fsdp_options(o2));
+    finish(y, m.fsdp_train, check_fsdp);
   }
+}
+
+/// Native parameters (bf16, as FSDP keeps them): also every DistributedAdam parameter
+/// equals the reference's.
+inline void case_reshard(Backend b, int from, Front a, int to, Front c, int t1 = 6, int t2 = 5) {
+  ReshardModel m{small_model(), small_units(), ckpt_options(DType::f32), fsdp_options, init_params, init_fsdp,
+                 [](Fsdp& f, Stream s, int steps) { fsdp_train(f, s, steps); }};
+  m.options.param_dtype = DType::bf16;  // one dtype, as FSDP keeps
+  reshard_run(b, from, a, to, c, m, 170, t1, t2,
+              [b](DistributedAdam& y, DistributedAdam& ref, Stream, const std::string&) {
+                for (int i = 0; i < y.num_params(); ++i) EXPECT_EQ(read_bytes(b, y.param(i)), read_bytes(b, ref.param(i)));
+              },
+              {});
 }
 
 /// small_model() with its grouped "experts" registered as three discrete parameters
@@ -605,6 +653,22 @@ inline void case_write_for_python(Backend b) {
   mx_init(nv, ns.get());
   da_train(nv, ns.get(), 2);
   nv.save(std::string(out) + "/ckpt_nvfp4", ns.get());
+  // The same MXFP8 state saved by Fsdp and by DistributedAdam: the tool must read the
+  // same tensors, every kind, from both (run_cpp_checkpoint.sh compares them).
+  {
+    const DistributedAdamOptions mo = q_ckpt_options(DType::f32, ParamFormat::Mxfp8);
+    DistributedAdam dm(comm, mx_model(), mo);
+    FsdpOptions fmo = fsdp_mx_options(mo);
+    fmo.param_dtype = DType::f32;  // the 1-D parameters as DistributedAdam keeps them beside MXFP8
+    Fsdp fm(comm, mx_model(), mx_units(), fmo);
+    TestStream ds(b), fs(b);
+    mx_init(dm, ds.get());
+    fsdp_mx_init(fm, fs.get());
+    da_train(dm, ds.get(), 3);
+    fsdp_mx_train(fm, fs.get(), 3);
+    dm.save(std::string(out) + "/ckpt_da_mxfp8", ds.get());
+    fm.save(std::string(out) + "/ckpt_fsdp_mxfp8", fs.get());
+  }
   ns.sync();
   if (comm.rank() != 0) return;
   const std::string expect_nv = std::string(out) + "/expect_nvfp4";
@@ -756,6 +820,102 @@ inline void case_bad_checkpoints(Backend b) {
   EXPECT_EQ(x.read_scalars(s.get()).step, 2);
 }
 
+// ---------------------------------------------------------------------------- FSDP + MXFP8
+
+/// A hook that appends every MXFP8 plane (data and scales) a pass reads to `out`.
+inline PassHook record_planes(Fsdp& f, std::vector<std::vector<std::uint8_t>>& out) {
+  return [&f, &out](int, int u, FsdpPass pass, Stream st) {
+    for (int i = 0; i < f.num_params(); ++i) {
+      if (f.unit_of(i) != u || !f.is_mxfp8(i)) continue;
+      PassBytes got = read_pass(f, i, pass, st);
+      out.push_back(std::move(got.data));
+      out.push_back(std::move(got.scales));
+    }
+  };
+}
+
+/// The planes of one probe iteration (forward rowwise, backward columnwise; no step).
+inline std::vector<std::vector<std::uint8_t>> fsdp_mx_probe(Fsdp& f, Stream s) {
+  std::vector<std::vector<std::uint8_t>> planes;
+  fsdp_mx_microbatch(f, s, 0, GradKind::Grid, record_planes(f, planes));
+  return planes;
+}
+
+/// Fsdp + MXFP8: train 10, save, train 10; a fresh one loads and trains 10: master,
+/// moments and step equal the saved ones after the load and the uninterrupted run's at
+/// the end, and every plane the passes gather after the load (eager: every iteration's;
+/// both: a final probe iteration's, rowwise and columnwise) equals the uninterrupted
+/// run's bitwise. `graph`: both train through a whole-iteration StepGraph.
+inline void case_fsdp_mx_resume_bitwise(Backend b, bool graph) {
+  SharedDir dir("fsdp-mx-resume");
+  Communicator comm = make_comm(b);
+  const FsdpOptions fo = fsdp_mx_options(q_ckpt_options(DType::f32, ParamFormat::Mxfp8));
+  auto run = [&](Fsdp& f, std::optional<StepGraph>& g, Stream s, int steps, const PassHook& hook) {
+    if (!graph) return fsdp_mx_train(f, s, steps, hook);
+    graph_steps(f, g, [&f](Stream st, bool) { fsdp_mx_microbatch(f, st, 0, GradKind::Grid); }, s, steps);
+  };
+  Fsdp a(comm, mx_model(), mx_units(), fo);
+  TestStream sa(b);
+  fsdp_mx_init(a, sa.get());
+  std::optional<StepGraph> ga;
+  run(a, ga, sa.get(), 10, {});
+  a.save(dir.sub("ckpt"), sa.get(), {{"data_position", "77"}});
+  const auto at_save = fsdp_state(a, sa.get());
+  std::vector<std::vector<std::uint8_t>> planes_a, planes_f;
+  run(a, ga, sa.get(), 10, record_planes(a, planes_a));
+  const auto uninterrupted = fsdp_state(a, sa.get());
+  const auto probe_a = fsdp_mx_probe(a, sa.get());
+
+  Fsdp fresh(comm, mx_model(), mx_units(), fo);
+  TestStream sf(b);
+  const CheckpointInfo info = fresh.load(dir.sub("ckpt"), sf.get());
+  EXPECT_EQ(info.step, 10);
+  EXPECT_EQ(info.user.at("data_position"), "77");
+  EXPECT_TRUE(fsdp_state(fresh, sf.get()) == at_save) << "the loaded state differs from the saved one";
+  std::optional<StepGraph> gf;
+  run(fresh, gf, sf.get(), 10, record_planes(fresh, planes_f));
+  EXPECT_TRUE(fsdp_state(fresh, sf.get()) == uninterrupted) << "FSDP MXFP8 resume differs from the uninterrupted run";
+  int mx_params = 0;
+  for (int i = 0; i < a.num_params(); ++i) mx_params += a.is_mxfp8(i) ? 1 : 0;
+  EXPECT_GT(mx_params, 0);
+  // 10 iterations x 2 passes x (data, scales) per MXFP8 parameter.
+  EXPECT_EQ(planes_a.size(), graph ? 0u : static_cast<std::size_t>(10 * 2 * 2 * mx_params));
+  EXPECT_TRUE(planes_f == planes_a) << "the planes gathered after the load differ from the uninterrupted run's";
+  const auto probe_f = fsdp_mx_probe(fresh, sf.get());
+  EXPECT_FALSE(probe_a.empty());
+  EXPECT_TRUE(probe_f == probe_a) << "the planes after resume differ from the uninterrupted run's";
+}
+
+/// MXFP8 checkpoints between front ends and world sizes (reshard_run with MXFP8
+/// parameters): besides master and moments, the MXFP8 planes (Fsdp: the gathered ones of
+/// both passes; DistributedAdam: its storage) equal the independent oracle's quantize of
+/// the unsharded reference's master, bitwise.
+inline void case_mx_reshard(Backend b, int from, Front a, int to, Front c, int t1 = 4, int t2 = 3) {
+  const ReshardModel m{mx_model(), mx_units(), q_ckpt_options(DType::f32, ParamFormat::Mxfp8), fsdp_mx_options,
+                       mx_init, fsdp_mx_init, [](Fsdp& f, Stream s, int steps) { fsdp_mx_train(f, s, steps); }};
+  auto check_da = [](DistributedAdam& y, DistributedAdam& ref, Stream, const std::string& what) {
+    for (int i = 0; i < y.num_params(); ++i)
+      if (y.is_mxfp8(i)) EXPECT_EQ(differing_planes(read_mx(y, i), expected_mx(ref, i)), "") << "MXFP8 " << what;
+  };
+  auto check_fsdp = [](Fsdp& y, DistributedAdam& ref, Stream s, const std::string& what) {
+    int checked = 0, mx_params = 0;
+    for (int i = 0; i < y.num_params(); ++i) mx_params += y.is_mxfp8(i) ? 1 : 0;
+    fsdp_mx_microbatch(y, s, 0, GradKind::Grid, [&](int, int u, FsdpPass pass, Stream st) {
+      for (int i = 0; i < y.num_params(); ++i) {
+        if (y.unit_of(i) != u || !y.is_mxfp8(i)) continue;
+        SCOPED_TRACE("MXFP8 " + what + ": " + y.layout().specs()[static_cast<std::size_t>(i)].name);
+        const PassBytes got = read_pass(y, i, pass, st);
+        const mxfp8_ref::Quantized w = expected_mx(ref, i);
+        EXPECT_EQ(got.data, pass == FsdpPass::Forward ? w.data_row : w.data_col);
+        EXPECT_EQ(got.scales, pass == FsdpPass::Forward ? w.scale_row : w.scale_col);
+        ++checked;
+      }
+    });
+    EXPECT_EQ(checked, 2 * mx_params);  // both passes of every MXFP8 parameter
+  };
+  reshard_run(b, from, a, to, c, m, 1500, t1, t2, check_da, check_fsdp);
+}
+
 }  // namespace shardopt::test
 
 /// Instantiates every checkpoint case as tests of suite `Suite` on backend `B`.
@@ -788,4 +948,13 @@ inline void case_bad_checkpoints(Backend b) {
   TEST(Suite, Nvfp4SavedPlanesEqualStorage) { case_nvfp4_saved_planes(B); }                                  \
   TEST(Suite, AsyncSaveEqualsSyncSave) { case_async_equals_sync(B); }                                        \
   TEST(Suite, BadCheckpointsAreRefusedOnEveryRank) { case_bad_checkpoints(B); }                             \
+  TEST(Suite, FsdpMxfp8ResumeEqualsUninterrupted) { case_fsdp_mx_resume_bitwise(B, false); }                 \
+  TEST(Suite, FsdpMxfp8ResumeEqualsUninterruptedGraph) { case_fsdp_mx_resume_bitwise(B, true); }             \
+  TEST(Suite, Mxfp8DistAdamToFsdp) {                                                                         \
+    case_mx_reshard(B, world_size(), Front::DistAdam, world_size(), Front::Fsdp);                            \
+  }                                                                                                          \
+  TEST(Suite, Mxfp8FsdpToDistAdam) { case_mx_reshard(B, world_size(), Front::Fsdp, world_size(), Front::DistAdam); } \
+  TEST(Suite, Mxfp8FsdpReshard2To1) { case_mx_reshard(B, 2, Front::Fsdp, 1, Front::Fsdp); }                  \
+  TEST(Suite, Mxfp8FsdpReshard1To2) { case_mx_reshard(B, 1, Front::Fsdp, 2, Front::Fsdp); }                  \
+  TEST(Suite, Mxfp8FsdpReshard4To2) { case_mx_reshard(B, 4, Front::Fsdp, 2, Front::Fsdp); }                  \
   TEST(Suite, WriteForPython) { case_write_for_python(B); }

@@ -2,7 +2,9 @@
 # Python reads what C++ wrote: the C++ checkpoint test writes a checkpoint from 2 ranks
 # and the expected tensors as .npy (SHARDOPT_CKPT_OUT), then the checkpoint tool's test
 # verifies, lists and assembles every tensor and compares them with those arrays; the
-# same for an NVFP4 optimizer's checkpoint and its NVFP4 planes.
+# same for an NVFP4 optimizer's checkpoint and its NVFP4 planes; and an Fsdp checkpoint of
+# MXFP8 parameters reads as the same tensors (every kind) as a DistributedAdam's of the
+# same state.
 # Usage: run_cpp_checkpoint.sh MPIEXEC CHECKPOINT_TEST PYTHON3 TEST_CKPT_TOOL_PY
 set -eu
 mpiexec="$1" exe="$2" python="$3" script="$4"
@@ -16,3 +18,8 @@ SHARDOPT_CKPT_DIR="$out/ckpt" SHARDOPT_CKPT_EXPECT="$out/expect" "$python" "$scr
 # The NVFP4 checkpoint: verify (every nvfp4_data byte exactly once) and its planes.
 [ -f "$out/ckpt_nvfp4/index.json" ] || { echo "the C++ test wrote no NVFP4 checkpoint into $out/ckpt_nvfp4"; exit 1; }
 SHARDOPT_CKPT_DIR="$out/ckpt_nvfp4" SHARDOPT_CKPT_EXPECT="$out/expect_nvfp4" "$python" "$script"
+# Fsdp + MXFP8: verify, then every tensor of every kind equals the DistributedAdam one.
+for d in ckpt_fsdp_mxfp8 ckpt_da_mxfp8; do
+  [ -f "$out/$d/index.json" ] || { echo "the C++ test wrote no checkpoint into $out/$d"; exit 1; }
+done
+SHARDOPT_CKPT_DIR="$out/ckpt_fsdp_mxfp8" SHARDOPT_CKPT_SAME_AS="$out/ckpt_da_mxfp8" "$python" "$script"

@@ -569,6 +569,26 @@ def load_check(out, idx, expected, what, special_nan=None):
                   f"{what}: torch {k}")
 
 
+def test_same_tensors(d, other):
+    """Checkpoint `d` holds the tensors of `other`, every kind, with equal bytes (e.g. an
+    Fsdp and a DistributedAdam checkpoint of the same MXFP8 state); both verify."""
+    for x in (d, other):
+        res = run("verify", x)
+        check(res[0] == 0, f"verify {x}: exit {res[0]}\n{res[1]}{res[2]}")
+    a, b = tool.Checkpoint(d), tool.Checkpoint(other)
+    check(sorted(a.tensors) == sorted(b.tensors), f"{d} and {other} hold other tensors")
+    compared = 0
+    for tensor in sorted(b.tensors):
+        check(a.kinds(tensor) == b.kinds(tensor), f"{tensor}: kinds {a.kinds(tensor)} vs {b.kinds(tensor)}")
+        for kind in b.kinds(tensor):
+            x, y = a.get(tensor, kind), b.get(tensor, kind)
+            check(x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x.view(np.uint8), y.view(np.uint8)),
+                  f"{tensor} {kind}: {d} differs from {other}")
+            compared += 1
+    check(any(k.startswith("mxfp8_") for t in b.tensors for k in b.kinds(t)), f"{other} holds no MXFP8 tensors")
+    print(f"{compared} tensors of {d} equal those of {other}")
+
+
 def test_env():
     d = os.environ.get("SHARDOPT_CKPT_DIR")
     if not d:
@@ -625,9 +645,13 @@ def test_env():
 
 
 def main():
+    same = os.environ.get("SHARDOPT_CKPT_SAME_AS")
     model = make_model()
     tmp = tempfile.mkdtemp(prefix="shardopt-ckpt-test-")
     try:
+        if same:  # only the comparison of two C++ checkpoints (the rest ran already)
+            test_same_tensors(os.environ["SHARDOPT_CKPT_DIR"], same)
+            return finish()
         test_crc()
         test_bf16()
         for world, cuts in ((1, []), (2, [1500]), (3, CUTS3)):
@@ -646,6 +670,10 @@ def main():
             test_list_verify_get(ck, nv, world)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return finish()
+
+
+def finish():
     if failures:
         print(f"{len(failures)} checks failed")
         return 1
