@@ -257,11 +257,9 @@ class Fsdp::Impl final : public detail::StepTarget {
                          (grad_unit >= 0 ? unit_name(grad_unit) : std::string()) +
                          "' holds; call grad_ready for that unit first");
     const int h = half_of[k];
-    GatherState& st = staging[static_cast<std::size_t>(h)];
     // The half's earlier bytes were read by work queued on `stream` before now (a pass
     // of an earlier position), which the gather follows: they are dead.
-    if (st == GatherState::Landed) detail::advance_gather(st, GatherState::Consumed, staging_name(h));
-    if (st == GatherState::Consumed) detail::advance_gather(st, GatherState::Idle, staging_name(h));
+    retire_half(h);
     const Stream gs = fork_gather(stream);
     if (reduce_pending && gs != stream) grad_free.wait(gs);  // the slot's last reduce-scatter read it
     const Mxfp8Plane plane = pass_of[k] == FsdpPass::Forward ? Mxfp8Plane::Rowwise : Mxfp8Plane::Columnwise;
@@ -269,27 +267,36 @@ class Fsdp::Impl final : public detail::StepTarget {
         u, half_base(h), 1, DType::e4m3, pass_of[k], true, [this](int b) { return quantized[static_cast<std::size_t>(b)]; },
         [this, plane](int b) { return detail::mxfp8_shard_plane(*mx->format(), b, plane); }, gs);
     stage_ready[static_cast<std::size_t>(h)].record(gs);
-    detail::advance_gather(st, GatherState::InFlight, staging_name(h));
+    advance_half(h, GatherState::InFlight);
     staged_end[static_cast<std::size_t>(h)] =
         static_cast<std::size_t>(h) * static_cast<std::size_t>(max_mx) + static_cast<std::size_t>(info[static_cast<std::size_t>(u)].mx);
   }
 
   char* half_base(int h) const { return static_cast<char*>(grad_slot.data()) + static_cast<std::size_t>(h * max_mx); }
-  std::string staging_name(int h) const { return "FSDP gradient-slot staging half " + std::to_string(h); }
+  // One checked transition of staging half h (the message is built only on failure).
+  void advance_half(int h, GatherState to) {
+    detail::advance_gather(staging[static_cast<std::size_t>(h)], to,
+                           [h] { return "FSDP gradient-slot staging half " + std::to_string(h); });
+  }
+  // Staging half h's bytes are dead (every reader was queued before): Landed or Consumed
+  // becomes Idle through the checked transitions.
+  void retire_half(int h) {
+    if (staging[static_cast<std::size_t>(h)] == GatherState::Landed) advance_half(h, GatherState::Consumed);
+    if (staging[static_cast<std::size_t>(h)] == GatherState::Consumed) advance_half(h, GatherState::Idle);
+  }
   bool has_mx(std::size_t k) const { return half_of[k] >= 0; }
 
   // `stream` waits for position k's staged plane; a Backward plane is copied into the
   // columnwise slot (the gradient slot is about to hold the unit's gradients).
   void land_mx(std::size_t k, Stream stream) {
     const int h = half_of[k];
-    GatherState& st = staging[static_cast<std::size_t>(h)];
     stage_ready[static_cast<std::size_t>(h)].wait(stream);
-    detail::advance_gather(st, GatherState::Landed, staging_name(h));
+    advance_half(h, GatherState::Landed);
     const int u = order[k];
     if (pass_of[k] == FsdpPass::Backward) {
       copy_async(backend, col_slot.data(), half_base(h), static_cast<std::size_t>(info[static_cast<std::size_t>(u)].mx),
                  stream);
-      detail::advance_gather(st, GatherState::Consumed, staging_name(h));
+      advance_half(h, GatherState::Consumed);
       place_of[static_cast<std::size_t>(u)] = 2;
     } else {
       place_of[static_cast<std::size_t>(u)] = h;
@@ -640,7 +647,7 @@ void Fsdp::end_forward_only(Stream stream) {
     if (m.mx_prefetched[n]) {
       const int h = m.half_of[n];
       m.stage_ready[static_cast<std::size_t>(h)].wait(stream);
-      detail::advance_gather(m.staging[static_cast<std::size_t>(h)], GatherState::Landed, m.staging_name(h));
+      m.advance_half(h, GatherState::Landed);
     }
     m.prefetched[n] = m.mx_prefetched[n] = 0;
   }
@@ -679,11 +686,9 @@ std::vector<GradView> Fsdp::grad_slot(int unit, Stream stream) {
   // unit's gradient range, before any gradient is written.
   std::size_t bytes = static_cast<std::size_t>(m.info[static_cast<std::size_t>(unit)].numel) * m.slot_gsize;
   for (int h = 0; h < 2; ++h) {
-    GatherState& st = m.staging[static_cast<std::size_t>(h)];
-    if (st == GatherState::Idle) continue;
+    if (m.staging[static_cast<std::size_t>(h)] == GatherState::Idle) continue;
     bytes = std::max(bytes, m.staged_end[static_cast<std::size_t>(h)]);
-    if (st == GatherState::Landed) detail::advance_gather(st, GatherState::Consumed, m.staging_name(h));
-    detail::advance_gather(st, GatherState::Idle, m.staging_name(h));
+    m.retire_half(h);  // zeroed below
   }
   fill_zero_async(m.backend, m.grad_slot.data(), bytes, stream);
   m.grad_unit = unit;

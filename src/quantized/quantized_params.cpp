@@ -18,14 +18,16 @@ const char* gather_state_name(GatherState s) {
   return "?";
 }
 
-void advance_gather(GatherState& s, GatherState to, const std::string& what) {
-  const bool legal = (s == GatherState::Idle && to == GatherState::InFlight) ||
-                     (s == GatherState::InFlight && to == GatherState::Landed) ||
-                     (s == GatherState::Landed && to == GatherState::Consumed) ||
-                     (s == GatherState::Consumed && to == GatherState::Idle);
-  SHARDOPT_REQUIRE(legal, ErrorCode::Internal,
-                   what + ": illegal gather transition " + gather_state_name(s) + " -> " + gather_state_name(to));
-  s = to;
+bool gather_transition_legal(GatherState s, GatherState to) {
+  return (s == GatherState::Idle && to == GatherState::InFlight) ||
+         (s == GatherState::InFlight && to == GatherState::Landed) ||
+         (s == GatherState::Landed && to == GatherState::Consumed) ||
+         (s == GatherState::Consumed && to == GatherState::Idle);
+}
+
+void throw_illegal_transition(const std::string& what, GatherState from, GatherState to) {
+  throw Error(ErrorCode::Internal,
+              what + ": illegal gather transition " + gather_state_name(from) + " -> " + gather_state_name(to));
 }
 
 void throw_internal(const std::string& message) { throw Error(ErrorCode::Internal, message); }
@@ -157,7 +159,7 @@ int QuantizedParams::first_pending() const {
 
 void QuantizedParams::advance(int bucket, GatherState to) {
   advance_gather(bucket_[static_cast<std::size_t>(bucket)].state, to,
-                 std::string(name()) + " bucket " + std::to_string(bucket));
+                 [&] { return std::string(name()) + " bucket " + std::to_string(bucket); });
 }
 
 void QuantizedParams::exchange(std::uint8_t* begin, std::uint8_t* end, Stream stream) {

@@ -94,10 +94,21 @@ class QuantizedFormat {
   virtual std::size_t storage_bytes() const = 0;
 };
 
-/// One checked transition of the gather state machine (Idle -> InFlight -> Landed ->
-/// Consumed -> Idle; anything else is Error(Internal) naming `what`). QuantizedParams
-/// drives it per bucket, Fsdp per staging region of its gradient slot.
-void advance_gather(GatherState& state, GatherState to, const std::string& what);
+/// True for the transitions of the gather state machine: Idle -> InFlight -> Landed ->
+/// Consumed -> Idle.
+bool gather_transition_legal(GatherState from, GatherState to);
+/// Error(Internal): "<what>: illegal gather transition <from> -> <to>".
+[[noreturn]] void throw_illegal_transition(const std::string& what, GatherState from, GatherState to);
+
+/// One checked transition of the gather state machine (anything but the legal ones is
+/// Error(Internal) naming `what()`, which is called only then: the transitions run on
+/// every eager step). QuantizedParams drives it per bucket, Fsdp per staging region of
+/// its gradient slot.
+template <class What>
+void advance_gather(GatherState& state, GatherState to, What&& what) {
+  if (!gather_transition_legal(state, to)) throw_illegal_transition(what(), state, to);
+  state = to;
+}
 /// "Idle", "InFlight", "Landed", "Consumed".
 const char* gather_state_name(GatherState s);
 
