@@ -603,7 +603,7 @@ inline void case_async_equals_sync(Backend b) {
   y.save(dir.sub("sync"), sy.get(), {{"k", "v"}});
   const int r = comm.rank(), w = comm.size();
   EXPECT_EQ(file_bytes(shard_file(dir.sub("async"), r, w)), file_bytes(shard_file(dir.sub("sync"), r, w)));
-  if (r == 0) EXPECT_EQ(file_bytes(dir.sub("async/index.json")), file_bytes(dir.sub("sync/index.json")));
+  if (r == 0) { EXPECT_EQ(file_bytes(dir.sub("async/index.json")), file_bytes(dir.sub("sync/index.json"))); }
   // The snapshot was of step 5: loading it gives step 5, and the same state as y.
   DistributedAdam z(comm, small_model(), o);
   TestStream sz(b);
@@ -895,7 +895,7 @@ inline void case_mx_reshard(Backend b, int from, Front a, int to, Front c, int t
                        mx_init, fsdp_mx_init, [](Fsdp& f, Stream s, int steps) { fsdp_mx_train(f, s, steps); }};
   auto check_da = [](DistributedAdam& y, DistributedAdam& ref, Stream, const std::string& what) {
     for (int i = 0; i < y.num_params(); ++i)
-      if (y.is_mxfp8(i)) EXPECT_EQ(differing_planes(read_mx(y, i), expected_mx(ref, i)), "") << "MXFP8 " << what;
+      if (y.is_mxfp8(i)) { EXPECT_EQ(differing_planes(read_mx(y, i), expected_mx(ref, i)), "") << "MXFP8 " << what; }
   };
   auto check_fsdp = [](Fsdp& y, DistributedAdam& ref, Stream s, const std::string& what) {
     int checked = 0, mx_params = 0;

@@ -193,7 +193,7 @@ inline void expect_same_fsdp_state(Fsdp& a, Fsdp& c, Stream sa, Stream sc) {
   EXPECT_EQ(num::f32_bits(x.grad_norm), num::f32_bits(y.grad_norm));
   for (int i = 0; i < a.num_params(); ++i) {
     SCOPED_TRACE(a.layout().specs()[static_cast<std::size_t>(i)].name);
-    if (!a.is_mxfp8(i)) EXPECT_EQ(read_bytes(b, a.shard_param(i)), read_bytes(b, c.shard_param(i)));
+    if (!a.is_mxfp8(i)) { EXPECT_EQ(read_bytes(b, a.shard_param(i)), read_bytes(b, c.shard_param(i))); }
     EXPECT_EQ(read_bytes(b, a.shard_master(i)), read_bytes(b, c.shard_master(i)));
     EXPECT_EQ(read_bytes(b, a.shard_exp_avg(i)), read_bytes(b, c.shard_exp_avg(i)));
     EXPECT_EQ(read_bytes(b, a.shard_exp_avg_sq(i)), read_bytes(b, c.shard_exp_avg_sq(i)));

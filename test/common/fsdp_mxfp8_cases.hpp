@@ -455,3 +455,25 @@ inline void case_fsdp_mx_memory(Backend b) {
 }
 
 }  // namespace shardopt::test
+
+
+/// The cases above as tests of `Suite` on backend `B` (the host and GPU binaries).
+#define SHARDOPT_FSDP_MXFP8_CASES(Suite, B)                                                                               \
+TEST(Suite, EqualsDistributedAdamAndOracleBitwise) { case_fsdp_mx_equals_dist_adam(B, 1, 4); }                             \
+TEST(Suite, EqualsWithMicrobatches) { case_fsdp_mx_equals_dist_adam(B, 2, 3); }                                            \
+TEST(Suite, Hsdp2x2EqualsDistributedAdam) {                                                                                \
+  if (world_size() != 4) GTEST_SKIP() << "HSDP 2 x 2 needs 4 ranks";                                                       \
+  case_fsdp_mx_equals_dist_adam(B, 2, 3, FsdpMxPath::Hsdp);                                                                \
+}                                                                                                                          \
+TEST(Suite, DelayedGathersNeverExposeAStalePlace) {                                                                        \
+  case_fsdp_mx_equals_dist_adam(B, 2, 3, FsdpMxPath::DelayedGathers);                                                      \
+}                                                                                                                          \
+TEST(Suite, GraphReplayEqualsEager) { case_fsdp_mx_graph_equals_eager(B, 4, 20); }                                         \
+TEST(Suite, TrainEvalTrainEqualsDistributedAdam) { case_fsdp_mx_equals_dist_adam(B, 2, 4, FsdpMxPath::TrainEvalTrain); }   \
+TEST(Suite, EvalBeforeLearningEqualsDistributedAdam) { case_fsdp_mx_equals_dist_adam(B, 1, 3, FsdpMxPath::EvalFirst); }    \
+TEST(Suite, TwoEvalsEqualDistributedAdam) { case_fsdp_mx_equals_dist_adam(B, 1, 4, FsdpMxPath::EvalTwice); }               \
+TEST(Suite, NoPrefetchEqualsDistributedAdam) { case_fsdp_mx_equals_dist_adam(B, 2, 3, FsdpMxPath::NoPrefetch); }           \
+TEST(Suite, NoKeepLastUnitEqualsDistributedAdam) { case_fsdp_mx_equals_dist_adam(B, 1, 3, FsdpMxPath::NoKeepLastUnit); }   \
+TEST(Suite, GroupedEqualsDiscreteMembers) { case_fsdp_mx_grouped_vs_discrete(B); }                                         \
+TEST(Suite, OnePlanePerPassAndErrors) { case_fsdp_mx_one_plane_per_pass(B); }                                              \
+TEST(Suite, MemoryEqualsFormula) { case_fsdp_mx_memory(B); }

@@ -475,7 +475,7 @@ inline void case_store_staged_gather(Backend b) {
   EXPECT_EQ(st.param_bytes(), static_cast<std::size_t>(layout.buffers()[static_cast<std::size_t>(1 - staged_buffer)].numel) *
                                   size_of(layout.buffers()[static_cast<std::size_t>(1 - staged_buffer)].dtype));
   for (int p = 0; p < static_cast<int>(layout.params().size()); ++p)
-    if (layout.params()[static_cast<std::size_t>(p)].buffer == staged_buffer) EXPECT_EQ(st.param_data(p), nullptr);
+    if (layout.params()[static_cast<std::size_t>(p)].buffer == staged_buffer) { EXPECT_EQ(st.param_data(p), nullptr); }
   expect_staged_gathers(b, st, layout, staged_buffer, [&](int bk) {
     return 2 * layout.buckets()[static_cast<std::size_t>(bk)].range.size() / world;  // 2S
   });
@@ -670,8 +670,9 @@ inline void case_mx_path(Backend b, MxPath path, bool variant_zero_grad, ParamFo
     if (path == MxPath::DeferredZeroGrad || variant_zero_grad) var.zero_grad(sv.get());
     if (path == MxPath::DeferredZeroGrad) {
       for (int k = 0; k < nb; ++k)
-        if (is_quantized(var, var.layout().buckets()[static_cast<std::size_t>(k)].params.front()))
+        if (is_quantized(var, var.layout().buckets()[static_cast<std::size_t>(k)].params.front())) {
           EXPECT_EQ(var.gather_state(k), GatherState::Idle) << "zero_grad lands MXFP8 bucket " << k << " first";
+        }
     }
     const bool odd = t % 2 == 1;
     if (odd && (path == MxPath::TrainEvalTrain || path == MxPath::DeferredEval)) {
@@ -741,7 +742,7 @@ inline void case_mx_state_machine(Backend b, ParamFormat format = ParamFormat::M
   opt.zero_grad(s.get());
   for (int k = 0; k < nb; ++k) {
     const bool mxb = is_quantized(opt, opt.layout().buckets()[static_cast<std::size_t>(k)].params.front());
-    if (mxb) EXPECT_EQ(opt.gather_state(k), GatherState::Idle) << "zero_grad landed bucket " << k;
+    if (mxb) { EXPECT_EQ(opt.gather_state(k), GatherState::Idle) << "zero_grad landed bucket " << k; }
   }
   wait_all(opt, s.get());
   s.sync();
@@ -923,7 +924,7 @@ inline void case_mx_memory(Backend b) {
       const std::int64_t n = L.total_numel();
       EXPECT_EQ(r.params, 4 * native_numel) << "no param allocation for the MXFP8 buffer";
       EXPECT_EQ(r.mxfp8, mx_bytes);
-      if (round_shapes) EXPECT_EQ(r.mxfp8, mx_exact) << "2 bytes per element + scales";
+      if (round_shapes) { EXPECT_EQ(r.mxfp8, mx_exact) << "2 bytes per element + scales"; }
       EXPECT_EQ(r.grads, static_cast<std::int64_t>(size_of(g)) * n);
       EXPECT_EQ(r.master, 4 * n / world);
       EXPECT_EQ(r.moments, 8 * n / world);

@@ -90,8 +90,9 @@ inline void case_nvfp4_memory(Backend b) {
       EXPECT_EQ(r.params, 4 * native_numel) << "no param allocation for the NVFP4 buffer";
       EXPECT_EQ(r.mxfp8, 0);
       EXPECT_EQ(r.nvfp4, data_and_scales + side + exchange);
-      if (round_shapes)
+      if (round_shapes) {
         EXPECT_EQ(data_and_scales, quantized_numel / 2 + quantized_numel / 256) << "half a byte per element + scales";
+      }
       EXPECT_EQ(r.grads, static_cast<std::int64_t>(size_of(g)) * n);
       EXPECT_EQ(r.master, 4 * n / world);
       EXPECT_EQ(r.moments, 8 * n / world);
