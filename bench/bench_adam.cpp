@@ -333,6 +333,7 @@ int cuda_bench(const Options& o) {
   const std::size_t un = static_cast<std::size_t>(n);
   DeviceBuffer d_table(Backend::Cuda, table.size() * sizeof(ShardChunk));
   SHARDOPT_CUDA_CHECK(cudaMemcpy(d_table.data(), table.data(), table.size() * sizeof(ShardChunk), cudaMemcpyHostToDevice));
+  SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());  // a pageable copy may return before its DMA lands
   for (const Config& c : configs()) {
     DeviceBuffer grads(Backend::Cuda, un * size_of(c.adam.grad_dtype)), master(Backend::Cuda, un * 4),
         m(Backend::Cuda, un * 4), v(Backend::Cuda, un * 4), scal(Backend::Cuda, sizeof(StepScalars));

@@ -335,6 +335,7 @@ void full_step(const Communicator& comm, Stream s, const Args& a, const std::str
   StepScalars sc{};
   sc.lr = 1e-4f;
   SHARDOPT_CUDA_CHECK(cudaMemcpy(scal.data(), &sc, sizeof sc, cudaMemcpyHostToDevice));
+  SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());  // pageable copies may return before their DMA lands
   ShardPointers ptrs;
   ptrs.chunks = chunks_dev.as<ShardChunk>();
   ptrs.num_chunks = static_cast<std::int64_t>(chunks.size());

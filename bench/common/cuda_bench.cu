@@ -141,6 +141,7 @@ void fill_normal(void* dst, std::size_t bytes, bool f32, std::uint32_t seed) {
   for (std::size_t off = 0; off < bytes; off += chunk)
     SHARDOPT_CUDA_CHECK(cudaMemcpy(static_cast<char*>(dst) + off, host.data(), std::min(chunk, bytes - off),
                                    cudaMemcpyHostToDevice));
+  SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());  // a pageable copy may return before its DMA lands
 }
 
 }  // namespace shardopt::bench

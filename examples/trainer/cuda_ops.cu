@@ -555,6 +555,9 @@ class CudaOps final : public Ops {
   void upload(const Tensor& dst, const void* src) override {
     TRAINER_CUDA(cudaDeviceSynchronize());
     TRAINER_CUDA(cudaMemcpy(dst.data, src, dst.bytes(), cudaMemcpyHostToDevice));
+    // A pageable copy may return before its DMA lands; the trainer's streams do not
+    // wait for the legacy stream.
+    TRAINER_CUDA(cudaDeviceSynchronize());
   }
   void download(void* dst, const Tensor& src) override {
     TRAINER_CUDA(cudaDeviceSynchronize());

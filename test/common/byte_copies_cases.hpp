@@ -30,6 +30,7 @@ inline void bytes_to_device(Backend b, void* dst, const void* src, std::size_t n
   }
 #if SHARDOPT_HAVE_CUDA
   SHARDOPT_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
+  SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());  // a pageable copy may return before its DMA lands
 #endif
 }
 inline void bytes_to_host(Backend b, void* dst, const void* src, std::size_t n) {

@@ -69,6 +69,9 @@ void from_host(Backend b, void* dst, const std::vector<T>& v) {
 #if SHARDOPT_HAVE_CUDA
   SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());
   SHARDOPT_CUDA_CHECK(cudaMemcpy(dst, v.data(), v.size() * sizeof(T), cudaMemcpyDefault));
+  // A pageable host -> device cudaMemcpy may return before its DMA lands, and the work
+  // that reads the bytes runs on non-blocking streams: wait for the copy.
+  SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());
 #endif
 }
 

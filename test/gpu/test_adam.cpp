@@ -24,6 +24,7 @@ using namespace adamtest;
 
 void to_device(void* dst, const void* src, std::size_t bytes) {
   SHARDOPT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());  // a pageable copy may return before its DMA lands
 }
 void to_host(void* dst, const void* src, std::size_t bytes) {
   SHARDOPT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
