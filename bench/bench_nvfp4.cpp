@@ -34,12 +34,16 @@
 // reads the master again (4 B) and the scales (1 B per 256 elements) and writes the data
 // span (1/2 B per element). limit_ms = bytes / copy bandwidth (copy bandwidth = (read +
 // written bytes) / time of a 1 GiB cudaMemcpyAsync); fraction_of_limit = limit_ms /
-// ours_ms, target >= 0.85. Medians of 30 timed runs after 5 warm-ups, CUDA events around
+// ours_ms, target >= 0.85. The batched shard rows also time each phase alone, eagerly
+// (phase1_ms, phase2_ms; phase1_fraction, phase2_fraction: the phase's bytes over its
+// time on the copy bandwidth). Medians of 30 timed runs after 5 warm-ups, CUDA events around
 // the work (bench/common/cuda_bench: BandwidthBench, time_ms, measure_copy, CapturedGraph).
 //
-// Usage: bench_nvfp4 [--results DIR]
+// Usage: bench_nvfp4 [--results DIR] [--only TEXT]
 //   --results DIR: also upsert the JSON lines into DIR/nvfp4_quantize.jsonl (created if
 //                  missing); without it the lines are only printed.
+//   --only TEXT:   run only the configs whose name holds TEXT (e.g. shard-w1, to profile
+//                  one config's kernels with ncu).
 // Without a CUDA device it prints why and exits 77 (skipped).
 #include <cuda_runtime.h>
 
@@ -155,12 +159,17 @@ struct RankShard {
       data_bytes += nvfp4_shard_bytes(t.range).size();
     }
   }
-  // Least bytes of both phases (header comment), the all-reduce excluded.
-  double bytes() const {
+  // Least bytes of each phase and of both (header comment), the all-reduce excluded.
+  double phase1_bytes() const {
     const auto n = static_cast<double>(elements);
-    return 8.0 * static_cast<double>(amax_entries) + n * 4 + n / 64 + static_cast<double>(scale_bytes) +
+    return 4.0 * static_cast<double>(amax_entries) + n * 4 + n / 64;
+  }
+  double phase2_bytes() const {
+    const auto n = static_cast<double>(elements);
+    return 4.0 * static_cast<double>(amax_entries) + static_cast<double>(scale_bytes) +
            8.0 * static_cast<double>(tensors.size()) + n * 4 + n / 256 + static_cast<double>(data_bytes);
   }
+  double bytes() const { return phase1_bytes() + phase2_bytes(); }
 };
 
 // The amax all-reduce's group: one rank of NCCL where the build has it.
@@ -174,7 +183,7 @@ Communicator one_rank_group(std::string& kind) {
 #endif
 }
 
-int run(int argc, char** argv, const std::string& results_dir) {
+int run(int argc, char** argv, const std::string& results_dir, const std::string& only) {
   const bench::BandwidthBench frame("nvfp4_quantize", argc, argv, kWarmup, kIters);
   const Stream st = frame.stream();
   const double copy_gbps = frame.copy_gbps();
@@ -187,6 +196,8 @@ int run(int argc, char** argv, const std::string& results_dir) {
     bench::write(r, results_dir);
     extra.clear();
   };
+  // Whether a config runs (--only: those whose name holds the text).
+  auto wanted = [&](const std::string& config) { return only.empty() || config.find(only) != std::string::npos; };
   // Whole-tensor rows: also the one-read byte count (header comment).
   auto one_read = [&](double bytes_one_read, double ms) {
     extra["bytes_one_read"] = bytes_one_read;
@@ -202,10 +213,10 @@ int run(int argc, char** argv, const std::string& results_dir) {
     all_bytes_one_read += whole_bytes(s, 1);
   }
   auto quantize = [&](std::size_t i) { quantize_nvfp4(m.shapes[i], m.source(i), m.planes(i), nullptr, kCuda, st); };
-  for (std::size_t i = 0; i < m.size(); ++i) quantize(i);  // warm-up outside any capture
-  SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(st)));
   double per_tensor_ms = 0;
-  {
+  if (wanted("llama3.2-1b/2d-weights")) {
+    for (std::size_t i = 0; i < m.size(); ++i) quantize(i);  // warm-up outside any capture
+    SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(st)));
     const bench::CapturedGraph g(st, [&] {
       for (std::size_t i = 0; i < m.size(); ++i) quantize(i);
     });
@@ -215,15 +226,17 @@ int run(int argc, char** argv, const std::string& results_dir) {
            count + " matrices bf16 -> E2M1 data + E4M3 block scales + amax, decode scale; one graph of " + count +
                " quantize_nvfp4 calls");
   }
-  {
+  if (wanted("llama3.2-1b/2d-weights/batched")) {
     std::vector<Nvfp4Tensor> tensors;
     for (std::size_t i = 0; i < m.size(); ++i) tensors.push_back({m.shapes[i], m.source(i), m.planes(i)});
     const Nvfp4Batch batch(tensors, kCuda);
     const double eager_ms = frame.time_ms([&] { quantize_nvfp4_batch(batch, nullptr, kCuda, st); });
     const bench::CapturedGraph g(st, [&] { quantize_nvfp4_batch(batch, nullptr, kCuda, st); });
     const double ms = frame.time_ms([&] { g.launch(st); });
-    extra["per_tensor_graph_ms"] = per_tensor_ms;
-    extra["speedup_vs_per_tensor_graph"] = per_tensor_ms / ms;
+    if (per_tensor_ms > 0) {
+      extra["per_tensor_graph_ms"] = per_tensor_ms;
+      extra["speedup_vs_per_tensor_graph"] = per_tensor_ms / ms;
+    }
     extra["eager_ms"] = eager_ms;
     one_read(all_bytes_one_read, ms);
     report("llama3.2-1b/2d-weights/batched", ms, all_bytes, m.elements,
@@ -234,6 +247,7 @@ int run(int argc, char** argv, const std::string& results_dir) {
                                      std::pair<std::string, std::string>{"mlp-8192x2048", "layers.0.mlp.gate.weight"},
                                      std::pair<std::string, std::string>{"attn-q-2048x2048", "layers.0.attn.q.weight"},
                                      std::pair<std::string, std::string>{"attn-k-512x2048", "layers.0.attn.k.weight"}}) {
+    if (!wanted(config)) continue;
     const std::size_t i = m.index_of(name);
     const double ms = frame.time_ms([&] { quantize(i); });
     one_read(whole_bytes(m.shapes[i], 1), ms);
@@ -245,11 +259,12 @@ int run(int argc, char** argv, const std::string& results_dir) {
   std::string group_kind;
   const Communicator group = one_rank_group(group_kind);
   for (const auto& [world, rank] : {std::pair{4, 1}, std::pair{1, 0}}) {
+    const std::string prefix = "shard-w" + std::to_string(world);
+    if (!wanted(prefix + "/per-tensor") && !wanted(prefix + "/batched")) continue;
     const RankShard shard(m, world, rank);
     const std::string who = "rank " + std::to_string(rank) + " of " + std::to_string(world) + ": " +
                             std::to_string(shard.tensors.size()) + " segments, fp32 master -> ";
-    const std::string prefix = "shard-w" + std::to_string(world);
-    if (world > 1) {
+    if (world > 1 && wanted(prefix + "/per-tensor")) {
       const bench::CapturedGraph g(st, [&] {
         for (const Nvfp4ShardTensor& t : shard.tensors) {
           nvfp4_partial_amax(t.shape, t.range, t.master, t.amax, kCuda, st);
@@ -260,6 +275,7 @@ int run(int argc, char** argv, const std::string& results_dir) {
       report(prefix + "/per-tensor", ms, shard.bytes(), shard.elements,
              who + "nvfp4_partial_amax + quantize_nvfp4_shard per segment in one graph, all-reduce excluded");
     }
+    if (!wanted(prefix + "/batched")) continue;
     const Nvfp4ShardBatch batch(shard.tensors, kCuda);
     auto both_phases = [&] {
       nvfp4_partial_amax_batch(batch, kCuda, st);
@@ -269,6 +285,13 @@ int run(int argc, char** argv, const std::string& results_dir) {
     const double eager_ms = frame.time_ms(both_phases);
     const bench::CapturedGraph g(st, both_phases);
     const double ms = frame.time_ms([&] { g.launch(st); });
+    // Each phase alone, eagerly (phase 2 again reads the amaxes the runs above left).
+    const double phase1_ms = frame.time_ms([&] { nvfp4_partial_amax_batch(batch, kCuda, st); });
+    const double phase2_ms = frame.time_ms([&] { quantize_nvfp4_shard_batch(batch, kCuda, st); });
+    extra["phase1_ms"] = phase1_ms;
+    extra["phase1_fraction"] = shard.phase1_bytes() / (copy_gbps * 1e6) / phase1_ms;
+    extra["phase2_ms"] = phase2_ms;
+    extra["phase2_fraction"] = shard.phase2_bytes() / (copy_gbps * 1e6) / phase2_ms;
     extra["eager_ms"] = eager_ms;
     extra["exchange_bytes"] = 4.0 * static_cast<double>(shard.amax_entries);
     report(prefix + "/batched", ms, shard.bytes(), shard.elements,
@@ -281,13 +304,15 @@ int run(int argc, char** argv, const std::string& results_dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string results_dir;
+  std::string results_dir, only;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--results" && i + 1 < argc) {
       results_dir = argv[++i];
+    } else if (a == "--only" && i + 1 < argc) {
+      only = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--results DIR]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--results DIR] [--only TEXT]\n", argv[0]);
       return 2;
     }
   }
@@ -297,7 +322,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (!results_dir.empty()) std::filesystem::create_directories(results_dir);
-    return run(argc, argv, results_dir);
+    return run(argc, argv, results_dir, only);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_nvfp4: %s\n", e.what());
     return 1;

@@ -7,16 +7,16 @@
 //   2. amax:        pass 1 over every tensor, whatever its shape: chunks of kAmaxChunk
 //                   consecutive elements, 16-byte loads where the source is aligned;
 //                   the integer max of the magnitudes, amax_bits of it, folded into the
-//                   tensor's slot (f32 bits, atomicMax) once per block of threads and
-//                   tensor (tile::fold_amax). A NaN / Inf counts as 0x7FC00000, above
-//                   every finite amax: the slot then holds the NaN flag.
-//   3. tiles:       pass 2 of the tensors with cols % 16 == 0 (tiled): one tile of 16
-//                   rows x 256 columns at a time (nvfp4_tile.cuh), 16-byte loads, the
-//                   block amaxes reduced in registers and shared memory from the values
-//                   loaded for encoding (no scratch), the scale bytes, the data bytes (4
-//                   per thread), decode_scale from the tensor's first tile. One wave of
-//                   resident blocks walks the tiles in runs (mxfp8::Walk), each block
-//                   loading its next tile before it quantizes the current one.
+//                   tensor's slot (f32 bits, atomicMax) once per warp and tensor
+//                   (tile::fold_amax). A NaN / Inf counts as 0x7FC00000, above every
+//                   finite amax: the slot then holds the NaN flag.
+//   3. tiles:       pass 2 of the tensors with cols % 16 == 0 (tiled): one warp per tile
+//                   of 16 rows x 256 columns (nvfp4_tile.cuh), 16-byte loads, the block
+//                   amaxes by two shuffles from the values loaded for encoding (no
+//                   scratch, no shared memory, no barrier), the scale bytes, the data
+//                   bytes (4 per chunk), decode_scale from the tensor's first tile. The
+//                   warps of one wave of resident blocks walk the tiles with a grid
+//                   stride, each lane issuing the loads of its 16 chunks at once.
 //   4. scales, data: pass 2 of the other tensors (odd cols, where a byte may hold two
 //                   blocks' elements), one thread per unit (nvfp4_units.cuh): per block
 //                   its amax and scale byte (the block-0 thread writes decode_scale), then
@@ -26,7 +26,7 @@
 // nvfp4_math.cuh that the host twin calls (amax_bits, block_scale, global_scale,
 // element_multiplier, encode_element), so the bytes are the twin's. A unit finds its
 // tensor by a binary search over the entries' first unit (tiles and chunks: first
-// trying the entry of the block's previous one). Every kernel returns at once when the
+// trying the entry of the block's or warp's previous one). Every kernel returns at once when the
 // device skip flag is set (all read the same flag, so a skipped call writes nothing).
 #include <cuda_runtime.h>
 
@@ -80,144 +80,144 @@ __device__ __forceinline__ std::uint32_t chunk_amax(const QuantizeEntry& e, std:
 }
 
 // Pass 1 over the `chunks` chunks of all tensors, block b taking chunks b, b + G, ...;
-// a block's running max of one tensor is folded into its slot when the block moves to
-// another tensor and at the end.
+// each warp's running max of one tensor is folded into its slot when the block moves to
+// another tensor (block-uniform) and at the end.
 __global__ void __launch_bounds__(kThreads) amax_kernel(QuantizeTable t, std::int64_t chunks,
                                                         const std::int32_t* skip_flag) {
-  __shared__ std::uint32_t folded[tile::kWarps];
   if (skipped(skip_flag)) return;
   int cur = -1;            // the tensor of the block's chunks so far (the same for all threads)
   std::uint32_t run = 0;   // this thread's max over them
   for (std::int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
     const int e = t.find_from(c, cur < 0 ? 0 : cur, &QuantizeEntry::first_chunk);
     if (e != cur) {
-      if (cur >= 0) tile::fold_amax(run, reinterpret_cast<std::uint32_t*>(t.at(cur).out.amax), folded);
+      if (cur >= 0) tile::fold_amax(run, reinterpret_cast<std::uint32_t*>(t.at(cur).out.amax));
       cur = e;
       run = 0;
     }
     const QuantizeEntry& en = t.at(e);
     run = max(run, chunk_amax(en, c - en.first_chunk));
   }
-  if (cur >= 0) tile::fold_amax(run, reinterpret_cast<std::uint32_t*>(t.at(cur).out.amax), folded);
+  if (cur >= 0) tile::fold_amax(run, reinterpret_cast<std::uint32_t*>(t.at(cur).out.amax));
 }
 
-// Pass 2 of tiled tensors: tiles of 16 rows x 256 columns (two spans, 16 blocks), each
-// thread two chunks of 8 bf16 (span h at w[4h..4h+3]).
+// Pass 2 of tiled tensors: tiles of 16 rows x 256 columns (two spans, 16 blocks), one
+// warp per tile; each lane two chunks of 8 bf16 (spans 0 and 1) in each of its 8 rows.
 inline constexpr int kSpans = QuantizeEntry::kTileSpan;
-inline constexpr int kTileBlocks = kSpans * kSpanBlocks;
 
-// The thread's chunks of the tile at `at` (zero outside the tensor).
-__device__ __forceinline__ void load_tile(const QuantizeEntry& e, const tile::Where& at, std::uint32_t (&w)[4 * kSpans]) {
-#pragma unroll
-  for (int h = 0; h < kSpans; ++h) {
-    std::uint32_t* x = w + 4 * h;
-    const tile::Spot s = tile::spot_of(e.shape, at, h);
-    if (!s.ok) {
-      x[0] = x[1] = x[2] = x[3] = 0;
-      continue;
-    }
-    const std::uint16_t* p = mxfp8::in_global(e.src) + s.elem;
-    if (e.vector_src) {  // s.elem is a multiple of 8: 16-byte aligned
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-      x[0] = v.x;
-      x[1] = v.y;
-      x[2] = v.z;
-      x[3] = v.w;
-      continue;
-    }
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      x[k] = static_cast<std::uint32_t>(p[2 * k]) | (static_cast<std::uint32_t>(p[2 * k + 1]) << 16);
+// The lane's chunk of span h in its row k of the tile at `at` (zero outside the tensor).
+__device__ __forceinline__ void load_chunk(const QuantizeEntry& e, const tile::Where& at, int k, int h,
+                                           std::uint32_t (&x)[4]) {
+  const tile::Spot s = tile::spot_of(e.shape, at, k, h);
+  if (!s.ok) {
+    x[0] = x[1] = x[2] = x[3] = 0;
+    return;
   }
+  const std::uint16_t* p = mxfp8::in_global(e.src) + s.elem;
+  if (e.vector_src) {  // s.elem is a multiple of 8: 16-byte aligned
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    x[0] = v.x;
+    x[1] = v.y;
+    x[2] = v.z;
+    x[3] = v.w;
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    x[j] = static_cast<std::uint32_t>(p[2 * j]) | (static_cast<std::uint32_t>(p[2 * j + 1]) << 16);
 }
 
-// The 4 elements' words of span h (w + 4h) as an array reference.
-__device__ __forceinline__ const std::uint32_t (&span_words(const std::uint32_t (&w)[4 * kSpans], int h))[4] {
-  return *reinterpret_cast<const std::uint32_t(*)[4]>(w + 4 * h);
-}
-
-// The tile's blocks as pass 2 encodes them (shared memory, written by warp 0).
-struct TileBlocks {
-  float multiplier[kTileBlocks];  // element_multiplier of the block's scale
-  std::uint8_t scale[kTileBlocks];
+// The amax bits, S_dec and block_factor of the tensor a warp works on.
+struct TensorScale {
+  std::uint32_t amax;
+  float decode, factor;
 };
 
-// Pass 2 of one tile whose values this thread holds in `w`, of a tensor whose amax bits
-// are `tensor` and S_dec `decode`. Every thread of the block calls it (two barriers:
-// after the warps' partial block amaxes, after warp 0's scales). Shared memory is reused
-// from tile to tile without a third barrier: `partial` is read only between the two
-// barriers, `blocks` only after the second, and a thread writes each again only after
-// a barrier that every thread reaches after those reads.
-__device__ __forceinline__ void quantize_tile(const QuantizeEntry& e, const tile::Where& at,
-                                              const std::uint32_t (&w)[4 * kSpans], std::uint32_t tensor, float decode,
-                                              std::uint32_t (*partial)[kTileBlocks], TileBlocks& blocks) {
-#pragma unroll
-  for (int h = 0; h < kSpans; ++h) tile::partial_block_amax<kTileBlocks>(tile::chunk_amax(span_words(w, h)), partial, h);
-  __syncthreads();
-  if (threadIdx.x < kTileBlocks) {  // warp 0: block b's amax, scale and multiplier
-    const int b = static_cast<int>(threadIdx.x);
-    const std::uint8_t scale = block_scale(tile::block_amax_of<kTileBlocks>(partial, b), tensor);
-    blocks.scale[b] = scale;
-    blocks.multiplier[b] = element_multiplier(scale, decode);
-    if (at.c0 + b * kNvfp4Block < e.shape.cols) mxfp8::in_global(e.out.scale)[at.scale0 + b] = scale;
-    if (b == 0 && at.r0 == 0 && at.c0 == 0) *e.out.decode_scale = decode;
-  }
-  __syncthreads();
-#pragma unroll
-  for (int h = 0; h < kSpans; ++h) {
-    const tile::Spot s = tile::spot_of(e.shape, at, h);
-    if (!s.ok) continue;
-    const int b = kSpanBlocks * h + (tile::chunk() >> 1);
-    const std::uint8_t scale = blocks.scale[b];
-    const std::uint32_t bytes = scale == kScaleRefused ? 0u : tile::encode_chunk(span_words(w, h), blocks.multiplier[b]);
-    std::uint8_t* d = mxfp8::in_global(e.out.data) + s.elem / 2;  // a multiple of 4
-    if (e.vector_data) {
-      *reinterpret_cast<std::uint32_t*>(d) = bytes;
-    } else {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) d[k] = static_cast<std::uint8_t>(bytes >> (8 * k));
-    }
-  }
+// Whether the tile at `at` is whole: every chunk inside the tensor, the source 16-byte
+// and the data 4-byte aligned (warp-uniform). A whole tile takes the path without
+// per-chunk checks (its loads and stores step by rows from the lane's first chunk).
+__device__ __forceinline__ bool whole_tile(const QuantizeEntry& e, const tile::Where& at) {
+  return e.vector_src && e.vector_data && at.r0 + tile::kRows <= e.shape.rows &&
+         at.c0 + kSpans * tile::kSpanCols <= e.shape.cols;
 }
 
-// Pass 2 over the `tiles` tiles of the tiled tensors: block b takes its runs of the
-// walk, loading each tile while it quantizes the one before. The tensor's amax and
-// S_dec are read and computed when the block reaches a tile of another tensor.
-__global__ void __launch_bounds__(kThreads, mxfp8::kBlocksPerSm)
-    tile_kernel(QuantizeTable t, std::int64_t tiles, int run, const std::int32_t* skip_flag) {
-  __shared__ std::uint32_t partial[tile::kWarps][kTileBlocks];
-  __shared__ TileBlocks blocks;
-  if (skipped(skip_flag)) return;
-  const mxfp8::Walk<tile::kMaxRun> walk(run);
-  std::int64_t u = walk.first;
-  if (u >= tiles) return;
-  tile::Where at = tile::locate(t, u, 0);
-  std::uint32_t w[4 * kSpans];
-  load_tile(t.at(at.e), at, w);
-  int cached = -1;  // the entry whose amax and S_dec are below (block-uniform)
-  std::uint32_t tensor = 0;
-  float decode = 0.0f;
-  for (;;) {
-    const std::int64_t next = tile::next_tile(walk, u);
-    const bool more = next < tiles;  // the same for the whole block
-    tile::Where at_next = at;
-    std::uint32_t w_next[4 * kSpans] = {};
-    if (more) {
-      at_next = tile::locate(t, next, at.e);
-      load_tile(t.at(at_next.e), at_next, w_next);
+// Pass 2 of one tile: every lane loads its 16 chunks, then per span the block amaxes
+// (two shuffles), the scale bytes (written by one lane of each block) and multipliers,
+// and the data bytes (4 per chunk). decode_scale from the tensor's first tile.
+// kWhole: the tile is whole (whole_tile).
+template <bool kWhole>
+__device__ __forceinline__ void quantize_tile(const QuantizeEntry& e, const tile::Where& at, const TensorScale& ts) {
+  // The lane's first chunk (row first_row(), span 0); row k of span h is 2k rows and
+  // 128h columns further.
+  const std::int64_t elem0 = (at.r0 + tile::first_row()) * e.shape.cols + at.c0 + tile::kChunk * tile::chunk();
+  const std::int64_t row_step = 2 * e.shape.cols;
+  std::uint32_t w[kSpans][tile::kLaneRows][4];
+#pragma unroll
+  for (int h = 0; h < kSpans; ++h)
+#pragma unroll
+    for (int k = 0; k < tile::kLaneRows; ++k) {
+      if constexpr (kWhole) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(mxfp8::in_global(e.src) + elem0 + k * row_step +
+                                                             h * tile::kSpanCols));
+        w[h][k][0] = v.x;
+        w[h][k][1] = v.y;
+        w[h][k][2] = v.z;
+        w[h][k][3] = v.w;
+      } else {
+        load_chunk(e, at, k, h, w[h][k]);
+      }
     }
+  const bool refused_tensor = refused(ts.amax);
+#pragma unroll
+  for (int h = 0; h < kSpans; ++h) {
+    std::uint32_t m = 0;  // max magnitude (bf16 bits) of the lane's 8 chunks
+#pragma unroll
+    for (int k = 0; k < tile::kLaneRows; ++k) m = max(m, tile::chunk_magnitude(w[h][k]));
+    const std::uint32_t amax = amax_bits(static_cast<std::uint16_t>(tile::block_max(m)));
+    const std::uint8_t scale = refused_tensor ? kScaleRefused : block_scale_of(amax, ts.factor);
+    const bool inside = kWhole || tile::block_in_tensor(e.shape, at, h);
+    if (inside && tile::block_writer())
+      mxfp8::in_global(e.out.scale)[at.scale0 + kSpanBlocks * h + (tile::chunk() >> 1)] = scale;
+    if (!inside) continue;
+    const float multiplier = element_multiplier(scale, ts.decode);
+#pragma unroll
+    for (int k = 0; k < tile::kLaneRows; ++k) {
+      const std::int64_t elem = elem0 + k * row_step + h * tile::kSpanCols;  // a multiple of 8
+      if (!kWhole && !tile::spot_of(e.shape, at, k, h).ok) continue;
+      const std::uint32_t bytes = refused_tensor ? 0u : tile::encode_chunk(w[h][k], multiplier);
+      std::uint8_t* d = mxfp8::in_global(e.out.data) + elem / 2;
+      if (kWhole || e.vector_data) {
+        *reinterpret_cast<std::uint32_t*>(d) = bytes;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) d[j] = static_cast<std::uint8_t>(bytes >> (8 * j));
+      }
+    }
+  }
+  if (at.r0 == 0 && at.c0 == 0 && tile::lane() == 0) *e.out.decode_scale = ts.decode;
+}
+
+// Pass 2 over the `tiles` tiles of the tiled tensors, one warp per tile (grid stride
+// over warps). A warp reads its tensor's amax and computes S_dec and the block factor
+// when it reaches a tile of another tensor.
+__global__ void __launch_bounds__(kThreads, tile::kBlocksPerSm)
+    tile_kernel(QuantizeTable t, std::int64_t tiles, const std::int32_t* skip_flag) {
+  if (skipped(skip_flag)) return;
+  int cached = -1;  // the entry of `ts` (warp-uniform)
+  TensorScale ts{};
+  for (std::int64_t u = tile::first_tile(); u < tiles; u += tile::tile_stride()) {
+    const tile::Where at = tile::locate(t, u, cached < 0 ? 0 : cached);
     const QuantizeEntry& e = t.at(at.e);
     if (at.e != cached) {
       cached = at.e;
-      tensor = tensor_amax(e);
-      decode = global_scale(tensor).decode;
+      ts.amax = tensor_amax(e);
+      ts.decode = global_scale(ts.amax).decode;
+      ts.factor = refused(ts.amax) ? 0.0f : block_factor(ts.amax);
     }
-    quantize_tile(e, at, w, tensor, decode, partial, blocks);
-    if (!more) return;
-    u = next;
-    at = at_next;
-#pragma unroll
-    for (int k = 0; k < 4 * kSpans; ++k) w[k] = w_next[k];
+    if (whole_tile(e, at)) {
+      quantize_tile<true>(e, at, ts);
+    } else {
+      quantize_tile<false>(e, at, ts);
+    }
   }
 }
 
@@ -266,8 +266,7 @@ void launch_quantize(const QuantizeEntry* entries, int count, const QuantizeEntr
   amax_kernel<<<amax_grid, kThreads, 0, s>>>(t, units.chunks, skip_flag);
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
   if (units.tiles > 0) {
-    const mxfp8::WalkPlan walk = mxfp8::plan_walk(units.tiles, tile::kMaxRun);
-    tile_kernel<<<static_cast<unsigned>(walk.grid), kThreads, 0, s>>>(t, units.tiles, walk.run, skip_flag);
+    tile_kernel<<<static_cast<unsigned>(tile::grid_for_tiles(units.tiles)), kThreads, 0, s>>>(t, units.tiles, skip_flag);
     SHARDOPT_CUDA_CHECK(cudaGetLastError());
   }
   if (units.blocks > 0) {

@@ -79,12 +79,23 @@ SHARDOPT_HD GlobalScale global_scale(std::uint32_t tensor_amax) {
   return {amax, enc, div_rn(1.0f, enc)};
 }
 
+/// fl32(S_enc * fl32(1/6)): the factor of every block scale of a tensor that is not
+/// refused (kernels compute it once per tensor).
+SHARDOPT_HD float block_factor(std::uint32_t tensor_amax) {
+  return mul_rn(encode_scale(num::f32_from_bits(tensor_amax)), kInvE2m1Max);
+}
+
+/// E4M3 decode scale of a block of a tensor that is not refused, from its block_factor:
+/// RNE saturating e4m3 of fl32(block_amax * factor).
+SHARDOPT_HD std::uint8_t block_scale_of(std::uint32_t block_amax, float factor) {
+  return num::f32_to_e4m3(mul_rn(num::f32_from_bits(block_amax), factor));
+}
+
 /// E4M3 decode scale of a block: RNE saturating e4m3 of fl32(block_amax * fl32(S_enc *
 /// fl32(1/6))); kScaleRefused for a refused tensor.
 SHARDOPT_HD std::uint8_t block_scale(std::uint32_t block_amax, std::uint32_t tensor_amax) {
   if (refused(tensor_amax)) return kScaleRefused;
-  const float enc = encode_scale(num::f32_from_bits(tensor_amax));
-  return num::f32_to_e4m3(mul_rn(num::f32_from_bits(block_amax), mul_rn(enc, kInvE2m1Max)));
+  return block_scale_of(block_amax, block_factor(tensor_amax));
 }
 
 /// The multiplier of a block's elements: min(fl32(1 / fl32(e4m3(scale) * S_dec)), FLT_MAX).
@@ -94,32 +105,39 @@ SHARDOPT_HD float element_multiplier(std::uint8_t scale, float decode) {
   return r < kF32Max ? r : kF32Max;
 }
 
-/// E2M1 code of an f32: RNE on the grid {0, 0.5, 1, 1.5, 2, 3, 4, 6}, saturating to 6
+/// E2M1 code of an f32 that is not NaN, as a u32 (the kernels' per-element conversion,
+/// through encode_nibble): RNE on the grid {0, 0.5, 1, 1.5, 2, 3, 4, 6}, saturating to 6
 /// (Inf included); sign << 3 | index, the sign kept when the magnitude rounds to 0.
-/// NaN is never passed (refused tensors write no elements); it would give 0.
-/// The same codes as the generic num::detail::round_magnitude<2, 1> plus saturation
-/// (checked for every f32 by test_nvfp4's E2m1EqualsGenericRounding), in fewer
-/// operations (it runs once per element of the kernels):
-/// - |f| < 1: the codes 0, 1, 2 are the multiples 0, 0.5, 1 of 0.5, and fl32(|f| + 2^22)
-///   rounds |f| to a multiple of 0.5 (the spacing of f32 at 2^22), to nearest even: its
-///   bits minus those of 2^22 are the code (0.25 -> 0, 0.75 -> 2);
-/// - |f| >= 1: E2M1 is a float with one mantissa bit there (code = exponent + 1 << 1 |
-///   mantissa), so |f|, clamped to 6, rounded to one mantissa bit by the integer
-///   add-and-truncate (bias 2^21 - 1 plus the kept bit: ties to even; a carry moves into
-///   the exponent), then rebiased (252 = (127 - 1) << 1).
-SHARDOPT_HD std::uint8_t f32_to_e2m1(float f) {
+/// In a few integer operations and one f32 addition, because it runs once per element:
+/// the magnitude m = |f| clamped to 6 lies in one of three binades of even spacing on
+/// the grid: [0, 2) step 0.5 (codes 0-4), [2, 4) step 1 (codes 4-6), [4, 6] step 2
+/// (codes 6-7). With e the exponent field of m raised to at least 127 (so e is 127, 128
+/// or 129), the magic number M = 2^(22 + e - 127) has an f32 spacing equal to the step,
+/// so fl32(m + M) rounds m to the grid, ties to even (the even multiple of the step, i.e.
+/// the even E2M1 mantissa), and its bits minus M's are the rounded m in steps; the code
+/// is those steps plus 2 * (e - 127) (steps 0-4, 2-4 and 2-3 in the three binades give
+/// codes 0-4, 4-6 and 6-7). (m = 0.25 -> 0, 0.75 -> 2, 1.75 -> 4, 2.5 -> 4, 3.5 -> 6, 5 -> 6,
+/// 6 -> 7.) The addition is exact before its one rounding and insensitive to FTZ / DAZ (a
+/// subnormal m gives M itself either way). The same codes as the generic
+/// num::detail::round_magnitude<2, 1> plus saturation for every non-NaN f32 (all 2^32
+/// patterns checked once on 2026-11-26; test_nvfp4's E2m1EqualsGenericRounding keeps
+/// checking every pattern within 2^13 of each place where the code changes, and every
+/// 61st pattern).
+SHARDOPT_HD std::uint32_t e2m1_of_number(float f) {
   const std::uint32_t u = num::f32_bits(f);
-  const std::uint32_t sign = (u >> 28) & 0x8u;
   const std::uint32_t a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return 0;
-  std::uint32_t code;
-  if (a < 0x3F800000u) {
-    code = num::f32_bits(add_rn(num::f32_from_bits(a), 4194304.0f)) - 0x4A800000u;
-  } else {
-    const std::uint32_t m = a < 0x40C00000u ? a : 0x40C00000u;
-    code = ((m + 0x1FFFFFu + ((m >> 22) & 1u)) >> 22) - 252u;
-  }
-  return static_cast<std::uint8_t>(sign | code);
+  const std::uint32_t m = a < 0x40C00000u ? a : 0x40C00000u;  // |f| clamped to 6
+  const std::uint32_t e = (m >> 23) < 127u ? 127u : (m >> 23);  // 127, 128 or 129
+  const std::uint32_t magic = (e << 23) - (127u << 23) + 0x4A800000u;  // 2^(22 + e - 127)
+  const std::uint32_t sum = num::f32_bits(add_rn(num::f32_from_bits(m), num::f32_from_bits(magic)));
+  return ((u >> 28) & 0x8u) | (sum - magic + 2 * (e - 127u));
+}
+
+/// E2M1 code of an f32 (e2m1_of_number); 0 for NaN, which the library never encodes (a
+/// tensor holding one is refused).
+SHARDOPT_HD std::uint8_t f32_to_e2m1(float f) {
+  if ((num::f32_bits(f) & 0x7FFFFFFFu) > 0x7F800000u) return 0;
+  return static_cast<std::uint8_t>(e2m1_of_number(f));
 }
 
 /// f32 value of an E2M1 code (exact).
@@ -128,9 +146,15 @@ SHARDOPT_HD float e2m1_to_f32(std::uint8_t code) {
   return (code & 0x8u) ? -magnitude : magnitude;
 }
 
+/// One element's code, e2m1(fl32(x * multiplier)), from the element's f32 value x (a
+/// bf16 value) and its block's multiplier, as a u32. x is finite and the multiplier
+/// finite and positive (a refused tensor's elements are never encoded), so the product
+/// is never NaN.
+SHARDOPT_HD std::uint32_t encode_nibble(float x, float multiplier) { return e2m1_of_number(mul_rn(x, multiplier)); }
+
 /// One element's code: e2m1(fl32(x * multiplier)).
 SHARDOPT_HD std::uint8_t encode_element(std::uint16_t bf16, float multiplier) {
-  return f32_to_e2m1(mul_rn(num::bf16_to_f32(bf16), multiplier));
+  return static_cast<std::uint8_t>(encode_nibble(num::bf16_to_f32(bf16), multiplier));
 }
 
 /// f32 value of an element: fl32(e2m1 * fl32(e4m3(scale) * S_dec)); a refused tensor's
