@@ -273,8 +273,8 @@ phase_sanitize() {
   #                         the warp shuffles of mxfp8_tile.cuh, per tensor
   #   gpu_mxfp8_batch       quantize_kernel<TensorList> (mxfp8_batch.cu)
   #   gpu_mxfp8_shard_batch shard_kernel over tables (mxfp8_shard.cu), both phases
-  #   gpu_nvfp4             the tiled NVFP4 kernels (nvfp4.cu, nvfp4_shard.cu: shared memory,
-  #                         barriers, warp shuffles), whole tensor, batch and sharded
+  #   gpu_nvfp4             the tiled NVFP4 kernels (nvfp4.cu, nvfp4_shard.cu: warp shuffles;
+  #                         one warp per tile), whole tensor, batch and sharded
   #   gpu_trainer_ops       block_sum / block_max users and k_embed_links, k_dispatch_assign,
   #                         k_sumsq_partial / k_sumsq_final (examples/trainer/cuda_ops.cu)
   # (test/gpu/test_comm_kernels.cu's spin_then_fill_kernel has a barrier but runs only in
