@@ -24,10 +24,11 @@
 //                   rare.)
 // Every launch without units is left out. Both passes call the element functions of
 // nvfp4_math.cuh that the host twin calls (amax_bits, block_scale, global_scale,
-// element_multiplier, encode_element), so the bytes are the twin's. A unit finds its
-// tensor by a binary search over the entries' first unit (tiles and chunks: first
-// trying the entry of the block's or warp's previous one). Every kernel returns at once when the
-// device skip flag is set (all read the same flag, so a skipped call writes nothing).
+// element_multiplier, encode_nibble), so the bytes are the twin's. A unit finds its
+// tensor by a binary search over the entries' first unit (chunks: first trying the
+// entry of the block's previous chunk; tiles: of the warp's previous tile). Every kernel
+// returns at once when the device skip flag is set (all read the same flag, so a
+// skipped call writes nothing).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -266,7 +267,8 @@ void launch_quantize(const QuantizeEntry* entries, int count, const QuantizeEntr
   amax_kernel<<<amax_grid, kThreads, 0, s>>>(t, units.chunks, skip_flag);
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
   if (units.tiles > 0) {
-    tile_kernel<<<static_cast<unsigned>(tile::grid_for_tiles(units.tiles)), kThreads, 0, s>>>(t, units.tiles, skip_flag);
+    const auto grid = static_cast<unsigned>(tile::grid_for_tiles(units.tiles));
+    tile_kernel<<<grid, kThreads, 0, s>>>(t, units.tiles, skip_flag);
     SHARDOPT_CUDA_CHECK(cudaGetLastError());
   }
   if (units.blocks > 0) {

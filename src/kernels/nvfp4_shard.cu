@@ -296,7 +296,8 @@ __global__ void __launch_bounds__(kThreads, tile::kBlocksPerSm) shard_tile_kerne
       if (P == Phase::Data) decode = global_scale(mxfp8::in_global(en.amax)[en.shape.scale_numel()]).decode;
       cur = at.e;
     }
-    const std::uint32_t a = whole_tile(en, at) ? work_tile<P, true>(en, at, decode) : work_tile<P, false>(en, at, decode);
+    const std::uint32_t a =
+        whole_tile(en, at) ? work_tile<P, true>(en, at, decode) : work_tile<P, false>(en, at, decode);
     range_amax = max(range_amax, a);
   }
   if (P == Phase::Amax && cur >= 0) {
