@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing shardopt needs on a Debian/Ubuntu machine, as
 # root, skipping whatever is already there: a C++20 compiler, pkg-config, OpenMPI,
-# GoogleTest (apt), meson + ninja and numpy + safetensors (pip). Sourced by scripts/test.sh and
-# scripts/run_main.sh. CUDA and NCCL are used when present, never installed.
+# GoogleTest, nlohmann/json (apt), meson + ninja and numpy + safetensors (pip). Sourced by
+# scripts/test.sh and scripts/run_main.sh; run_main.sh also calls shardopt_plot_deps
+# (matplotlib, for its loss curve). CUDA and NCCL are used when present, never installed.
 set -euo pipefail
 
 shardopt_deps() {
@@ -13,6 +14,9 @@ shardopt_deps() {
   { [ -f /usr/include/mpi.h ] || [ -d /usr/lib/x86_64-linux-gnu/openmpi/include ] || command -v mpicxx >/dev/null 2>&1; } \
     || pkgs+=(libopenmpi-dev)
   [ -f /usr/include/gtest/gtest.h ] || pkgs+=(libgtest-dev)
+  # The JSON parser of the library (meson finds it through pkg-config; without it meson
+  # would fetch subprojects/nlohmann_json.wrap, which needs the network).
+  [ -f /usr/include/nlohmann/json.hpp ] || pkgs+=(nlohmann-json3-dev)
   command -v python3 >/dev/null 2>&1 || pkgs+=(python3)
   python3 -m pip --version >/dev/null 2>&1 || pkgs+=(python3-pip)
   command -v ninja >/dev/null 2>&1 || pkgs+=(ninja-build)
@@ -41,4 +45,14 @@ shardopt_deps() {
   fi
   # OpenMPI refuses to start as root unless told; tests run as root in containers.
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+}
+
+# matplotlib for scripts/run_main.sh's loss curve and scripts/plot_results.py's pictures
+# (the tests do not need it).
+shardopt_plot_deps() {
+  if ! python3 -c 'import matplotlib' >/dev/null 2>&1; then
+    echo "deps: pip install matplotlib"
+    python3 -m pip install -q matplotlib 2>/dev/null \
+      || python3 -m pip install -q --break-system-packages matplotlib
+  fi
 }

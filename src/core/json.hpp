@@ -5,6 +5,9 @@
 // and fits (so 2^53 + 1 written as an integer reads back exactly). Objects keep their
 // insertion order and refuse duplicate keys when parsed. Every parse error is
 // Error(InvalidArgument) naming what is wrong and the byte offset where.
+// Parsing is nlohmann/json's SAX parser (no recursion: any depth of text is refused
+// cleanly past kMaxDepth); writing is ours, because its number and escape forms are the
+// checkpoint format (docs/decisions.md, issue 32).
 #pragma once
 
 #include <concepts>
