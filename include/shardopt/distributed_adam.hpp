@@ -77,7 +77,9 @@ struct DistributedAdamOptions : AdamOptions {
   /// Native, MXFP8 or NVFP4 parameters (see ParamFormat). With Mxfp8 or Nvfp4,
   /// param_dtype must be unset or f32 (the 1-D parameters' dtype), and the trainer seeds
   /// the parameters through shard_master + init_from_master. Everything said below of
-  /// MXFP8 parameters and buckets holds for NVFP4 ones too.
+  /// MXFP8 parameters and buckets holds for NVFP4 ones too. A quantized parameter's
+  /// gradient is fed as a native one's: in grad_dtype (bf16 or f32, not quantized) into
+  /// grad(i), the gradient with respect to the decoded weight.
   ParamFormat param_format = ParamFormat::Native;
 };
 

@@ -184,7 +184,8 @@ class Fsdp {
   /// Where the gradient slot's MXFP8 staging region `half` (0 or 1) stands: InFlight
   /// (a plane is gathered into it), Landed (its bytes may be read), Consumed (read; not
   /// zeroed yet), Idle (zero, or never written). grad_slot zeroes every region that is
-  /// not Idle before it hands out gradient views (seed 001).
+  /// not Idle before it hands out gradient views, so a backward
+  /// accumulates into zeros, never into bytes a gather left in the slot.
   GatherState staging_state(int half) const;
   /// Parameter all-gather bytes issued by this rank so far, per pass.
   FsdpGatherStats gather_stats() const;

@@ -8,13 +8,17 @@
 //     2i + 1 in the high nibble, row-major over the whole tensor): ceil(numel / 2) bytes;
 //   * scale: one E4M3 decode scale per 16 x 16 block, compact row-major over the block
 //     grid [ceil(rows / 16), ceil(cols / 16)], unswizzled (edge blocks are partial);
-//   * amax and decode_scale: two fp32 values per tensor, the tensor's amax and
-//     S_dec = 1 / S_enc with S_enc = 2688 / amax (448 * 6).
+//   * amax and decode_scale: two fp32 values per tensor, the tensor's amax (its
+//     magnitude: +0 for an all-zero tensor, -0 elements included) and S_dec = 1 / S_enc
+//     with S_enc = min(2688 / amax, FLT_MAX) (448 * 6; the clamp catches amaxes below
+//     about 7.9e-36, where S_dec = 2^-128 is an fp32 subnormal, kept as it is), and
+//     S_enc = 1 when amax is 0.
 // The columnwise (transposed) form uses the transposed tensor's own 16 x 16 blocks: the
 // same blocks, so the same scale bytes (the scale grid read transposed). Only the
 // rowwise data plane is produced here.
 //
-// Non-finite input (NaN or +-Inf anywhere in the tensor) is refused through a flag on
+// Non-finite input (NaN or +-Inf anywhere in the tensor; in the sharded path also a
+// finite master that rounds to bf16 Inf) is refused through a flag on
 // the device: the stored amax and decode_scale are NaN, every scale byte is 0x7F (E4M3
 // NaN) and every data byte 0, so that dequantize gives NaN everywhere. Check the amax
 // (std::isnan) where the tensor may hold non-finite values.
