@@ -11,7 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
 shardopt_deps
-setup=(-Dcuda-arch="${CUDA_ARCH:-90}")
+# Warnings are errors, in the normal and the sanitized builds alike.
+setup=(-Dcuda-arch="${CUDA_ARCH:-90}" -Dwerror=true)
 if [ -n "${SANITIZE:-}" ]; then
   build="${BUILD_DIR:-build-san}"
   # -O1 -g: the sanitizers' usual setting (readable stacks, quick to build).
@@ -33,6 +34,8 @@ else
 fi
 if [ ! -f "$build/build.ninja" ]; then
   meson setup "$build" "${setup[@]}"
+else
+  meson configure "$build" -Dwerror=true  # a build directory set up before warnings were errors
 fi
 ninja -C "$build"
 meson test -C "$build" --print-errorlogs "$@"

@@ -205,7 +205,10 @@ inline std::vector<std::uint8_t> bytes_of(std::uint32_t bits) {
 
 /// Appends NVFP4 member `q`'s planes, named with index `g`.
 inline void add_nvfp4_planes(QPlanes& out, const nvfp4_ref::Quantized& q, std::int64_t g) {
-  const std::string k = "[" + std::to_string(g) + "]";
+  // Appended rather than "[" + to_string(g): g++ 12 warns falsely (-Wrestrict) on that form.
+  std::string k = "[";
+  k += std::to_string(g);
+  k += "]";
   out.planes.push_back({"data" + k, q.data});
   out.planes.push_back({"scale" + k, q.scale});
   out.planes.push_back({"amax" + k, bytes_of(q.amax)});

@@ -20,7 +20,9 @@ std::vector<ParamSpec> random_specs(std::mt19937& rng, int n) {
   std::vector<ParamSpec> specs;
   const DType dtypes[] = {DType::bf16, DType::bf16, DType::f32, DType::f16};
   for (int i = 0; i < n; ++i) {
-    const std::string name = "p" + std::to_string(i);
+    // Appended rather than "p" + to_string(i): g++ 12 warns falsely (-Wrestrict) on that form.
+    std::string name = "p";
+    name += std::to_string(i);
     const DType dt = dtypes[rng() % 4];
     const std::string group = (rng() % 3 == 0) ? "no_decay" : "decay";
     const int kind = static_cast<int>(rng() % 4);
@@ -318,7 +320,9 @@ TEST(LayoutUnits, BucketsNeverSpanUnits) {
   std::vector<int> units;
   for (int l = 0; l < 5; ++l)
     for (int k = 0; k < 3; ++k) {
-      specs.push_back(ParamSpec::tensor("l" + std::to_string(l) + "." + std::to_string(k), {10 + l, 7 + k}));
+      std::string name = "l";  // appended: see random_specs
+      name += std::to_string(l) + "." + std::to_string(k);
+      specs.push_back(ParamSpec::tensor(name, {10 + l, 7 + k}));
       units.push_back(l);
     }
   LayoutOptions o;
@@ -334,7 +338,7 @@ TEST(LayoutUnits, BucketsNeverSpanUnits) {
     if (seen.empty() || seen.back() != u) seen.push_back(u);
   EXPECT_EQ(seen, (std::vector<int>{4, 3, 2, 1, 0}));
   // Units change the fingerprint; non-contiguous units and wrong sizes are errors.
-  EXPECT_NE(L.fingerprint(), Layout(specs, 3, LayoutOptions{o.bucket_numel, 64, {}, {}}).fingerprint());
+  EXPECT_NE(L.fingerprint(), Layout(specs, 3, LayoutOptions{o.bucket_numel, 64, {}, {}, {}}).fingerprint());
   LayoutOptions bad = o;
   bad.param_units[4] = 0;  // [0,0,0,1,0,1,...]: unit 0 split
   EXPECT_THROW(Layout(specs, 3, bad), Error);
