@@ -210,6 +210,8 @@ std::string usage() {
        "                                default: replays 5 minutes, waits unbounded)\n"
        "  --quiet                       only the summary\n"
        "  --expect-loss-below X         exit 1 unless the last logged loss is below X\n"
+       "  --metrics FILE                rank 0 writes every step's loss, grad norm, lr, step time and\n"
+       "                                tokens/s to FILE as JSON lines\n"
        "  size overrides: --vocab --hidden --layers --mlp --num-experts --expert-mlp --tokens\n"
        "                  --capacity-factor\n";
   return s.str();

@@ -8,6 +8,10 @@
 // parameter group. Values are read after the step (outside the captured graph), only on
 // logged steps, so the other steps run without a host synchronisation.
 //
+// --metrics FILE: rank 0 also writes every step's loss, gradient norm, learning rate,
+// step time and tokens/s to FILE as JSON lines (reading them every step synchronizes the
+// host each step; scripts/run_main.sh draws the loss curve from them).
+//
 // Checkpoints: --save-dir DIR saves into DIR/step-NNNNN after the last step and, with
 // --save-every K, after every K-th step (those with save_async: the state is snapshotted
 // and written in the background while training goes on; each is waited for, on every
@@ -22,6 +26,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -58,11 +63,16 @@ std::string rate(double tokens_per_s) {
 int run(int argc, char** argv, int world_rank) {
   std::vector<std::string> args(argv + 1, argv + argc);
   double expect_below = -1.0;
+  std::string metrics_path;
   std::vector<std::string> rest;
   for (std::size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--help" || args[i] == "-h") {
       if (world_rank == 0) std::printf("%s", trainer::usage().c_str());
       return 0;
+    }
+    if (args[i] == "--metrics" && i + 1 < args.size()) {
+      metrics_path = args[++i];
+      continue;
     }
     if (args[i] == "--expect-loss-below" && i + 1 < args.size()) {
       expect_below = std::atof(args[++i].c_str());
@@ -93,6 +103,17 @@ int run(int argc, char** argv, int world_rank) {
       if (world_rank == 0)
         std::fprintf(stderr, "trainer: --save-dir %s: cannot make the directory%s%s\n", o.save_dir.c_str(),
                      ec ? ": " : " (on some rank)", ec ? ec.message().c_str() : "");
+      return 2;
+    }
+  }
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics(nullptr, &std::fclose);
+  if (!metrics_path.empty()) {
+    // Rank 0 writes the file; its failure to open it stops every rank here.
+    if (world_rank == 0) metrics.reset(std::fopen(metrics_path.c_str(), "w"));
+    int bad = world_rank == 0 && !metrics ? 1 : 0;
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (bad != 0) {
+      if (world_rank == 0) std::fprintf(stderr, "trainer: --metrics %s: cannot open it for writing\n", metrics_path.c_str());
       return 2;
     }
   }
@@ -160,18 +181,26 @@ int run(int argc, char** argv, int world_rank) {
     t.step();
     ++interval_steps;
     const bool log = s % log_every == 0 || s == o.steps || s == start + 1;
-    if (log) {
+    if (log || !metrics_path.empty()) {
       const trainer::StepStats st = t.stats();  // synchronizes: outside the captured graph
       const auto t1 = clock::now();
       const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count() / interval_steps;
       if (first_loss < 0.0) first_loss = st.loss;
       last_loss = st.loss;
-      if (root && !o.quiet) {
+      const double tokens_per_s = static_cast<double>(t.tokens_per_step()) * 1000.0 / ms;
+      if (metrics) {
+        std::fprintf(metrics.get(),
+                     "{\"step\": %d, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"step_ms\": %.6g, "
+                     "\"tokens_per_s\": %.6g, \"skipped\": %s}\n",
+                     s, st.loss, st.grad_norm, st.lr, ms, tokens_per_s, st.skipped ? "true" : "false");
+        std::fflush(metrics.get());
+      }
+      if (log && root && !o.quiet) {
         const trainer::MemoryUse m = t.memory();
         std::printf("step %5d/%d | loss %.4f | grad norm %.3e | lr %.2e | %8.2f ms/step%s | %s tok/s | mem/rank %s%s "
                     "(optimizer %s, activations %s)%s\n",
                     s, o.steps, st.loss, st.grad_norm, st.lr, ms, s == start + 1 && o.graph ? " (warm-up+capture)" : "",
-                    rate(static_cast<double>(t.tokens_per_step()) * 1000.0 / ms).c_str(),
+                    rate(tokens_per_s).c_str(),
                     bytes_str(m.device > 0 ? m.device : m.optimizer + m.activations).c_str(),
                     m.device > 0 ? " on the GPU" : "",
                     bytes_str(m.optimizer).c_str(), bytes_str(m.activations).c_str(),
