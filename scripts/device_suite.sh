@@ -41,6 +41,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
 BUILD=build-gpu
 GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then GPUS=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .); fi  # those this run may use
 SUMMARY="$OUT/summary.txt"
 log() { echo "$*" | tee -a "$SUMMARY"; }
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --bind-to none"

@@ -230,8 +230,9 @@ void QuantizedParams::consume(BucketStore& store, int first, int last, Stream st
     }
     const BucketInfo& head = bucket_[static_cast<std::size_t>(b)];
     const BucketInfo& tail = bucket_[static_cast<std::size_t>(e - 1)];
-    phase_mark("landing", stream);
-    copy_pieces(pieces_.as<BytePiece>() + head.pieces_begin, tail.pieces_end - head.pieces_begin, backend_, stream);
+    const std::int64_t copies = tail.pieces_end - head.pieces_begin;  // none where phase 2 wrote the storage
+    if (copies > 0) phase_mark("landing", stream);
+    copy_pieces(pieces_.as<BytePiece>() + head.pieces_begin, copies, backend_, stream);
     // The staging bytes (and whatever else the region held) must not meet the next
     // backward: the region is zero from here on (staging in a gradient region must be
     // zeroed on every path before the next backward, train -> eval -> train included).
