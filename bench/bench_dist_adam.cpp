@@ -6,7 +6,7 @@
 // shard quantize, all-gather of the E2M1 bytes through the grad buffer, landing with the
 // shared bytes ORed, zeroing).
 //
-//   mpirun -n 4 bench_dist_adam [--results DIR] [--peer FILE] [--iters N]
+//   mpirun -n 4 bench_dist_adam [--results DIR] [--peer FILE] [--iters N] [--phases]
 //
 // Per run it measures, in the same process:
 //  * ours: the captured step graph, replayed (CUDA events, median), for bf16 params
@@ -16,7 +16,13 @@
 //  * the limit: one NCCL reduce-scatter of the whole grad buffer + one all-gather of the
 //    whole param buffer + our Adam on the shard, each timed alone (median), summed;
 //  * host CPU time per step, eager step() vs graph replay, for 1, 10, 100, 1000 tensors;
-//  * the PyTorch peer's median, read from the file bench/peers/dist_adam_peer.py wrote.
+//  * the PyTorch peer's median, read from the file bench/peers/dist_adam_peer.py wrote;
+//  * with --phases (instead of the host CPU sweep): where the time of each format's step
+//    goes ("dist_adam_phases" rows). CUDA events at the step's phase marks
+//    (quantized/phase_probe.hpp) of eager steps queued behind a 40 ms host wait, so that
+//    the device runs them back to back as a replay would; per phase the median over
+//    steps of the summed time between its marks and the next, and its bandwidth limit
+//    (the bytes it must move at the measured device copy bandwidth).
 // On the host backend (no GPU) it runs a tiny smoke configuration and writes nothing.
 #include <algorithm>
 #include <chrono>
@@ -24,11 +30,13 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/check.hpp"
 #include "core/memory.hpp"
 #include "quantized/nvfp4_params.hpp"
+#include "quantized/phase_probe.hpp"
 #include "cuda_bench.hpp"
 #include "mpi_bench.hpp"
 #include "results.hpp"
@@ -41,15 +49,20 @@ namespace {
 using namespace shardopt;
 using Clock = std::chrono::steady_clock;
 
-// --results DIR, --peer FILE, --iters N (default 30) and --host-cpu-only.
+// --results DIR, --peer FILE, --iters N (default 30), --host-cpu-only and --phases.
 struct Args : bench::RunArgs {
   bool host_cpu_only = false;  // --host-cpu-only: skip the full-step rows
+  bool phases = false;         // --phases: the phase breakdown instead of the host CPU sweep
 };
 
 Args parse(int argc, char** argv) {
   Args a;
   a.iters = 30;
   bench::parse_run_args(argc, argv, a, [&](bench::ArgReader& r) {
+    if (r.arg() == "--phases") {
+      a.phases = true;
+      return true;
+    }
     if (r.arg() != "--host-cpu-only") return false;
     a.host_cpu_only = true;
     return true;
@@ -427,6 +440,137 @@ void full_step(const Communicator& comm, Stream s, const Args& a, const std::str
   y.command = cmd;
   bench::write(y, a.results);
 }
+
+// CUDA events at the phase marks of the steps between start() and stop() (a pool made
+// once; more marks than events is an error of this benchmark).
+class PhaseRecorder {
+ public:
+  PhaseRecorder() : events_(8192) {
+    for (auto& e : events_) SHARDOPT_CUDA_CHECK(cudaEventCreate(&e));
+  }
+  ~PhaseRecorder() {
+    detail::set_phase_probe(nullptr, nullptr);
+    for (auto e : events_) cudaEventDestroy(e);
+  }
+  PhaseRecorder(const PhaseRecorder&) = delete;
+  PhaseRecorder& operator=(const PhaseRecorder&) = delete;
+  void start() {
+    labels_.clear();
+    detail::set_phase_probe(&PhaseRecorder::probe, this);
+  }
+  void mark(const char* label, Stream s) {
+    SHARDOPT_REQUIRE(labels_.size() < events_.size(), ErrorCode::Internal,
+                     "bench_dist_adam --phases: more phase marks than events; enlarge the pool");
+    SHARDOPT_CUDA_CHECK(cudaEventRecord(events_[labels_.size()], reinterpret_cast<cudaStream_t>(s)));
+    labels_.push_back(label);
+  }
+  // Stops recording; per label, ms from each of its marks to the next mark.
+  std::map<std::string, double> stop() {
+    detail::set_phase_probe(nullptr, nullptr);
+    std::map<std::string, double> ms;
+    if (labels_.empty()) return ms;
+    SHARDOPT_CUDA_CHECK(cudaEventSynchronize(events_[labels_.size() - 1]));
+    for (std::size_t i = 0; i + 1 < labels_.size(); ++i) {
+      float t = 0;
+      SHARDOPT_CUDA_CHECK(cudaEventElapsedTime(&t, events_[i], events_[i + 1]));
+      ms[labels_[i]] += static_cast<double>(t);
+    }
+    return ms;
+  }
+
+ private:
+  static void probe(const char* phase, Stream s, void* self) { static_cast<PhaseRecorder*>(self)->mark(phase, s); }
+  std::vector<cudaEvent_t> events_;
+  std::vector<std::string> labels_;
+};
+
+// The phase breakdown of one format's step: `iters` eager steps, each queued behind a
+// 40 ms host wait (so that the device finds the whole step queued and runs it back to
+// back, as it runs a replay), with the graph replay's median (`graph_ms`) beside it.
+void phase_rows(const Communicator& comm, Stream s, const Args& a, const std::string& device, const std::string& cmd,
+                const std::string& config, const DistributedAdamOptions& o, double graph_ms, double copy_gbps) {
+  DistributedAdamOptions eager = o;
+  eager.overlap_param_gather = false;  // the eager step lands and zeroes as the captured one does
+  DistributedAdam opt(comm, presets::transformer(presets::kLlama32_1B, DType::bf16), eager);
+  fill_model(opt, s);
+  opt.step(s);
+  SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)));
+  PhaseRecorder rec;
+  std::map<std::string, std::vector<double>> samples;
+  const int iters = std::max(5, std::min(a.iters, 15));
+  for (int it = 0; it < iters; ++it) {
+    SHARDOPT_CUDA_CHECK(cudaLaunchHostFunc(
+        reinterpret_cast<cudaStream_t>(s), [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(40)); },
+        nullptr));
+    rec.start();
+    rec.mark("reduce grads", s);  // the step's reduce_grads (and the wait for last step's gathers)
+    opt.step(s);
+    rec.mark("end", s);
+    double total = 0;
+    for (const auto& [label, ms] : rec.stop()) {
+      samples[label].push_back(ms);
+      total += ms;
+    }
+    samples["total"].push_back(total);
+  }
+  if (comm.rank() != 0) return;
+  // Bytes each phase must move on this rank (read + written), from the layout: the shard's
+  // elements (Adam, amax, quantize) and the whole quantized buffers (landing, zeroing).
+  const Layout& L = opt.layout();
+  double shard = 0, q_shard = 0, q_full = 0;
+  for (const BufferLayout& b : L.buffers()) {
+    shard += static_cast<double>(b.shard_numel);
+    if (o.param_format != ParamFormat::Native && b.dtype == DType::bf16) {
+      q_shard += static_cast<double>(b.shard_numel);
+      q_full += static_cast<double>(b.numel);
+    }
+  }
+  const bool nv = o.param_format == ParamFormat::Nvfp4;
+  const double data_bytes = nv ? 0.5 : 2.0;  // per element, all planes
+  std::map<std::string, double> bytes;
+  // Adam: grad (2) + master, m, v read and written (24) (+ the bf16 param written: 2).
+  bytes["adam"] = shard * (o.param_format == ParamFormat::Native ? 28.0 : 26.0);
+  bytes["amax"] = q_shard * 4.0;                      // the master read
+  bytes["quantize"] = q_shard * (4.0 + data_bytes);   // the master read, the data written
+  bytes["landing"] = q_full * 2.0 * data_bytes;       // staging read, storage written
+  bytes["zeroing"] = q_full * 2.0;                    // the bf16 gradient regions written
+  bench::Result r;
+  r.bench = "dist_adam_phases";
+  r.config = config;
+  r.device = device;
+  r.ours_ms = bench::median(samples["total"]);
+  r.numbers["graph_step_ms"] = graph_ms;
+  r.numbers["copy_gbps"] = copy_gbps;
+  r.numbers["eager_steps"] = iters;
+  for (const auto& [label, v] : samples) {
+    if (label == "total") continue;
+    r.numbers[label + "_ms"] = bench::median(v);
+    auto b = bytes.find(label);
+    if (b != bytes.end()) r.numbers[label + "_limit_ms"] = b->second / (copy_gbps * 1e6);
+  }
+  r.notes["what"] = "median per phase of eager steps queued behind a host wait: CUDA events at the step's phase marks, "
+                    "each phase's time from its marks to the next; *_limit_ms: its bytes at the device copy bandwidth";
+  r.notes["phases"] = "reduce grads (before norm), norm (norm, found-inf, clip, Adam prologue), adam, after adam "
+                      "(between Adam passes: bf16 gather waits), amax, exchange, quantize, after quantize (next "
+                      "group's start), gather wait, landing, zeroing, after zeroing (to the step's end)";
+  r.command = cmd;
+  bench::write(r, a.results);
+}
+
+void phases(const Communicator& comm, Stream s, const Args& a, const std::string& device, const std::string& cmd) {
+  const bench::CopyBandwidth copy = bench::measure_copy(std::size_t{1} << 30, s);
+  DistributedAdamOptions mx = step_options();
+  mx.param_dtype.reset();  // quantized: the 1-D params are f32
+  mx.param_format = ParamFormat::Mxfp8;
+  DistributedAdamOptions nv = mx;
+  nv.param_format = ParamFormat::Nvfp4;
+  const std::string n = "/1.5B/147/n" + std::to_string(comm.size());
+  for (const auto& [name, o] : std::vector<std::pair<std::string, DistributedAdamOptions>>{
+           {"bf16p-bf16g", step_options()}, {"mxfp8p-bf16g", mx}, {"nvfp4p-bf16g", nv}}) {
+    const double graph = step_ms(comm, s, a, o);
+    phase_rows(comm, s, a, device, cmd, name + n, o, graph, copy.gbps);
+  }
+}
 #endif
 
 void host_smoke(const Communicator& comm) {
@@ -471,7 +615,11 @@ int main(int argc, char** argv) {
 #if SHARDOPT_HAVE_CUDA
     const std::string device = mb.device();
     if (!a.host_cpu_only) full_step(mb.comm(), mb.stream(), a, device, bench::command_line(argc, argv));
-    host_cpu_sweep(mb.comm(), mb.stream(), a, device, bench::command_line(argc, argv));
+    if (a.phases) {
+      phases(mb.comm(), mb.stream(), a, device, bench::command_line(argc, argv));
+    } else {
+      host_cpu_sweep(mb.comm(), mb.stream(), a, device, bench::command_line(argc, argv));
+    }
 #endif
     return 0;
   });

@@ -19,6 +19,8 @@
 #   nvfp4         bench_nvfp4 (NVFP4 quantize: whole tensor, batches, sharded)
 #   comm          bench_comm (all GPUs)
 #   dist          bench_dist_adam + peer (all GPUs, and 2)
+#   phases        bench_dist_adam --phases (1 and 2 ranks): step rows + where each format's
+#                 step time goes (dist_adam_phases rows)
 #   hostcpu       bench_dist_adam --host-cpu-only (all GPUs, 2, 1): host CPU per step
 #   fsdp          bench_fsdp bf16 (+ FSDP2 peer) and --params mxfp8 (all GPUs, then 1)
 #   trainer       trainer benchmark (all GPUs)
@@ -28,7 +30,9 @@
 #                 single-GPU suite (and, with 2+ GPUs, one 2-rank suite under mpirun),
 #                 racecheck + synccheck on the suites that launch the kernels with shared
 #                 memory, barriers or warp shuffles; full output in sanitize.log, one line
-#                 per run in summary.txt; the script exits non-zero when any run fails
+#                 per run in summary.txt; the script exits non-zero when any run fails.
+#                 SAN_ONLY=REGEX keeps the runs of the suites whose names match (a partial
+#                 check: the gate is the phase without it)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/shardopt-out}"
@@ -37,6 +41,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
 BUILD=build-gpu
 GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then GPUS=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .); fi  # those this run may use
 SUMMARY="$OUT/summary.txt"
 log() { echo "$*" | tee -a "$SUMMARY"; }
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --bind-to none"
@@ -46,7 +51,11 @@ phase_build() {
   { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nvcc --version | tail -1;
     meson --version; mpirun --version 2>&1 | head -1; python3 -c 'import torch; print("torch", torch.__version__)'; } 2>&1 | tee -a "$SUMMARY"
   log "== build ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $GPUS GPUs)"
-  { [ -f "$BUILD/build.ninja" ] || meson setup "$BUILD" -Dcuda-arch=90 -Dbuildtype=release; } >>"$OUT/build.log" 2>&1
+  # nvcc's warnings are errors here (-Werror=all-warnings covers the device front end's
+  # diagnostics such as #128-D and #177-D); the host compiler's -Werror is the host CI
+  # build's (meson -Dwerror=true), added here once the tests build clean under it.
+  { [ -f "$BUILD/build.ninja" ] ||
+      meson setup "$BUILD" -Dcuda-arch=90 -Dbuildtype=release -Dcuda_args=-Werror=all-warnings; } >>"$OUT/build.log" 2>&1
   if ninja -C "$BUILD" >>"$OUT/build.log" 2>&1; then log "build ok"; else log "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; fi
 }
 
@@ -103,6 +112,15 @@ phase_dist() {
   done
 }
 
+phase_phases() {
+  for n in 1 2; do
+    [ "$n" -le "$GPUS" ] || continue
+    log "== dist-adam phases ($n ranks)"
+    timeout 200 $MPIRUN -n "$n" "$BUILD/bench/bench_dist_adam" --phases --results bench/results >/tmp/b.log 2>&1
+    cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+  done
+}
+
 phase_hostcpu() {
   for n in $(printf '%s\n' "$GPUS" 2 1 | awk '!seen[$0]++'); do  # each count once
     [ "$n" -le "$GPUS" ] || continue
@@ -154,6 +172,7 @@ CS="${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}"
 SAN_MEMCHECK_S="${SAN_MEMCHECK_S:-320}"  # per memcheck run (one whole binary; the trainer suite takes ~250 s)
 SAN_CHECK_S="${SAN_CHECK_S:-150}"        # per racecheck / synccheck run (filtered)
 SAN_JOBS="${SAN_JOBS:-6}"                # sanitizer runs at a time
+SAN_ONLY="${SAN_ONLY:-}"                 # a regex: only the runs whose suite name matches (default: all)
 SAN_FAILED=0
 status=0
 
@@ -256,6 +275,7 @@ phase_sanitize() {
   # checking stays on for all suites, and API errors are reported for every other suite.
   local api_args
   while read -r name exe ranks; do
+    [ -z "$SAN_ONLY" ] || [[ "$name" =~ $SAN_ONLY ]] || continue
     api_args=()
     case "$name" in gpu_mpi_* | gpu_comm_self) api_args=(--report-api-errors no) ;; esac
     if [ "$ranks" -eq 0 ]; then
@@ -267,7 +287,8 @@ phase_sanitize() {
   done <<<"$suites"
 
   # racecheck + synccheck: the kernels with __shared__, __syncthreads* or __shfl*_sync, on
-  # test cases that launch them (filtered where the whole binary is slow):
+  # test cases that launch them (filtered where the whole binary is slow; with
+  # SHARDOPT_SANITIZER_CASES=1, which gpu_nvfp4 reads: its sanitizer-sized case list):
   #   gpu_adam              grad_sumsq_kernel, grad_sumsq_finish_kernel (src/kernels/grad_norm.cu)
   #   gpu_mxfp8             quantize_kernel<One> (mxfp8_batch.cu), shard_kernel (mxfp8_shard.cu),
   #                         the warp shuffles of mxfp8_tile.cuh, per tensor
@@ -291,14 +312,15 @@ phase_sanitize() {
   for tool in racecheck synccheck; do
     for t in "${targets[@]}"; do
       read -r bin filter <<<"$t"
+      [ -z "$SAN_ONLY" ] || [[ "$(basename "$bin")" =~ $SAN_ONLY ]] || continue
       if [ ! -x "$BUILD/$bin" ]; then log "FAIL sanitize $tool $(basename "$bin"): $BUILD/$bin not built"; SAN_FAILED=1; continue; fi
-      san_run "$tool" "$(basename "$bin")" "$SAN_CHECK_S" 1 "$CS" --tool "$tool" "${cs_args[@]}" \
-        "$BUILD/$bin" --gtest_filter="$filter"
+      san_run "$tool" "$(basename "$bin")" "$SAN_CHECK_S" 1 env SHARDOPT_SANITIZER_CASES=1 "$CS" --tool "$tool" \
+        "${cs_args[@]}" "$BUILD/$bin" --gtest_filter="$filter"
     done
   done
 
   # With 2+ GPUs: memcheck on one 2-rank suite under mpirun (NCCL between two GPUs).
-  if [ "$GPUS" -ge 2 ]; then
+  if [ "$GPUS" -ge 2 ] && { [ -z "$SAN_ONLY" ] || [[ gpu_mpi_distributed_adam_n2 =~ $SAN_ONLY ]]; }; then
     exe=$(gpu_suites gpu-multi | awk '$1 == "gpu_mpi_distributed_adam_n2" { print $2 }')
     if [ -n "$exe" ]; then
       san_run memcheck gpu_mpi_distributed_adam_n2 $((2 * SAN_MEMCHECK_S)) 2 env SHARDOPT_TEST_NEEDS_GPU=1 SHARDOPT_BACKEND=cuda \

@@ -152,11 +152,13 @@ __device__ __forceinline__ void load_chunk(const std::uint16_t* p, int hi, std::
     w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
     return;
   }
+  if constexpr (!kFull) {  // (no such loop in the whole-chunk instance: it returns above)
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const std::uint32_t x0 = 2 * k < hi ? p[2 * k] : 0u;
-    const std::uint32_t x1 = 2 * k + 1 < hi ? p[2 * k + 1] : 0u;
-    w[k] = x0 | (x1 << 16);
+    for (int k = 0; k < 4; ++k) {
+      const std::uint32_t x0 = 2 * k < hi ? p[2 * k] : 0u;
+      const std::uint32_t x1 = 2 * k + 1 < hi ? p[2 * k + 1] : 0u;
+      w[k] = x0 | (x1 << 16);
+    }
   }
 }
 
@@ -208,9 +210,11 @@ __device__ __forceinline__ void store_chunk(std::uint8_t* dst, const std::uint32
     *reinterpret_cast<uint2*>(dst) = make_uint2(q[0], q[1]);
     return;
   }
+  if constexpr (!kFull) {  // (as in load_chunk)
 #pragma unroll
-  for (int k = 0; k < 8; ++k)
-    if (k < hi) dst[k] = static_cast<std::uint8_t>(q[k / 4] >> (8 * (k % 4)));
+    for (int k = 0; k < 8; ++k)
+      if (k < hi) dst[k] = static_cast<std::uint8_t>(q[k / 4] >> (8 * (k % 4)));
+  }
 }
 
 // Quantizes one tile whose values this thread holds in `w`. Every thread of the block
@@ -220,7 +224,7 @@ __device__ __forceinline__ void store_chunk(std::uint8_t* dst, const std::uint32
 template <bool kFull>
 __device__ __forceinline__ void quantize_tile(const BatchEntry& t, const Spot& s, const std::uint32_t (&w)[8],
                                               TileShared& sh) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = lane & 7;
+  const int lane = threadIdx.x & 31, q = lane & 7;
   const Room room = room_of<kFull>(s);
 
   // Rowwise amaxes of the thread's two blocks, columnwise partials of the warp.

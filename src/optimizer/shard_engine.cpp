@@ -12,6 +12,7 @@
 #include "core/check.hpp"
 #include "kernels/convert.hpp"
 #include "kernels/step_control.hpp"
+#include "quantized/phase_probe.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt::detail {
@@ -172,7 +173,9 @@ void ShardEngine::apply(int buffer, std::size_t first, std::size_t last, Stream 
   ShardPointers p = sh.ptrs;
   p.chunks = sh.ptrs.chunks + first;
   p.num_chunks = static_cast<std::int64_t>(last - first);
+  phase_mark("adam", stream);
   adam_step_apply(sh.config, p, scalars(), backend_, stream);
+  phase_mark("after adam", stream);
 }
 
 std::pair<std::size_t, std::size_t> ShardEngine::bucket_chunks(int bucket) const {
@@ -187,6 +190,7 @@ std::pair<std::size_t, std::size_t> ShardEngine::bucket_chunks(int bucket) const
 }
 
 void ShardEngine::begin_step(const Communicator& norm_comm, Stream stream) {
+  phase_mark("norm", stream);
   StepScalars* sc = scalars();
   // Per-step values, all on the device: lr, inverse loss scale, fresh norm accumulators.
   if (settings_.adam.lr_schedule.kind == LrSchedule::Kind::Host) {

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/check.hpp"
+#include "quantized/phase_probe.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt::detail {
@@ -184,14 +185,18 @@ void QuantizedParams::quantize(int first, int last, Stream stream) {
     SHARDOPT_REQUIRE(bi.state == GatherState::Idle, ErrorCode::Internal,
                      std::string(name()) + " bucket " + std::to_string(b) + " is quantized while its gather is " +
                          gather_state_name(bi.state));
+    phase_mark("amax", stream);
     format_->partials(b, stream);
     if (span_begin == nullptr) span_begin = format_->exchange_begin(b);
     span_end = format_->exchange_end(b);
   }
   if (span_begin == nullptr) return;
+  phase_mark("exchange", stream);
   exchange(span_begin, span_end, stream);
+  phase_mark("quantize", stream);
   for (int b = first; b < last; ++b)
     if (bucket_[static_cast<std::size_t>(b)].quantized) format_->quantize(b, stream);
+  phase_mark("after quantize", stream);
 }
 
 void QuantizedParams::dispatched(int first, int last) {
@@ -217,6 +222,7 @@ void QuantizedParams::consume(BucketStore& store, int first, int last, Stream st
     while (e < last && pending(e) &&
            (e == b || region(e).region == region(e - 1).region + region(e - 1).region_bytes)) {
       if (bucket_[static_cast<std::size_t>(e)].state == GatherState::InFlight) {
+        phase_mark("gather wait", stream);
         store.wait_param_gather(e, stream);
         advance(e, GatherState::Landed);
       }
@@ -224,13 +230,17 @@ void QuantizedParams::consume(BucketStore& store, int first, int last, Stream st
     }
     const BucketInfo& head = bucket_[static_cast<std::size_t>(b)];
     const BucketInfo& tail = bucket_[static_cast<std::size_t>(e - 1)];
-    copy_pieces(pieces_.as<BytePiece>() + head.pieces_begin, tail.pieces_end - head.pieces_begin, backend_, stream);
+    const std::int64_t copies = tail.pieces_end - head.pieces_begin;  // none where phase 2 wrote the storage
+    if (copies > 0) phase_mark("landing", stream);
+    copy_pieces(pieces_.as<BytePiece>() + head.pieces_begin, copies, backend_, stream);
     // The staging bytes (and whatever else the region held) must not meet the next
     // backward: the region is zero from here on (staging in a gradient region must be
     // zeroed on every path before the next backward, train -> eval -> train included).
+    phase_mark("zeroing", stream);
     fill_zero_async(backend_, region(b).region,
                     static_cast<std::size_t>(region(e - 1).region + region(e - 1).region_bytes - region(b).region),
                     stream);
+    phase_mark("after zeroing", stream);
     for (int k = b; k < e; ++k) {
       advance(k, GatherState::Consumed);
       advance(k, GatherState::Idle);

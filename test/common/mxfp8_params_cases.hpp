@@ -27,6 +27,7 @@
 
 #include "common/dist_adam_cases.hpp"
 #include "core/float_env.hpp"
+#include "quantized/phase_probe.hpp"
 #include "shardopt/bucket_store.hpp"
 #include "shardopt/mxfp8.hpp"
 #include "unit/test_mxfp8_reference.hpp"
@@ -569,6 +570,33 @@ inline void case_mx_matches_oracle(Backend b, DType grad_dtype, int microbatches
   const StepScalars x = opt.read_scalars(s.get());
   EXPECT_EQ(x.step, steps);
   EXPECT_LT(x.clip_coef, 1.0f) << "clipping must be active";
+}
+
+/// One rank: the all-gather moves nothing, so phase 2 writes the storage itself and the
+/// step makes no landing copies (the phase probe sees no "landing" mark), with the
+/// oracle's bytes; several ranks land.
+inline void case_one_rank_writes_storage(Backend b, ParamFormat format = ParamFormat::Mxfp8) {
+  auto landings = [&](const Communicator& comm) {
+    DistributedAdam opt(comm, q_model(format), mx_options(DType::bf16, format));
+    TestStream s(b);
+    mx_init(opt, s.get());
+    mx_backward(opt, b, s.get(), GradKind::Grid);
+    std::vector<std::string> marks;
+    detail::set_phase_probe(
+        [](const char* phase, Stream, void* user) { static_cast<std::vector<std::string>*>(user)->push_back(phase); },
+        &marks);
+    opt.step(s.get());
+    detail::set_phase_probe(nullptr, nullptr);
+    s.sync();
+    expect_mx_grads_zero(opt);
+    expect_matches_oracle(opt, "after one step");
+    EXPECT_GT(std::count(marks.begin(), marks.end(), std::string("quantize")), 0) << "no quantize mark";
+    return std::count(marks.begin(), marks.end(), std::string("landing"));
+  };
+  EXPECT_EQ(landings(Communicator::self(b)), 0) << "one rank: landing copies";
+  if (world_size() > 1) {
+    EXPECT_GT(landings(make_comm(b)), 0) << "several ranks: no landing copies";
+  }
 }
 
 /// Adam on the MXFP8 buffer (master only, write_params off) updates the master exactly

@@ -111,6 +111,7 @@ inline void case_nvfp4_memory(Backend b) {
   TEST(Suite, MatchesOracleF32GradsMicrobatches) { case_mx_matches_oracle(B, DType::f32, 2, 3, false, kNvfp4); }  \
   TEST(Suite, MatchesOracleF16Grads) { case_mx_matches_oracle(B, DType::f16, 1, 2, false, kNvfp4); }              \
   TEST(Suite, MatchesOracleOneRank) { case_mx_matches_oracle(B, DType::bf16, 2, 2, true, kNvfp4); }               \
+  TEST(Suite, OneRankWritesStorageWithoutLanding) { case_one_rank_writes_storage(B, kNvfp4); }                    \
   TEST(Suite, MasterEqualsNativeF32Params) { case_mx_master_equals_native(B, kNvfp4); }                           \
   TEST(Suite, TrainTrainWithoutZeroGrad) { case_mx_path(B, MxPath::TrainTrain, false, kNvfp4); }                  \
   TEST(Suite, TrainTrainWithZeroGrad) { case_mx_path(B, MxPath::TrainTrain, true, kNvfp4); }                      \

@@ -13,6 +13,7 @@ TEST(Mxfp8ParamsGpu, MatchesOracleBf16Grads) { case_mx_matches_oracle(kB, DType:
 TEST(Mxfp8ParamsGpu, MatchesOracleF32GradsMicrobatches) { case_mx_matches_oracle(kB, DType::f32, 2, 3); }
 TEST(Mxfp8ParamsGpu, MatchesOracleF16Grads) { case_mx_matches_oracle(kB, DType::f16, 1, 2); }
 TEST(Mxfp8ParamsGpu, MatchesOracleOneRank) { case_mx_matches_oracle(kB, DType::bf16, 2, 2, /*one_rank=*/true); }
+TEST(Mxfp8ParamsGpu, OneRankWritesStorageWithoutLanding) { case_one_rank_writes_storage(kB); }
 TEST(Mxfp8ParamsGpu, MasterEqualsNativeF32Params) { case_mx_master_equals_native(kB); }
 TEST(Mxfp8ParamsGpu, TrainTrainWithoutZeroGrad) { case_mx_path(kB, MxPath::TrainTrain, false); }
 TEST(Mxfp8ParamsGpu, TrainTrainWithZeroGrad) { case_mx_path(kB, MxPath::TrainTrain, true); }

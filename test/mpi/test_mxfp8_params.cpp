@@ -13,6 +13,7 @@ TEST(Mxfp8ParamsHost, MatchesOracleBf16Grads) { case_mx_matches_oracle(kB, DType
 TEST(Mxfp8ParamsHost, MatchesOracleF32GradsMicrobatches) { case_mx_matches_oracle(kB, DType::f32, 2, 3); }
 TEST(Mxfp8ParamsHost, MatchesOracleF16Grads) { case_mx_matches_oracle(kB, DType::f16, 1, 2); }
 TEST(Mxfp8ParamsHost, MatchesOracleOneRank) { case_mx_matches_oracle(kB, DType::bf16, 2, 2, /*one_rank=*/true); }
+TEST(Mxfp8ParamsHost, OneRankWritesStorageWithoutLanding) { case_one_rank_writes_storage(kB); }
 TEST(Mxfp8ParamsHost, MasterEqualsNativeF32Params) { case_mx_master_equals_native(kB); }
 TEST(Mxfp8ParamsHost, TrainTrainWithoutZeroGrad) { case_mx_path(kB, MxPath::TrainTrain, false); }
 TEST(Mxfp8ParamsHost, TrainTrainWithZeroGrad) { case_mx_path(kB, MxPath::TrainTrain, true); }
