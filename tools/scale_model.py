@@ -303,7 +303,7 @@ def print_projections(cal, rows, device="H100"):
     print()
     print("Projection: FSDP/HSDP on %s (%d GiB), NVLink nodes of 8, 400 Gb/s InfiniBand per GPU; the fastest"
           " shard group and bucket that fit" % (device, GPU_MEMORY // 2 ** 30))
-    print("| model | GPUs | step ms (bf16) | exposed comm ms | memory GiB/rank | shard x replicas | bucket M | "
+    print("| model | GPUs | step ms (bf16) | exposed comm ms | memory GiB/rank | shard x replicas | bucket (M elements) | "
           "step ms (MXFP8) | MXFP8 pays |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
@@ -313,7 +313,7 @@ def print_projections(cal, rows, device="H100"):
         t, s, b, p = r["bf16"]
         tm = r["mxfp8"][0] if r["mxfp8"] else float("inf")
         print("| %s | %d | %.1f | %.1f | %.1f | %d x %d | %d | %.1f | %s |" %
-              (r["model"], r["world"], t * 1e3, p["exposed"] * 1e3, p["mem"] / 2 ** 30, s, r["world"] // s, b / 1e6,
+              (r["model"], r["world"], t * 1e3, p["exposed"] * 1e3, p["mem"] / 2 ** 30, s, r["world"] // s, p["bucket"] / 1e6,
                tm * 1e3, "yes" if tm < t else "no"))
     cl = Cluster(cal.devices[device])
     for name, shape in MODELS.items():
