@@ -24,4 +24,9 @@ struct MpiBootstrapOptions {
 /// duplicates `comm` (errors on the duplicate are returned, not fatal).
 Communicator communicator_from_mpi(MPI_Comm comm, MpiBootstrapOptions options = {});
 
+/// The CUDA device communicator_from_mpi picks for this rank: `options.device` when it is
+/// >= 0, else the rank's index among the ranks of `comm` on its node (collective over
+/// `comm`; the same answer on the host backend, which uses no device).
+int mpi_device_of_rank(MPI_Comm comm, const MpiBootstrapOptions& options = {});
+
 }  // namespace shardopt

@@ -25,7 +25,25 @@ void agree(MPI_Comm comm, const std::string& problem, ErrorCode code, const char
                        (problem.empty() ? std::string("on another rank (see its error)") : "on this rank: " + problem));
 }
 
+// This rank's index among the ranks of `comm` on its node (collective over `comm`).
+int node_local_rank(MPI_Comm comm) {
+  int rank = 0;
+  SHARDOPT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  MPI_Comm node = MPI_COMM_NULL;
+  SHARDOPT_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+  int local_rank = 0;
+  const int rank_err = MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_free(&node);
+  SHARDOPT_MPI_CHECK(rank_err);
+  return local_rank;
+}
+
 }  // namespace
+
+int mpi_device_of_rank(MPI_Comm comm, const MpiBootstrapOptions& options) {
+  const int local_rank = node_local_rank(comm);  // collective: every rank takes part
+  return options.device >= 0 ? options.device : local_rank;
+}
 
 Communicator communicator_from_mpi(MPI_Comm comm, MpiBootstrapOptions options) {
   int initialized = 0;
@@ -43,12 +61,7 @@ Communicator communicator_from_mpi(MPI_Comm comm, MpiBootstrapOptions options) {
   int rank = 0, size = 0;
   SHARDOPT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   SHARDOPT_MPI_CHECK(MPI_Comm_size(comm, &size));
-  MPI_Comm node = MPI_COMM_NULL;
-  SHARDOPT_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
-  int local_rank = 0;
-  const int rank_err = MPI_Comm_rank(node, &local_rank);
-  MPI_Comm_free(&node);
-  SHARDOPT_MPI_CHECK(rank_err);
+  const int local_rank = node_local_rank(comm);
   const int device = options.device >= 0 ? options.device : local_rank;
 
   // 1. Every rank can use its device.

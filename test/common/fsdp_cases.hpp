@@ -123,10 +123,13 @@ inline void expect_fsdp_matches(Fsdp& f, DistributedAdam& ref) {
 
 /// FSDP (and HSDP with `shard_group`) equals unsharded training and sharded distributed
 /// Adam, bitwise, with grid gradients (every reduction exact in any order).
-inline void case_fsdp_equals_dist_adam(Backend b, int shard_group, int microbatches, int steps) {
+/// `clip_max_norm`: as in case_sharded_equals_unsharded.
+inline void case_fsdp_equals_dist_adam(Backend b, int shard_group, int microbatches, int steps,
+                                       float clip_max_norm = 0.5f) {
   const int rank = world_rank(), world = world_size();
   const bool pow2 = (world & (world - 1)) == 0;
   DistributedAdamOptions d = base_options(DType::bf16);
+  d.clip_max_norm = clip_max_norm;
   d.param_dtype = DType::bf16;
   d.microbatches = microbatches;
   d.grad_reduce = pow2 ? ReduceOp::Average : ReduceOp::Sum;
