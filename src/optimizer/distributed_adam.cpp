@@ -252,19 +252,7 @@ DistributedAdam::DistributedAdam(Communicator comm, std::vector<ParamSpec> specs
   // The deadlines first (they bound the agreement's own all-gathers), then the options,
   // so that a rank whose options differ (or are invalid) fails together with the others.
   if (options.watchdog) comm.set_watchdog(*options.watchdog);
-  std::vector<detail::OptionField> fields = detail::adam_fields(options);
-  fields.insert(fields.end(),
-                {{"grad_dtype", to_string(options.grad_dtype)},
-                 {"param_dtype", options.param_dtype ? to_string(*options.param_dtype) : "unset"},
-                 {"param_format", to_string(options.param_format)},
-                 {"grad_reduce", to_string(options.grad_reduce)},
-                 {"bucket_numel", options.bucket_numel ? std::to_string(*options.bucket_numel) : "unset"},
-                 {"overlap_grad_reduce", detail::option_text(options.overlap_grad_reduce)},
-                 {"overlap_param_gather", detail::option_text(options.overlap_param_gather)},
-                 {"grouped_collectives", detail::option_text(options.grouped_collectives)},
-                 {"gather_pipeline", std::to_string(options.gather_pipeline)},
-                 {"nccl_registered", detail::option_text(options.nccl_registered)}});
-  detail::check_options_agree(comm, "DistributedAdamOptions", fields);
+  detail::check_options_agree(comm, "DistributedAdamOptions", detail::distributed_adam_fields(options));
   detail::validate(options, options.grad_dtype);
   SHARDOPT_REQUIRE(options.gather_pipeline >= 1, ErrorCode::InvalidArgument,
                    "gather_pipeline must be >= 1 (1 = no pipelining)");

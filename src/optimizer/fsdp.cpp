@@ -156,6 +156,13 @@ class Fsdp::Impl final : public detail::StepTarget {
     // MXFP8: the two staging halves of max_mx bytes fit the gradient slot (2 or more
     // bytes per element); the columnwise slot receives the backward planes.
     col_slot = DeviceBuffer(backend, static_cast<std::size_t>(max_mx));
+    if (backend == Backend::Host) {
+      // The host backend's landing places (see Landing): a gather lands when waited.
+      for (auto& l : slot_landing) l.place = DeviceBuffer(backend, static_cast<std::size_t>(max_native) * psize);
+      for (auto& l : half_landing) l.place = DeviceBuffer(backend, static_cast<std::size_t>(max_mx));
+      for (auto* l : {&slot_landing[0], &slot_landing[1], &half_landing[0], &half_landing[1]})
+        fill_zero_async(backend, l->place.data(), l->place.bytes(), nullptr);
+    }
     fill_zero_async(backend, grad_slot.data(), grad_slot.bytes(), nullptr);
     shardopt::synchronize(backend, nullptr);
     for (std::size_t b = 0; b < nbuf; ++b)
@@ -241,8 +248,11 @@ class Fsdp::Impl final : public detail::StepTarget {
   void gather_native(std::size_t k, Stream stream) {
     const Stream gs = fork_gather(stream);
     const int slot = slot_of[k];
+    char* base = slot_landing[static_cast<std::size_t>(slot)].receive(
+        static_cast<char*>(param_slots[static_cast<std::size_t>(slot)].data()),
+        static_cast<std::size_t>(info[static_cast<std::size_t>(order[k])].native) * psize);
     gather_parts(
-        order[k], static_cast<char*>(param_slots[static_cast<std::size_t>(slot)].data()), psize, opt.param_dtype,
+        order[k], base, psize, opt.param_dtype,
         pass_of[k], false, [this](int b) { return !quantized[static_cast<std::size_t>(b)]; },
         [this](int b) { return param_shards[static_cast<std::size_t>(b)].data(); }, gs);
     slot_ready[static_cast<std::size_t>(slot)].record(gs);
@@ -263,13 +273,26 @@ class Fsdp::Impl final : public detail::StepTarget {
     const Stream gs = fork_gather(stream);
     if (reduce_pending && gs != stream) grad_free.wait(gs);  // the slot's last reduce-scatter read it
     const Mxfp8Plane plane = pass_of[k] == FsdpPass::Forward ? Mxfp8Plane::Rowwise : Mxfp8Plane::Columnwise;
+    char* base = half_landing[static_cast<std::size_t>(h)].receive(
+        half_base(h), static_cast<std::size_t>(info[static_cast<std::size_t>(u)].mx));
     gather_parts(
-        u, half_base(h), 1, DType::e4m3, pass_of[k], true, [this](int b) { return quantized[static_cast<std::size_t>(b)]; },
+        u, base, 1, DType::e4m3, pass_of[k], true, [this](int b) { return quantized[static_cast<std::size_t>(b)]; },
         [this, plane](int b) { return detail::mxfp8_shard_plane(*mx->format(), b, plane); }, gs);
     stage_ready[static_cast<std::size_t>(h)].record(gs);
     advance_half(h, GatherState::InFlight);
     staged_end[static_cast<std::size_t>(h)] =
         static_cast<std::size_t>(h) * static_cast<std::size_t>(max_mx) + static_cast<std::size_t>(info[static_cast<std::size_t>(u)].mx);
+  }
+
+  // `stream` waits for the gather into native slot `slot` (and, on the host, it lands).
+  void wait_slot(int slot, Stream stream) {
+    slot_ready[static_cast<std::size_t>(slot)].wait(stream);
+    slot_landing[static_cast<std::size_t>(slot)].land(backend, stream);
+  }
+  // `stream` waits for the gather into staging half h (and, on the host, it lands).
+  void wait_half(int h, Stream stream) {
+    stage_ready[static_cast<std::size_t>(h)].wait(stream);
+    half_landing[static_cast<std::size_t>(h)].land(backend, stream);
   }
 
   char* half_base(int h) const { return static_cast<char*>(grad_slot.data()) + static_cast<std::size_t>(h * max_mx); }
@@ -290,7 +313,7 @@ class Fsdp::Impl final : public detail::StepTarget {
   // columnwise slot (the gradient slot is about to hold the unit's gradients).
   void land_mx(std::size_t k, Stream stream) {
     const int h = half_of[k];
-    stage_ready[static_cast<std::size_t>(h)].wait(stream);
+    wait_half(h, stream);
     advance_half(h, GatherState::Landed);
     const int u = order[k];
     if (pass_of[k] == FsdpPass::Backward) {
@@ -409,6 +432,30 @@ class Fsdp::Impl final : public detail::StepTarget {
   std::vector<DeviceBuffer> param_shards, grad_shards;  // per layout buffer (no param shard for MXFP8)
   DeviceBuffer grad_slot, col_slot;
   std::array<DeviceBuffer, 2> param_slots;
+  // The host backend runs a gather at once, on the caller's stream; to behave like a
+  // CUDA gather still in flight, it writes into a landing place, and its bytes reach the
+  // slot (or staging half) only when a stream waits for it: an operation enqueued on
+  // that stream (recorded like any other when capturing). A read without the wait finds
+  // the slot's earlier bytes, as it may on a GPU. CUDA gathers write the slot directly.
+  struct Landing {
+    DeviceBuffer place;    // host backend only (empty on CUDA)
+    char* target = nullptr;  // where the pending bytes go; null: nothing pending
+    std::size_t bytes = 0;
+    // Where a gather into `to` (`n` bytes) writes: the landing place on the host.
+    char* receive(char* to, std::size_t n) {
+      if (place.data() == nullptr) return to;
+      target = to;
+      bytes = n;
+      return static_cast<char*>(place.data());
+    }
+    // The pending bytes land into their target on `stream` (no-op without any).
+    void land(Backend b, Stream stream) {
+      if (target == nullptr) return;
+      copy_async(b, target, place.data(), bytes, stream);
+      target = nullptr;
+    }
+  };
+  std::array<Landing, 2> slot_landing, half_landing;
   SideStream gather_stream, reduce_stream;
   std::array<Event, 2> slot_ready, stage_ready;
   Event grad_free;
@@ -450,18 +497,7 @@ Fsdp::Fsdp(Communicator comm, std::vector<ParamSpec> specs, std::vector<FsdpUnit
   // replica groups split from `comm` inherit them), then the options, so that a rank
   // whose options differ (or are invalid) fails together with the others.
   if (options.watchdog) comm.set_watchdog(*options.watchdog);
-  std::vector<detail::OptionField> fields = detail::adam_fields(options);
-  fields.insert(fields.end(),
-                {{"param_dtype", to_string(options.param_dtype)},
-                 {"grad_dtype", to_string(options.grad_dtype)},
-                 {"slot_grad_dtype", to_string(options.slot_grad_dtype)},
-                 {"grad_reduce", to_string(options.grad_reduce)},
-                 {"bucket_numel", options.bucket_numel ? std::to_string(*options.bucket_numel) : "unset"},
-                 {"keep_last_unit", detail::option_text(options.keep_last_unit)},
-                 {"prefetch", detail::option_text(options.prefetch)},
-                 {"shard_group_size", std::to_string(options.shard_group_size)},
-                 {"param_format", to_string(options.param_format)}});
-  detail::check_options_agree(comm, "FsdpOptions", fields);
+  detail::check_options_agree(comm, "FsdpOptions", detail::fsdp_fields(options));
   detail::validate(options, options.grad_dtype);
   impl_ = std::make_unique<Impl>(std::move(comm), std::move(specs), std::move(units), std::move(options));
 }
@@ -557,7 +593,7 @@ std::vector<ParamView> Fsdp::Impl::wait_param(int unit, std::optional<FsdpPass> 
   if (m.needs_gather[k]) {
     if (!m.prefetched[k]) m.gather_native(k, stream);
     m.prefetched[k] = 0;
-    m.slot_ready[static_cast<std::size_t>(slot)].wait(stream);
+    m.wait_slot(slot, stream);
   }
   if (m.has_mx(k)) {
     if (!m.mx_prefetched[k]) m.gather_mx(k, stream);
@@ -643,10 +679,10 @@ void Fsdp::end_forward_only(Stream stream) {
   // Gathers prefetched for positions the pass did not reach: `stream` waits for them,
   // so that nothing still writes a slot or a staging half.
   for (std::size_t n = 0; n < m.order.size(); ++n) {
-    if (m.prefetched[n]) m.slot_ready[static_cast<std::size_t>(m.slot_of[n])].wait(stream);
+    if (m.prefetched[n]) m.wait_slot(m.slot_of[n], stream);
     if (m.mx_prefetched[n]) {
       const int h = m.half_of[n];
-      m.stage_ready[static_cast<std::size_t>(h)].wait(stream);
+      m.wait_half(h, stream);
       m.advance_half(h, GatherState::Landed);
     }
     m.prefetched[n] = m.mx_prefetched[n] = 0;

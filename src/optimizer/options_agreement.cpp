@@ -56,6 +56,36 @@ std::vector<OptionField> adam_fields(const AdamOptions& a) {
           {"microbatches", std::to_string(a.microbatches)}};
 }
 
+std::vector<OptionField> distributed_adam_fields(const DistributedAdamOptions& o) {
+  std::vector<OptionField> fields = adam_fields(o);
+  fields.insert(fields.end(),
+                {{"grad_dtype", to_string(o.grad_dtype)},
+                 {"param_dtype", o.param_dtype ? to_string(*o.param_dtype) : "unset"},
+                 {"param_format", to_string(o.param_format)},
+                 {"grad_reduce", to_string(o.grad_reduce)},
+                 {"bucket_numel", o.bucket_numel ? std::to_string(*o.bucket_numel) : "unset"},
+                 {"overlap_grad_reduce", option_text(o.overlap_grad_reduce)},
+                 {"overlap_param_gather", option_text(o.overlap_param_gather)},
+                 {"grouped_collectives", option_text(o.grouped_collectives)},
+                 {"gather_pipeline", std::to_string(o.gather_pipeline)},
+                 {"nccl_registered", option_text(o.nccl_registered)}});
+  return fields;
+}
+
+std::vector<OptionField> fsdp_fields(const FsdpOptions& o) {
+  std::vector<OptionField> fields = adam_fields(o);
+  fields.insert(fields.end(), {{"param_dtype", to_string(o.param_dtype)},
+                               {"grad_dtype", to_string(o.grad_dtype)},
+                               {"slot_grad_dtype", to_string(o.slot_grad_dtype)},
+                               {"grad_reduce", to_string(o.grad_reduce)},
+                               {"bucket_numel", o.bucket_numel ? std::to_string(*o.bucket_numel) : "unset"},
+                               {"keep_last_unit", option_text(o.keep_last_unit)},
+                               {"prefetch", option_text(o.prefetch)},
+                               {"shard_group_size", std::to_string(o.shard_group_size)},
+                               {"param_format", to_string(o.param_format)}});
+  return fields;
+}
+
 void check_options_agree(const Communicator& comm, const std::string& what, const std::vector<OptionField>& fields) {
   if (comm.size() == 1) return;
   OperationLabel label("the agreement on " + what);  // named if a rank never arrives

@@ -13,6 +13,8 @@
 
 #include "shardopt/adam_options.hpp"
 #include "shardopt/communicator.hpp"
+#include "shardopt/distributed_adam.hpp"
+#include "shardopt/fsdp.hpp"
 
 namespace shardopt::detail {
 
@@ -25,6 +27,15 @@ const char* option_text(bool value) noexcept;
 /// The AdamOptions as fields: beta1, beta2, eps, decoupled_weight_decay, default_group,
 /// groups, clip_max_norm, moment_dtype, lr_schedule, microbatches.
 std::vector<OptionField> adam_fields(const AdamOptions& a);
+
+/// Every DistributedAdamOptions field that ranks must agree on, in the order compared:
+/// adam_fields, then the dtypes, format, reduction, bucketing and overlap options. The
+/// rank-local ones (persistent_grad_copies, watchdog) are not in it. Tests build their
+/// one-field variants from this list, so a field added here needs a variant there.
+std::vector<OptionField> distributed_adam_fields(const DistributedAdamOptions& o);
+
+/// The same for FsdpOptions (the watchdog is rank-local and not in it).
+std::vector<OptionField> fsdp_fields(const FsdpOptions& o);
 
 /// Collective over `comm` (the same call on every rank, with the same field names in the
 /// same order): one all-gather of a hash per field; if a value differs, one more

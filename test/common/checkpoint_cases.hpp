@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -834,6 +835,41 @@ inline PassHook record_planes(Fsdp& f, std::vector<std::vector<std::uint8_t>>& o
   };
 }
 
+/// Every MXFP8 plane (data and scales) each pass reads, copied on the stream right after
+/// its wait_param into buffers of its own, so that a captured iteration copies them at
+/// every replay too; collect() reads them after each iteration (eager or replayed).
+struct PlaneSnapshots {
+  Backend b;
+  std::vector<DeviceBuffer> bufs;  // in hook order: position, parameter, data then scales
+  std::vector<std::size_t> sizes;
+  std::size_t next = 0;
+  explicit PlaneSnapshots(Backend backend) : b(backend) {}
+  PassHook hook(Fsdp& f) {
+    return [this, &f](int position, int u, FsdpPass pass, Stream st) {
+      if (position == 0) next = 0;  // an iteration's first pass (a warm-up's, the capture's, an eager one's)
+      for (int i = 0; i < f.num_params(); ++i) {
+        if (f.unit_of(i) != u || !f.is_mxfp8(i)) continue;
+        const Mxfp8PassView v = f.mxfp8_param(i, pass);
+        const std::int64_t ns = pass == FsdpPass::Forward ? v.shape.scale_row_numel() : v.shape.scale_col_numel();
+        for (const auto& [from, n] : {std::pair<const void*, std::int64_t>{v.data, v.shape.numel()}, {v.scales, ns}}) {
+          if (next == bufs.size()) {
+            bufs.emplace_back(b, static_cast<std::size_t>(n));
+            sizes.push_back(static_cast<std::size_t>(n));
+          }
+          copy_async(b, bufs[next].data(), from, static_cast<std::size_t>(n), st);
+          ++next;
+        }
+      }
+    };
+  }
+  /// Appends the last iteration's snapshots to `out` (null: drops them); waits for `s`.
+  void collect(Fsdp& f, Stream s, std::vector<std::vector<std::uint8_t>>* out) {
+    f.synchronize(s);
+    for (std::size_t k = 0; out != nullptr && k < bufs.size(); ++k) out->push_back(to_host<std::uint8_t>(b, bufs[k].data(), sizes[k]));
+    next = 0;
+  }
+};
+
 /// The planes of one probe iteration (forward rowwise, backward columnwise; no step).
 inline std::vector<std::vector<std::uint8_t>> fsdp_mx_probe(Fsdp& f, Stream s) {
   std::vector<std::vector<std::uint8_t>> planes;
@@ -843,26 +879,35 @@ inline std::vector<std::vector<std::uint8_t>> fsdp_mx_probe(Fsdp& f, Stream s) {
 
 /// Fsdp + MXFP8: train 10, save, train 10; a fresh one loads and trains 10: master,
 /// moments and step equal the saved ones after the load and the uninterrupted run's at
-/// the end, and every plane the passes gather after the load (eager: every iteration's;
-/// both: a final probe iteration's, rowwise and columnwise) equals the uninterrupted
-/// run's bitwise. `graph`: both train through a whole-iteration StepGraph.
+/// the end, and every plane the passes gather after the load (every iteration's, eager
+/// or replayed, snapshotted on the stream; then a final eager probe iteration's, rowwise
+/// and columnwise) equals the uninterrupted run's bitwise. `graph`: both train through a
+/// whole-iteration StepGraph.
 inline void case_fsdp_mx_resume_bitwise(Backend b, bool graph) {
   SharedDir dir("fsdp-mx-resume");
   Communicator comm = make_comm(b);
   const FsdpOptions fo = fsdp_mx_options(q_ckpt_options(DType::f32, ParamFormat::Mxfp8));
-  auto run = [&](Fsdp& f, std::optional<StepGraph>& g, Stream s, int steps, const PassHook& hook) {
-    if (!graph) return fsdp_mx_train(f, s, steps, hook);
-    graph_steps(f, g, [&f](Stream st, bool) { fsdp_mx_microbatch(f, st, 0, GradKind::Grid); }, s, steps);
+  auto run = [&](Fsdp& f, PlaneSnapshots& snaps, std::optional<StepGraph>& g, Stream s, int steps,
+                 std::vector<std::vector<std::uint8_t>>* planes) {
+    for (int t = 0; t < steps; ++t) {
+      if (graph)
+        graph_steps(
+            f, g, [&f, &snaps](Stream st, bool) { fsdp_mx_microbatch(f, st, 0, GradKind::Grid, snaps.hook(f)); }, s, 1);
+      else
+        fsdp_mx_train(f, s, 1, snaps.hook(f));
+      snaps.collect(f, s, planes);
+    }
   };
   Fsdp a(comm, mx_model(), mx_units(), fo);
   TestStream sa(b);
   fsdp_mx_init(a, sa.get());
   std::optional<StepGraph> ga;
-  run(a, ga, sa.get(), 10, {});
+  PlaneSnapshots snaps_a(b), snaps_f(b);
+  run(a, snaps_a, ga, sa.get(), 10, nullptr);
   a.save(dir.sub("ckpt"), sa.get(), {{"data_position", "77"}});
   const auto at_save = fsdp_state(a, sa.get());
   std::vector<std::vector<std::uint8_t>> planes_a, planes_f;
-  run(a, ga, sa.get(), 10, record_planes(a, planes_a));
+  run(a, snaps_a, ga, sa.get(), 10, &planes_a);
   const auto uninterrupted = fsdp_state(a, sa.get());
   const auto probe_a = fsdp_mx_probe(a, sa.get());
 
@@ -873,13 +918,18 @@ inline void case_fsdp_mx_resume_bitwise(Backend b, bool graph) {
   EXPECT_EQ(info.user.at("data_position"), "77");
   EXPECT_TRUE(fsdp_state(fresh, sf.get()) == at_save) << "the loaded state differs from the saved one";
   std::optional<StepGraph> gf;
-  run(fresh, gf, sf.get(), 10, record_planes(fresh, planes_f));
+  run(fresh, snaps_f, gf, sf.get(), 10, &planes_f);
   EXPECT_TRUE(fsdp_state(fresh, sf.get()) == uninterrupted) << "FSDP MXFP8 resume differs from the uninterrupted run";
   int mx_params = 0;
   for (int i = 0; i < a.num_params(); ++i) mx_params += a.is_mxfp8(i) ? 1 : 0;
   EXPECT_GT(mx_params, 0);
   // 10 iterations x 2 passes x (data, scales) per MXFP8 parameter.
-  EXPECT_EQ(planes_a.size(), graph ? 0u : static_cast<std::size_t>(10 * 2 * 2 * mx_params));
+  const std::size_t per_iteration = static_cast<std::size_t>(2 * 2 * mx_params);
+  ASSERT_EQ(planes_a.size(), 10 * per_iteration);
+  // The snapshots follow the training (a replay that copied nothing would repeat them).
+  EXPECT_FALSE(std::equal(planes_a.begin(), planes_a.begin() + static_cast<std::ptrdiff_t>(per_iteration),
+                          planes_a.end() - static_cast<std::ptrdiff_t>(per_iteration)))
+      << "the first and the last iteration's planes are the same";
   EXPECT_TRUE(planes_f == planes_a) << "the planes gathered after the load differ from the uninterrupted run's";
   const auto probe_f = fsdp_mx_probe(fresh, sf.get());
   EXPECT_FALSE(probe_a.empty());

@@ -223,6 +223,10 @@ inline void case_sharded_equals_unsharded(Backend b, DType grad_dtype, int micro
     const auto mine = read_f32(b, m);
     for (std::size_t j = 0; j < mine.size(); ++j)
       ASSERT_EQ(num::f32_bits(mine[j]), num::f32_bits(full[static_cast<std::size_t>(m.param_offset) + j]));
+    const auto ma = read_f32(b, sharded.shard_exp_avg(i));
+    const auto mr = read_f32(b, ref.shard_exp_avg(i));
+    for (std::size_t j = 0; j < ma.size(); ++j)
+      ASSERT_EQ(num::f32_bits(ma[j]), num::f32_bits(mr[static_cast<std::size_t>(m.param_offset) + j]));
     const auto va = read_f32(b, sharded.shard_exp_avg_sq(i));
     const auto vr = read_f32(b, ref.shard_exp_avg_sq(i));
     for (std::size_t j = 0; j < va.size(); ++j)
@@ -433,7 +437,8 @@ inline void case_zero_grad_and_copies(Backend b) {
 
 /// An external optimizer (SGD with momentum) on the shard through shard_grad (f32 cast
 /// copies of bf16 grads) and shard_master / shard_param, then gather_params, against a
-/// plain double-precision oracle of the same update.
+/// plain oracle of the same update in the same arithmetic (double momentum, f32
+/// parameters): grid gradients make the reduced sums exact, so the match is bitwise.
 inline void case_external_sgd(Backend b) {
   const int rank = world_rank(), world = world_size();
   DistributedAdamOptions o = base_options(DType::bf16);
@@ -446,7 +451,8 @@ inline void case_external_sgd(Backend b) {
   const auto targets = grad_targets(opt);
   const float lr = 0.05f, mu = 0.9f;
   const std::size_t np = static_cast<std::size_t>(opt.num_params());
-  std::vector<std::vector<double>> momentum(np), mom_ref(np), p_ref(np);
+  std::vector<std::vector<double>> momentum(np), mom_ref(np);
+  std::vector<std::vector<float>> p_ref(np);
   for (std::size_t i = 0; i < np; ++i) {
     const auto n = static_cast<std::size_t>(opt.param(static_cast<int>(i)).numel());
     momentum[i].assign(n, 0.0);
@@ -491,15 +497,82 @@ inline void case_external_sgd(Backend b) {
         for (int r = 0; r < world; ++r)
           g += grad_value(GradKind::Grid, 1.0f, t, 0, r, static_cast<std::int32_t>(i), static_cast<std::int64_t>(j));
         mom_ref[i][j] = mu * mom_ref[i][j] + g;
-        p_ref[i][j] -= lr * mom_ref[i][j];
+        p_ref[i][j] = static_cast<float>(p_ref[i][j] - lr * mom_ref[i][j]);
       }
     }
   }
   for (int i = 0; i < opt.num_params(); ++i) {
     const auto got = read_f32(b, opt.param(i));
     for (std::size_t j = 0; j < got.size(); ++j)
-      ASSERT_NEAR(got[j], p_ref[static_cast<std::size_t>(i)][j], 1e-5) << "param " << i << " element " << j;
+      ASSERT_EQ(num::f32_bits(got[j]), num::f32_bits(p_ref[static_cast<std::size_t>(i)][j]))
+          << "param " << i << " element " << j << ": " << got[j] << " vs " << p_ref[static_cast<std::size_t>(i)][j];
   }
+}
+
+/// Each element of `g` (this rank's f32 piece of parameter i's reduced gradient) is the
+/// sum over ranks of the grid gradients of step 0, microbatch 0 (exact), divided by the
+/// number of ranks in f32, bitwise: the oracle of Average.
+inline void expect_grid_average(Backend b, const ShardView& g, int i) {
+  const int world = world_size();
+  const auto got = read_f32(b, g);
+  for (std::size_t j = 0; j < got.size(); ++j) {
+    const std::int64_t e = g.param_offset + static_cast<std::int64_t>(j);
+    float sum = 0.0f;
+    for (int r = 0; r < world; ++r) sum += grad_value(GradKind::Grid, 1.0f, 0, 0, r, i, e);
+    const float want = sum / static_cast<float>(world);
+    ASSERT_EQ(num::f32_bits(got[j]), num::f32_bits(want)) << "param " << i << " element " << e;
+  }
+}
+
+/// The default reduction (Average) at any world size, 3 included: each reduced f32
+/// gradient element is the sum over ranks (exact: grid values) divided by the number of
+/// ranks in f32, bitwise. Host backend: NCCL's average pre-multiplies instead.
+inline void case_average_is_sum_then_divide(Backend b) {
+  const int rank = world_rank();
+  DistributedAdamOptions o = base_options(DType::f32);
+  ASSERT_EQ(o.grad_reduce, ReduceOp::Average) << "Average is the default";
+  DistributedAdam opt(make_comm(b), small_model(), o);
+  TestStream s(b);
+  init_params(opt, s.get());
+  GradStreamParams p;
+  p.kind = GradKind::Grid;
+  p.rank = rank;
+  p.scalars = opt.device_scalars();
+  add_grads(b, s.get(), p, grad_targets(opt));
+  report_all(opt, s.get());
+  opt.reduce_grads(s.get());
+  for (int i = 0; i < opt.num_params(); ++i) {
+    const ShardView g = opt.shard_grad(i, DType::f32, s.get());
+    s.sync();
+    expect_grid_average(b, g, i);
+  }
+}
+
+/// StepGraph::replay_step in one-graph mode is Error(InvalidState) (there is no separate
+/// step graph), before and after capture; replay() still works.
+inline void case_replay_step_refused_in_one_graph_mode(Backend b) {
+  DistributedAdam opt(make_comm(b), small_model(), base_options(DType::bf16));
+  TestStream s(b);
+  init_params(opt, s.get());
+  StepGraphOptions go;
+  go.one_graph = true;
+  StepGraph g(opt, random_grads_fn(opt, b, world_rank()), go);
+  std::int64_t before = 0;
+  for (bool captured : {false, true}) {
+    if (captured) {
+      g.capture(s.get());
+      before = opt.read_scalars(s.get()).step;
+    }
+    try {
+      g.replay_step(s.get());
+      ADD_FAILURE() << "replay_step in one-graph mode must throw (captured: " << captured << ")";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidState) << e.what();
+      EXPECT_NE(std::string(e.what()).find("one-graph mode"), std::string::npos) << e.what();
+    }
+  }
+  g.replay(s.get());
+  EXPECT_EQ(opt.read_scalars(s.get()).step, before + 1) << "replay() still trains in one-graph mode";
 }
 
 /// Different ParamSpec lists across ranks: a clear error on every rank, not a hang.

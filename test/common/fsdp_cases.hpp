@@ -102,7 +102,7 @@ inline bool bytes_match_at(const std::vector<std::uint8_t>& part, const std::vec
   return part.empty() || std::memcmp(part.data(), whole.data() + offset, part.size()) == 0;
 }
 
-/// Checks that this rank's FSDP shard pieces (params, master, second moment) equal the
+/// Checks that this rank's FSDP shard pieces (params, master, both moments) equal the
 /// matching parts of an unsharded DistributedAdam's full tensors, bitwise.
 inline void expect_fsdp_matches(Fsdp& f, DistributedAdam& ref) {
   const Backend b = f.backend();
@@ -115,6 +115,9 @@ inline void expect_fsdp_matches(Fsdp& f, DistributedAdam& ref) {
     const ShardView m = f.shard_master(i);
     const auto mm = read_bytes(b, m), mf = read_bytes(b, ref.shard_master(i));
     ASSERT_TRUE(bytes_match_at(mm, mf, m.param_offset * 4));
+    const ShardView a = f.shard_exp_avg(i);
+    const auto am = read_bytes(b, a), af = read_bytes(b, ref.shard_exp_avg(i));
+    ASSERT_TRUE(bytes_match_at(am, af, a.param_offset * 4));
     const ShardView v = f.shard_exp_avg_sq(i);
     const auto vm = read_bytes(b, v), vf = read_bytes(b, ref.shard_exp_avg_sq(i));
     ASSERT_TRUE(bytes_match_at(vm, vf, v.param_offset * 4));
@@ -187,6 +190,26 @@ inline void case_fsdp_equals_dist_adam(Backend b, int shard_group, int microbatc
     EXPECT_EQ(read_bytes(b, sharded.param(i)), read_bytes(b, ref.param(i)));
 }
 
+/// FSDP's default reduction (Average) at any world size, 3 included: each element of the
+/// f32 gradient shard is the sum over ranks of the grid gradients (exact) divided by the
+/// number of ranks in f32, bitwise (host backend: NCCL's average pre-multiplies).
+inline void case_fsdp_average_is_sum_then_divide(Backend b) {
+  const int rank = world_rank();
+  FsdpOptions o = fsdp_options(base_options(DType::f32));
+  o.slot_grad_dtype = DType::f32;
+  ASSERT_EQ(o.grad_reduce, ReduceOp::Average) << "Average is the default";
+  ASSERT_EQ(o.grad_dtype, DType::f32);
+  Fsdp f(make_comm(b), small_model(), small_units(), o);
+  TestStream s(b);
+  init_fsdp(f, s.get());
+  fsdp_microbatch(f, s.get(), rank, GradKind::Grid);
+  for (int i = 0; i < f.num_params(); ++i) {
+    const ShardView g = f.shard_grad(i, DType::f32, s.get());
+    s.sync();
+    expect_grid_average(b, g, i);
+  }
+}
+
 /// Two FSDP optimizers with the same layout hold the same step scalars, parameter
 /// shards (native ones), master and moments, bitwise (waits for both streams).
 inline void expect_same_fsdp_state(Fsdp& a, Fsdp& c, Stream sa, Stream sc) {
@@ -252,8 +275,9 @@ inline void case_fsdp_graph_equals_eager(Backend b, int microbatches, int iterat
 
 /// Every gathered unit the compute stream reads (snapshotted right after wait_param) is
 /// exactly the current parameters, although gathers are prefetched into alternating
-/// slots. `delay` runs on the gather stream before each wait (on GPUs a sleep kernel), so
-/// a missing wait would expose a stale slot.
+/// slots. `delay` runs on the gather stream before each wait (on GPUs a sleep kernel; on
+/// the host, whose gathers land only when waited, a sleep on the caller's stream), so a
+/// missing wait would expose a stale slot.
 inline void case_fsdp_prefetch_never_stale(Backend b, const std::function<void(Stream)>& delay) {
   const int rank = world_rank();
   DistributedAdamOptions d = base_options(DType::bf16);
@@ -280,8 +304,8 @@ inline void case_fsdp_prefetch_never_stale(Backend b, const std::function<void(S
     }
     seen[static_cast<std::size_t>(pos)] = views;
   };
-  std::function<void(Stream)> before = [&](Stream) {
-    if (delay) delay(f.gather_stream());
+  std::function<void(Stream)> before = [&](Stream st) {
+    if (delay) delay(b == Backend::Host ? st : f.gather_stream());  // the host's gather stream is the caller's
   };
   for (int t = 0; t < 4; ++t) {
     fsdp_microbatch(f, s.get(), rank, GradKind::Grid, snap, before);
@@ -332,6 +356,80 @@ inline void case_fsdp_order_change(Backend b) {
   }
   s.sync();
   comm.barrier();
+}
+
+/// The code of the Error `f` throws on this rank (a failure if none).
+template <class F>
+inline void expect_error_code(F&& f, ErrorCode code, const std::string& part) {
+  try {
+    f();
+    ADD_FAILURE() << "expected Error(" << to_string(code) << ") containing '" << part << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+/// end_forward_only is Error(InvalidState) after a Backward wait_param and while a unit
+/// holds the gradient slot (shardopt/fsdp.hpp); every rank gets it (each makes the same
+/// calls), and the iteration can then be finished as usual.
+inline void case_fsdp_end_forward_only_refused(Backend b) {
+  const int rank = world_rank();
+  Communicator comm = make_comm(b);
+  Fsdp f(comm, small_model(), small_units(), fsdp_options(base_options(DType::bf16)));
+  TestStream s(b);
+  init_fsdp(f, s.get());
+  fsdp_microbatch(f, s.get(), rank, GradKind::Grid);  // learns the order
+  f.step(s.get());
+  f.zero_grad(s.get());
+  const int nu = f.num_units();
+  for (int u = 0; u < nu; ++u) (void)f.wait_param(u, FsdpPass::Forward, s.get());
+  (void)f.wait_param(nu - 1, FsdpPass::Backward, s.get());
+  (void)f.grad_slot(nu - 1, s.get());
+  expect_error_code([&] { f.end_forward_only(s.get()); }, ErrorCode::InvalidState, "holds the gradient slot");
+  f.grad_ready(nu - 1, s.get());
+  expect_error_code([&] { f.end_forward_only(s.get()); }, ErrorCode::InvalidState, "after a Backward wait_param");
+  for (int u = nu - 2; u >= 0; --u) {
+    (void)f.wait_param(u, FsdpPass::Backward, s.get());
+    (void)f.grad_slot(u, s.get());
+    f.grad_ready(u, s.get());
+  }
+  f.step(s.get());
+  f.zero_grad(s.get());
+  EXPECT_EQ(f.read_scalars(s.get()).step, 2) << "the iteration finished after the refusals";
+}
+
+/// Capturing an Fsdp iteration is Error(CaptureRefused) before the unit order is learned
+/// (no warm-up iteration) and while shard_grad cast copies would be freed by zero_grad
+/// (persistent_grad_copies off); every rank gets it.
+inline void case_fsdp_capture_refused(Backend b) {
+  const int rank = world_rank();
+  Communicator comm = make_comm(b);
+  const FsdpOptions o = fsdp_options(base_options(DType::bf16));
+  auto body = [rank](Fsdp& f) -> StepGraph::MicrobatchFn {
+    return [&f, rank](Stream st, bool) { fsdp_microbatch(f, st, rank, GradKind::Grid); };
+  };
+  {
+    Fsdp f(comm, small_model(), small_units(), o);
+    TestStream s(b);
+    init_fsdp(f, s.get());
+    StepGraphOptions go;
+    go.warmup_iterations = 0;
+    StepGraph g(f, body(f), go);
+    expect_error_code([&] { g.capture(s.get()); }, ErrorCode::CaptureRefused, "unit order is learned");
+    EXPECT_FALSE(g.captured());
+  }
+  {
+    Fsdp f(comm, small_model(), small_units(), o);
+    TestStream s(b);
+    init_fsdp(f, s.get());
+    fsdp_microbatch(f, s.get(), rank, GradKind::Grid);
+    (void)f.shard_grad(0, DType::f32, s.get());  // a cast copy of the bf16 gradient shard
+    f.step(s.get());
+    f.zero_grad(s.get());
+    StepGraph g(f, body(f));
+    expect_error_code([&] { g.capture(s.get()); }, ErrorCode::CaptureRefused, "persistent_grad_copies");
+  }
 }
 
 /// Persistent bytes per rank = 16/d per (padded) parameter for bf16 params and grads

@@ -119,8 +119,9 @@ enum class FsdpMxPath {
   NoPrefetch,      ///< every gather issued by its wait_param (nothing prefetched)
   NoKeepLastUnit,  ///< the last forward unit's native part is gathered again for its backward
   Hsdp,            ///< shard groups of 2 ranks, 2 replicas (4 ranks)
-  DelayedGathers,  ///< the gather stream sleeps ~2 ms before every wait_param (GPUs): a
-                   ///< missing wait would let a pass read a place before its plane lands
+  DelayedGathers,  ///< the gather stream sleeps ~2 ms before every wait_param (on the host
+                   ///< the caller's stream, whose gathers land when waited): a missing wait
+                   ///< would let a pass read a place before its plane lands
 };
 
 /// Every MXFP8 plane a pass reads equals the oracle's plane (quantize(bf16(master)) of
@@ -150,8 +151,9 @@ inline void case_fsdp_mx_equals_dist_adam(Backend b, int microbatches, int steps
   mx_init(ref, rs.get());
   const auto rt = grad_targets(ref);
   std::function<void(Stream)> before;
-  if (path == FsdpMxPath::DelayedGathers && b == Backend::Cuda)
-    before = [&f, b](Stream) { delay_stream(b, f.gather_stream(), 2000); };
+  // The host backend's gather stream is the caller's (its gathers land when waited).
+  if (path == FsdpMxPath::DelayedGathers)
+    before = [&f, b](Stream st) { delay_stream(b, b == Backend::Host ? st : f.gather_stream(), 2000); };
   int checked = 0, evals = 0;
   for (int t = 0; t < steps; ++t) {
     std::map<int, mxfp8_ref::Quantized> want;

@@ -73,8 +73,10 @@ struct GradStreamParams {
 /// backend, a kernel on CUDA; targets must stay alive until it ran).
 void add_grads(Backend backend, Stream stream, const GradStreamParams& p, const std::vector<GradTarget>& targets);
 
-/// Keeps `stream` busy for about `microseconds` (a sleeping kernel on CUDA; nothing on
-/// the host backend). Used to delay a library stream in ordering tests.
+/// Keeps `stream` busy for about `microseconds` (a sleeping kernel on CUDA; on the host
+/// backend a sleep enqueued on the stream: the host's gathers land only when waited, so
+/// its ordering tests fail on a missing wait with or without it). Used to delay a
+/// library stream in ordering tests.
 void delay_stream(Backend backend, Stream stream, int microseconds);
 
 /// Host element loop (the host backend's writer and the reference's source of values).

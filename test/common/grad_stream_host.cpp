@@ -1,5 +1,8 @@
 #include "grad_stream.hpp"
 
+#include <chrono>
+#include <thread>
+
 #include "shardopt/host_stream.hpp"
 
 namespace shardopt::test {
@@ -25,7 +28,11 @@ void add_grads(Backend backend, Stream stream, const GradStreamParams& p, const 
 }
 
 void delay_stream(Backend backend, Stream stream, int microseconds) {
-  if (backend == Backend::Host || stream == nullptr) return;
+  if (backend == Backend::Host) {
+    host_enqueue(stream, [microseconds] { std::this_thread::sleep_for(std::chrono::microseconds(microseconds)); });
+    return;
+  }
+  if (stream == nullptr) return;
 #if SHARDOPT_HAVE_CUDA
   delay_stream_cuda(stream, microseconds);
 #else

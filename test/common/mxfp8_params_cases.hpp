@@ -295,6 +295,22 @@ inline int count_odd_boundaries(const DistributedAdam& opt) {
   return n;
 }
 
+/// The rank boundaries that cut a rowwise 32-element scale block of an MXFP8 parameter
+/// (the block's scale needs the amax of two ranks: the cross-rank scale path).
+inline int count_mid_block_boundaries(const DistributedAdam& opt) {
+  const Layout& L = opt.layout();
+  int n = 0;
+  for (int i = 0; i < opt.num_params(); ++i) {
+    if (!opt.is_mxfp8(i)) continue;
+    const ParamPlacement& pl = L.params()[static_cast<std::size_t>(i)];
+    const std::int64_t cols = opt.mxfp8_param(i).shape.cols;
+    for (int r = 1; r < L.world_size(); ++r)
+      for (const Segment& seg : L.segments(pl.buffer, r))
+        if (seg.param == i && seg.param_offset > 0 && ((seg.param_offset % pl.member_numel) % cols) % 32 != 0) ++n;
+  }
+  return n;
+}
+
 /// Every MXFP8 parameter's storage equals the oracle, every native parameter equals its
 /// f32 master, every bucket is Idle (collective).
 inline void expect_matches_oracle(const DistributedAdam& opt, const std::string& when) {
@@ -535,6 +551,10 @@ inline void case_mx_matches_oracle(Backend b, DType grad_dtype, int microbatches
       EXPECT_GT(count_odd_boundaries(opt), 0) << "no rank boundary shares a byte";
     }
   } else {
+    // Rank boundaries mid-block: the cross-rank scale path is exercised.
+    if (!one_rank && world_size() > 1) {
+      EXPECT_GT(count_mid_block_boundaries(opt), 0) << "no rank boundary cuts an MXFP8 scale block";
+    }
     // The device member table of the grouped parameter.
     const Mxfp8View v = opt.mxfp8_param(ex);
     EXPECT_EQ(v.shape.members, 3);

@@ -503,6 +503,17 @@ inline void store_disagreement_and_failed_group(Backend be) {
     o.grad_dtype = DType::e4m3;
     expect_code(error_of([&] { BucketStore st(comm, store_layout(n), o); }), ErrorCode::InvalidArgument, "grad_dtype e4m3");
   }
+  {
+    // A reduction that is not a gradient reduction (Max), on every rank, then on the
+    // last rank only: every rank throws InvalidArgument (the others name another rank).
+    BucketStoreOptions o;
+    o.grad_reduce = ReduceOp::Max;
+    expect_code(error_of([&] { BucketStore st(comm, store_layout(n), o); }), ErrorCode::InvalidArgument, "grad_reduce Max");
+    BucketStoreOptions one;
+    if (me == n - 1) one.grad_reduce = ReduceOp::Max;
+    expect_code(error_of([&] { BucketStore st(comm, store_layout(n), one); }), ErrorCode::InvalidArgument,
+                me == n - 1 ? "grad_reduce Max" : "invalid on another rank");
+  }
   EXPECT_FALSE(comm.failed());
   {
     Communicator fresh = make_world(be);

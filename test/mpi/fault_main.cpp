@@ -10,7 +10,7 @@
 // the communicator throws Error(Timeout) at once, and the process exits cleanly.
 //
 //   mpi_fault_cases <scenario> <timeout_ms>
-//   scenarios: skip_eager, exit_mid_step, skip_replay, skip_fsdp, skip_construct
+//   scenarios: skip_eager, exit_mid_step, skip_replay, skip_fsdp, skip_hsdp, skip_construct
 #include <mpi.h>
 
 #include <chrono>
@@ -195,6 +195,30 @@ void run(const std::string& scenario, long long t) {
       f.synchronize(s);
     });
     expect_refused(scenario + " step", comm, [&] { f.step(s); });
+  } else if (scenario == "skip_hsdp") {
+    // HSDP, shard groups of 2 (4 ranks: shard groups {0, 1} and {2, 3}, replica groups
+    // {0, 2} and {1, 3}): the deadline is set on the world only, so the shard and
+    // replica groups split from it must inherit it. The faulty rank 3 stops after the
+    // construction (it never enters another collective): rank 2 waits for it in its
+    // shard group's parameter all-gather; ranks 0 and 1 gather in their own shard group
+    // and wait in the replica groups' gradient all-reduce (for rank 3, or for rank 2
+    // stuck behind it). Every live rank gets Error(Timeout) from a 2-rank group in time.
+    FsdpOptions o = fsdp_options(base_options(DType::f32));
+    o.shard_group_size = 2;
+    o.watchdog.emplace().wait_timeout = std::chrono::milliseconds(t);  // step_timeout: the default
+    Fsdp f(comm, small_model(), small_units(), o);
+    check(f.shard_size() == 2 && f.replicas() == comm.size() / 2, "HSDP with shard groups of 2");
+    init_fsdp(f, s);
+    f.synchronize(s);
+    if (faulty) return faulty_done(b);
+    const std::vector<std::string> names = host ? std::vector<std::string>{"of 2 did not complete", "wait_timeout", "waited"}
+                                                : std::vector<std::string>{"Fsdp::synchronize", "wait_timeout", "waited", me};
+    expect_timeout(scenario, t, names, [&] {
+      fsdp_microbatch(f, s, comm.rank(), GradKind::Grid);
+      f.step(s);
+      f.synchronize(s);
+    });
+    expect_refused(scenario + " synchronize", comm, [&] { f.synchronize(s); });
   } else {
     check(false, "unknown scenario '" + scenario + "'");
     return;

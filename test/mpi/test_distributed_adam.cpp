@@ -15,6 +15,8 @@ TEST(DistributedAdamHost, GraphReplayEqualsEagerWithDeferredGathers) { case_grap
 TEST(DistributedAdamHost, InfInOneRankSkipsTheStepEverywhere) { case_inf_skips_everywhere(kB); }
 TEST(DistributedAdamHost, ZeroGradViewsAndCopies) { case_zero_grad_and_copies(kB); }
 TEST(DistributedAdamHost, ExternalSgdThroughShardGrad) { case_external_sgd(kB); }
+TEST(DistributedAdamHost, AverageIsSumThenDivideBitwise) { case_average_is_sum_then_divide(kB); }
+TEST(DistributedAdamHost, ReplayStepRefusedInOneGraphMode) { case_replay_step_refused_in_one_graph_mode(kB); }
 TEST(DistributedAdamHost, MismatchedSpecsAreAClearError) { case_mismatched_specs(kB); }
 TEST(DistributedAdamHost, MemoryReportEqualsFormula) { case_memory_formula(kB); }
 TEST(DistributedAdamHost, DeferredGatherEqualsImmediate) {

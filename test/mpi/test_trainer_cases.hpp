@@ -22,6 +22,7 @@
 
 #include "op_math.hpp"
 #include "trainer.hpp"
+#include "unit/test_nvfp4_reference.hpp"  // the oracles' decodes (test/ on the include path)
 
 namespace trainer::test {
 
@@ -85,10 +86,28 @@ inline void case_loss_below_threshold(shardopt::Backend b, const std::string& mo
   EXPECT_FALSE(last.skipped);
 }
 
+/// The bit pattern of a double or float (bitwise comparisons of statistics).
+template <class T>
+inline std::vector<std::uint8_t> bits_of(const T& v) {
+  std::vector<std::uint8_t> out(sizeof v);
+  std::memcpy(out.data(), &v, sizeof v);
+  return out;
+}
+
+/// This rank's piece of parameter i's fp32 master (dist-adam or fsdp), as bytes.
+inline std::vector<std::uint8_t> master_bytes(Trainer& t, int i) {
+  const shardopt::ShardView m = t.dist_adam() != nullptr ? t.dist_adam()->shard_master(i) : t.fsdp()->shard_master(i);
+  std::vector<std::uint8_t> out(m.bytes());
+  t.synchronize();
+  if (!out.empty()) t.ops().download(out.data(), Tensor{m.data, Elem::f32, m.numel()});
+  return out;
+}
+
 /// Runs two trainers (same options but the graph) step by step and compares, after every
 /// step, the per-group gradient norms taken on the device from the gradient views before
-/// the step (1e-6 relative; they are expected bitwise equal), the losses, the global
-/// norm; at the end every parameter, bitwise (dist-adam).
+/// the step, the losses and the global norm, bitwise (with `expect_equal`); at the end
+/// every parameter (the full views with dist-adam, this rank's shard pieces with fsdp)
+/// and this rank's fp32 master pieces, bitwise.
 /// Returns the largest relative group-norm difference seen, per group.
 inline std::array<double, kNormGroups> compare_graph_and_eager(shardopt::Backend b, const std::string& mode,
                                                               const std::string& experts, bool one_graph,
@@ -115,21 +134,26 @@ inline std::array<double, kNormGroups> compare_graph_and_eager(shardopt::Backend
       const double d = rel(g.group_norm[static_cast<std::size_t>(k)], e.group_norm[static_cast<std::size_t>(k)]);
       worst[static_cast<std::size_t>(k)] = std::max(worst[static_cast<std::size_t>(k)], d);
       if (expect_equal) {
-        EXPECT_LE(d, 1e-6) << "step " << s << " group " << to_string(static_cast<NormGroup>(k)) << ": graph "
+        EXPECT_EQ(bits_of(g.group_norm[static_cast<std::size_t>(k)]), bits_of(e.group_norm[static_cast<std::size_t>(k)]))
+            << "step " << s << " group " << to_string(static_cast<NormGroup>(k)) << ": graph "
                            << g.group_norm[static_cast<std::size_t>(k)] << " eager "
                            << e.group_norm[static_cast<std::size_t>(k)];
         EXPECT_GT(e.group_norm[static_cast<std::size_t>(k)], 0.0) << "group " << to_string(static_cast<NormGroup>(k));
       }
     }
     if (expect_equal) {
-      EXPECT_LE(rel(g.loss, e.loss), 1e-6) << "step " << s;
-      EXPECT_LE(rel(g.grad_norm, e.grad_norm), 1e-6) << "step " << s;
+      EXPECT_EQ(bits_of(g.loss), bits_of(e.loss)) << "step " << s << ": graph " << g.loss << " eager " << e.loss;
+      EXPECT_EQ(bits_of(g.grad_norm), bits_of(e.grad_norm))
+          << "step " << s << ": graph " << g.grad_norm << " eager " << e.grad_norm;
       EXPECT_EQ(g.step, e.step);
     }
   }
-  if (expect_equal && mode == "dist-adam") {
-    for (int i = 0; i < graph.spec().num_params(); ++i)
-      EXPECT_EQ(graph.param_bytes(i), eager.param_bytes(i)) << graph.spec().params()[static_cast<std::size_t>(i)].name;
+  if (expect_equal) {
+    for (int i = 0; i < graph.spec().num_params(); ++i) {
+      SCOPED_TRACE(graph.spec().params()[static_cast<std::size_t>(i)].name);
+      EXPECT_EQ(graph.param_bytes(i), eager.param_bytes(i));
+      EXPECT_EQ(master_bytes(graph, i), master_bytes(eager, i));
+    }
   }
   return worst;
 }
@@ -194,30 +218,51 @@ inline std::vector<int> mxfp8_params(const Trainer& t) {
   return out;
 }
 
-/// bf16 of the library's f32 decode (shardopt::dequantize_mxfp8 of parameter i's rowwise
-/// plane, or shardopt::dequantize_nvfp4 member by member) as the optimizer holds it now,
-/// run on the trainer's backend and stream.
+/// `n` bytes at `src` in the trainer's device memory (synchronous).
+inline std::vector<std::uint8_t> download_bytes(Trainer& t, const void* src, std::int64_t n) {
+  std::vector<std::uint8_t> out(static_cast<std::size_t>(n));
+  const auto* p = static_cast<const std::uint8_t*>(src);
+  // Whole bf16 elements (the trainer moves no byte tensors); an odd last byte is the
+  // second of the two bytes that end at src + n.
+  if (n >= 2) t.ops().download(out.data(), Tensor{const_cast<std::uint8_t*>(p), Elem::bf16, n / 2});
+  if (n % 2 == 1 && n >= 2) {
+    std::uint8_t two[2];
+    t.ops().download(two, Tensor{const_cast<std::uint8_t*>(p + n - 2), Elem::bf16, 1});
+    out.back() = two[1];
+  }
+  return out;
+}
+
+/// bf16 of the test oracle's f32 decode (test/unit's mxfp8_ref / nvfp4_ref, not the
+/// library's dequantize) of parameter i's MXFP8 rowwise plane, or of its NVFP4 planes
+/// member by member, as the optimizer holds them now.
 inline std::vector<std::uint16_t> dequantized_bf16(Trainer& t, int i) {
   shardopt::DistributedAdam& opt = *t.dist_adam();
-  const std::int64_t n = shardopt::numel(opt.layout().specs()[static_cast<std::size_t>(i)].shape);
-  Buffer f32 = t.ops().alloc(Elem::f32, n);
+  t.synchronize();
+  std::vector<std::uint16_t> out;
   if (opt.is_nvfp4(i)) {
     const shardopt::Nvfp4View v = opt.nvfp4_param(i);
     for (std::int64_t g = 0; g < v.members; ++g) {
       const shardopt::Nvfp4Planes m = v.member(g);
-      shardopt::dequantize_nvfp4(v.shape, m.data, m.scale, m.decode_scale, f32.as<float>() + g * v.shape.numel(),
-                                 t.comm().backend(), t.ops().stream());
+      nvfp4_ref::Quantized q;
+      q.data = download_bytes(t, m.data, v.shape.data_bytes());
+      q.scale = download_bytes(t, m.scale, v.shape.scale_numel());
+      const auto decode = download_bytes(t, m.decode_scale, 4);
+      std::memcpy(&q.decode_scale, decode.data(), 4);
+      for (std::int64_t e = 0; e < v.shape.numel(); ++e)
+        out.push_back(mxfp8_ref::to_bf16(nvfp4_ref::dequantize(q, v.shape.cols, e)));
     }
   } else {
     const shardopt::Mxfp8View v = opt.mxfp8_param(i);
-    shardopt::dequantize_mxfp8(v.shape, shardopt::Mxfp8Plane::Rowwise, v.planes.data_row, v.planes.scale_row,
-                               f32.as<float>(), t.comm().backend(), t.ops().stream());
+    const auto data = download_bytes(t, v.planes.data_row, v.shape.numel());
+    const auto scale = download_bytes(t, v.planes.scale_row, v.shape.scale_row_numel());
+    for (std::int64_t g = 0; g < v.shape.members; ++g)
+      for (std::int64_t r = 0; r < v.shape.rows; ++r)
+        for (std::int64_t c = 0; c < v.shape.cols; ++c)
+          out.push_back(mxfp8_ref::to_bf16(mxfp8_ref::dequantize(
+              data[static_cast<std::size_t>(v.shape.element_index(g, r, c))],
+              scale[static_cast<std::size_t>(v.shape.scale_row_index(g, r, c))])));
   }
-  t.synchronize();
-  std::vector<float> values(static_cast<std::size_t>(n));
-  t.ops().download(values.data(), f32);
-  std::vector<std::uint16_t> out;
-  for (float x : values) out.push_back(math::to_bf16(x));
   return out;
 }
 
@@ -231,15 +276,15 @@ inline std::vector<std::uint16_t> compute_bits(Trainer& t, int i) {
 }
 
 /// --params mxfp8: the bf16 weights the GEMMs read in an iteration are exactly the decoded
-/// MXFP8 parameters that iteration started from -- bf16(dequantize_mxfp8(rowwise plane)),
-/// bitwise -- on every step, so the compute buffers (refreshed on the first microbatch only,
+/// MXFP8 parameters that iteration started from -- bf16 of the oracle's decode of the
+/// rowwise plane, bitwise -- on every step, so the compute buffers (refreshed on the first microbatch only,
 /// by the device flag skip_weight_update) are never stale: not under graph replay (one
 /// graph, or one microbatch graph replayed for microbatches 0..K-2), not after a step that
 /// found an Inf and changed nothing (step 4: loss scale 1e-45, so the unscaled gradient
 /// overflows), and not on the step after it. Also: the parameters do change every other
 /// step (so a stale buffer would be seen), and every compute value is an E4M3 value times a
 /// power of two (at most 4 significant bits: the GEMMs really read MXFP8 weights).
-/// With params "nvfp4" the same, for bf16(dequantize_nvfp4(member)) (no bit-count check:
+/// With params "nvfp4" the same, for bf16 of the oracle's decode of each member (no bit-count check:
 /// an NVFP4 value is an E2M1 code times an E4M3 scale times the fp32 decode scale).
 inline void case_mxfp8_compute_weights_are_current(shardopt::Backend b, const std::string& experts, bool graph,
                                                    bool one_graph, const std::string& params = "mxfp8") {

@@ -216,7 +216,18 @@ TEST(Layout, BuffersPerDtype) {
   EXPECT_EQ(L.groups(), (std::vector<std::string>{"decay", "no_decay"}));
   EXPECT_EQ(L.params()[1].group, 1);
   EXPECT_EQ(L.param_index("v"), 2);
-  EXPECT_THROW(L.param_index("nope"), Error);
+  try {
+    (void)L.param_index("nope");
+    ADD_FAILURE() << "an unknown parameter name must throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::OutOfRange) << e.what();
+  }
+  try {
+    (void)L.group_index("nope");
+    ADD_FAILURE() << "an unknown group name must throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::OutOfRange) << e.what();
+  }
 }
 
 TEST(Layout, Llama1BShapes) {
