@@ -243,7 +243,7 @@ inline void case_fsdp_resume_bitwise(Backend b, bool graph) {
     if (!graph) return fsdp_train(f, s, steps);
     graph_steps(f, g, fn(f), s, steps);
   };
-  Fsdp a(comm, small_model(), small_units(), fo);
+  Fsdp a(comm, fsdp_model(), small_units(), fo);
   TestStream sa(b);
   init_fsdp(a, sa.get());
   std::optional<StepGraph> ga;
@@ -252,7 +252,7 @@ inline void case_fsdp_resume_bitwise(Backend b, bool graph) {
   const auto at_save = fsdp_state(a, sa.get());
   run(a, ga, sa.get(), 10);
   const auto uninterrupted = fsdp_state(a, sa.get());
-  Fsdp fresh(comm, small_model(), small_units(), fo);
+  Fsdp fresh(comm, fsdp_model(), small_units(), fo);
   TestStream sf(b);
   fresh.load(dir.sub("ckpt"), sf.get());
   EXPECT_TRUE(fsdp_state(fresh, sf.get()) == at_save);
@@ -365,7 +365,7 @@ inline void reshard_run(Backend b, int from, Front a, int to, Front c, const Res
 /// Native parameters (bf16, as FSDP keeps them): also every DistributedAdam parameter
 /// equals the reference's.
 inline void case_reshard(Backend b, int from, Front a, int to, Front c, int t1 = 6, int t2 = 5) {
-  ReshardModel m{small_model(), small_units(), ckpt_options(DType::f32), fsdp_options, init_params, init_fsdp,
+  ReshardModel m{fsdp_model(), small_units(), ckpt_options(DType::f32), fsdp_options, init_params, init_fsdp,
                  [](Fsdp& f, Stream s, int steps) { fsdp_train(f, s, steps); }};
   m.options.param_dtype = DType::bf16;  // one dtype, as FSDP keeps
   reshard_run(b, from, a, to, c, m, 170, t1, t2,
@@ -660,7 +660,10 @@ inline void case_write_for_python(Backend b) {
     DistributedAdam dm(comm, mx_model(), mo);
     FsdpOptions fmo = fsdp_mx_options(mo);
     fmo.param_dtype = DType::f32;  // the 1-D parameters as DistributedAdam keeps them beside MXFP8
-    Fsdp fm(comm, mx_model(), mx_units(), fmo);
+    std::vector<ParamSpec> fspecs = mx_model();
+    for (ParamSpec& spec : fspecs)
+      if (spec.shape.size() < 2) spec.dtype = DType::f32;  // what Fsdp stores them in must be their spec dtype
+    Fsdp fm(comm, fspecs, mx_units(), fmo);
     TestStream ds(b), fs(b);
     mx_init(dm, ds.get());
     fsdp_mx_init(fm, fs.get());
