@@ -220,9 +220,11 @@ struct FsdpCaseModel {
 
 /// The whole FSDP iteration of `model` captured in one graph and replayed equals eager
 /// iterations, bitwise (step scalars, parameter shards, master, moments). `after` (may
-/// be empty) compares more of the two optimizers.
+/// be empty) compares more of the two optimizers; `wrap` (may be empty) changes the
+/// graphed trainer only.
 inline void fsdp_graph_vs_eager(Backend b, const FsdpCaseModel& model, int microbatches, int iterations,
-                                const std::function<void(Fsdp&, Fsdp&, Stream, Stream)>& after = {}) {
+                                const std::function<void(Fsdp&, Fsdp&, Stream, Stream)>& after = {},
+                                const TrainerWrap& wrap = {}) {
   const int rank = world_rank();
   DistributedAdamOptions d = model.adam;
   d.microbatches = microbatches;
@@ -236,7 +238,7 @@ inline void fsdp_graph_vs_eager(Backend b, const FsdpCaseModel& model, int micro
   auto fn = [&model, rank](Fsdp& f) -> StepGraph::MicrobatchFn {
     return [&model, &f, rank](Stream s, bool) { model.microbatch(f, s, rank); };
   };
-  StepGraph ge(fe, fn(fe)), gg(fg, fn(fg));
+  StepGraph ge(fe, fn(fe)), gg(fg, wrap ? wrap(fn(fg), sg.get()) : fn(fg));
   gg.capture(sg.get());
   for (int it = 1; it < iterations; ++it) gg.replay(sg.get());
   for (int it = 0; it < iterations; ++it) ge.run_eager(se.get());
@@ -248,10 +250,10 @@ inline void fsdp_graph_vs_eager(Backend b, const FsdpCaseModel& model, int micro
 }
 
 /// The whole FSDP iteration captured in one graph and replayed equals eager, bitwise.
-inline void case_fsdp_graph_equals_eager(Backend b, int microbatches, int iterations) {
+inline void case_fsdp_graph_equals_eager(Backend b, int microbatches, int iterations, const TrainerWrap& wrap = {}) {
   FsdpCaseModel m{fsdp_model(), small_units(), base_options(DType::bf16), fsdp_options, init_fsdp,
                   [](Fsdp& f, Stream s, int rank) { fsdp_microbatch(f, s, rank, GradKind::Random); }};
-  fsdp_graph_vs_eager(b, m, microbatches, iterations);
+  fsdp_graph_vs_eager(b, m, microbatches, iterations, {}, wrap);
 }
 
 /// Every gathered unit the compute stream reads (snapshotted right after wait_param) is
