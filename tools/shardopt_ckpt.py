@@ -11,8 +11,9 @@ Commands::
         step, world size, files, and every model tensor with its shape, param dtype,
         format (native / mxfp8), group and the kinds that are stored.
     shardopt_ckpt.py verify DIR
-        index.json present and well-formed; every file present with the size the index
-        gives; each file's data section matches its CRC-32C in the file's metadata and in
+        index.json present and well-formed (world_size files, each a plain file name
+        inside DIR: no separator, "." or "..", NUL, nor absolute path; never followed
+        outside DIR); every file present with the size the index gives; each file's data section matches its CRC-32C in the file's metadata and in
         the index; every slice listed in the index is in its file (and no other tensor
         is); each kind's slices cover its model tensor exactly once; dtypes as documented.
         Exit 0 when good, 1 with one line per problem.
@@ -284,6 +285,8 @@ class SafetensorsHeader:
             header = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as e:
             raise CheckpointError(f"{self.name}: header is not valid JSON ({e})")
+        except RecursionError:
+            raise CheckpointError(f"{self.name}: header is JSON nested too deep to be a safetensors header")
         if not isinstance(header, dict):
             raise CheckpointError(f"{self.name}: header is not a JSON object")
         meta = header.pop("__metadata__", None) or {}
@@ -407,6 +410,23 @@ def kind_shape(shape, kind):
     return list(shape)
 
 
+def not_plain_name(name):
+    """Why `name` (a file name from index.json) is not a plain file name inside the
+    checkpoint directory, or None: no separator, no "." or "..", not empty, no NUL, not
+    absolute."""
+    if name == "":
+        return "is empty"
+    if name in (".", ".."):
+        return "names a directory"
+    if "\0" in name:
+        return "holds a NUL character"
+    if name.startswith("/") or os.path.isabs(name):
+        return "is an absolute path"
+    if "/" in name or "\\" in name:
+        return "holds a path separator"
+    return None
+
+
 def _parse_index(obj):
     """-> (files, tensors, slices, problems). files: list of dict or None (bad entry);
     tensors: {name: dict}; slices: {(tensor, kind): [(file, offset, length)]}."""
@@ -430,14 +450,21 @@ def _parse_index(obj):
     if not isinstance(fl, list):
         problems.append("index.json: files is missing or not a list")
         fl = []
+    if _is_int(ws) and ws >= 1 and len(fl) != ws:
+        problems.append(f"index.json: world_size is {ws} but files lists {len(fl)} files (one per saving rank)")
     seen_ranks = set()
     for i, fe in enumerate(fl):
-        ok = (isinstance(fe, dict) and isinstance(fe.get("file"), str) and fe["file"]
-              and os.path.basename(fe["file"]) == fe["file"] and fe["file"] not in (".", "..")
+        ok = (isinstance(fe, dict) and isinstance(fe.get("file"), str)
               and _is_int(fe.get("rank")) and _is_int(fe.get("bytes"))
               and isinstance(fe.get("checksum"), str))
         if not ok:
             problems.append(f"index.json: files[{i}] is not {{file, rank, bytes, checksum}}: {fe!r}")
+            files.append(None)
+            continue
+        why = not_plain_name(fe["file"])
+        if why:
+            problems.append(f"index.json: files[{i}] is named {fe['file']!r}, which {why}; a checkpoint names "
+                            f"only plain files inside its directory")
             files.append(None)
             continue
         if not re.fullmatch(r"crc32c:[0-9a-f]{8}", fe["checksum"]):
@@ -507,6 +534,8 @@ def _load_index(path):
             return json.loads(f.read().decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise CheckpointError(f"index.json: not valid JSON ({e})")
+    except RecursionError:
+        raise CheckpointError("index.json: JSON nested too deep to be a checkpoint index")
     except OSError as e:
         raise CheckpointError(f"index.json: cannot read: {e.strerror or e}")
 
@@ -939,7 +968,7 @@ def main(argv=None):
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except (ValueError, KeyError, TypeError, IndexError, struct.error) as e:
+    except (ValueError, KeyError, TypeError, IndexError, struct.error, RecursionError) as e:
         # a malformed checkpoint this tool did not foresee: still one line, no traceback
         print(f"error: cannot read the checkpoint: {type(e).__name__}: {e}", file=sys.stderr)
         return 1

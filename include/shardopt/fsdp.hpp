@@ -105,7 +105,9 @@ struct FsdpGatherStats {
 /// Options of an Fsdp optimizer: the Adam settings (AdamOptions: betas, eps, groups,
 /// clipping, moment dtype, schedule, microbatches) and the FSDP ones below.
 struct FsdpOptions : AdamOptions {
-  /// Storage dtype of every parameter (shard and gathered slots).
+  /// Storage dtype of every parameter (shard and gathered slots). Every ParamSpec of a
+  /// parameter stored so (with Mxfp8: those not quantized) must have this dtype: the
+  /// constructor refuses one that differs, on every rank, with Error(InvalidArgument).
   DType param_dtype = DType::bf16;
   /// Persistent gradient shard: bf16 / f16, or f32 (fp32 accumulation across microbatches).
   DType grad_dtype = DType::bf16;
@@ -142,9 +144,10 @@ class Fsdp {
  public:
   /// Collective over `comm`. Checks that every rank passes the same options (every field
   /// above but persistent_grad_copies: Error(LayoutMismatch) on every rank naming the first
-  /// that differs and each rank's value), the units (contiguous, covering every parameter
-  /// once) and that every rank has the same layout; allocates the shard, the moments and
-  /// the pool.
+  /// that differs and each rank's value), that the specs' dtypes are param_dtype
+  /// (Error(InvalidArgument) on every rank naming the parameter, both dtypes and the
+  /// option), the units (contiguous, covering every parameter once) and that every rank
+  /// has the same layout; allocates the shard, the moments and the pool.
   Fsdp(Communicator comm, std::vector<ParamSpec> specs, std::vector<FsdpUnit> units, FsdpOptions options = {});
   ~Fsdp();
   Fsdp(Fsdp&&) noexcept;

@@ -2,9 +2,9 @@
 //
 // An iteration is: for each microbatch, the trainer's forward+backward followed by the
 // device-side microbatch advance; then step() and zero_grad(). StepGraph runs warm-up
-// iterations eagerly on a side stream (they are real iterations: they train), checks
-// that nothing in the step would allocate or free (DistributedAdam::check_capturable),
-// then captures:
+// iterations eagerly on the stream passed to capture() (they are real iterations: they
+// train), checks that nothing in the step would allocate or free
+// (DistributedAdam::check_capturable), then captures that same stream:
 //   * an "accumulate" microbatch graph (grad sync off) that serves every microbatch but
 //     the last (weight-gradient GEMMs must use the accumulate form D = AB + D,
 //     since grads are zeroed once per step, not per microbatch);
@@ -38,10 +38,13 @@ struct StepGraphOptions {
 /// A captured training iteration.
 class StepGraph {
  public:
-  /// The trainer's forward+backward of one microbatch, enqueued on `stream`. `last` is a
-  /// capture-time structural flag: true for the graph of the step's last microbatch.
-  /// Anything that varies per microbatch must be read from the device
-  /// (DistributedAdam::device_microbatch()).
+  /// The trainer's forward+backward of one microbatch, enqueued on `stream`: always the
+  /// stream the trainer passed to run_eager() or capture() (warm-up and capture alike),
+  /// so enqueuing on that stream directly is the same thing. Work the function puts on
+  /// any other stream must be ordered with `stream` both ways (event record/wait), as in
+  /// any CUDA capture. `last` is a capture-time structural flag: true for the graph of
+  /// the step's last microbatch. Anything that varies per microbatch must be read from
+  /// the device (DistributedAdam::device_microbatch()).
   using MicrobatchFn = std::function<void(Stream stream, bool last)>;
 
   StepGraph(DistributedAdam& optimizer, MicrobatchFn microbatch, StepGraphOptions options = {});
@@ -59,8 +62,9 @@ class StepGraph {
 
   /// Runs one iteration eagerly on `stream`, in exactly the order the graphs replay.
   void run_eager(Stream stream);
-  /// Warm-up, then capture (see the file comment). Throws Error(CaptureRefused) before
-  /// capturing when the optimizer's configuration would allocate or free in the step.
+  /// Warm-up iterations on `stream`, then capture of `stream` (see the file comment).
+  /// Throws Error(CaptureRefused) before capturing when the optimizer's configuration
+  /// would allocate or free in the step.
   void capture(Stream stream);
   /// One iteration from the captured graphs. Watched by the step watchdog
   /// (AdamOptions::watchdog.step_timeout, shardopt/watchdog.hpp): an iteration that has

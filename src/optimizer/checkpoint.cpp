@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -652,6 +653,7 @@ struct Read {
   DType from = DType::f32, to = DType::f32;
   char* dst = nullptr;
   const SafetensorsEntry* entry = nullptr;  // in the file's reader (set in pass 1)
+  std::uint64_t slice_elems = 0;            // the slice's length the index gives
 };
 
 const json::Value& member(const json::Value& v, std::string_view key, const std::string& where) {
@@ -659,6 +661,40 @@ const json::Value& member(const json::Value& v, std::string_view key, const std:
   if (found == nullptr)
     throw Error(ErrorCode::InvalidArgument, where + " has no \"" + std::string(key) + "\"; it is not a shardopt checkpoint index");
   return *found;
+}
+
+// A file name the index gives is input like any other: it must name a file inside the
+// checkpoint directory, never one elsewhere (no separator, no "." or "..", not empty, no
+// NUL). Returns why `name` is not such a name, or an empty string.
+std::string not_plain_name(const std::string& name) {
+  if (name.empty()) return "is empty";
+  if (name == "." || name == "..") return "names a directory";
+  if (name.find('\0') != std::string::npos) return "holds a NUL character";
+  if (name.front() == '/') return "is an absolute path";
+  if (name.find_first_of("/\\") != std::string::npos) return "holds a path separator";
+  return {};
+}
+
+// The index's file list: one file per saving rank (world_size of them), each a plain
+// file name inside `dir`.
+void check_file_list(const json::Value& index, const std::string& dir, const std::string& where) {
+  const std::int64_t world = member(index, "world_size", where).as_int();
+  const json::Array& files = member(index, "files", where).as_array();
+  if (world < 1 || static_cast<std::uint64_t>(world) != files.size())
+    throw Error(ErrorCode::InvalidArgument, where + " gives world_size " + std::to_string(world) + " but lists " +
+                                                std::to_string(files.size()) +
+                                                " files (one per saving rank); the index is corrupt");
+  for (std::size_t f = 0; f < files.size(); ++f) {
+    const std::string& name = member(files[f], "file", where).as_string();
+    const std::string why = not_plain_name(name);
+    if (!why.empty()) {
+      std::string shown;  // printable: a hostile name may hold control characters
+      for (const char c : name) shown += static_cast<unsigned char>(c) < 0x20 ? '?' : c;
+      throw Error(ErrorCode::InvalidArgument, where + ": file " + std::to_string(f) + " is named '" + shown + "', which " +
+                                                  why + "; a checkpoint names only plain files inside its directory '" +
+                                                  dir + "' (a hostile or hand-edited index?)");
+    }
+  }
 }
 
 json::Value read_index(const std::string& dir) {
@@ -690,6 +726,7 @@ json::Value read_index(const std::string& dir) {
     throw Error(ErrorCode::Unsupported, "'" + dir + "' was written in checkpoint format version " + std::to_string(version) +
                                             ", newer than this shardopt reads (" + std::to_string(kFormatVersion) +
                                             "); load it with a newer shardopt");
+  check_file_list(index, dir, where);
   return index;
 }
 
@@ -824,6 +861,10 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
       std::int64_t covered = 0;
       for (const json::Value& s : list->as_array()) {
         const std::int64_t so = member(s, "offset", where).as_int(), sl = member(s, "length", where).as_int();
+        if (so < 0 || sl < 0 || sl > INT64_MAX - so)
+          throw Error(ErrorCode::InvalidArgument, where + ": a '" + it.key() + "' slice has offset " +
+                                                      std::to_string(so) + " and length " + std::to_string(sl) +
+                                                      ", which is no range of elements; the index is corrupt");
         const std::int64_t lo = std::max(so, it.offset), hi = std::min(so + sl, it.offset + it.length);
         if (lo >= hi) continue;
         covered += hi - lo;
@@ -832,6 +873,7 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
         r.to = it.dtype;
         r.begin = static_cast<std::uint64_t>(lo - so);  // elements for now: bytes once the file's dtype is known
         r.bytes = static_cast<std::uint64_t>(hi - lo);
+        r.slice_elems = static_cast<std::uint64_t>(sl);
         const ShardView v = it.kind == Kind::Master   ? e.master_view(it.param)
                             : it.kind == Kind::ExpAvg ? e.exp_avg_view(it.param)
                                                       : e.exp_avg_sq_view(it.param);
@@ -873,6 +915,11 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
         if (r.from == DType::e4m3 || (r.from != DType::f32 && r.from != DType::bf16 && r.from != DType::f16))
           throw Error(ErrorCode::InvalidArgument, "tensor '" + r.name + "' of '" + path + "' has dtype " + e->dtype +
                                                       ", not a master or moment dtype");
+        if (e->bytes() % size_of(r.from) != 0 || e->bytes() / size_of(r.from) != r.slice_elems)
+          throw Error(ErrorCode::InvalidArgument, "tensor '" + r.name + "' of '" + path + "' holds " +
+                                                      std::to_string(e->bytes() / size_of(r.from)) +
+                                                      " elements but the index gives its slice " +
+                                                      std::to_string(r.slice_elems) + "; the checkpoint is corrupt");
         r.begin *= size_of(r.from);
         r.bytes *= size_of(r.from);
         r.entry = e;

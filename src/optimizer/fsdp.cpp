@@ -491,6 +491,37 @@ Fsdp::Impl& live(const std::unique_ptr<Fsdp::Impl>& impl) {
 
 detail::StepTarget& Fsdp::step_target() { return live(impl_); }
 
+namespace {
+// Every parameter Fsdp stores natively (all of them; with Mxfp8 those it does not
+// quantize) must say FsdpOptions::param_dtype in its ParamSpec: the option used to win
+// without a word (issue 30). Collective: the ranks exchange the index and dtype of their
+// first mismatching spec, so that every rank throws: of its own mismatch, or else of the
+// first rank's.
+void check_spec_dtypes(const Communicator& comm, const std::vector<ParamSpec>& specs, const FsdpOptions& o) {
+  const std::vector<int> storage = o.param_format == ParamFormat::Mxfp8 ? detail::quantized_storage(specs)
+                                                                        : std::vector<int>(specs.size(), 0);
+  std::vector<std::uint64_t> mine = {0, 0};  // 1 + the index of the first mismatch (0: none), its dtype
+  for (std::size_t i = 0; i < specs.size() && mine[0] == 0; ++i)
+    if (storage[i] != detail::kQuantizedStorage && specs[i].dtype != o.param_dtype)
+      mine = {i + 1, static_cast<std::uint64_t>(specs[i].dtype)};
+  const std::vector<std::uint64_t> all = comm.all_gather_values(mine);
+  for (int k = -1; k < comm.size(); ++k) {
+    const int r = k < 0 ? comm.rank() : k;
+    const std::uint64_t at = all[2 * static_cast<std::size_t>(r)];
+    if (at == 0) continue;
+    const std::size_t i = static_cast<std::size_t>(at - 1);
+    const std::string have = to_string(static_cast<DType>(all[2 * static_cast<std::size_t>(r) + 1]));
+    const std::string want = to_string(o.param_dtype);
+    throw Error(ErrorCode::InvalidArgument,
+                "Fsdp: ParamSpec '" + (i < specs.size() ? specs[i].name : "#" + std::to_string(i)) + "' (parameter " +
+                    std::to_string(i) + (r != comm.rank() ? " on rank " + std::to_string(r) : "") + ") has dtype " +
+                    have + " but FsdpOptions::param_dtype is " + want + ", and Fsdp stores every " +
+                    (o.param_format == ParamFormat::Mxfp8 ? "parameter it does not quantize" : "parameter") +
+                    " in param_dtype: set FsdpOptions::param_dtype = " + have + ", or give the spec dtype " + want);
+  }
+}
+}  // namespace
+
 Fsdp::Fsdp(Communicator comm, std::vector<ParamSpec> specs, std::vector<FsdpUnit> units, FsdpOptions options) {
   SHARDOPT_REQUIRE(comm.valid(), ErrorCode::InvalidArgument, "Fsdp needs a valid Communicator");
   // The deadlines first (they bound the agreement's own all-gathers, and the shard and
@@ -499,6 +530,7 @@ Fsdp::Fsdp(Communicator comm, std::vector<ParamSpec> specs, std::vector<FsdpUnit
   if (options.watchdog) comm.set_watchdog(*options.watchdog);
   detail::check_options_agree(comm, "FsdpOptions", detail::fsdp_fields(options));
   detail::validate(options, options.grad_dtype);
+  check_spec_dtypes(comm, specs, options);
   impl_ = std::make_unique<Impl>(std::move(comm), std::move(specs), std::move(units), std::move(options));
 }
 

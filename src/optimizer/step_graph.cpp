@@ -6,11 +6,9 @@
 #include "comm/deadline.hpp"
 #include "core/graph.hpp"
 #include "core/live.hpp"
-#include "core/streams.hpp"
 #include "shardopt/distributed_adam.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/fsdp.hpp"
-#include "shardopt/host_stream.hpp"
 #include "optimizer/replay_watch.hpp"
 #include "optimizer/step_target.hpp"
 
@@ -101,18 +99,13 @@ void StepGraph::capture(Stream stream) {
   Impl& m = live(impl_);
   const Backend be = m.target.step_backend();
   SHARDOPT_REQUIRE(!captured(), ErrorCode::InvalidState, "StepGraph::capture() was already called");
-  {
-    // Warm-up on a side stream, ordered after and before the caller's stream.
-    SideStream side(be);
-    HostStream host_side;
-    const Stream ws = be == Backend::Cuda ? side.get() : host_side.handle();
-    order_after(be, stream, ws);
-    for (int i = 0; i < m.options.warmup_iterations; ++i) m.eager(ws);
-    m.target.finish_pending(ws);  // a capture may not wait for work started outside it
-    order_after(be, ws, stream);
-    synchronize(be, ws);
-    synchronize(be, stream);
-  }
+  // Warm-up on the caller's stream itself, so that the microbatch function is handed
+  // `stream` in every call, warm-up and capture alike: a trainer that enqueues on the
+  // stream it passed here instead of the one it is handed is ordered either way.
+  // Nothing needs a stream of its own here (docs/decisions.md, issue 30).
+  for (int i = 0; i < m.options.warmup_iterations; ++i) m.eager(stream);
+  m.target.finish_pending(stream);  // a capture may not wait for work started outside it
+  synchronize(be, stream);
   m.target.check_step_capturable();
   if (m.one_graph) {
     m.whole = std::make_unique<detail::CapturedGraph>();

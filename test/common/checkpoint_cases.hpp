@@ -18,6 +18,7 @@
 #include <functional>
 #include <iterator>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -244,7 +245,7 @@ inline void case_fsdp_resume_bitwise(Backend b, bool graph) {
     if (!graph) return fsdp_train(f, s, steps);
     graph_steps(f, g, fn(f), s, steps);
   };
-  Fsdp a(comm, small_model(), small_units(), fo);
+  Fsdp a(comm, fsdp_model(), small_units(), fo);
   TestStream sa(b);
   init_fsdp(a, sa.get());
   std::optional<StepGraph> ga;
@@ -253,7 +254,7 @@ inline void case_fsdp_resume_bitwise(Backend b, bool graph) {
   const auto at_save = fsdp_state(a, sa.get());
   run(a, ga, sa.get(), 10);
   const auto uninterrupted = fsdp_state(a, sa.get());
-  Fsdp fresh(comm, small_model(), small_units(), fo);
+  Fsdp fresh(comm, fsdp_model(), small_units(), fo);
   TestStream sf(b);
   fresh.load(dir.sub("ckpt"), sf.get());
   EXPECT_TRUE(fsdp_state(fresh, sf.get()) == at_save);
@@ -366,7 +367,7 @@ inline void reshard_run(Backend b, int from, Front a, int to, Front c, const Res
 /// Native parameters (bf16, as FSDP keeps them): also every DistributedAdam parameter
 /// equals the reference's.
 inline void case_reshard(Backend b, int from, Front a, int to, Front c, int t1 = 6, int t2 = 5) {
-  ReshardModel m{small_model(), small_units(), ckpt_options(DType::f32), fsdp_options, init_params, init_fsdp,
+  ReshardModel m{fsdp_model(), small_units(), ckpt_options(DType::f32), fsdp_options, init_params, init_fsdp,
                  [](Fsdp& f, Stream s, int steps) { fsdp_train(f, s, steps); }};
   m.options.param_dtype = DType::bf16;  // one dtype, as FSDP keeps
   reshard_run(b, from, a, to, c, m, 170, t1, t2,
@@ -661,7 +662,10 @@ inline void case_write_for_python(Backend b) {
     DistributedAdam dm(comm, mx_model(), mo);
     FsdpOptions fmo = fsdp_mx_options(mo);
     fmo.param_dtype = DType::f32;  // the 1-D parameters as DistributedAdam keeps them beside MXFP8
-    Fsdp fm(comm, mx_model(), mx_units(), fmo);
+    std::vector<ParamSpec> fspecs = mx_model();
+    for (ParamSpec& spec : fspecs)
+      if (spec.shape.size() < 2) spec.dtype = DType::f32;  // what Fsdp stores them in must be their spec dtype
+    Fsdp fm(comm, fspecs, mx_units(), fmo);
     TestStream ds(b), fs(b);
     mx_init(dm, ds.get());
     fsdp_mx_init(fm, fs.get());
@@ -722,8 +726,63 @@ inline void expect_load_error(DistributedAdam& opt, const std::string& dir, cons
   EXPECT_NE(std::string(e->what()).find(part), std::string::npos) << e->what();
 }
 
+/// Member `key` of JSON object `v`, to change in place.
+inline json::Value& member_ref(json::Value& v, const std::string& key) {
+  for (auto& [k, x] : v.as_object())
+    if (k == key) return x;
+  throw std::runtime_error("the JSON object has no member '" + key + "'");
+}
+
+/// Rewrites `file` as its 8-byte little-endian header length `length`, `header` and its
+/// old data section (the bytes after its old header).
+inline void put_header(const std::string& file, std::uint64_t length, const std::string& header) {
+  const auto bytes = file_bytes(file);
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[static_cast<std::size_t>(i)];
+  std::vector<std::uint8_t> out(8);
+  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(length >> (8 * i));
+  out.insert(out.end(), header.begin(), header.end());
+  out.insert(out.end(), bytes.begin() + static_cast<std::ptrdiff_t>(8 + n), bytes.end());
+  write_bytes(file, out);
+}
+
+/// Changes the safetensors header of `file` in place: `edit` gets the tensor entry whose
+/// data ends last (its "shape" and "data_offsets" members).
+inline void edit_last_tensor(const std::string& file, const std::function<void(json::Value& shape, json::Value& offsets)>& edit) {
+  const auto bytes = file_bytes(file);
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[static_cast<std::size_t>(i)];
+  json::Value h = json::parse(std::string(bytes.begin() + 8, bytes.begin() + static_cast<std::ptrdiff_t>(8 + n)));
+  json::Value* last = nullptr;
+  for (auto& [name, t] : h.as_object())
+    if (name != "__metadata__" && (last == nullptr || t.at("data_offsets").as_array()[1].as_int() >
+                                                          last->at("data_offsets").as_array()[1].as_int()))
+      last = &t;
+  edit(member_ref(*last, "shape"), member_ref(*last, "data_offsets"));
+  const std::string text = json::write(h);
+  put_header(file, text.size(), text);
+}
+
+/// Changes `dir`/index.json in place.
+inline void edit_index(const std::string& dir, const std::function<void(json::Value&)>& edit) {
+  const auto bytes = file_bytes(dir + "/index.json");
+  json::Value index = json::parse(std::string(bytes.begin(), bytes.end()));
+  edit(index);
+  const std::string text = json::write(index, 1);
+  write_bytes(dir + "/index.json", {text.begin(), text.end()});
+}
+
+/// The last slice listed of the first "/master" kind in an index: a piece only its
+/// saving rank reads back, at the highest offset of its tensor.
+inline json::Value& last_master_slice(json::Value& index) {
+  for (auto& [key, list] : member_ref(index, "slices").as_object())
+    if (key.size() > 7 && key.compare(key.size() - 7, 7, "/master") == 0) return list.as_array().back();
+  throw std::runtime_error("the index has no master slices");
+}
+
 /// Every bad checkpoint is refused on every rank with a clear error, and the optimizer
-/// is left exactly as it was.
+/// is left exactly as it was: damaged or incomplete ones, and hostile ones (a copy of a
+/// good one with a header or the index rewritten, issue 30).
 inline void case_bad_checkpoints(Backend b) {
   SharedDir dir("bad");
   Communicator comm = make_comm(b);
@@ -803,6 +862,97 @@ inline void case_bad_checkpoints(Backend b) {
                    }
                  }),
                  "Q32");
+  // Hostile headers (of the last rank's file).
+  const std::string last_file = shard_file("", w - 1, w);
+  expect_refused(variant("header-2p60", [&](const std::string& d) {
+                   auto bytes = file_bytes(d + last_file);
+                   for (int i = 0; i < 8; ++i) bytes[static_cast<std::size_t>(i)] = i == 7 ? 0x10 : 0;  // 2^60
+                   write_bytes(d + last_file, bytes);
+                 }),
+                 "header length 1152921504606846976 exceeds the limit");
+  expect_refused(variant("offsets-past-end", [&](const std::string& d) {
+                   edit_last_tensor(d + last_file, [](json::Value& shape, json::Value& off) {
+                     // Shape and offsets agree, but the data would run 1 MiB elements
+                     // past the end of the file.
+                     const std::int64_t n = shape.as_array()[0].as_int();
+                     const std::int64_t b0 = off.as_array()[0].as_int(), e0 = off.as_array()[1].as_int();
+                     const std::int64_t grow = std::int64_t{1} << 20;
+                     shape.as_array()[0] = json::Value(n + grow);
+                     off.as_array()[1] = json::Value(e0 + grow * ((e0 - b0) / n));
+                   });
+                 }),
+                 "file is truncated: its header describes");
+  expect_refused(variant("offsets-reversed", [&](const std::string& d) {
+                   edit_last_tensor(d + last_file, [](json::Value&, json::Value& off) {
+                     std::swap(off.as_array()[0], off.as_array()[1]);
+                   });
+                 }),
+                 "is not [begin, end] with 0 <= begin <= end");
+  expect_refused(variant("shape-2p62", [&](const std::string& d) {
+                   edit_last_tensor(d + last_file, [](json::Value& shape, json::Value&) {
+                     shape.as_array()[0] = json::Value(std::int64_t{1} << 62);
+                   });
+                 }),
+                 "shape [4611686018427387904] of");
+  expect_refused(variant("shape-negative", [&](const std::string& d) {
+                   edit_last_tensor(d + last_file, [](json::Value& shape, json::Value&) {
+                     shape.as_array()[0] = json::Value(std::int64_t{-3});
+                   });
+                 }),
+                 "not a non-negative integer");
+  expect_refused(variant("nested", [&](const std::string& d) {
+                   const std::string text = "{\"x\":" + std::string(200000, '[') + std::string(200000, ']') + "}";
+                   put_header(d + last_file, text.size(), text);
+                 }),
+                 "nesting deeper than");
+  // Hostile indexes.
+  expect_refused(variant("slice-offset-2p62", [](const std::string& d) {
+                   edit_index(d, [](json::Value& index) {
+                     member_ref(last_master_slice(index), "offset") = json::Value(std::int64_t{1} << 62);
+                   });
+                 }),
+                 "slices cover");
+  expect_refused(variant("slice-length-2p40", [](const std::string& d) {
+                   edit_index(d, [](json::Value& index) {
+                     member_ref(last_master_slice(index), "length") = json::Value(std::int64_t{1} << 40);
+                   });
+                 }),
+                 "the index gives its slice 1099511627776");
+  expect_refused(variant("slice-overflow", [](const std::string& d) {
+                   edit_index(d, [](json::Value& index) {
+                     member_ref(last_master_slice(index), "offset") = json::Value(std::int64_t{1} << 62);
+                     member_ref(last_master_slice(index), "length") = json::Value(std::int64_t{3} << 61);
+                   });
+                 }),
+                 "which is no range of elements");
+  auto name_file = [&](const std::string& tag, const std::string& name) {
+    return variant(tag, [&](const std::string& d) {
+      edit_index(d, [&](json::Value& index) {
+        member_ref(member_ref(index, "files").as_array()[static_cast<std::size_t>(w - 1)], "file") = json::Value(name);
+      });
+    });
+  };
+  const std::string plain = "a checkpoint names only plain files inside its directory";
+  expect_refused(name_file("name-passwd", "../../../../etc/passwd"), plain);
+  // A valid shard moved next to the directory and named as "../NAME": refused, not loaded.
+  expect_refused(variant("name-moved", [&](const std::string& d) {
+                   std::filesystem::rename(d + last_file, d + "/../moved-" + last_file.substr(1));
+                   edit_index(d, [&](json::Value& index) {
+                     member_ref(member_ref(index, "files").as_array()[static_cast<std::size_t>(w - 1)], "file") =
+                         json::Value("../moved-" + last_file.substr(1));
+                   });
+                 }),
+                 plain);
+  expect_refused(name_file("name-absolute", "/etc/passwd"), plain);
+  expect_refused(name_file("name-backslash", "..\\x.safetensors"), plain);
+  expect_refused(name_file("name-dot", "."), plain);
+  expect_refused(name_file("name-dotdot", ".."), plain);
+  expect_refused(name_file("name-empty", ""), plain);
+  expect_refused(name_file("name-nul", std::string("shard") + '\0' + ".safetensors"), plain);
+  expect_refused(variant("world-100000", [](const std::string& d) {
+                   edit_index(d, [](json::Value& index) { member_ref(index, "world_size") = json::Value(100000); });
+                 }),
+                 "gives world_size 100000 but lists " + std::to_string(w) + " files");
   // Another model: a parameter missing, or of another shape.
   {
     auto specs = small_model();

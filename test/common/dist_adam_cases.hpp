@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/memory.hpp"
@@ -281,10 +282,28 @@ inline void case_random_within_order_tolerance(Backend b, int steps) {
   }
 }
 
+/// Turns a graphed trainer's microbatch function into another one, given the stream the
+/// trainer passes to capture() and replay() (see on_own_stream()).
+using TrainerWrap = std::function<StepGraph::MicrobatchFn(StepGraph::MicrobatchFn, Stream)>;
+
+/// A trainer that ignores the stream StepGraph hands its microbatch function and enqueues
+/// each microbatch on `own`, the stream it passes to capture(), after keeping that stream
+/// busy for ~delay_us (a sleeping kernel on CUDA, nothing on the host backend): a warm-up
+/// on any other stream than `own` would race with the delayed work.
+inline TrainerWrap on_own_stream(Backend b, int delay_us) {
+  return [b, delay_us](StepGraph::MicrobatchFn inner, Stream own) -> StepGraph::MicrobatchFn {
+    return [b, delay_us, inner = std::move(inner), own](Stream, bool last) {
+      delay_stream(b, own, delay_us);
+      inner(own, last);
+    };
+  };
+}
+
 /// StepGraph: capture + replay equals eager iterations, bitwise (params, master,
 /// moments, step, lr, norm), with microbatches, a running schedule and clipping.
+/// `wrap` (may be empty) changes the graphed trainer only.
 inline void case_graph_equals_eager(Backend b, DType grad_dtype, int microbatches, int iterations,
-                                    bool deferred_gather = false) {
+                                    bool deferred_gather = false, const TrainerWrap& wrap = {}) {
   const int rank = world_rank();
   DistributedAdamOptions o = base_options(grad_dtype);
   o.microbatches = microbatches;
@@ -303,7 +322,7 @@ inline void case_graph_equals_eager(Backend b, DType grad_dtype, int microbatche
     });
   };
   StepGraph ge(eager, make_fn(eager));
-  StepGraph gg(graphed, make_fn(graphed), StepGraphOptions{1});
+  StepGraph gg(graphed, wrap ? wrap(make_fn(graphed), sg.get()) : make_fn(graphed), StepGraphOptions{1});
   gg.capture(sg.get());
   for (int it = 1; it < iterations; ++it) gg.replay(sg.get());
   for (int it = 0; it < iterations; ++it) ge.run_eager(se.get());

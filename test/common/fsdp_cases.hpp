@@ -12,8 +12,15 @@
 
 namespace shardopt::test {
 
+/// small_model() as Fsdp takes it: every parameter in `dtype`, norm1 too (Fsdp stores
+/// one dtype, FsdpOptions::param_dtype, and refuses a spec that says another).
+inline std::vector<ParamSpec> fsdp_model(DType dtype = DType::bf16) {
+  std::vector<ParamSpec> s = small_model(dtype);
+  for (ParamSpec& p : s) p.dtype = dtype;
+  return s;
+}
+
 /// small_model() in units: the embedding; norm1 + w1; the experts + bias1; w2 + head.
-/// All bf16 (FSDP keeps one dtype).
 inline std::vector<FsdpUnit> small_units() {
   return {{"embed", 0, 1}, {"block0", 1, 2}, {"experts", 3, 2}, {"block1", 5, 2}};
 }
@@ -139,7 +146,7 @@ inline void case_fsdp_equals_dist_adam(Backend b, int shard_group, int microbatc
   Communicator comm = make_comm(b);
   FsdpOptions fo = fsdp_options(d);
   fo.shard_group_size = shard_group;
-  Fsdp f(comm, small_model(), small_units(), fo);
+  Fsdp f(comm, fsdp_model(), small_units(), fo);
   DistributedAdam sharded(comm, small_model(), d);
   DistributedAdamOptions ro = d;
   ro.grad_reduce = ReduceOp::Sum;
@@ -239,9 +246,11 @@ struct FsdpCaseModel {
 
 /// The whole FSDP iteration of `model` captured in one graph and replayed equals eager
 /// iterations, bitwise (step scalars, parameter shards, master, moments). `after` (may
-/// be empty) compares more of the two optimizers.
+/// be empty) compares more of the two optimizers; `wrap` (may be empty) changes the
+/// graphed trainer only.
 inline void fsdp_graph_vs_eager(Backend b, const FsdpCaseModel& model, int microbatches, int iterations,
-                                const std::function<void(Fsdp&, Fsdp&, Stream, Stream)>& after = {}) {
+                                const std::function<void(Fsdp&, Fsdp&, Stream, Stream)>& after = {},
+                                const TrainerWrap& wrap = {}) {
   const int rank = world_rank();
   DistributedAdamOptions d = model.adam;
   d.microbatches = microbatches;
@@ -255,7 +264,7 @@ inline void fsdp_graph_vs_eager(Backend b, const FsdpCaseModel& model, int micro
   auto fn = [&model, rank](Fsdp& f) -> StepGraph::MicrobatchFn {
     return [&model, &f, rank](Stream s, bool) { model.microbatch(f, s, rank); };
   };
-  StepGraph ge(fe, fn(fe)), gg(fg, fn(fg));
+  StepGraph ge(fe, fn(fe)), gg(fg, wrap ? wrap(fn(fg), sg.get()) : fn(fg));
   gg.capture(sg.get());
   for (int it = 1; it < iterations; ++it) gg.replay(sg.get());
   for (int it = 0; it < iterations; ++it) ge.run_eager(se.get());
@@ -267,10 +276,10 @@ inline void fsdp_graph_vs_eager(Backend b, const FsdpCaseModel& model, int micro
 }
 
 /// The whole FSDP iteration captured in one graph and replayed equals eager, bitwise.
-inline void case_fsdp_graph_equals_eager(Backend b, int microbatches, int iterations) {
-  FsdpCaseModel m{small_model(), small_units(), base_options(DType::bf16), fsdp_options, init_fsdp,
+inline void case_fsdp_graph_equals_eager(Backend b, int microbatches, int iterations, const TrainerWrap& wrap = {}) {
+  FsdpCaseModel m{fsdp_model(), small_units(), base_options(DType::bf16), fsdp_options, init_fsdp,
                   [](Fsdp& f, Stream s, int rank) { fsdp_microbatch(f, s, rank, GradKind::Random); }};
-  fsdp_graph_vs_eager(b, m, microbatches, iterations);
+  fsdp_graph_vs_eager(b, m, microbatches, iterations, {}, wrap);
 }
 
 /// Every gathered unit the compute stream reads (snapshotted right after wait_param) is
@@ -284,7 +293,7 @@ inline void case_fsdp_prefetch_never_stale(Backend b, const std::function<void(S
   d.grad_reduce = ReduceOp::Sum;
   d.param_dtype = DType::bf16;  // FSDP keeps one dtype; the reference must too
   Communicator comm = make_comm(b);
-  Fsdp f(comm, small_model(), small_units(), fsdp_options(d));
+  Fsdp f(comm, fsdp_model(), small_units(), fsdp_options(d));
   DistributedAdamOptions ro = d;
   DistributedAdam ref(Communicator::self(b), small_model(), ro);
   TestStream s(b), rs(b);
@@ -337,7 +346,7 @@ inline void case_fsdp_prefetch_never_stale(Backend b, const std::function<void(S
 inline void case_fsdp_order_change(Backend b) {
   const int rank = world_rank();
   Communicator comm = make_comm(b);
-  Fsdp f(comm, small_model(), small_units(), fsdp_options(base_options(DType::bf16)));
+  Fsdp f(comm, fsdp_model(), small_units(), fsdp_options(base_options(DType::bf16)));
   TestStream s(b);
   init_fsdp(f, s.get());
   fsdp_microbatch(f, s.get(), rank, GradKind::Grid);
@@ -437,7 +446,7 @@ inline void case_fsdp_capture_refused(Backend b) {
 inline void case_fsdp_memory(Backend b) {
   const int world = world_size();
   Communicator comm = make_comm(b);
-  Fsdp f(comm, small_model(), small_units(), fsdp_options(base_options(DType::bf16)));
+  Fsdp f(comm, fsdp_model(), small_units(), fsdp_options(base_options(DType::bf16)));
   const MemoryReport r = f.memory();
   const std::int64_t n = f.layout().total_numel();
   std::int64_t max_unit = 0;

@@ -179,7 +179,7 @@ void run(const std::string& scenario, long long t) {
   } else if (scenario == "skip_fsdp") {
     FsdpOptions o = fsdp_options(base_options(DType::f32));
     o.watchdog.emplace().wait_timeout = std::chrono::milliseconds(t);  // step_timeout: the default
-    Fsdp f(comm, small_model(), small_units(), o);
+    Fsdp f(comm, fsdp_model(), small_units(), o);
     init_fsdp(f, s);
     f.synchronize(s);
     arm(comm, detail::InjectedFault::SkipCollectives, 0);

@@ -102,7 +102,7 @@ TEST(InitStateHost, FsdpRefusesStepGatherReduceBeforeInit) {
   Communicator comm = make_comm(Backend::Host);
   HostStream hs;
   const Stream s = hs.handle();
-  Fsdp f(comm, small_model(), small_units(), fsdp_options(base_options(DType::f32)));
+  Fsdp f(comm, fsdp_model(), small_units(), fsdp_options(base_options(DType::f32)));
   const std::string init_calls = "init_master(stream) (after writing the shard_param(i) pieces)";
   expect_needs_init("step()", init_calls, [&] { f.step(s); });
   expect_needs_init("wait_param('block0')", init_calls, [&] { f.wait_param(1, s); });

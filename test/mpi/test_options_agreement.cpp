@@ -146,7 +146,7 @@ TEST(OptionsAgreementHost, FsdpOptionsThatDifferAreNamed) {
   for (const auto& v : variants) {
     FsdpOptions o = fsdp_options(base_options(DType::bf16));
     if (last) v.change(o);
-    expect_refused_everywhere(v.field, v.other_value, [&] { Fsdp f(comm, small_model(), small_units(), o); });
+    expect_refused_everywhere(v.field, v.other_value, [&] { Fsdp f(comm, fsdp_model(), small_units(), o); });
   }
 }
 

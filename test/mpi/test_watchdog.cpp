@@ -117,7 +117,7 @@ TEST(WatchdogHost, FsdpSynchronizeAndSplitGroupsInherit) {
   o.shard_group_size = comm.size() % 2 == 0 ? 2 : 0;  // hybrid where it can be: shard + replica groups
   o.watchdog = WatchdogOptions{milliseconds(60000), std::chrono::minutes(5)};
   HostStream hs;
-  Fsdp f(comm, small_model(), small_units(), o);
+  Fsdp f(comm, fsdp_model(), small_units(), o);
   init_fsdp(f, hs.handle());
   EXPECT_NO_THROW(f.synchronize(hs.handle()));
   EXPECT_EQ(f.read_scalars(hs.handle()).step, 0);

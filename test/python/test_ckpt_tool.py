@@ -6,7 +6,8 @@ own small checkpoint writer (its own CRC-32C, bf16 and safetensors code, none ta
 the tool) and builds checkpoints of 1, 2 and 3 ranks with uneven shards: a bf16 native
 tensor, a grouped pair moe.experts.0 / moe.experts.1, an f16 tensor, bf16 moments and an
 MXFP8 tensor with data and scale kinds. It checks `list`, `verify` (good, then missing
-index, missing file, truncated file, flipped data byte, a gap, an overlap, a wrong dtype),
+index, missing file, truncated file, flipped data byte, a gap, an overlap, a wrong dtype,
+and the hostile copies of issue 30: rewritten headers, slices, file names, world size),
 `get` (equal to the arrays it sliced) and `export-hf` (loads back equal, index correct).
 
 With SHARDOPT_CKPT_DIR (a checkpoint the C++ tests wrote) it also runs verify and list on
@@ -460,6 +461,99 @@ def test_corruptions(good, model, tmp):
     expect_bad(d, "bf16 master", ["master must be F32"], only=True)
 
 
+def put_header(path, hlen, text):
+    """Rewrites a safetensors file as 8-byte length `hlen`, header bytes `text` and its old
+    data section."""
+    start, _ = st_header(path)
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", hlen) + text + data)
+
+
+def edit_last_tensor(path, edit):
+    """Changes the header entry whose data ends last: edit(entry) changes it in place."""
+    _, h = st_header(path)
+    last = max((k for k in h if k != "__metadata__"), key=lambda k: h[k]["data_offsets"][1])
+    edit(h[last])
+    text = json.dumps(h).encode()
+    put_header(path, len(text), text)
+
+
+def edit_index(d, edit):
+    p = os.path.join(d, "index.json")
+    with open(p) as f:
+        index = json.load(f)
+    edit(index)
+    with open(p, "w") as f:
+        json.dump(index, f, indent=1)
+
+
+def last_master_slice(index):
+    return next(v for k, v in index["slices"].items() if k.endswith("/master"))[-1]
+
+
+def test_hostile(good, tmp):
+    """Copies of a good checkpoint with a header or the index rewritten (issue 30): verify
+    and list refuse each with the problem on one line, never a traceback, and never open a
+    file outside the directory."""
+    last = "shard-00002-of-00003.safetensors"
+
+    def past_end(e):
+        n = e["shape"][0]
+        b, x = e["data_offsets"]
+        e["shape"] = [n + (1 << 20)]
+        e["data_offsets"] = [b, x + (1 << 20) * ((x - b) // n)]
+
+    def name(value):
+        return lambda d: edit_index(d, lambda i: i["files"][2].update(file=value))
+
+    def moved(d):
+        os.rename(os.path.join(d, last), os.path.join(d, "..", "moved-" + last))
+        edit_index(d, lambda i: i["files"][2].update(file="../moved-" + last))
+
+    nested = b'{"x":' + b"[" * 200000 + b"]" * 200000 + b"}"
+    plain = "a checkpoint names only plain files inside its directory"
+    cases = [
+        ("header-2p60", lambda d: put_header(os.path.join(d, last), 1 << 60, b""),
+         "truncated: header of 1152921504606846976 bytes"),
+        ("offsets-past-end", lambda d: edit_last_tensor(os.path.join(d, last), past_end),
+         "truncated: the header says the data ends at byte"),
+        ("offsets-reversed", lambda d: edit_last_tensor(
+            os.path.join(d, last), lambda e: e.update(data_offsets=e["data_offsets"][::-1])), "bad header entry"),
+        ("shape-2p62", lambda d: edit_last_tensor(os.path.join(d, last), lambda e: e.update(shape=[1 << 62])),
+         "has shape [4611686018427387904]"),
+        ("shape-negative", lambda d: edit_last_tensor(os.path.join(d, last), lambda e: e.update(shape=[-3])),
+         "bad header entry"),
+        ("nested", lambda d: put_header(os.path.join(d, last), len(nested), nested), "nested too deep"),
+        ("slice-offset-2p62", lambda d: edit_index(d, lambda i: last_master_slice(i).update(offset=1 << 62)),
+         "(gap)"),
+        ("slice-length-2p40", lambda d: edit_index(d, lambda i: last_master_slice(i).update(length=1 << 40)),
+         "index.json says [1099511627776]"),
+        ("name-passwd", name("../../../../etc/passwd"), plain),
+        ("name-moved", moved, plain),
+        ("world-100000", lambda d: edit_index(d, lambda i: i.update(world_size=100000)),
+         "world_size is 100000 but files lists 3 files"),
+        # the other names that are not plain file names
+        ("name-absolute", name("/etc/passwd"), "is an absolute path"),
+        ("name-backslash", name("..\\x.safetensors"), "holds a path separator"),
+        ("name-dot", name("."), "names a directory"),
+        ("name-dotdot", name(".."), "names a directory"),
+        ("name-empty", name(""), "is empty"),
+        ("name-nul", name("shard\u0000.safetensors"), "holds a NUL character"),
+    ]
+    for tag, damage, needle in cases:
+        d = os.path.join(tmp, "hostile", tag)
+        shutil.copytree(good, d)
+        damage(d)
+        expect_bad(d, tag, [needle])
+        res = run("list", d)
+        no_traceback(res, f"list {tag}")
+        if tag.startswith(("name-", "world-")):  # refused from the index alone
+            check(res[0] == 1 and needle in res[2], f"list {tag}: exit {res[0]} {res[2]}")
+
+
 def test_export(ck, model, tmp):
     out = os.path.join(tmp, "hf")
     res = run("export-hf", ck, out)
@@ -661,6 +755,7 @@ def main():
         good = os.path.join(tmp, "ckpt-w3")
         test_cli_get(good, model, tmp)
         test_corruptions(good, model, tmp)
+        test_hostile(good, tmp)
         test_export(os.path.join(tmp, "ckpt-w2"), model, tmp)
         test_env()
         nv = make_nvfp4_model()

@@ -130,7 +130,9 @@ TEST(Engine, MovedFromDistributedAdamIsAClearError) {
 }
 
 TEST(Engine, MovedFromFsdpIsAClearError) {
-  Fsdp a(Communicator::self(Backend::Host), one_matrix(), {FsdpUnit{"all", 0, 1}});
+  FsdpOptions fo;
+  fo.param_dtype = DType::f32;  // one_matrix() is f32
+  Fsdp a(Communicator::self(Backend::Host), one_matrix(), {FsdpUnit{"all", 0, 1}}, fo);
   Fsdp b(std::move(a));
   HostStream s;
   expect_moved_from([&] { (void)a.layout(); }, "Fsdp");
