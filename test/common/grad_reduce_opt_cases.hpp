@@ -104,28 +104,9 @@ inline void case_dist_adam_f32_accumulate(Backend b) {
 /// The captured step (overlapped per-bucket reduces, clipping, Adam, gathers) replays
 /// with the bits of eager steps, with two microbatches.
 inline void case_dist_adam_f32_accumulate_graph(Backend b, int iterations) {
-  const int rank = world_rank();
-  DistributedAdamOptions o = base_options(DType::bf16);
-  o.grad_reduce_precision = GradReducePrecision::F32Accumulate;
-  o.microbatches = 2;
-  o.clip_max_norm = 0.05f;
-  Communicator comm = make_comm(b);
-  DistributedAdam eager(comm, small_model(), o);
-  DistributedAdam graphed(comm, small_model(), o);
-  TestStream se(b), sg(b);
-  init_params(eager, se.get());
-  init_params(graphed, sg.get());
-  StepGraph ge(eager, random_grads_fn(eager, b, rank));
-  StepGraph gg(graphed, random_grads_fn(graphed, b, rank), StepGraphOptions{1});
-  gg.capture(sg.get());
-  for (int it = 1; it < iterations; ++it) gg.replay(sg.get());
-  for (int it = 0; it < iterations; ++it) ge.run_eager(se.get());
-  se.sync();
-  sg.sync();
-  const StepScalars x = graphed.read_scalars(sg.get());
-  EXPECT_EQ(x.step, iterations);
-  EXPECT_LT(x.clip_coef, 1.0f) << "clipping must be active";
-  expect_same_state(eager, graphed, se.get(), sg.get());
+  case_graph_equals_eager(b, DType::bf16, 2, iterations, false, [](DistributedAdamOptions& o) {
+    o.grad_reduce_precision = GradReducePrecision::F32Accumulate;
+  });
 }
 
 // ------------------------------------------------------------------ Fsdp and HSDP
