@@ -63,12 +63,8 @@ inline void all_to_all_delivers_every_piece(Backend be) {
 
 // ------------------------------------------------------------------ the piece sum
 
-/// The kernel (CUDA) and its host twin give the bits of the plain rank-order loop, for
-/// 1 to 8 pieces of random values (not exact: roundings everywhere), every input and
-/// output dtype, with and without Average and accumulation.
-inline void piece_sum_equals_rank_order_loop(Backend be) {
-  TestStream s(be);
-  const std::int64_t count = 1031;
+/// One length of piece_sum_equals_rank_order_loop.
+inline void piece_sum_case(Backend be, TestStream& s, std::int64_t count) {
   for (int n = 1; n <= 8; ++n) {
     for (DType in : {DType::bf16, DType::f32, DType::f16}) {
       const Bytes pieces = random_floats(in, static_cast<std::size_t>(count * n), seed_of(91, n, static_cast<int>(in)));
@@ -98,12 +94,21 @@ inline void piece_sum_equals_rank_order_loop(Backend be) {
             if (accumulate) v = static_cast<float>(element(out, before, static_cast<std::size_t>(i))) + v;
             set_element(out, want, static_cast<std::size_t>(i), v);
           }
-          EXPECT_EQ(got, want) << "n=" << n << " in=" << to_string(in) << " out=" << to_string(out)
+          EXPECT_EQ(got, want) << "count=" << count << " n=" << n << " in=" << to_string(in) << " out=" << to_string(out)
                                << " average=" << average << " accumulate=" << accumulate;
         }
       }
     }
   }
+}
+
+/// The kernel (CUDA) and its host twin give the bits of the plain rank-order loop, for
+/// 1 to 8 pieces of random values (not exact: roundings everywhere), every input and
+/// output dtype, with and without Average and accumulation; an odd length (the
+/// element-wise kernel) and a multiple of 8 (CUDA's 16-byte loads of bf16 pieces).
+inline void piece_sum_equals_rank_order_loop(Backend be) {
+  TestStream s(be);
+  for (const std::int64_t count : {1031, 1024}) piece_sum_case(be, s, count);
 }
 
 // ------------------------------------------------------------------ the bucket store
@@ -272,6 +277,43 @@ inline void store_f32_accumulate_graph_equals_eager(Backend be) {
   EXPECT_EQ(bad, 0) << "rank " << me;
 }
 
+/// Random (inexact) gradients: every partial sum rounds, so only the promised order gives
+/// the oracle's bits. Two stores, twice each: every run equals the rank-order fp32 loop
+/// over every rank's image, rounded once to bf16, bitwise (whatever NCCL_ALGO says).
+inline void store_random_data_is_the_oracle_every_run(Backend be) {
+  Communicator& comm = world(be);
+  const int n = comm.size(), me = comm.rank();
+  TestStream s(be);
+  const Layout L = store_layout(n);
+  std::vector<std::vector<Bytes>> images;
+  for (int r = 0; r < n; ++r) images.push_back(grad_images(L, DType::bf16, r, false, 31));
+  const int nb = static_cast<int>(L.buckets().size());
+  for (int store = 0; store < 2; ++store) {
+    BucketStore st = precision_store(comm, DType::bf16, GradReducePrecision::F32Accumulate);
+    for (int run = 0; run < 2; ++run) {
+      upload_all(be, images[static_cast<std::size_t>(me)], [&](int b) { return st.grad_buffer(b); });
+      st.start_grad_reduces(0, nb, s.get());
+      for (int b = 0; b < nb; ++b) st.wait_grad_reduce(b, s.get());
+      s.sync();
+      const std::vector<Bytes> got = download_grads(st, DType::bf16);
+      int bad = 0;
+      for (int b = 0; b < nb; ++b) {
+        const auto buf = static_cast<std::size_t>(L.buckets()[static_cast<std::size_t>(b)].buffer);
+        const Range own = L.shard_range(b, me);
+        for (std::int64_t j = own.begin; j < own.end; ++j) {
+          std::vector<float> x;
+          for (int r = 0; r < n; ++r)
+            x.push_back(static_cast<float>(element(DType::bf16, images[static_cast<std::size_t>(r)][buf], static_cast<std::size_t>(j))));
+          Bytes want(2);
+          set_element(DType::bf16, want, 0, rank_order_sum(x, true));
+          bad += std::memcmp(want.data(), got[buf].data() + 2 * j, 2) != 0;
+        }
+      }
+      EXPECT_EQ(bad, 0) << "store " << store << " run " << run << " rank " << me;
+    }
+  }
+}
+
 /// Ranks that pass different precisions are refused on every rank, naming it.
 inline void store_precision_disagreement(Backend be) {
   Communicator& comm = world(be);
@@ -294,6 +336,7 @@ inline void store_precision_disagreement(Backend be) {
   TEST(Suite, StoreF32IsTheOracle) { store_f32_accumulate_is_the_oracle(backend, DType::f32); }               \
   TEST(Suite, StoreSumIsTheOracle) { store_f32_accumulate_sum(backend); }                                     \
   TEST(Suite, StoreGraphEqualsEager) { store_f32_accumulate_graph_equals_eager(backend); }                    \
+  TEST(Suite, StoreRandomDataIsTheOracleEveryRun) { store_random_data_is_the_oracle_every_run(backend); }     \
   TEST(Suite, StorePrecisionDisagreementIsRefused) { store_precision_disagreement(backend); }
 
 }  // namespace shardopt::test
