@@ -66,8 +66,9 @@ struct DistributedAdamOptions : AdamOptions {
   /// order). F32Accumulate: an all-to-all of each bucket's grad_dtype pieces (the bytes of
   /// a reduce-scatter), then one fp32 sum per element in rank order, divided once for
   /// Average and rounded once to grad_dtype into this rank's slice, which Adam reads: the
-  /// same bits on every run and NCCL algorithm. Costs one bucket of scratch; the
-  /// reduce-scatters step() starts run one bucket after another (no NCCL group).
+  /// same bits on every run and NCCL algorithm. Costs one bucket of scratch (counted in
+  /// MemoryReport::grads); the reduce-scatters step() starts run one bucket after another
+  /// (no NCCL group).
   GradReducePrecision grad_reduce_precision = GradReducePrecision::Native;
   /// Launch the reduce-scatters that step() starts, and the all-gathers, as one NCCL group
   /// instead of one call per bucket (fewer launches; bench_comm measures both).

@@ -122,7 +122,8 @@ struct FsdpOptions : AdamOptions {
   /// sum in replica order (divided once for Average); the result is added once, in fp32,
   /// into the gradient shard, which Adam reads (grad_dtype f32 keeps it unrounded). The
   /// same bits on every run, NCCL algorithm and backend. Costs a receive buffer of one
-  /// bucket (plus replicas x a bucket's shard in fp32), allocated at construction.
+  /// bucket (plus replicas x a bucket's shard in fp32), allocated at construction and
+  /// counted in MemoryReport::grads.
   GradReducePrecision grad_reduce_precision = GradReducePrecision::Native;
   /// Keep a unit gathered when the learned order asks for it twice in a row (the last
   /// forward unit is the first backward unit): no reshard, no regather.
