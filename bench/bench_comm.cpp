@@ -4,6 +4,15 @@
 //
 //   mpirun -n 4 bench_comm --results bench/results            (CUDA + NCCL, one GPU per rank)
 //   mpiexec -n 2 bench_comm --backend host --sizes-mib 1       (host backend smoke run)
+//   mpirun -n 2 bench_comm --f32-accumulate --sizes-mib 16,64,256,1024 --results bench/results
+//
+// --f32-accumulate measures only GradReducePrecision::F32Accumulate (issue 31), rows
+// "comm_f32acc": the reduce-scatter of one whole bf16 buffer as an all-to-all of bf16
+// pieces + the rank-ordered fp32 sum into an fp32 shard, against (a) one bf16
+// ncclReduceScatter of the same bytes (busbw fraction = its time / ours) and (b) one fp32
+// ncclReduceScatter of the upcast buffer (the FSDP2 reduce_dtype / Megatron way; the
+// upcast itself is not timed); and the BucketStore's per-bucket F32Accumulate starts
+// against its Native ones.
 //
 // busbw = bytes of the whole buffer / time * (n - 1) / n (nccl-tests' formula for both
 // collectives). Two ways of starting the buckets are measured: one start per bucket (as
@@ -26,6 +35,8 @@
 #include <vector>
 
 #include "core/check.hpp"
+#include "core/memory.hpp"
+#include "kernels/piece_sum.hpp"
 #include "mpi_bench.hpp"
 #include "results.hpp"
 #include "shardopt/bucket_store.hpp"
@@ -42,13 +53,15 @@ struct Options {
   int iters = 50;
   int warmup = 5;
   std::vector<bool> registered = {true, false};
+  bool f32_accumulate = false;  // --f32-accumulate: only the F32Accumulate rows
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "bench_comm: %s\n"
                "usage: bench_comm [--results DIR] [--backend cuda|host] [--sizes-mib 64,256,1024]\n"
-               "                  [--iters N>=1] [--warmup N] [--memory registered,cudamalloc]\n",
+               "                  [--iters N>=1] [--warmup N] [--memory registered,cudamalloc]\n"
+               "                  [--f32-accumulate]\n",
                why);
   MPI_Abort(MPI_COMM_WORLD, 2);
   std::exit(2);
@@ -87,6 +100,8 @@ Options parse(int argc, char** argv) {
       if (o.iters < 1) usage("--iters must be >= 1");
     } else if (a == "--warmup") {
       o.warmup = std::max(0, std::atoi(r.value().c_str()));
+    } else if (a == "--f32-accumulate") {
+      o.f32_accumulate = true;
     } else if (a == "--memory") {
       o.registered.clear();
       for (const auto& s : split_list(r.value())) {
@@ -177,6 +192,93 @@ Times measure(Backend be, Stream stream, int iters, int warmup, const std::funct
   return t;
 }
 
+// One row of the F32Accumulate comparisons.
+void write_f32acc_row(const std::string& config, const Times& t, const std::string& peer, double bytes, int n,
+                      const std::string& device, const std::string& command, const std::string& results, int nb) {
+  bench::Result r;
+  r.bench = "comm_f32acc";
+  r.config = config;
+  r.device = device;
+  r.ours_ms = bench::median(t.ours);
+  r.peer_ms = bench::median(t.peer);
+  r.peer = peer;
+  const double factor = static_cast<double>(n - 1) / n;
+  r.numbers["busbw_GBps"] = bytes / (*r.ours_ms * 1e-3) / 1e9 * factor;  // on the bf16 bytes
+  r.numbers["peer_over_ours"] = *r.peer_ms / *r.ours_ms;  // busbw fraction vs bf16; speedup vs f32
+  r.numbers["bf16_bytes"] = bytes;
+  r.numbers["buckets"] = nb;
+  r.command = command;
+  bench::write(r, results);
+}
+
+// GradReducePrecision::F32Accumulate against NCCL's bf16 and fp32 reduce-scatters, and
+// the store's bucketed F32Accumulate against its bucketed Native (see the top).
+void f32_accumulate_rows(const Options& opt, const Communicator& comm, Stream stream, const std::string& device,
+                         const std::string& command, const std::string& results) {
+  const int n = comm.size();
+  const int rank = comm.rank();
+  const std::string memory = opt.backend == Backend::Cuda ? "registered" : "host";
+  for (int mib : opt.sizes_mib) {
+    const Layout layout(specs_for(mib), n);
+    const std::int64_t numel = layout.buffers()[0].numel;
+    const std::int64_t per_rank = numel / n;
+    const double bytes = static_cast<double>(numel) * 2.0;
+    const int nb = static_cast<int>(layout.buckets().size());
+    BucketStoreOptions so;
+    so.grad_dtype = DType::bf16;
+    so.grad_reduce = ReduceOp::Average;
+    so.nccl_registered = opt.backend == Backend::Cuda;
+    BucketStore native(comm, layout, so);
+    so.grad_reduce_precision = GradReducePrecision::F32Accumulate;
+    BucketStore f32(comm, layout, so);
+    void* grads = native.grad_buffer(0);
+    DeviceBuffer pieces(opt.backend, static_cast<std::size_t>(numel) * 2);
+    DeviceBuffer sums(opt.backend, static_cast<std::size_t>(per_rank) * 4);
+    DeviceBuffer upcast(opt.backend, static_cast<std::size_t>(numel) * 4);
+    fill_zero_async(opt.backend, pieces.data(), pieces.bytes(), stream);
+    fill_zero_async(opt.backend, upcast.data(), upcast.bytes(), stream);
+    auto ours = [&] {
+      comm.all_to_all(grads, pieces.data(), per_rank, DType::bf16, stream);
+      kernels::PieceSum sum;
+      sum.pieces = pieces.data();
+      sum.piece_dtype = DType::bf16;
+      sum.n = n;
+      sum.count = per_rank;
+      sum.average = true;
+      sum.out = sums.data();
+      sum.out_dtype = DType::f32;
+      kernels::piece_sum(sum, opt.backend, stream);
+    };
+    const std::string nccl = opt.backend == Backend::Cuda ? "nccl" : "MPI ";
+    const std::string base = std::to_string(mib) + "MiB/n" + std::to_string(n) + "/" + memory;
+    const Times vs_bf16 = measure(opt.backend, stream, opt.iters, opt.warmup, ours, [&] {
+      comm.reduce_scatter(grads, per_rank, DType::bf16, ReduceOp::Average, stream);
+    });
+    const Times vs_f32 = measure(opt.backend, stream, opt.iters, opt.warmup, ours, [&] {
+      comm.reduce_scatter(upcast.data(), per_rank, DType::f32, ReduceOp::Average, stream);
+    });
+    const Times stores = measure(
+        opt.backend, stream, opt.iters, opt.warmup,
+        [&] {
+          for (int b = 0; b < nb; ++b) f32.start_grad_reduce(b, stream);
+          for (int b = 0; b < nb; ++b) f32.wait_grad_reduce(b, stream);
+        },
+        [&] {
+          for (int b = 0; b < nb; ++b) native.start_grad_reduce(b, stream);
+          for (int b = 0; b < nb; ++b) native.wait_grad_reduce(b, stream);
+        });
+    if (rank != 0) continue;
+    write_f32acc_row("reduce_scatter/f32acc-vs-bf16/" + base, vs_bf16,
+                     "one " + nccl + "ReduceScatter of the bf16 buffer (Average)", bytes, n, device, command, results, 1);
+    write_f32acc_row("reduce_scatter/f32acc-vs-f32/" + base, vs_f32,
+                     "one " + nccl + "ReduceScatter of the fp32 upcast buffer (Average; upcast not timed)", bytes, n,
+                     device, command, results, 1);
+    write_f32acc_row("bucket_store/f32acc-vs-native/" + base, stores,
+                     "the BucketStore's Native per-bucket reduce-scatters of the same buffer", bytes, n, device,
+                     command, results, nb);
+  }
+}
+
 int run(int argc, char** argv) {
   const Options opt = parse(argc, argv);
   const bench::MpiBench mb(opt.backend);
@@ -189,6 +291,10 @@ int run(int argc, char** argv) {
   if (!results.empty()) std::filesystem::create_directories(results);
 
   const bool nccl = opt.backend == Backend::Cuda;
+  if (opt.f32_accumulate) {
+    f32_accumulate_rows(opt, comm, stream, device, command, results);
+    return 0;
+  }
 
   for (int mib : opt.sizes_mib) {
     const Layout layout(specs_for(mib), n);

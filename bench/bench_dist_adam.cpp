@@ -7,6 +7,11 @@
 // shared bytes ORed, zeroing).
 //
 //   mpirun -n 4 bench_dist_adam [--results DIR] [--peer FILE] [--iters N] [--phases]
+//                                [--grad-reduce-precision]
+//
+// --grad-reduce-precision runs only the row "dist_adam_grad_reduce" (issue 31): the
+// captured bf16 step with GradReducePrecision::F32Accumulate against the same step with
+// Native, in this process.
 //
 // Per run it measures, in the same process:
 //  * ours: the captured step graph, replayed (CUDA events, median), for bf16 params
@@ -49,10 +54,12 @@ namespace {
 using namespace shardopt;
 using Clock = std::chrono::steady_clock;
 
-// --results DIR, --peer FILE, --iters N (default 30), --host-cpu-only and --phases.
+// --results DIR, --peer FILE, --iters N (default 30), --host-cpu-only, --phases and
+// --grad-reduce-precision.
 struct Args : bench::RunArgs {
   bool host_cpu_only = false;  // --host-cpu-only: skip the full-step rows
   bool phases = false;         // --phases: the phase breakdown instead of the host CPU sweep
+  bool grad_reduce = false;    // --grad-reduce-precision: only the F32Accumulate vs Native row
 };
 
 Args parse(int argc, char** argv) {
@@ -61,6 +68,10 @@ Args parse(int argc, char** argv) {
   bench::parse_run_args(argc, argv, a, [&](bench::ArgReader& r) {
     if (r.arg() == "--phases") {
       a.phases = true;
+      return true;
+    }
+    if (r.arg() == "--grad-reduce-precision") {
+      a.grad_reduce = true;
       return true;
     }
     if (r.arg() != "--host-cpu-only") return false;
@@ -602,6 +613,33 @@ void host_smoke(const Communicator& comm) {
   }
 }
 
+#if SHARDOPT_HAVE_CUDA
+// The captured bf16 step with F32Accumulate against Native (both with the step's default
+// per-bucket overlap off: every reduce runs in step()), in one process.
+void grad_reduce_step(const Communicator& comm, Stream s, const Args& a, const std::string& device,
+                      const std::string& cmd) {
+  MemoryReport native_memory, f32_memory;
+  const double native = step_ms(comm, s, a, step_options(), &native_memory);
+  DistributedAdamOptions f32 = step_options();
+  f32.grad_reduce_precision = GradReducePrecision::F32Accumulate;
+  const double ours = step_ms(comm, s, a, f32, &f32_memory);
+  if (comm.rank() != 0) return;
+  bench::Result r;
+  r.bench = "dist_adam_grad_reduce";
+  r.config = "bf16p-bf16g/1.5B/147/n" + std::to_string(comm.size()) + "/f32acc";
+  r.device = device;
+  r.ours_ms = ours;
+  r.peer_ms = native;
+  r.peer = "the same captured step with GradReducePrecision::Native (NCCL bf16 reduce-scatter)";
+  r.numbers["f32acc_over_native"] = ours / native;
+  r.numbers["mem_grads_bytes_native"] = static_cast<double>(native_memory.grads);
+  r.numbers["mem_grads_bytes_f32acc"] = static_cast<double>(f32_memory.grads);
+  r.notes["what"] = "captured distributed-Adam step (reduce, norm/clip, Adam, gathers), Llama-3.2-1B shapes";
+  r.command = cmd;
+  bench::write(r, a.results);
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -614,6 +652,10 @@ int main(int argc, char** argv) {
     }
 #if SHARDOPT_HAVE_CUDA
     const std::string device = mb.device();
+    if (a.grad_reduce) {
+      grad_reduce_step(mb.comm(), mb.stream(), a, device, bench::command_line(argc, argv));
+      return 0;
+    }
     if (!a.host_cpu_only) full_step(mb.comm(), mb.stream(), a, device, bench::command_line(argc, argv));
     if (a.phases) {
       phases(mb.comm(), mb.stream(), a, device, bench::command_line(argc, argv));

@@ -18,6 +18,8 @@
 #   mxfp8         bench_mxfp8
 #   nvfp4         bench_nvfp4 (NVFP4 quantize: whole tensor, batches, sharded)
 #   comm          bench_comm (all GPUs)
+#   reduce        GradReducePrecision::F32Accumulate (issue 31): bench_comm --f32-accumulate
+#                 (2 GPUs, and all when more) and bench_dist_adam --grad-reduce-precision
 #   dist          bench_dist_adam + peer (all GPUs, and 2)
 #   phases        bench_dist_adam --phases (1 and 2 ranks): step rows + where each format's
 #                 step time goes (dist_adam_phases rows)
@@ -100,6 +102,18 @@ phase_nvfp4() {
 phase_comm() {
   log "== comm ($GPUS ranks)"
   $MPIRUN -n "$GPUS" "$BUILD/bench/bench_comm" --results bench/results >/tmp/b.log 2>&1; cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+}
+
+phase_reduce() {
+  for n in $(printf '%s\n' 2 "$GPUS" | awk '!seen[$0]++'); do  # each count once
+    [ "$n" -le "$GPUS" ] || continue
+    log "== reduce: F32Accumulate vs NCCL bf16 / fp32 reduce-scatter ($n ranks)"
+    timeout 300 $MPIRUN -n "$n" "$BUILD/bench/bench_comm" --f32-accumulate --sizes-mib 16,64,256,1024 --iters 20 \
+      --results bench/results >/tmp/b.log 2>&1; cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+    log "== reduce: distributed-Adam step, F32Accumulate vs Native ($n ranks)"
+    timeout 200 $MPIRUN -n "$n" "$BUILD/bench/bench_dist_adam" --grad-reduce-precision --results bench/results \
+      >/tmp/b.log 2>&1; cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+  done
 }
 
 phase_dist() {

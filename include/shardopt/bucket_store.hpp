@@ -45,6 +45,15 @@ struct BucketStoreOptions {
   bool nccl_registered = true;
   /// Reduction of the gradient reduce-scatter.
   ReduceOp grad_reduce = ReduceOp::Average;
+  /// How the gradient reduce-scatter adds (shardopt/communicator.hpp): Native is the
+  /// backend's reduce-scatter; F32Accumulate is an all-to-all of the bucket's pieces in
+  /// grad_dtype into a scratch buffer (one bucket's size, allocated at construction), then
+  /// the fp32 sum in rank order, divided once by the world size for Average and rounded
+  /// once to grad_dtype into this rank's slice (the other slices keep their values, as
+  /// with Native). Deterministic: the same bits on every run, NCCL algorithm and backend.
+  /// start_grad_reduces then starts the buckets one after another (an all-to-all and a
+  /// sum each) instead of as one NCCL group.
+  GradReducePrecision grad_reduce_precision = GradReducePrecision::Native;
   /// Per layout buffer (one entry per buffer, or empty): false gives that buffer no
   /// parameter buffer (its params are in another format, e.g. MXFP8). A buffer has
   /// parameters when with_params is true and its entry, if any, is true.
@@ -99,6 +108,9 @@ class BucketStore {
   /// True when layout buffer `buffer` has a parameter buffer.
   bool has_params(int buffer) const;
   std::size_t grad_bytes() const noexcept;
+  /// Bytes of the F32Accumulate receive buffer (the largest bucket in grad_dtype; 0 with
+  /// Native or on one rank).
+  std::size_t reduce_scratch_bytes() const noexcept;
   std::size_t allocator_overhead_bytes() const noexcept;
 
   /// Starts the reduce-scatter of bucket `bucket`'s gradients after the work queued so

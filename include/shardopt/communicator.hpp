@@ -45,6 +45,21 @@ enum class ReduceOp {
 /// "Sum", "Average" or "Max" ("?" for a value outside the enum).
 const char* to_string(ReduceOp op) noexcept;
 
+/// How a gradient reduce-scatter adds the ranks' values (DistributedAdamOptions,
+/// FsdpOptions, BucketStoreOptions; docs/grad_reduce.md).
+enum class GradReducePrecision {
+  /// The backend's reduce-scatter in the gradient dtype: bf16 rounded at every combine,
+  /// in the order of NCCL's ring or tree (or MPI's), so the bits depend on the algorithm.
+  Native,
+  /// An all-to-all of the gradient pieces in their dtype (the same bytes as a
+  /// reduce-scatter), then one fp32 sum per element in rank order (0, 1, ..., n-1) and
+  /// one division by n for Average: deterministic, equal on both backends.
+  F32Accumulate,
+};
+
+/// "Native" or "F32Accumulate" ("?" for a value outside the enum).
+const char* to_string(GradReducePrecision precision) noexcept;
+
 /// The id every rank of a new NCCL group needs; rank 0 creates it and the trainer's own
 /// launcher distributes the bytes.
 struct UniqueId {
@@ -110,6 +125,12 @@ class Communicator {
   /// In place: this rank's slice at data + rank() * count_per_rank is sent; afterwards
   /// `data` holds every rank's slice. Any dtype (moved as bytes: fp8 and e8m0 too).
   void all_gather(void* data, std::int64_t count_per_rank, DType dtype, Stream stream) const;
+  /// Not in place: `send` holds size() pieces of count_per_rank elements, piece r going
+  /// to rank r; afterwards `recv` holds size() pieces, piece r received from rank r. Any
+  /// dtype (moved as bytes). `send` and `recv` must not overlap (Error(InvalidArgument)).
+  /// Ordered on `stream` like the other collectives and capturable (NCCL: one group of
+  /// ncclSend / ncclRecv; host: MPI_Alltoall; one rank: a copy).
+  void all_to_all(const void* send, void* recv, std::int64_t count_per_rank, DType dtype, Stream stream) const;
   /// In place over `count` elements: f32, bf16, f16 (Sum, Average, Max), u32 (Sum,
   /// Max: found-inf flags, ordered bit patterns of non-negative floats) or e8m0 (Max
   /// only: byte-wise unsigned maximum of MXFP8 scale bytes, scheme A of mxfp8.hpp).

@@ -61,6 +61,15 @@ struct DistributedAdamOptions : AdamOptions {
   bool overlap_param_gather = false;
   /// Reduction of the gradient reduce-scatter.
   ReduceOp grad_reduce = ReduceOp::Average;
+  /// How the gradient reduce-scatter adds (docs/grad_reduce.md). Native: the backend's
+  /// reduce-scatter in grad_dtype (bf16 rounded at every hop, in NCCL's ring or tree
+  /// order). F32Accumulate: an all-to-all of each bucket's grad_dtype pieces (the bytes of
+  /// a reduce-scatter), then one fp32 sum per element in rank order, divided once for
+  /// Average and rounded once to grad_dtype into this rank's slice, which Adam reads: the
+  /// same bits on every run and NCCL algorithm. Costs one bucket of scratch (counted in
+  /// MemoryReport::grads); the reduce-scatters step() starts run one bucket after another
+  /// (no NCCL group).
+  GradReducePrecision grad_reduce_precision = GradReducePrecision::Native;
   /// Launch the reduce-scatters that step() starts, and the all-gathers, as one NCCL group
   /// instead of one call per bucket (fewer launches; bench_comm measures both).
   bool grouped_collectives = true;

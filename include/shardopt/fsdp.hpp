@@ -116,6 +116,17 @@ struct FsdpOptions : AdamOptions {
   /// Bucket threshold inside a unit (unset: layout default); a unit is one or more buckets.
   std::optional<std::int64_t> bucket_numel;
   ReduceOp grad_reduce = ReduceOp::Average;
+  /// How grad_ready reduces the slot (docs/grad_reduce.md). Native: the backend's
+  /// reduce-scatter in slot_grad_dtype (then, with replicas, its all-reduce). F32Accumulate:
+  /// an all-to-all of the slot's pieces in slot_grad_dtype (the bytes of a reduce-scatter),
+  /// one fp32 sum per element in shard-rank order (divided once for Average); with
+  /// replicas, an fp32 all-gather of those sums across the replica group and a second fp32
+  /// sum in replica order (divided once for Average); the result is added once, in fp32,
+  /// into the gradient shard, which Adam reads (grad_dtype f32 keeps it unrounded). The
+  /// same bits on every run, NCCL algorithm and backend. Costs a receive buffer of one
+  /// bucket (plus replicas x a bucket's shard in fp32), allocated at construction and
+  /// counted in MemoryReport::grads.
+  GradReducePrecision grad_reduce_precision = GradReducePrecision::Native;
   /// Keep a unit gathered when the learned order asks for it twice in a row (the last
   /// forward unit is the first backward unit): no reshard, no regather.
   bool keep_last_unit = true;

@@ -24,6 +24,7 @@
 #include "core/fnv.hpp"
 #include "core/memory.hpp"
 #include "core/streams.hpp"
+#include "kernels/piece_sum.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt {
@@ -31,7 +32,8 @@ namespace detail {
 namespace {
 
 // The store options as one number, so that ranks can compare them in one all-gather:
-// bits 0-7 grad dtype, 8 with_params, 9 nccl_registered, 10-11 grad_reduce, 16 valid,
+// bits 0-7 grad dtype, 8 with_params, 9 nccl_registered, 10-11 grad_reduce,
+// 12 grad_reduce_precision F32Accumulate, 16 valid,
 // 17-20 staged_gather_bytes, 24-31 buffer_params entries, 32-63 their values (a layout
 // has one buffer per parameter dtype, so a few entries; the constructor checks the count).
 std::uint64_t encode(const BucketStoreOptions& o, bool valid) {
@@ -42,6 +44,7 @@ std::uint64_t encode(const BucketStoreOptions& o, bool valid) {
   const auto staged = static_cast<std::uint64_t>(std::clamp(o.staged_gather_bytes, 0, 15));
   return static_cast<std::uint64_t>(o.grad_dtype) | (o.with_params ? 1ull << 8 : 0) |
          (o.nccl_registered ? 1ull << 9 : 0) | (static_cast<std::uint64_t>(o.grad_reduce) << 10) |
+         (o.grad_reduce_precision == GradReducePrecision::F32Accumulate ? 1ull << 12 : 0) |
          (valid ? 1ull << 16 : 0) | (staged << 17) | (o.staged_gather_rank_bytes.empty() ? 0 : 1ull << 21) |
          (entries << 24) | (mask << 32);
 }
@@ -53,7 +56,8 @@ std::string describe_options(std::uint64_t v) {
   for (int i = 0; i < entries && i < 32; ++i) params += (v >> (32 + i)) & 1 ? '1' : '0';
   return std::string("grad_dtype=") + to_string(dtype) + " with_params=" + ((v >> 8) & 1 ? "true" : "false") +
          " nccl_registered=" + ((v >> 9) & 1 ? "true" : "false") +
-         " grad_reduce=" + to_string(static_cast<ReduceOp>((v >> 10) & 3)) +
+         " grad_reduce=" + to_string(static_cast<ReduceOp>((v >> 10) & 3)) + " grad_reduce_precision=" +
+         ((v >> 12) & 1 ? "F32Accumulate" : "Native") +
          " staged_gather_bytes=" + std::to_string((v >> 17) & 15) +
          " staged_gather_rank_bytes=" + ((v >> 21) & 1 ? "per bucket" : "unset") + " buffer_params=[" + params + "]";
 }
@@ -121,6 +125,8 @@ class BucketStoreImpl {
   int device = -1;
   std::vector<DeviceBuffer> params;  // per layout buffer (empty buffers without params)
   std::vector<DeviceBuffer> grads;
+  DeviceBuffer pieces;  // F32Accumulate: the all-to-all's receive buffer, one bucket's size
+  std::size_t scratch_bytes = 0;  // pieces
   std::size_t param_bytes = 0;
   std::size_t grad_bytes = 0;
   std::size_t overhead_bytes = 0;
@@ -223,8 +229,7 @@ class BucketStoreImpl {
       const auto buf = static_cast<std::size_t>(bk.buffer);
       const std::int64_t per_rank = bk.range.size() / comm.size();
       if (reduce) {
-        char* data = grads[buf].as<char>() + static_cast<std::size_t>(bk.range.begin) * size_of(options.grad_dtype);
-        comm.reduce_scatter(data, per_rank, options.grad_dtype, options.grad_reduce, s);
+        reduce_bucket(bk, s);
       } else if (buffer_has_params(bk.buffer)) {
         const DType dtype = layout.buffers()[buf].dtype;
         char* data = params[buf].as<char>() + static_cast<std::size_t>(bk.range.begin) * size_of(dtype);
@@ -234,17 +239,24 @@ class BucketStoreImpl {
         comm.all_gather(data, staged_rank_bytes(b, per_rank), DType::e4m3, s);
       }
     };
+    // F32Accumulate: each bucket's all-to-all feeds a kernel, which cannot sit inside an
+    // NCCL group, and the buckets share one receive buffer: one bucket after another.
+    const bool one_by_one = reduce && f32_accumulate();
     if (backend == Backend::Host) {
-      comm.grouped([&] {
+      if (one_by_one) {
         for (int b : buckets) run(b, caller);
-      });
+      } else {
+        comm.grouped([&] {
+          for (int b : buckets) run(b, caller);
+        });
+      }
     } else {
       DeviceGuard guard(device);
       Event& started = (reduce ? reduce_start : gather_start)[static_cast<std::size_t>(buckets.front())];
       started.record(caller);
       started.wait(comm_stream());
-      if (buckets.size() == 1) {
-        run(buckets.front(), comm_stream());
+      if (buckets.size() == 1 || one_by_one) {
+        for (int b : buckets) run(b, comm_stream());
       } else {
         comm.grouped([&] {
           for (int b : buckets) run(b, comm_stream());
@@ -308,6 +320,33 @@ class BucketStoreImpl {
     comm.all_reduce(data, count, dtype, op, comm_stream());
     extra_done->record(comm_stream());
     extra_done->wait(caller);
+  }
+
+  bool f32_accumulate() const noexcept {
+    return options.grad_reduce_precision == GradReducePrecision::F32Accumulate;
+  }
+
+  // The gradient reduce-scatter of one bucket on stream `s`: the backend's (Native), or
+  // an all-to-all into `pieces` and the rank-ordered fp32 sum into this rank's slice.
+  void reduce_bucket(const Bucket& bk, Stream s) {
+    const std::int64_t per_rank = bk.range.size() / comm.size();
+    const DType gd = options.grad_dtype;
+    char* data = grads[static_cast<std::size_t>(bk.buffer)].as<char>() + static_cast<std::size_t>(bk.range.begin) * size_of(gd);
+    if (!f32_accumulate()) {
+      comm.reduce_scatter(data, per_rank, gd, options.grad_reduce, s);
+      return;
+    }
+    if (comm.size() == 1 || per_rank == 0) return;  // one rank: the sum of one piece is the piece
+    comm.all_to_all(data, pieces.data(), per_rank, gd, s);
+    kernels::PieceSum sum;
+    sum.pieces = pieces.data();
+    sum.piece_dtype = gd;
+    sum.n = comm.size();
+    sum.count = per_rank;
+    sum.average = options.grad_reduce == ReduceOp::Average;
+    sum.out = data + static_cast<std::size_t>(comm.rank() * per_rank) * size_of(gd);
+    sum.out_dtype = gd;
+    kernels::piece_sum(sum, backend, s);
   }
 
   void grad_ready(int p, Stream caller) {
@@ -419,6 +458,15 @@ class BucketStoreImpl {
       overhead_bytes += allocation_extent(params.back(), pbytes) - pbytes;
       overhead_bytes += allocation_extent(grads.back(), gbytes) - gbytes;
     }
+    if (f32_accumulate() && comm.size() > 1) {
+      std::int64_t largest = 0;
+      for (const Bucket& bk : layout.buckets()) largest = std::max(largest, bk.range.size());
+      const std::size_t bytes = static_cast<std::size_t>(largest) * size_of(options.grad_dtype);
+      pieces = DeviceBuffer(backend, bytes, kind);
+      fill_zero_async(backend, pieces.data(), bytes, zero_stream);
+      scratch_bytes = bytes;
+      overhead_bytes += allocation_extent(pieces, bytes) - bytes;
+    }
   }
 
   void setup_cuda() {
@@ -449,11 +497,13 @@ class BucketStoreImpl {
   void warm_up() {
     DeviceGuard guard(device);
     if (comm.size() == 1) return;
+    bool grouped_call = false;
     auto both = [&](const Bucket& bk) {
       const std::int64_t per_rank = bk.range.size() / comm.size();
       const auto buf = static_cast<std::size_t>(bk.buffer);
       char* g = grads[buf].as<char>() + static_cast<std::size_t>(bk.range.begin) * size_of(options.grad_dtype);
-      comm.reduce_scatter(g, per_rank, options.grad_dtype, options.grad_reduce, comm_stream());
+      // F32Accumulate's buckets never run as one group (they share the receive buffer).
+      if (!grouped_call || !f32_accumulate()) reduce_bucket(bk, comm_stream());
       if (buffer_has_params(bk.buffer)) {
         const DType pd = layout.buffers()[buf].dtype;
         char* p = params[buf].as<char>() + static_cast<std::size_t>(bk.range.begin) * size_of(pd);
@@ -467,6 +517,7 @@ class BucketStoreImpl {
     };
     // Once bucket by bucket (start_*), once as one group (start_*s).
     for (const Bucket& bk : layout.buckets()) both(bk);
+    grouped_call = true;
     comm.grouped([&] {
       for (const Bucket& bk : layout.buckets()) both(bk);
     });
@@ -527,6 +578,7 @@ bool BucketStore::has_params(int buffer) const {
   return m.buffer_has_params(buffer);
 }
 std::size_t BucketStore::grad_bytes() const noexcept { return impl_ ? impl_->grad_bytes : 0; }
+std::size_t BucketStore::reduce_scratch_bytes() const noexcept { return impl_ ? impl_->scratch_bytes : 0; }
 std::size_t BucketStore::allocator_overhead_bytes() const noexcept { return impl_ ? impl_->overhead_bytes : 0; }
 
 void BucketStore::start_grad_reduce(int bucket, Stream stream) { live(impl_).start(bucket, stream, true); }

@@ -1,5 +1,6 @@
 #include "comm/comm_impl.hpp"
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -205,6 +206,23 @@ void CommImpl::all_gather(void* data, std::int64_t count_per_rank, DType dtype, 
     check_stream_device(backend_, device_, stream);
     if (count_per_rank == 0) return;
     do_all_gather(data, count_per_rank, dtype, stream);
+  });
+}
+
+void CommImpl::all_to_all(const void* send, void* recv, std::int64_t count_per_rank, DType dtype, Stream stream) {
+  require_usable("all_to_all");
+  guarded([&] {
+    SHARDOPT_REQUIRE(known_dtype(dtype), ErrorCode::InvalidArgument, "all_to_all: unknown DType");
+    check_count(count_per_rank, send, "all_to_all");
+    check_count(count_per_rank, recv, "all_to_all");
+    check_stream_device(backend_, device_, stream);
+    if (count_per_rank == 0) return;
+    const std::size_t total = static_cast<std::size_t>(count_per_rank) * size_of(dtype) * static_cast<std::size_t>(size_);
+    const auto s = reinterpret_cast<std::uintptr_t>(send);
+    const auto r = reinterpret_cast<std::uintptr_t>(recv);
+    SHARDOPT_REQUIRE(s + total <= r || r + total <= s, ErrorCode::InvalidArgument,
+                     "all_to_all: send and recv overlap; an all-to-all is not in place, give it two buffers");
+    do_all_to_all(send, recv, count_per_rank, dtype, stream);
   });
 }
 

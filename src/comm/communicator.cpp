@@ -18,6 +18,14 @@ const char* to_string(ReduceOp op) noexcept {
   return "?";
 }
 
+const char* to_string(GradReducePrecision precision) noexcept {
+  switch (precision) {
+    case GradReducePrecision::Native: return "Native";
+    case GradReducePrecision::F32Accumulate: return "F32Accumulate";
+  }
+  return "?";
+}
+
 namespace {
 detail::CommImpl& usable(const std::shared_ptr<detail::CommImpl>& impl) { return detail::require_impl(impl.get()); }
 }  // namespace
@@ -40,6 +48,11 @@ void Communicator::reduce_scatter(void* data, std::int64_t count_per_rank, DType
 
 void Communicator::all_gather(void* data, std::int64_t count_per_rank, DType dtype, Stream stream) const {
   usable(impl_).all_gather(data, count_per_rank, dtype, stream);
+}
+
+void Communicator::all_to_all(const void* send, void* recv, std::int64_t count_per_rank, DType dtype,
+                              Stream stream) const {
+  usable(impl_).all_to_all(send, recv, count_per_rank, dtype, stream);
 }
 
 void Communicator::all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) const {

@@ -218,6 +218,27 @@ class MpiCommImpl final : public CommImpl {
     });
   }
 
+  void do_all_to_all(const void* send, void* recv, std::int64_t count, DType dtype, Stream stream) override {
+    enqueue(stream, "all_to_all", [send, recv, count, dtype](MpiCommImpl& self, const std::string& what) {
+      const Deadline deadline = self.wait_deadline();
+      const std::size_t total = static_cast<std::size_t>(count) * size_of(dtype) * static_cast<std::size_t>(self.size());
+      const auto* from = static_cast<const unsigned char*>(send);
+      auto* to = static_cast<unsigned char*>(recv);
+      std::vector<unsigned char> in, out;
+      if (deadline.armed()) {
+        in.assign(from, from + total);
+        out.resize(total);
+      }
+      MPI_Request req = MPI_REQUEST_NULL;
+      const MPI_Datatype type = raw_type(size_of(dtype));
+      SHARDOPT_MPI_CHECK(MPI_Ialltoall(deadline.armed() ? in.data() : from, static_cast<int>(count), type,
+                                       deadline.armed() ? out.data() : to, static_cast<int>(count), type, self.comm_,
+                                       &req));
+      self.wait(req, what, deadline, {&in, &out});
+      if (deadline.armed()) std::memcpy(to, out.data(), total);
+    });
+  }
+
   void do_barrier() override {
     const std::string what = OperationLabel::named("barrier");
     if (inject_fault(what)) return;

@@ -128,6 +128,29 @@ class NcclCommImpl final : public CommImpl {
     check_async(use.get());
   }
 
+  // One NCCL group of a send and a receive per peer (a nested group when the caller
+  // groups): piece r of `send` to rank r, rank r's piece into piece r of `recv`. The own
+  // piece goes through NCCL too (a self send/recv), so the call is one launch.
+  void do_all_to_all(const void* send, void* recv, std::int64_t count, DType dtype, Stream stream) override {
+    if (fault_armed() && inject_fault(OperationLabel::named("all_to_all"))) return;
+    DeviceGuard guard(device());
+    const std::size_t bytes = static_cast<std::size_t>(count) * size_of(dtype);
+    const auto* from = static_cast<const char*>(send);
+    auto* to = static_cast<char*>(recv);
+    const Use use(*this);
+    SHARDOPT_NCCL_CHECK(ncclGroupStart());
+    ncclResult_t first = ncclSuccess;
+    for (int r = 0; r < size() && first == ncclSuccess; ++r) {
+      const std::size_t at = static_cast<std::size_t>(r) * bytes;
+      first = ncclSend(from + at, bytes, ncclUint8, r, use.get(), cuda(stream));
+      if (first == ncclSuccess) first = ncclRecv(to + at, bytes, ncclUint8, r, use.get(), cuda(stream));
+    }
+    const ncclResult_t end = ncclGroupEnd();  // the group is closed whatever happened inside
+    SHARDOPT_NCCL_CHECK(first);
+    SHARDOPT_NCCL_CHECK(end);
+    check_async(use.get());
+  }
+
   void do_all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) override {
     if (fault_armed() && inject_fault(OperationLabel::named("all_reduce"))) return;
     DeviceGuard guard(device());

@@ -75,6 +75,7 @@ BucketStoreOptions store_options(const Layout& L, const DistributedAdamOptions& 
   so.grad_dtype = o.grad_dtype;
   so.nccl_registered = o.nccl_registered;
   so.grad_reduce = o.grad_reduce;
+  so.grad_reduce_precision = o.grad_reduce_precision;
   const std::vector<bool> q = quantized_buffers(L, o);
   if (o.param_format == ParamFormat::Mxfp8) {
     // The grad buffer carries the MXFP8 all-gather: 2 bytes per element of room.
@@ -508,7 +509,7 @@ MemoryReport DistributedAdam::memory() const {
   const Impl& m = live(impl_);
   MemoryReport r;
   r.params = static_cast<std::int64_t>(m.store.param_bytes());
-  r.grads = static_cast<std::int64_t>(m.store.grad_bytes());
+  r.grads = static_cast<std::int64_t>(m.store.grad_bytes() + m.store.reduce_scratch_bytes());
   (m.opt.param_format == ParamFormat::Nvfp4 ? r.nvfp4 : r.mxfp8) = static_cast<std::int64_t>(m.mx.storage_bytes());
   r.nccl_overhead = static_cast<std::int64_t>(m.store.allocator_overhead_bytes());
   m.state.add_memory(r);  // master, moments, their shard padding, cast copies

@@ -13,6 +13,7 @@
 #include "core/memory.hpp"
 #include "core/streams.hpp"
 #include "kernels/convert.hpp"
+#include "kernels/piece_sum.hpp"
 #include "optimizer/checkpoint.hpp"
 #include "optimizer/options_agreement.hpp"
 #include "optimizer/shard_engine.hpp"
@@ -164,6 +165,7 @@ class Fsdp::Impl final : public detail::StepTarget {
         fill_zero_async(backend, l->place.data(), l->place.bytes(), nullptr);
     }
     fill_zero_async(backend, grad_slot.data(), grad_slot.bytes(), nullptr);
+    allocate_reduce_scratch();
     shardopt::synchronize(backend, nullptr);
     for (std::size_t b = 0; b < nbuf; ++b)
       state.bind(static_cast<int>(b), grad_shards[b].data(), quantized[b] ? nullptr : param_shards[b].data());
@@ -481,6 +483,51 @@ class Fsdp::Impl final : public detail::StepTarget {
   int next_slot = 0, next_half = 0;
   int grad_unit = -1;
   bool reduce_pending = false;
+  // F32Accumulate: the shard hop's all-to-all receive buffer (one bucket in
+  // slot_grad_dtype) and the replica hop's fp32 gather (replicas x a bucket's shard).
+  DeviceBuffer reduce_pieces, replica_sums;
+
+  void allocate_reduce_scratch() {
+    if (opt.grad_reduce_precision != GradReducePrecision::F32Accumulate) return;
+    std::int64_t largest = 0;
+    for (const Bucket& bk : layout.buckets()) largest = std::max(largest, bk.range.size());
+    if (shard_size > 1) reduce_pieces = DeviceBuffer(backend, static_cast<std::size_t>(largest) * slot_gsize);
+    if (replica_comm.size() > 1)
+      replica_sums = DeviceBuffer(backend, static_cast<std::size_t>(largest / shard_size * replica_comm.size()) *
+                                               sizeof(float));
+  }
+
+  // F32Accumulate's reduce of one bucket of the slot (`at`, count per shard rank) into
+  // the gradient shard at `shard_at`, on the reduce stream `rs`.
+  void reduce_f32(char* at, std::int64_t count, void* shard_at, Stream rs) {
+    const bool average = opt.grad_reduce == ReduceOp::Average;
+    kernels::PieceSum sum;
+    sum.pieces = at;  // one shard rank: its slot is the only piece
+    sum.piece_dtype = opt.slot_grad_dtype;
+    sum.n = shard_size;
+    sum.count = count;
+    sum.average = average;
+    if (shard_size > 1) {
+      shard_comm.all_to_all(at, reduce_pieces.data(), count, opt.slot_grad_dtype, rs);
+      sum.pieces = reduce_pieces.data();
+    }
+    if (replica_comm.size() > 1) {
+      // The shard hop's fp32 sum into this replica's slice; every replica gathers all of
+      // them and sums in replica order, so every replica holds the same bits.
+      const int replicas = replica_comm.size();
+      sum.out = replica_sums.as<float>() + static_cast<std::size_t>(replica_comm.rank()) * static_cast<std::size_t>(count);
+      sum.out_dtype = DType::f32;
+      kernels::piece_sum(sum, backend, rs);
+      replica_comm.all_gather(replica_sums.data(), count, DType::f32, rs);
+      sum.pieces = replica_sums.data();
+      sum.piece_dtype = DType::f32;
+      sum.n = replicas;
+    }
+    sum.out = shard_at;
+    sum.out_dtype = opt.grad_dtype;
+    sum.accumulate = true;
+    kernels::piece_sum(sum, backend, rs);
+  }
 };
 
 namespace {
@@ -786,13 +833,16 @@ void Fsdp::grad_ready(int unit, Stream stream) {
     char* at = base + static_cast<std::size_t>(bk.range.begin - part.begin + part.grad_at) * m.slot_gsize;
     std::optional<detail::OperationLabel> label;  // names the unit if a host-backend wait times out
     if (m.backend == Backend::Host) label.emplace("unit '" + m.unit_name(unit) + "' gradient reduce-scatter");
+    char* shard_at = static_cast<char*>(m.grad_shards[static_cast<std::size_t>(bk.buffer)].data()) +
+                     static_cast<std::size_t>(bk.shard_offset) * m.gsize;
+    if (m.opt.grad_reduce_precision == GradReducePrecision::F32Accumulate) {
+      m.reduce_f32(at, count, shard_at, rs);
+      continue;
+    }
     m.shard_comm.reduce_scatter(at, count, m.opt.slot_grad_dtype, m.opt.grad_reduce, rs);
     char* mine = at + static_cast<std::size_t>(r * count) * m.slot_gsize;
     if (m.replica_comm.size() > 1) m.replica_comm.all_reduce(mine, count, m.opt.slot_grad_dtype, m.opt.grad_reduce, rs);
-    kernels::accumulate(mine, m.opt.slot_grad_dtype,
-                        static_cast<char*>(m.grad_shards[static_cast<std::size_t>(bk.buffer)].data()) +
-                            static_cast<std::size_t>(bk.shard_offset) * m.gsize,
-                        m.opt.grad_dtype, count, m.backend, rs);
+    kernels::accumulate(mine, m.opt.slot_grad_dtype, shard_at, m.opt.grad_dtype, count, m.backend, rs);
   }
   m.grad_free.record(rs);
   m.reduce_pending = true;
@@ -895,6 +945,7 @@ MemoryReport Fsdp::memory() const {
     r.params += static_cast<std::int64_t>(m.param_shards[b].bytes());
     r.grads += static_cast<std::int64_t>(m.grad_shards[b].bytes());
   }
+  r.grads += static_cast<std::int64_t>(m.reduce_pieces.bytes() + m.replica_sums.bytes());
   r.mxfp8 = m.mx ? static_cast<std::int64_t>(m.mx->storage_bytes()) : 0;  // shard planes + whole scales
   r.pool = static_cast<std::int64_t>(m.param_slots[0].bytes() + m.param_slots[1].bytes() + m.grad_slot.bytes() +
                                      m.col_slot.bytes());

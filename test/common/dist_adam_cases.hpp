@@ -303,12 +303,14 @@ inline TrainerWrap on_own_stream(Backend b, int delay_us) {
 /// moments, step, lr, norm), with microbatches, a running schedule and clipping.
 /// `wrap` (may be empty) changes the graphed trainer only.
 inline void case_graph_equals_eager(Backend b, DType grad_dtype, int microbatches, int iterations,
-                                    bool deferred_gather = false, const TrainerWrap& wrap = {}) {
+                                    bool deferred_gather = false, const TrainerWrap& wrap = {},
+                                    const std::function<void(DistributedAdamOptions&)>& variant = {}) {
   const int rank = world_rank();
   DistributedAdamOptions o = base_options(grad_dtype);
   o.microbatches = microbatches;
   o.clip_max_norm = 0.05f;
   o.overlap_param_gather = deferred_gather;
+  if (variant) variant(o);
   Communicator comm = make_comm(b);
   DistributedAdam eager(comm, small_model(), o);
   DistributedAdam graphed(comm, small_model(), o);

@@ -1,0 +1,36 @@
+// piece_sum.hpp - the local half of a deterministic reduce-scatter: the n pieces an
+// all-to-all delivered (one per rank, in rank order) summed in fp32, in rank order, into
+// one output. Stream-ordered and capturable on either backend; the CUDA kernel and the
+// host twin share the element math (piece_sum_math.cuh) and give the same bits.
+#pragma once
+
+#include <cstdint>
+
+#include "shardopt/backend.hpp"
+#include "shardopt/dtype.hpp"
+
+namespace shardopt::kernels {
+
+/// What to sum and where to put it.
+struct PieceSum {
+  const void* pieces = nullptr;  ///< n pieces of `count` elements, piece r at r * count
+  DType piece_dtype = DType::bf16;  ///< f32, bf16 or f16
+  int n = 1;                        ///< pieces (ranks), >= 1
+  std::int64_t count = 0;           ///< elements per piece
+  bool average = false;             ///< divide the sum once by n
+  void* out = nullptr;              ///< count elements, must not overlap the pieces
+  DType out_dtype = DType::f32;     ///< f32, bf16 or f16: the sum rounded once to it
+  bool accumulate = false;          ///< out[i] <- out[i] + sum (the add in fp32, rounded once)
+};
+
+/// out[i] = sum_{r = 0..n-1} pieces[r][i] in fp32, left to right from 0.0f (then / n for
+/// average), rounded once to out_dtype (added to out[i] first when accumulate).
+/// Error(InvalidArgument) for a dtype outside f32/bf16/f16, n < 1, a negative count or a
+/// null pointer with count > 0.
+void piece_sum(const PieceSum& args, Backend backend, Stream stream);
+
+void piece_sum_cuda(const PieceSum& args, Stream stream);
+/// The element loop of the host twin.
+void piece_sum_host(const PieceSum& args);
+
+}  // namespace shardopt::kernels

@@ -1,0 +1,37 @@
+// piece_sum_math.cuh - one element of the rank-ordered fp32 sum of n pieces (host and
+// device), the reduction step of GradReducePrecision::F32Accumulate.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/convert_math.cuh"
+
+namespace shardopt::kernels {
+
+/// The end of the sum: divided once by n when `average` (IEEE division, no contraction).
+SHARDOPT_HD float piece_sum_finish(float acc, int n, bool average) {
+  return average ? acc / static_cast<float>(n) : acc;
+}
+
+/// (((0 + p_0[i]) + p_1[i]) + ... + p_{n-1}[i]) in fp32, piece r at pieces + r * count
+/// (dtype t), then piece_sum_finish. Only adds and one division: the same bits on the
+/// host and on the device (subnormals kept on both).
+SHARDOPT_HD float piece_sum_at(const void* pieces, DType t, int n, std::int64_t count, bool average, std::int64_t i) {
+  float acc = 0.0f;
+  for (int r = 0; r < n; ++r) acc += load_as_f32(pieces, t, static_cast<std::int64_t>(r) * count + i);
+  return piece_sum_finish(acc, n, average);
+}
+
+/// out[i] <- round_to(out dtype, s) or, when `accumulate`, round_to(out dtype, out[i] + s)
+/// (the add in fp32).
+SHARDOPT_HD void piece_sum_write(void* out, DType out_dtype, bool accumulate, std::int64_t i, float s) {
+  store_from_f32(out, out_dtype, i, accumulate ? load_as_f32(out, out_dtype, i) + s : s);
+}
+
+/// One element, start to end: piece_sum_at, then piece_sum_write.
+SHARDOPT_HD void piece_sum_store(const void* pieces, DType t, int n, std::int64_t count, bool average, void* out,
+                                 DType out_dtype, bool accumulate, std::int64_t i) {
+  piece_sum_write(out, out_dtype, accumulate, i, piece_sum_at(pieces, t, n, count, average, i));
+}
+
+}  // namespace shardopt::kernels

@@ -1,0 +1,342 @@
+// grad_reduce_cases.hpp - GradReducePrecision::F32Accumulate below the optimizers, written
+// once for both backends (host backend: test/mpi/test_grad_reduce.cpp; CUDA + NCCL:
+// test/gpu/test_grad_reduce_gpu.cpp): the all-to-all, the rank-ordered piece sum, and the
+// BucketStore's deterministic reduce-scatter.
+//
+// The oracles are written in the tests: a plain fp32 loop in rank order (the promised
+// bits) and the exact mean in double, over gradients whose exact mean is known
+// (common/known_grads.hpp).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/known_grads.hpp"
+#include "kernels/piece_sum.hpp"
+#include "mpi/bucket_store_cases.hpp"
+
+namespace shardopt::test {
+
+// ------------------------------------------------------------------ all-to-all
+
+/// Piece r of every rank's send buffer lands in piece `sender` of rank r's receive
+/// buffer, in every dtype size; the one-rank group copies; overlapping buffers are
+/// refused (on a one-rank group, whose failure harms no other test).
+inline void all_to_all_delivers_every_piece(Backend be) {
+  Communicator& comm = world(be);
+  const int n = comm.size(), me = comm.rank();
+  TestStream s(be);
+  for (DType t : {DType::f32, DType::bf16, DType::e4m3}) {
+    const std::int64_t count = 37;
+    const std::size_t es = size_of(t);
+    Bytes send(static_cast<std::size_t>(count * n) * es);
+    for (std::size_t i = 0; i < send.size(); ++i)
+      send[i] = static_cast<std::uint8_t>(me * 53 + static_cast<int>(i / (static_cast<std::size_t>(count) * es)) * 7 +
+                                          static_cast<int>(i % (static_cast<std::size_t>(count) * es)));
+    DeviceBuffer dsend = to_device(be, send);
+    DeviceBuffer drecv(be, send.size());
+    comm.all_to_all(dsend.data(), drecv.data(), count, t, s.get());
+    s.sync();
+    const Bytes got = download(be, drecv.data(), send.size());
+    int bad = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const int sender = static_cast<int>(i / (static_cast<std::size_t>(count) * es));
+      bad += got[i] != static_cast<std::uint8_t>(sender * 53 + me * 7 +
+                                                 static_cast<int>(i % (static_cast<std::size_t>(count) * es)));
+    }
+    EXPECT_EQ(bad, 0) << to_string(t) << " rank " << me;
+  }
+  Communicator one = Communicator::self(be);
+  const Bytes x = {1, 2, 3, 4, 5, 6, 7, 8};
+  DeviceBuffer a = to_device(be, x), c(be, x.size());
+  one.all_to_all(a.data(), c.data(), 4, DType::bf16, s.get());
+  s.sync();
+  EXPECT_EQ(download(be, c.data(), x.size()), x);
+  const auto e = error_of([&] { one.all_to_all(a.data(), static_cast<char*>(a.data()) + 2, 2, DType::bf16, s.get()); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->code(), ErrorCode::InvalidArgument);
+  EXPECT_TRUE(contains(e->what(), "send and recv overlap")) << e->what();
+}
+
+// ------------------------------------------------------------------ the piece sum
+
+/// One length of piece_sum_equals_rank_order_loop.
+inline void piece_sum_case(Backend be, TestStream& s, std::int64_t count) {
+  for (int n = 1; n <= 8; ++n) {
+    for (DType in : {DType::bf16, DType::f32, DType::f16}) {
+      const Bytes pieces = random_floats(in, static_cast<std::size_t>(count * n), seed_of(91, n, static_cast<int>(in)));
+      for (DType out : {DType::f32, DType::bf16}) {
+        for (int flags = 0; flags < 4; ++flags) {
+          const bool average = flags & 1, accumulate = flags & 2;
+          const Bytes before = random_floats(out, static_cast<std::size_t>(count), seed_of(92, n, flags));
+          DeviceBuffer dp = to_device(be, pieces), dout = to_device(be, before);
+          kernels::PieceSum a;
+          a.pieces = dp.data();
+          a.piece_dtype = in;
+          a.n = n;
+          a.count = count;
+          a.average = average;
+          a.out = dout.data();
+          a.out_dtype = out;
+          a.accumulate = accumulate;
+          kernels::piece_sum(a, be, s.get());
+          s.sync();
+          const Bytes got = download(be, dout.data(), before.size());
+          Bytes want(before.size());
+          for (std::int64_t i = 0; i < count; ++i) {
+            std::vector<float> x;
+            for (int r = 0; r < n; ++r)
+              x.push_back(static_cast<float>(element(in, pieces, static_cast<std::size_t>(r * count + i))));
+            float v = rank_order_sum(x, average);
+            if (accumulate) v = static_cast<float>(element(out, before, static_cast<std::size_t>(i))) + v;
+            set_element(out, want, static_cast<std::size_t>(i), v);
+          }
+          EXPECT_EQ(got, want) << "count=" << count << " n=" << n << " in=" << to_string(in) << " out=" << to_string(out)
+                               << " average=" << average << " accumulate=" << accumulate;
+        }
+      }
+    }
+  }
+}
+
+/// The kernel (CUDA) and its host twin give the bits of the plain rank-order loop, for
+/// 1 to 8 pieces of random values (not exact: roundings everywhere), every input and
+/// output dtype, with and without Average and accumulation; an odd length (the
+/// element-wise kernel) and a multiple of 8 (CUDA's 16-byte loads of bf16 pieces).
+inline void piece_sum_equals_rank_order_loop(Backend be) {
+  TestStream s(be);
+  for (const std::int64_t count : {1031, 1024}) piece_sum_case(be, s, count);
+}
+
+// ------------------------------------------------------------------ the bucket store
+
+/// A store over the bucket-store test layout with F32Accumulate or Native.
+inline BucketStore precision_store(const Communicator& comm, DType t, GradReducePrecision p,
+                                   ReduceOp op = ReduceOp::Average) {
+  BucketStoreOptions o;
+  o.grad_dtype = t;
+  o.grad_reduce = op;
+  o.grad_reduce_precision = p;
+  return BucketStore(comm, store_layout(comm.size()), o);
+}
+
+/// Rank r's known gradient image of every buffer of L (padding included: the reduction
+/// is element-wise).
+inline std::vector<Bytes> known_images(const Layout& L, DType t, int r) {
+  std::vector<Bytes> img;
+  for (std::size_t b = 0; b < L.buffers().size(); ++b) {
+    const auto numel = static_cast<std::size_t>(L.buffers()[b].numel);
+    Bytes v(numel * size_of(t));
+    for (std::size_t j = 0; j < numel; ++j)
+      set_element(t, v, j, known_grad(r, static_cast<std::int64_t>(b), static_cast<std::int64_t>(j)));
+    img.push_back(std::move(v));
+  }
+  return img;
+}
+
+/// Sum over this rank's slices of |result - exact mean|, and the count of elements whose
+/// bits differ from the rank-order oracle or whose error exceeds one rounding to `t`.
+struct ReduceCheck {
+  double total_error = 0;
+  int not_oracle = 0;
+  int beyond_one_rounding = 0;
+  int other_slices_changed = 0;
+};
+
+/// Uploads the known images, starts every bucket (one by one, or as one range), waits,
+/// and checks this rank's slices against the oracles.
+inline ReduceCheck reduce_known(BucketStore& st, TestStream& s, bool range) {
+  const Layout& L = st.layout();
+  const Communicator& comm = st.comm();
+  const Backend be = comm.backend();
+  const int n = comm.size(), me = comm.rank();
+  const DType t = st.options().grad_dtype;
+  const bool average = st.options().grad_reduce == ReduceOp::Average;
+  const std::vector<Bytes> mine = known_images(L, t, me);
+  upload_all(be, mine, [&](int b) { return st.grad_buffer(b); });
+  const int nb = static_cast<int>(L.buckets().size());
+  if (range) {
+    st.start_grad_reduces(0, nb, s.get());
+  } else {
+    for (int b = nb - 1; b >= 0; --b) st.start_grad_reduce(b, s.get());
+  }
+  for (int b = 0; b < nb; ++b) st.wait_grad_reduce(b, s.get());
+  s.sync();
+  const std::vector<Bytes> got = download_grads(st, t);
+  const double u = unit_roundoff(t);
+  ReduceCheck c;
+  for (int b = 0; b < nb; ++b) {
+    const Bucket& bk = L.buckets()[static_cast<std::size_t>(b)];
+    const auto buf = static_cast<std::size_t>(bk.buffer);
+    for (std::int64_t j = bk.range.begin; j < bk.range.end; ++j) {
+      const auto at = static_cast<std::size_t>(j);
+      const Range own = L.shard_range(b, me);
+      if (j < own.begin || j >= own.end) {
+        c.other_slices_changed += element(t, got[buf], at) != element(t, mine[buf], at);
+        continue;
+      }
+      std::vector<float> x;
+      double exact = 0;
+      for (int r = 0; r < n; ++r) {
+        x.push_back(known_grad(r, bk.buffer, j));
+        exact += x.back();
+      }
+      if (average) exact /= n;
+      Bytes want(size_of(t));
+      set_element(t, want, 0, rank_order_sum(x, average));
+      const double v = element(t, got[buf], at);
+      c.not_oracle += std::memcmp(want.data(), got[buf].data() + at * size_of(t), size_of(t)) != 0;
+      c.beyond_one_rounding += !within_one_rounding(v, exact, u);
+      c.total_error += std::fabs(v - exact);
+    }
+  }
+  return c;
+}
+
+/// F32Accumulate's reduce-scatter of known gradients equals the rank-order fp32 oracle
+/// rounded once to grad_dtype, bitwise, on every rank count; its error against the exact
+/// mean is at most one rounding; the other slices keep their values; single starts and
+/// range starts agree. Native bf16 on the same data is worse from 3 ranks on (its partial
+/// sums are rounded to bf16) and the same at 2 ranks (one rounded sum, halved exactly).
+inline void store_f32_accumulate_is_the_oracle(Backend be, DType t) {
+  Communicator& comm = world(be);
+  TestStream s(be);
+  BucketStore st = precision_store(comm, t, GradReducePrecision::F32Accumulate);
+  EXPECT_EQ(st.reduce_scratch_bytes() > 0, comm.size() > 1);
+  for (bool range : {false, true}) {
+    SCOPED_TRACE(range ? "range starts" : "single starts");
+    const ReduceCheck f = reduce_known(st, s, range);
+    EXPECT_EQ(f.not_oracle, 0) << "rank " << comm.rank();
+    EXPECT_EQ(f.beyond_one_rounding, 0) << "rank " << comm.rank();
+    EXPECT_EQ(f.other_slices_changed, 0) << "rank " << comm.rank();
+    if (t != DType::bf16) continue;
+    BucketStore native = precision_store(comm, t, GradReducePrecision::Native);
+    EXPECT_EQ(native.reduce_scratch_bytes(), 0u);
+    const ReduceCheck g = reduce_known(native, s, range);
+    // Every rank's total, so that every rank asserts the same.
+    const std::vector<std::uint64_t> worse = comm.all_gather_value(g.total_error > f.total_error ? 1 : 0);
+    const std::vector<std::uint64_t> equal = comm.all_gather_value(g.total_error == f.total_error ? 1 : 0);
+    for (int r = 0; r < comm.size(); ++r) {
+      if (comm.size() >= 3) {
+        EXPECT_EQ(worse[static_cast<std::size_t>(r)], 1u) << "Native bf16 not worse on rank " << r;
+      } else {
+        EXPECT_EQ(equal[static_cast<std::size_t>(r)], 1u) << "2 ranks: Native should equal F32Accumulate, rank " << r;
+      }
+    }
+    if (comm.size() >= 3) {
+      EXPECT_GT(g.beyond_one_rounding, 0) << "Native bf16 within one rounding everywhere";
+    }
+  }
+}
+
+/// F32Accumulate with Sum: the rank-order sum, no division.
+inline void store_f32_accumulate_sum(Backend be) {
+  Communicator& comm = world(be);
+  TestStream s(be);
+  BucketStore st = precision_store(comm, DType::bf16, GradReducePrecision::F32Accumulate, ReduceOp::Sum);
+  const ReduceCheck f = reduce_known(st, s, true);
+  EXPECT_EQ(f.not_oracle, 0);
+  EXPECT_EQ(f.beyond_one_rounding, 0);
+}
+
+/// A captured step (grad_ready starts each bucket; waits; gathers) replays with the
+/// bytes of the eager step, which is the oracle's.
+inline void store_f32_accumulate_graph_equals_eager(Backend be) {
+  Communicator& comm = world(be);
+  const int me = comm.rank();
+  TestStream s(be);
+  BucketStore st = precision_store(comm, DType::bf16, GradReducePrecision::F32Accumulate);
+  const Layout& L = st.layout();
+  const int nb = static_cast<int>(L.buckets().size());
+  const int np = static_cast<int>(L.params().size());
+  const PristineInputs pristine(be, known_images(L, DType::bf16, me), param_images(L, me));
+  const StoreImages eager = expect_replays_like_eager(st, s, [&] {
+    pristine.restore(st, s.get());
+    for (int p = np - 1; p >= 0; --p) st.grad_ready(p, s.get());
+    st.start_grad_reduces(0, nb, s.get());  // none left: grad_ready started them all
+    for (int b = nb - 1; b >= 0; --b) st.wait_grad_reduce(b, s.get());
+    for (int b = 0; b < nb; ++b) st.start_param_gather(b, s.get());
+    for (int b = 0; b < nb; ++b) st.wait_param_gather(b, s.get());
+  }, "F32Accumulate grad_ready step");
+  expect_gathered(L, eager.params, "F32Accumulate step, rank " + std::to_string(me));
+  int bad = 0;
+  for (int b = 0; b < nb; ++b) {
+    const Bucket& bk = L.buckets()[static_cast<std::size_t>(b)];
+    const Range own = L.shard_range(b, me);
+    for (std::int64_t j = own.begin; j < own.end; ++j) {
+      std::vector<float> x;
+      for (int r = 0; r < comm.size(); ++r) x.push_back(known_grad(r, bk.buffer, j));
+      Bytes want(2);
+      set_element(DType::bf16, want, 0, rank_order_sum(x, true));
+      bad += std::memcmp(want.data(), eager.grads[static_cast<std::size_t>(bk.buffer)].data() + 2 * j, 2) != 0;
+    }
+  }
+  EXPECT_EQ(bad, 0) << "rank " << me;
+}
+
+/// Random (inexact) gradients: every partial sum rounds, so only the promised order gives
+/// the oracle's bits. Two stores, twice each: every run equals the rank-order fp32 loop
+/// over every rank's image, rounded once to bf16, bitwise (whatever NCCL_ALGO says).
+inline void store_random_data_is_the_oracle_every_run(Backend be) {
+  Communicator& comm = world(be);
+  const int n = comm.size(), me = comm.rank();
+  TestStream s(be);
+  const Layout L = store_layout(n);
+  std::vector<std::vector<Bytes>> images;
+  for (int r = 0; r < n; ++r) images.push_back(grad_images(L, DType::bf16, r, false, 31));
+  const int nb = static_cast<int>(L.buckets().size());
+  for (int store = 0; store < 2; ++store) {
+    BucketStore st = precision_store(comm, DType::bf16, GradReducePrecision::F32Accumulate);
+    for (int run = 0; run < 2; ++run) {
+      upload_all(be, images[static_cast<std::size_t>(me)], [&](int b) { return st.grad_buffer(b); });
+      st.start_grad_reduces(0, nb, s.get());
+      for (int b = 0; b < nb; ++b) st.wait_grad_reduce(b, s.get());
+      s.sync();
+      const std::vector<Bytes> got = download_grads(st, DType::bf16);
+      int bad = 0;
+      for (int b = 0; b < nb; ++b) {
+        const auto buf = static_cast<std::size_t>(L.buckets()[static_cast<std::size_t>(b)].buffer);
+        const Range own = L.shard_range(b, me);
+        for (std::int64_t j = own.begin; j < own.end; ++j) {
+          std::vector<float> x;
+          for (int r = 0; r < n; ++r)
+            x.push_back(static_cast<float>(element(DType::bf16, images[static_cast<std::size_t>(r)][buf], static_cast<std::size_t>(j))));
+          Bytes want(2);
+          set_element(DType::bf16, want, 0, rank_order_sum(x, true));
+          bad += std::memcmp(want.data(), got[buf].data() + 2 * j, 2) != 0;
+        }
+      }
+      EXPECT_EQ(bad, 0) << "store " << store << " run " << run << " rank " << me;
+    }
+  }
+}
+
+/// Ranks that pass different precisions are refused on every rank, naming it.
+inline void store_precision_disagreement(Backend be) {
+  Communicator& comm = world(be);
+  const bool last = comm.rank() == comm.size() - 1;
+  if (comm.size() < 2) return;
+  const auto e = error_of([&] {
+    BucketStore st = precision_store(comm, DType::bf16,
+                                     last ? GradReducePrecision::F32Accumulate : GradReducePrecision::Native);
+  });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->code(), ErrorCode::LayoutMismatch);
+  EXPECT_TRUE(contains(e->what(), "grad_reduce_precision=F32Accumulate")) << e->what();
+  EXPECT_TRUE(contains(e->what(), "grad_reduce_precision=Native")) << e->what();
+}
+
+#define SHARDOPT_GRAD_REDUCE_CASES(Suite, backend)                                                            \
+  TEST(Suite, AllToAllDeliversEveryPiece) { all_to_all_delivers_every_piece(backend); }                       \
+  TEST(Suite, PieceSumEqualsRankOrderLoop) { piece_sum_equals_rank_order_loop(backend); }                     \
+  TEST(Suite, StoreBf16IsTheOracleAndBeatsNative) { store_f32_accumulate_is_the_oracle(backend, DType::bf16); } \
+  TEST(Suite, StoreF32IsTheOracle) { store_f32_accumulate_is_the_oracle(backend, DType::f32); }               \
+  TEST(Suite, StoreSumIsTheOracle) { store_f32_accumulate_sum(backend); }                                     \
+  TEST(Suite, StoreGraphEqualsEager) { store_f32_accumulate_graph_equals_eager(backend); }                    \
+  TEST(Suite, StoreRandomDataIsTheOracleEveryRun) { store_random_data_is_the_oracle_every_run(backend); }     \
+  TEST(Suite, StorePrecisionDisagreementIsRefused) { store_precision_disagreement(backend); }
+
+}  // namespace shardopt::test
