@@ -6,11 +6,16 @@ namespace shardopt::detail {
 
 #if SHARDOPT_HAVE_CUDA
 DeviceGuard::DeviceGuard(int device) {
+  if (device < 0) {  // the host backend's "no device": nothing to select or restore
+    previous_ = -1;
+    return;
+  }
   SHARDOPT_CUDA_CHECK(cudaGetDevice(&previous_));
   if (previous_ != device) SHARDOPT_CUDA_CHECK(cudaSetDevice(device));
 }
 
 DeviceGuard::~DeviceGuard() {
+  if (previous_ < 0) return;
   int now = -1;
   if (cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
 }

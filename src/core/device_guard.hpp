@@ -7,7 +7,8 @@ namespace shardopt::detail {
 
 class DeviceGuard {
  public:
-  /// Makes `device` current (Error(Cuda) if that fails); no-op without CUDA.
+  /// Makes `device` current (Error(Cuda) if that fails); no-op without CUDA, and for a
+  /// negative device (the host backend's communicators carry -1).
   explicit DeviceGuard(int device);
   /// Restores the device that was current before (never throws).
   ~DeviceGuard();
