@@ -206,7 +206,7 @@ inline void case_fsdp_average_is_sum_then_divide(Backend b) {
   o.slot_grad_dtype = DType::f32;
   ASSERT_EQ(o.grad_reduce, ReduceOp::Average) << "Average is the default";
   ASSERT_EQ(o.grad_dtype, DType::f32);
-  Fsdp f(make_comm(b), small_model(), small_units(), o);
+  Fsdp f(make_comm(b), fsdp_model(), small_units(), o);
   TestStream s(b);
   init_fsdp(f, s.get());
   fsdp_microbatch(f, s.get(), rank, GradKind::Grid);
@@ -385,7 +385,7 @@ inline void expect_error_code(F&& f, ErrorCode code, const std::string& part) {
 inline void case_fsdp_end_forward_only_refused(Backend b) {
   const int rank = world_rank();
   Communicator comm = make_comm(b);
-  Fsdp f(comm, small_model(), small_units(), fsdp_options(base_options(DType::bf16)));
+  Fsdp f(comm, fsdp_model(), small_units(), fsdp_options(base_options(DType::bf16)));
   TestStream s(b);
   init_fsdp(f, s.get());
   fsdp_microbatch(f, s.get(), rank, GradKind::Grid);  // learns the order
@@ -419,7 +419,7 @@ inline void case_fsdp_capture_refused(Backend b) {
     return [&f, rank](Stream st, bool) { fsdp_microbatch(f, st, rank, GradKind::Grid); };
   };
   {
-    Fsdp f(comm, small_model(), small_units(), o);
+    Fsdp f(comm, fsdp_model(), small_units(), o);
     TestStream s(b);
     init_fsdp(f, s.get());
     StepGraphOptions go;
@@ -429,7 +429,7 @@ inline void case_fsdp_capture_refused(Backend b) {
     EXPECT_FALSE(g.captured());
   }
   {
-    Fsdp f(comm, small_model(), small_units(), o);
+    Fsdp f(comm, fsdp_model(), small_units(), o);
     TestStream s(b);
     init_fsdp(f, s.get());
     fsdp_microbatch(f, s.get(), rank, GradKind::Grid);

@@ -123,7 +123,7 @@ inline OptReduceCheck fsdp_reduce_known(Backend b, int shard_group, GradReducePr
   o.grad_reduce_precision = p;
   const int S = shard_group == 0 ? world : shard_group;
   const int R = world / S;
-  Fsdp f(comm, small_model(), small_units(), o);
+  Fsdp f(comm, fsdp_model(), small_units(), o);
   TestStream s(b);
   init_fsdp(f, s.get());
   const int nu = f.num_units();
@@ -183,7 +183,7 @@ inline void case_fsdp_f32_accumulate(Backend b, int shard_group) {
 /// The whole Fsdp (or HSDP) iteration with F32Accumulate captured in one graph replays
 /// with the bits of eager iterations.
 inline void case_fsdp_f32_accumulate_graph(Backend b, int shard_group, int iterations) {
-  FsdpCaseModel m{small_model(), small_units(), base_options(DType::f32),
+  FsdpCaseModel m{fsdp_model(), small_units(), base_options(DType::f32),
                   [shard_group](const DistributedAdamOptions& d) {
                     FsdpOptions o = fsdp_options(d);
                     o.shard_group_size = shard_group;

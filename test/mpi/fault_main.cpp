@@ -206,7 +206,7 @@ void run(const std::string& scenario, long long t) {
     FsdpOptions o = fsdp_options(base_options(DType::f32));
     o.shard_group_size = 2;
     o.watchdog.emplace().wait_timeout = std::chrono::milliseconds(t);  // step_timeout: the default
-    Fsdp f(comm, small_model(), small_units(), o);
+    Fsdp f(comm, fsdp_model(), small_units(), o);
     check(f.shard_size() == 2 && f.replicas() == comm.size() / 2, "HSDP with shard groups of 2");
     init_fsdp(f, s);
     f.synchronize(s);

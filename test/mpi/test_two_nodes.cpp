@@ -54,7 +54,7 @@ TEST(TwoNodes, HsdpShardsInsideTheNodeAndReplicatesAcross) {
   DistributedAdamOptions d = base_options(DType::bf16);
   FsdpOptions fo = fsdp_options(d);
   fo.shard_group_size = per_node;
-  Fsdp f(make_comm(Backend::Host), small_model(), small_units(), fo);
+  Fsdp f(make_comm(Backend::Host), fsdp_model(), small_units(), fo);
   EXPECT_EQ(f.shard_size(), per_node);
   EXPECT_EQ(f.replicas(), 2);
   // The shard rank is the index on the node, i.e. the rank's device: the shard group is
