@@ -21,6 +21,15 @@ constexpr std::size_t kHostAlignment = 256;
 std::size_t host_rounded(std::size_t bytes) { return (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment; }
 
 #if SHARDOPT_HAVE_CUDA
+// Device allocations are requested in whole 256-byte units: NCCL reads user buffers in
+// whole 16-byte words past an odd end (it never writes there), and cudaMalloc's own
+// alignment is 256 bytes, so the rounding costs no memory and keeps such reads inside
+// the allocation (compute-sanitizer's memcheck measures against the requested size).
+constexpr std::size_t kDeviceRounding = 256;
+std::size_t device_rounded(std::size_t bytes) { return (bytes + kDeviceRounding - 1) / kDeviceRounding * kDeviceRounding; }
+#endif
+
+#if SHARDOPT_HAVE_CUDA
 // Bytes from `ptr` to the end of the allocation that holds it (the allocator's rounding
 // included); `requested` when the driver cannot tell.
 std::size_t device_extent(void* ptr, std::size_t requested) {
@@ -56,11 +65,11 @@ DeviceBuffer::DeviceBuffer(Backend backend, std::size_t bytes, MemoryKind kind)
   }
 #if SHARDOPT_HAVE_CUDA
   switch (kind_) {
-    case MemoryKind::Device: SHARDOPT_CUDA_CHECK(cudaMalloc(&ptr_, bytes)); break;
+    case MemoryKind::Device: SHARDOPT_CUDA_CHECK(cudaMalloc(&ptr_, device_rounded(bytes))); break;
     case MemoryKind::Pinned: SHARDOPT_CUDA_CHECK(cudaMallocHost(&ptr_, bytes)); break;
     case MemoryKind::NcclDevice:
 #if SHARDOPT_HAVE_NCCL
-      SHARDOPT_NCCL_CHECK(ncclMemAlloc(&ptr_, bytes));
+      SHARDOPT_NCCL_CHECK(ncclMemAlloc(&ptr_, device_rounded(bytes)));
       break;
 #else
       SHARDOPT_REQUIRE(false, ErrorCode::Unsupported,
