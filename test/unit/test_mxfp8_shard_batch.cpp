@@ -51,7 +51,10 @@ std::string bounds_str(const std::vector<std::vector<std::int64_t>>& bounds) {
   std::string s;
   for (const auto& b : bounds) {
     s += "{";
-    for (std::size_t i = 0; i < b.size(); ++i) s += (i ? "," : "") + std::to_string(b[i]);
+    for (std::size_t i = 0; i < b.size(); ++i) {
+      if (i) s += ',';  // appended in place: GCC 12 -O3 warns (-Wrestrict) on "," + string&&
+      s += std::to_string(b[i]);
+    }
     s += "} ";
   }
   return s;
