@@ -3,6 +3,8 @@
 #include <chrono>
 #include <thread>
 
+#include <mpi.h>
+
 #include "shardopt/host_stream.hpp"
 
 namespace shardopt::test {
@@ -12,7 +14,19 @@ void delay_stream_cuda(Stream stream, int microseconds);
 void add_grads_cuda(Stream stream, const GradStreamParams& p, const std::vector<GradTarget>& targets);
 #endif
 
+namespace {
+bool only_rank_zero_adds = false;
+}  // namespace
+
+OnlyRankZeroAddsGrads::OnlyRankZeroAddsGrads(bool on) : saved_(only_rank_zero_adds) { only_rank_zero_adds = on; }
+OnlyRankZeroAddsGrads::~OnlyRankZeroAddsGrads() { only_rank_zero_adds = saved_; }
+
 void add_grads(Backend backend, Stream stream, const GradStreamParams& p, const std::vector<GradTarget>& targets) {
+  if (only_rank_zero_adds) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank != 0) return;
+  }
   if (backend == Backend::Host) {
     host_enqueue(stream, [p, targets] {
       const std::int64_t step = p.scalars != nullptr ? p.scalars->step : 0;
