@@ -34,8 +34,10 @@ waited=0
 while kill -0 "$job" 2>/dev/null && [ "$waited" -lt "$limit" ]; do sleep 1; waited=$((waited + 1)); done
 if kill -0 "$job" 2>/dev/null; then
   # A hang: each rank prints its main thread's stack (SIGUSR1), then the job is ended.
-  ranks=$(pgrep -f -- "$exe $scenario $ms" || true)
-  for p in $ranks; do [ "$p" = "$job" ] || kill -USR1 "$p" 2>/dev/null; done
+  # (not this script, whose own command line holds the same words: USR1 would end it
+  # before it printed anything)
+  ranks=$(pgrep -f -- "$exe $scenario $ms" | grep -v -x -e "$$" -e "$job" || true)
+  for p in $ranks; do kill -USR1 "$p" 2>/dev/null; done
   sleep 3
   kill -TERM "$job" $ranks 2>/dev/null; sleep 5; kill -KILL "$job" $ranks 2>/dev/null
   wait "$job" 2>/dev/null
