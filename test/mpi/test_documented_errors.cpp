@@ -91,6 +91,39 @@ TEST(DocumentedErrorsHost, RequireUsableTellsATimeoutFromOtherFailures) {
   expect_code([&] { other.require_usable("after_an_mpi_error"); }, ErrorCode::InvalidState, "after_an_mpi_error");
 }
 
+// distributed_adam.hpp / fsdp.hpp, synchronize: once the communicator missed a deadline,
+// "every later call that needs it throws Error(Timeout) too" - synchronize included (the
+// host backend has nothing in flight to wait for, so the deadline is missed in a barrier
+// that rank 0 enters alone; the other ranks complete it afterwards).
+TEST(DocumentedErrorsHost, OptimizerSynchronizeAfterAMissedDeadlineIsTimeout) {
+  const int me = world_rank();
+  Communicator comm = make_comm(Backend::Host);
+  HostStream hs;
+  const Stream s = hs.handle();
+  DistributedAdamOptions o = base_options(DType::f32);
+  o.watchdog = WatchdogOptions{milliseconds(200), milliseconds(0)};
+  DistributedAdam opt(comm, small_model(), o);
+  init_params(opt, s);
+  FsdpOptions fo = fsdp_options(o);
+  fo.watchdog = o.watchdog;
+  Fsdp f(comm, fsdp_model(), small_units(), fo);
+  init_fsdp(f, s);
+  EXPECT_NO_THROW(opt.synchronize(s));
+  EXPECT_NO_THROW(f.synchronize(s));
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (me == 0) expect_code([&] { comm.barrier(); }, ErrorCode::Timeout, "wait_timeout");
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (me != 0) comm.barrier();  // completes rank 0's abandoned barrier
+  if (me == 0) {
+    expect_code([&] { opt.synchronize(s); }, ErrorCode::Timeout, "wait_timeout");
+    expect_code([&] { f.synchronize(s); }, ErrorCode::Timeout, "wait_timeout");
+  } else {
+    EXPECT_NO_THROW(opt.synchronize(s));
+    EXPECT_NO_THROW(f.synchronize(s));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 // bucket_store.hpp, start_grad_reduce: a stream the backend cannot use (on the host
 // backend, a handle that is not a live HostStream) is Error(InvalidArgument), and the
 // bucket is not left pending.
