@@ -30,8 +30,11 @@ class SaveJob;
 
 /// A save in progress (save_async). Move-only; wait() is collective (every rank calls
 /// it): it waits for this rank's file, then for every rank, and rank 0 writes the index.
-/// Destroying an unwaited handle waits for this rank's file but writes no index (the
-/// directory then stays an incomplete checkpoint, which load refuses).
+/// An unwaited handle leaves the save to the optimizer that started it: its next save,
+/// save_async or load finishes the save first (index included, collectively). If the
+/// optimizer is destroyed first, it waits for this rank's file but writes no index (the
+/// directory then stays an incomplete checkpoint, which load refuses) and a later wait()
+/// is Error(InvalidState).
 class SaveHandle {
  public:
   SaveHandle();
