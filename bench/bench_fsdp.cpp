@@ -2,20 +2,24 @@
 // Llama-3.2-1B-sized MLP block pair of bf16 GEMMs (up 8192x2048, down 2048x8192; cuBLAS,
 // fp32 accumulation), forward + backward + step, one CUDA graph per iteration.
 //
-//   mpirun -n 4 bench_fsdp [--results DIR] [--peer FILE] [--iters N] [--tokens T] [--params bf16|mxfp8]
+//   mpirun -n 4 bench_fsdp [--results DIR] [--peer FILE] [--peer-megatron FILE] [--iters N] [--tokens T]
+//                          [--params bf16|mxfp8]
 //
 // --params mxfp8: MXFP8 parameters (FsdpOptions::param_format, docs/mxfp8.md "FSDP"):
 // each forward gathers the rowwise plane, each backward the columnwise plane, one byte
 // per element; the GEMMs stay bf16 (Hopper has no MXFP8 GEMM): every unit's gathered
-// plane is dequantized to bf16 first (the data-gradient GEMM from the columnwise plane).
+// plane is decoded straight to bf16 first, one pass per weight (the data-gradient GEMM
+// from the columnwise plane).
 // Both modes report the bytes gathered per iteration and the persistent memory per rank.
 //
 // Measured in one process: the iteration with prefetch on and off (graph replay, CUDA
 // events, median); its pieces alone — compute only (the same GEMMs on resident
 // weights), communication only (every gather and reduce-scatter of an iteration back to
 // back), the optimizer step alone; and the PyTorch FSDP2 peer's median read from the file
-// bench/peers/fsdp_peer.py wrote. limit = max(compute, communication) + step: what a
-// perfect overlap of communication with compute would give.
+// bench/peers/fsdp_peer.py wrote (--peer). limit = max(compute, communication) + step:
+// what a perfect overlap of communication with compute would give. --peer-megatron FILE
+// (bench/peers/megatron_fsdp_peer.py's file) adds a second row of the same iteration
+// against Megatron-FSDP, config "<config>/vs-megatron-fsdp".
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -23,7 +27,6 @@
 
 #include "core/check.hpp"
 #include "core/memory.hpp"
-#include "kernels/convert.hpp"
 #include "mpi_bench.hpp"
 #include "results.hpp"
 #include "shardopt/fsdp.hpp"
@@ -43,10 +46,12 @@ using namespace shardopt;
 constexpr int kUnits = 16;
 constexpr std::int64_t kHidden = 2048, kMlp = 8192;
 
-// --results DIR, --peer FILE, --iters N (default 20), --tokens T and --params.
+// --results DIR, --peer FILE, --peer-megatron FILE, --iters N (default 20), --tokens T
+// and --params.
 struct Args : bench::RunArgs {
   std::int64_t tokens = 4096;
   bool mxfp8 = false;
+  std::string peer_megatron;  ///< the Megatron-FSDP peer's timings ("" = none)
 };
 
 Args parse(int argc, char** argv) {
@@ -55,6 +60,10 @@ Args parse(int argc, char** argv) {
   bench::parse_run_args(argc, argv, a, [&](bench::ArgReader& r) {
     if (r.arg() == "--tokens") {
       a.tokens = std::atoll(r.value().c_str());
+      return true;
+    }
+    if (r.arg() == "--peer-megatron") {
+      a.peer_megatron = r.value();
       return true;
     }
     if (r.arg() != "--params") return false;
@@ -108,22 +117,21 @@ void init_shard(Fsdp& f, Stream s) {
 }
 
 // wait_param of unit u for `pass`: bf16 views, or (MXFP8) the pass's plane of each
-// weight dequantized into `scratch` (f32, then bf16 in `weights`), which the GEMMs read.
+// weight decoded straight to bf16 into `weights`, which the GEMMs read.
 struct UnitWeights {
   const void* up = nullptr;
   const void* down = nullptr;
 };
-UnitWeights unit_weights(Fsdp& f, int u, FsdpPass pass, DeviceBuffer* scratch, DeviceBuffer* weights, Stream s) {
+UnitWeights unit_weights(Fsdp& f, int u, FsdpPass pass, DeviceBuffer* weights, Stream s) {
   const auto w = f.wait_param(u, pass, s);
   if (f.options().param_format != ParamFormat::Mxfp8) return {w[0].data, w[1].data};
-  char* out = weights->as<char>();
+  auto* out = weights->as<std::uint16_t>();
   for (int k = 0; k < 2; ++k) {
     const Mxfp8PassView v = f.mxfp8_param(2 * u + k, pass);
-    dequantize_mxfp8(v.shape, v.plane, v.data, v.scales, scratch->as<float>(), f.backend(), s);
-    kernels::convert(scratch->data(), DType::f32, out + static_cast<std::size_t>(k) * kHidden * kMlp * 2, DType::bf16,
-                     v.shape.numel(), f.backend(), s);
+    dequantize_mxfp8(v.shape, v.plane, v.data, v.scales, out + static_cast<std::size_t>(k) * kHidden * kMlp,
+                     f.backend(), s);
   }
-  return {out, out + kHidden * kMlp * 2};
+  return {out, out + kHidden * kMlp};
 }
 
 // One iteration without the GEMMs: every gather and reduce-scatter, the step, zero_grad.
@@ -219,19 +227,16 @@ double iteration_ms(const Communicator& comm, cublasHandle_t h, DeviceBuffer& ws
                     bool prefetch, bool mxfp8, Stream s, int iters) {
   Fsdp f(comm, model_specs(kHidden, kMlp), model_units(), options(prefetch, mxfp8));
   init_shard(f, s);
-  DeviceBuffer scratch, weights;  // MXFP8: the dequantized weights of the unit in use
-  if (mxfp8) {
-    scratch = DeviceBuffer(Backend::Cuda, static_cast<std::size_t>(kHidden * kMlp) * 4);
-    weights = DeviceBuffer(Backend::Cuda, static_cast<std::size_t>(2 * kHidden * kMlp) * 2);
-  }
+  DeviceBuffer weights;  // MXFP8: the decoded bf16 weights of the unit in use
+  if (mxfp8) weights = DeviceBuffer(Backend::Cuda, static_cast<std::size_t>(2 * kHidden * kMlp) * 2);
   StepGraph g(f, [&](Stream st, bool) {
     bind(h, st, ws.data(), ws.bytes());
     for (int u = 0; u < kUnits; ++u) {
-      const UnitWeights w = unit_weights(f, u, FsdpPass::Forward, &scratch, &weights, st);
+      const UnitWeights w = unit_weights(f, u, FsdpPass::Forward, &weights, st);
       unit_forward(h, T, w.up, w.down, act, u);
     }
     for (int u = kUnits - 1; u >= 0; --u) {
-      const UnitWeights w = unit_weights(f, u, FsdpPass::Backward, &scratch, &weights, st);
+      const UnitWeights w = unit_weights(f, u, FsdpPass::Backward, &weights, st);
       const auto g = f.grad_slot(u, st);
       unit_backward(h, T, w.up, w.down, g[0].data, g[1].data, act, u);
       f.grad_ready(u, st);
@@ -241,6 +246,28 @@ double iteration_ms(const Communicator& comm, cublasHandle_t h, DeviceBuffer& ws
   const double ms = bench::time_ms(s, 3, iters, [&] { g.replay(s); });
   bind(h, s, ws.data(), ws.bytes());
   return ms;
+}
+// The row of the same iteration against Megatron-FSDP (config "<config>/vs-megatron-fsdp"),
+// from the file bench/peers/megatron_fsdp_peer.py wrote; none, with a line on stderr,
+// when the file has no timing of this config (the peer failed, or does not run MXFP8).
+void write_megatron_row(const bench::Result& ours, const std::string& path, const std::string& results) {
+  bench::Result m;
+  m.bench = ours.bench;
+  m.config = ours.config;
+  bench::apply_peer(m, path);
+  if (!m.peer_ms) {
+    std::fprintf(stderr, "bench_fsdp: no Megatron-FSDP timing of %s in %s: no vs-Megatron-FSDP row\n",
+                 ours.config.c_str(), path.c_str());
+    return;
+  }
+  m.config = ours.config + "/vs-megatron-fsdp";
+  m.device = ours.device;
+  m.ours_ms = ours.ours_ms;
+  m.limit_ms = ours.limit_ms;
+  m.notes = ours.notes;
+  m.notes["peer_kind"] = "Megatron-FSDP (bench/peers/megatron_fsdp_peer.py; version in the peer field)";
+  m.command = ours.command;
+  bench::write(m, results);
 }
 #endif
 
@@ -334,12 +361,14 @@ int main(int argc, char** argv) {
       r.numbers["memory_per_rank_bytes"] = static_cast<double>(tr.memory);
       r.numbers["pool_bytes"] = static_cast<double>(tr.pool);
       r.numbers["mxfp8_storage_bytes"] = static_cast<double>(tr.mxfp8);
-      r.notes["params"] = a.mxfp8 ? "MXFP8 (one plane gathered per pass, dequantized to bf16 for the cuBLAS GEMMs)"
+      r.notes["params"] = a.mxfp8 ? "MXFP8 (one plane gathered per pass, decoded straight to bf16 for the cuBLAS "
+                                    "GEMMs)"
                                   : "bf16";
       r.notes["limit"] = "max(compute alone, gathers + reduce-scatters alone) + the step alone, same process";
       r.notes["ours"] = "whole iteration (fwd + bwd + step + zero_grad) replayed from one CUDA graph, prefetch on";
       r.command = bench::command_line(argc, argv);
       bench::write(r, a.results);
+      if (!a.peer_megatron.empty()) write_megatron_row(r, a.peer_megatron, a.results);
     }
     CUBLAS_CHECK(cublasDestroy(h));
 #endif

@@ -24,7 +24,8 @@
 #   phases        bench_dist_adam --phases (1 and 2 ranks): step rows + where each format's
 #                 step time goes (dist_adam_phases rows)
 #   hostcpu       bench_dist_adam --host-cpu-only (all GPUs, 2, 1): host CPU per step
-#   fsdp          bench_fsdp bf16 (+ FSDP2 peer) and --params mxfp8 (all GPUs, then 1)
+#   fsdp          bench_fsdp bf16 (+ FSDP2 peer, + Megatron-FSDP peer when megatron_fsdp imports)
+#                 and --params mxfp8 (all GPUs, 2, then 1)
 #   trainer       trainer benchmark (all GPUs)
 #   checkpoint    bench_checkpoint: save / load / save_async stall, one rank (CKPT_REPS, default 3)
 #   main          the README's main command (trainer on 2 GPUs)
@@ -148,13 +149,31 @@ phase_hostcpu() {
   done
 }
 
-phase_fsdp() {  # bf16 params (with the FSDP2 peer) and MXFP8 params, all GPUs, then one (FSDP_ONE=0: skip)
+phase_fsdp() {  # bf16 params (with the FSDP2 and Megatron-FSDP peers) and MXFP8 params; all GPUs, 2, 1 (FSDP_ONE=0: all only)
   [ -x "$BUILD/bench/bench_fsdp" ] || return 0
-  for n in $(printf '%s\n' "$GPUS" 1 | awk '!seen[$0]++'); do
+  # Megatron-FSDP (pip megatron-fsdp) when it imports: the device has no index to install
+  # from, so a run carries the wheels (.whl/, git-ignored) and installs them first:
+  #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  #     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+  local megatron=() why
+  if why=$(python3 -c 'import megatron_fsdp; print(megatron_fsdp.__version__)' 2>&1); then
+    megatron=(--peer-megatron /tmp/peer_megatron.tsv)
+    log "megatron-fsdp $(tail -1 <<<"$why"): the second FSDP peer (bf16)"
+    python3 bench/peers/megatron_fsdp_peer.py --mxfp8-support 2>>"$OUT/bench.log" | tee -a "$SUMMARY"
+  else
+    log "megatron-fsdp NOT importable ($(tail -1 <<<"$why")): no vs-Megatron-FSDP rows; install its wheel (see phase_fsdp)"
+  fi
+  for n in $(printf '%s\n' "$GPUS" 2 1 | awk '!seen[$0]++'); do
+    [ "$n" -le "$GPUS" ] || continue
     [ "$n" -eq "$GPUS" ] || [ "${FSDP_ONE:-1}" = 1 ] || continue
     log "== fsdp ($n ranks)"
     timeout 150 $TORCHRUN --nproc_per_node "$n" bench/peers/fsdp_peer.py --out /tmp/peer_fsdp.tsv >>"$OUT/bench.log" 2>&1 || log "fsdp peer failed"
-    timeout 150 $MPIRUN -n "$n" "$BUILD/bench/bench_fsdp" --peer /tmp/peer_fsdp.tsv --results bench/results >/tmp/b.log 2>&1
+    if [ ${#megatron[@]} -gt 0 ]; then
+      rm -f /tmp/peer_megatron.tsv  # no stale timing stands in for a failed run
+      timeout 200 $TORCHRUN --nproc_per_node "$n" bench/peers/megatron_fsdp_peer.py --out /tmp/peer_megatron.tsv \
+        >>"$OUT/bench.log" 2>&1 || log "megatron-fsdp peer failed ($n ranks; its traceback is in bench.log)"
+    fi
+    timeout 150 $MPIRUN -n "$n" "$BUILD/bench/bench_fsdp" --peer /tmp/peer_fsdp.tsv "${megatron[@]}" --results bench/results >/tmp/b.log 2>&1
     timeout 150 $MPIRUN -n "$n" "$BUILD/bench/bench_fsdp" --params mxfp8 --results bench/results >>/tmp/b.log 2>&1
     cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
   done

@@ -12,11 +12,8 @@ timed iterations after warm-up.
 Rank 0 appends "config<TAB>median_ms<TAB>description" to --out.
 """
 import argparse
-import os
 
 import torch
-import torch.distributed as dist
-from torch import nn
 
 import peer_common
 
@@ -32,35 +29,17 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=4096)
     args = ap.parse_args()
-    dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Sequential(nn.Linear(2048, 8192, bias=False), nn.Linear(8192, 2048, bias=False))
-                            for _ in range(16)]).cuda()
+    rank, world = peer_common.init_distributed()
+    model = peer_common.fsdp_model()
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
     for unit in model:
         fully_shard(unit, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
-    try:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
-        kind = "fused"
-    except Exception:  # fused on DTensor unavailable: the next best
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, foreach=True)
-        kind = "foreach"
-    x = torch.randn(args.tokens, 2048, device="cuda", dtype=torch.bfloat16)
-    dy = torch.randn(args.tokens, 2048, device="cuda", dtype=torch.bfloat16) * 1e-3
-
-    def iteration():
-        out = model(x)
-        out.backward(dy)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-
-    med = peer_common.event_median_ms(iteration, args.iters, warmup=3)
+    opt, kind = peer_common.adamw(model.parameters())
+    x, dy = peer_common.fsdp_inputs(args.tokens)
+    med = peer_common.event_median_ms(peer_common.fsdp_iteration(model, opt, x, dy), args.iters, warmup=3)
     desc = f"torch FSDP2 fully_shard per unit, bf16 mixed precision, {kind} AdamW, clip 1.0, eager"
-    peer_common.finish(rank, args.out, f"16xMLP/T{args.tokens}/n{world}", med, desc,
+    peer_common.finish(rank, args.out, peer_common.fsdp_config(args.tokens, world), med, desc,
                        f"peer fsdp n{world}: median {med:.3f} ms ({kind} AdamW)")
 
 

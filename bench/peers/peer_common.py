@@ -1,5 +1,7 @@
 """What the PyTorch peers in bench/peers share: CUDA-event timing (event_median_ms,
-capture_graph) and the end of a torchrun peer (finish).
+capture_graph), the end of a torchrun peer (finish), and bench_fsdp's synthetic model
+and iteration, which the FSDP2 and the Megatron-FSDP peers both run (FSDP_UNITS ...,
+MlpUnit, init_distributed, fsdp_model, fsdp_inputs, adamw, fsdp_iteration, fsdp_config).
 
 A peer imports it as `import peer_common`: Python puts a script's own directory on
 sys.path, both for `python3 bench/peers/X.py` and for the worker processes that
@@ -10,6 +12,8 @@ import statistics
 import sys
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
 
 def event_median_ms(fn, iters, warmup=0):
@@ -55,3 +59,73 @@ def finish(rank, out, config, ms, description, summary):
         print(summary)
     sys.stdout.flush()
     os._exit(0)
+
+
+# bench_fsdp's synthetic model: 16 units of up Linear(2048, 8192) and down
+# Linear(8192, 2048), no bias; T x 2048 bf16 input, a fixed bf16 output gradient.
+FSDP_UNITS, FSDP_HIDDEN, FSDP_MLP = 16, 2048, 8192
+FSDP_LR, FSDP_WEIGHT_DECAY, FSDP_CLIP = 1e-4, 0.1, 1.0
+
+
+class MlpUnit(nn.Sequential):
+    """One unit of the model (its own class so that a wrapper can name the units)."""
+
+    def __init__(self):
+        super().__init__(nn.Linear(FSDP_HIDDEN, FSDP_MLP, bias=False), nn.Linear(FSDP_MLP, FSDP_HIDDEN, bias=False))
+
+
+def init_distributed():
+    """NCCL process group of a torchrun worker, its GPU selected; returns (rank, world)."""
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    return rank, world
+
+
+def fsdp_model():
+    """The model in fp32 on the current GPU, seeded (the same values in every peer)."""
+    torch.manual_seed(0)
+    return nn.Sequential(*[MlpUnit() for _ in range(FSDP_UNITS)]).cuda()
+
+
+def fsdp_inputs(tokens):
+    """(x, dy): the T x 2048 bf16 input and output gradient of every iteration."""
+    x = torch.randn(tokens, FSDP_HIDDEN, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(tokens, FSDP_HIDDEN, device="cuda", dtype=torch.bfloat16) * 1e-3
+    return x, dy
+
+
+def adamw(params, fused=True):
+    """torch.optim.AdamW(lr 1e-4, weight decay 0.1) over `params`: fused when asked and
+    torch takes it for these parameters, else foreach. Returns (optimizer, kind)."""
+    params = list(params)  # a generator would be spent by a refused first try
+    if fused:
+        try:
+            return torch.optim.AdamW(params, lr=FSDP_LR, weight_decay=FSDP_WEIGHT_DECAY, fused=True), "fused"
+        except Exception:  # fused on these (DTensor) parameters unavailable: the next best
+            pass
+    return torch.optim.AdamW(params, lr=FSDP_LR, weight_decay=FSDP_WEIGHT_DECAY, foreach=True), "foreach"
+
+
+def fsdp_iteration(model, opt, x, dy, zero_grad=None, clip=None):
+    """One training iteration as a function: forward, backward from dy, clip the
+    gradient norm to 1.0 (by default torch.nn.utils.clip_grad_norm_ over
+    model.parameters(); else clip(parameters, max_norm)), step, zero_grad (by default
+    opt.zero_grad(set_to_none=False))."""
+    clip = clip or torch.nn.utils.clip_grad_norm_
+
+    def run():
+        out = model(x)
+        out.backward(dy)
+        clip(model.parameters(), FSDP_CLIP)
+        opt.step()
+        if zero_grad is None:
+            opt.zero_grad(set_to_none=False)
+        else:
+            zero_grad()
+    return run
+
+
+def fsdp_config(tokens, world):
+    """The config key bench_fsdp writes for its bf16 row."""
+    return f"16xMLP/T{tokens}/n{world}"

@@ -1,5 +1,5 @@
 // shardopt/mxfp8.hpp - MXFP8 parameters: the format, whole-tensor and sharded
-// quantization, and a dequantize helper.
+// quantization, and dequantize helpers (to f32, or straight to bf16).
 //
 // Format. A weight of G members (G = 1 for a plain tensor) of [rows, cols] each is
 // quantized from its bf16 values into two E4M3 planes with E8M0 block scales:
@@ -310,5 +310,11 @@ void quantize_mxfp8_shard_data_batch(const Mxfp8ShardBatch& batch, Backend backe
 /// unless the result is an f32 subnormal).
 void dequantize_mxfp8(const Mxfp8Shape& shape, Mxfp8Plane plane, const std::uint8_t* data,
                       const std::uint8_t* scale, float* out, Backend backend, Stream stream);
+
+/// Decodes one plane straight to bf16 (bit patterns, contiguous members), for GEMMs that
+/// read bf16: out[i] = bf16 (round to nearest even) of the f32 decode above, bitwise,
+/// in one pass; a NaN element or block gives the one NaN 0x7FC0 on both backends.
+void dequantize_mxfp8(const Mxfp8Shape& shape, Mxfp8Plane plane, const std::uint8_t* data,
+                      const std::uint8_t* scale, std::uint16_t* out, Backend backend, Stream stream);
 
 }  // namespace shardopt
