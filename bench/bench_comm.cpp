@@ -12,7 +12,16 @@
 // ncclReduceScatter of the same bytes (busbw fraction = its time / ours) and (b) one fp32
 // ncclReduceScatter of the upcast buffer (the FSDP2 reduce_dtype / Megatron way; the
 // upcast itself is not timed); and the BucketStore's per-bucket F32Accumulate starts
-// against its Native ones.
+// against its Native ones. The all-to-all's buffers are both NCCL-registered (a
+// registered send paired with an unregistered receive is undefined in NCCL: issue 31),
+// and the sum kernels are loaded before any collective (kernels/piece_sum.hpp).
+//
+// It cannot hang silently: rank 0 prints a progress line per size and measurement
+// (flushed); every wait for the device (the stores' construction warm-up included) goes
+// through Communicator::synchronize under the communicator's wait_timeout
+// (--wait-timeout-s, default 120; 0 turns it off), which aborts NCCL and throws
+// Error(Timeout) naming the wait; and SIGUSR1 makes a rank print
+// its main thread's stack (scripts/device_suite.sh sends it to a job past its deadline).
 //
 // busbw = bytes of the whole buffer / time * (n - 1) / n (nccl-tests' formula for both
 // collectives). Two ways of starting the buckets are measured: one start per bucket (as
@@ -21,10 +30,13 @@
 // the peer alternating back to back; an iteration's time is the slowest rank's, and the
 // reported time is the median over the iterations. Configs: registered buffers
 // (ncclMemAlloc + ncclCommRegister, the default) and cudaMalloc ones. Only rank 0 writes.
+#include <execinfo.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -41,6 +53,7 @@
 #include "results.hpp"
 #include "shardopt/bucket_store.hpp"
 #include "shardopt/error.hpp"
+#include "shardopt/watchdog.hpp"
 
 namespace {
 using namespace shardopt;
@@ -54,6 +67,7 @@ struct Options {
   int warmup = 5;
   std::vector<bool> registered = {true, false};
   bool f32_accumulate = false;  // --f32-accumulate: only the F32Accumulate rows
+  int wait_timeout_s = 120;      // --wait-timeout-s: the communicator's wait_timeout (0: off)
 };
 
 [[noreturn]] void usage(const char* why) {
@@ -61,7 +75,7 @@ struct Options {
                "bench_comm: %s\n"
                "usage: bench_comm [--results DIR] [--backend cuda|host] [--sizes-mib 64,256,1024]\n"
                "                  [--iters N>=1] [--warmup N] [--memory registered,cudamalloc]\n"
-               "                  [--f32-accumulate]\n",
+               "                  [--f32-accumulate] [--wait-timeout-s N (0: none)]\n",
                why);
   MPI_Abort(MPI_COMM_WORLD, 2);
   std::exit(2);
@@ -102,6 +116,9 @@ Options parse(int argc, char** argv) {
       o.warmup = std::max(0, std::atoi(r.value().c_str()));
     } else if (a == "--f32-accumulate") {
       o.f32_accumulate = true;
+    } else if (a == "--wait-timeout-s") {
+      o.wait_timeout_s = std::atoi(r.value().c_str());
+      if (o.wait_timeout_s < 0) usage("--wait-timeout-s must be >= 0");
     } else if (a == "--memory") {
       o.registered.clear();
       for (const auto& s : split_list(r.value())) {
@@ -138,13 +155,15 @@ struct Times {
   std::vector<double> ours, peer;
 };
 
-Times measure(Backend be, Stream stream, int iters, int warmup, const std::function<void()>& ours,
+// Every wait for the device is the communicator's (bounded by its wait_timeout).
+Times measure(const Communicator& comm, Stream stream, int iters, int warmup, const std::function<void()>& ours,
               const std::function<void()>& peer) {
+  const Backend be = comm.backend();
   for (int w = 0; w < warmup; ++w) {
     ours();
     peer();
   }
-  synchronize(be, stream);
+  comm.synchronize(stream);
   MPI_Barrier(MPI_COMM_WORLD);
   Times t;
   t.ours.resize(static_cast<std::size_t>(iters));
@@ -175,7 +194,7 @@ Times measure(Backend be, Stream stream, int iters, int warmup, const std::funct
       peer();
       SHARDOPT_CUDA_CHECK(cudaEventRecord(ev[static_cast<std::size_t>(2 * i + 2)], s));
     }
-    SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(s));
+    comm.synchronize(stream);
     for (int i = 0; i < iters; ++i) {
       float a = 0, b = 0;
       SHARDOPT_CUDA_CHECK(cudaEventElapsedTime(&a, ev[static_cast<std::size_t>(2 * i)], ev[static_cast<std::size_t>(2 * i + 1)]));
@@ -192,9 +211,44 @@ Times measure(Backend be, Stream stream, int iters, int warmup, const std::funct
   return t;
 }
 
-// One row of the F32Accumulate comparisons.
-void write_f32acc_row(const std::string& config, const Times& t, const std::string& peer, double bytes, int n,
-                      const std::string& device, const std::string& command, const std::string& results, int nb) {
+// ---------------------------------------------------------------- hang evidence
+
+// What this rank was doing last (progress()), for the SIGUSR1 stack dump.
+char g_doing[256] = "starting";
+int g_rank = -1;
+
+// Records what this rank starts now; rank 0 also prints it, flushed, so a job that stops
+// shows where.
+void progress(int rank, const std::string& what) {
+  std::snprintf(g_doing, sizeof g_doing, "%s", what.c_str());
+  if (rank != 0) return;
+  std::printf("bench_comm: %s\n", what.c_str());
+  std::fflush(stdout);
+}
+
+// SIGUSR1: this rank's last progress and its main thread's stack, on stderr (the kernel
+// hands a process-directed signal to the main thread unless that thread blocks it).
+void print_stack(int) {
+  char head[384];
+  const int len = std::snprintf(head, sizeof head, "---- bench_comm rank %d (SIGUSR1), last: %s\n", g_rank, g_doing);
+  if (len > 0) (void)!write(STDERR_FILENO, head, static_cast<std::size_t>(std::min<int>(len, sizeof head - 1)));
+  void* frames[64];
+  const int n = backtrace(frames, 64);
+  backtrace_symbols_fd(frames, n, STDERR_FILENO);
+}
+
+void install_stack_dump() {
+  void* warm[1];
+  (void)backtrace(warm, 1);  // loads the unwinder now, not inside the handler
+  std::signal(SIGUSR1, print_stack);
+}
+
+// ---------------------------------------------------------------- F32Accumulate
+
+// One row of the F32Accumulate comparisons; `goal` says what peer_over_ours should reach.
+void write_f32acc_row(const std::string& config, const Times& t, const std::string& peer, const std::string& goal,
+                      double bytes, int n, const std::string& device, const std::string& command,
+                      const std::string& results, int nb) {
   bench::Result r;
   r.bench = "comm_f32acc";
   r.config = config;
@@ -204,9 +258,11 @@ void write_f32acc_row(const std::string& config, const Times& t, const std::stri
   r.peer = peer;
   const double factor = static_cast<double>(n - 1) / n;
   r.numbers["busbw_GBps"] = bytes / (*r.ours_ms * 1e-3) / 1e9 * factor;  // on the bf16 bytes
+  r.numbers["peer_busbw_GBps"] = bytes / (*r.peer_ms * 1e-3) / 1e9 * factor;
   r.numbers["peer_over_ours"] = *r.peer_ms / *r.ours_ms;  // busbw fraction vs bf16; speedup vs f32
   r.numbers["bf16_bytes"] = bytes;
   r.numbers["buckets"] = nb;
+  r.notes["goal"] = goal;
   r.command = command;
   bench::write(r, results);
 }
@@ -217,8 +273,12 @@ void f32_accumulate_rows(const Options& opt, const Communicator& comm, Stream st
                          const std::string& command, const std::string& results) {
   const int n = comm.size();
   const int rank = comm.rank();
-  const std::string memory = opt.backend == Backend::Cuda ? "registered" : "host";
+  const bool cuda = opt.backend == Backend::Cuda;
+  const std::string memory = cuda ? "registered" : "host";
+  kernels::piece_sum_load(opt.backend);  // before any collective (kernels/piece_sum.hpp)
   for (int mib : opt.sizes_mib) {
+    const std::string at = std::to_string(mib) + " MiB, " + std::to_string(n) + " ranks: ";
+    progress(rank, at + "building the stores (Native, F32Accumulate)");
     const Layout layout(specs_for(mib), n);
     const std::int64_t numel = layout.buffers()[0].numel;
     const std::int64_t per_rank = numel / n;
@@ -227,12 +287,16 @@ void f32_accumulate_rows(const Options& opt, const Communicator& comm, Stream st
     BucketStoreOptions so;
     so.grad_dtype = DType::bf16;
     so.grad_reduce = ReduceOp::Average;
-    so.nccl_registered = opt.backend == Backend::Cuda;
+    so.nccl_registered = cuda;
+    so.with_params = false;  // only gradients are reduced here
     BucketStore native(comm, layout, so);
     so.grad_reduce_precision = GradReducePrecision::F32Accumulate;
     BucketStore f32(comm, layout, so);
     void* grads = native.grad_buffer(0);
-    DeviceBuffer pieces(opt.backend, static_cast<std::size_t>(numel) * 2);
+    // The all-to-all sends from the store's registered gradients: its receive buffer is
+    // registered too (NCCL needs both or neither).
+    DeviceBuffer pieces(opt.backend, static_cast<std::size_t>(numel) * 2, cuda ? MemoryKind::NcclDevice : MemoryKind::Device);
+    const BufferRegistration pieces_registration = comm.register_buffer(pieces.data(), pieces.bytes());
     DeviceBuffer sums(opt.backend, static_cast<std::size_t>(per_rank) * 4);
     DeviceBuffer upcast(opt.backend, static_cast<std::size_t>(numel) * 4);
     fill_zero_async(opt.backend, pieces.data(), pieces.bytes(), stream);
@@ -249,16 +313,19 @@ void f32_accumulate_rows(const Options& opt, const Communicator& comm, Stream st
       sum.out_dtype = DType::f32;
       kernels::piece_sum(sum, opt.backend, stream);
     };
-    const std::string nccl = opt.backend == Backend::Cuda ? "nccl" : "MPI ";
+    const std::string nccl = cuda ? "nccl" : "MPI ";
     const std::string base = std::to_string(mib) + "MiB/n" + std::to_string(n) + "/" + memory;
-    const Times vs_bf16 = measure(opt.backend, stream, opt.iters, opt.warmup, ours, [&] {
+    progress(rank, at + "all-to-all + fp32 sum vs one bf16 reduce-scatter");
+    const Times vs_bf16 = measure(comm, stream, opt.iters, opt.warmup, ours, [&] {
       comm.reduce_scatter(grads, per_rank, DType::bf16, ReduceOp::Average, stream);
     });
-    const Times vs_f32 = measure(opt.backend, stream, opt.iters, opt.warmup, ours, [&] {
+    progress(rank, at + "all-to-all + fp32 sum vs one fp32 reduce-scatter of the upcast buffer");
+    const Times vs_f32 = measure(comm, stream, opt.iters, opt.warmup, ours, [&] {
       comm.reduce_scatter(upcast.data(), per_rank, DType::f32, ReduceOp::Average, stream);
     });
+    progress(rank, at + "the stores' per-bucket reduces (" + std::to_string(nb) + " buckets), F32Accumulate vs Native");
     const Times stores = measure(
-        opt.backend, stream, opt.iters, opt.warmup,
+        comm, stream, opt.iters, opt.warmup,
         [&] {
           for (int b = 0; b < nb; ++b) f32.start_grad_reduce(b, stream);
           for (int b = 0; b < nb; ++b) f32.wait_grad_reduce(b, stream);
@@ -267,15 +334,20 @@ void f32_accumulate_rows(const Options& opt, const Communicator& comm, Stream st
           for (int b = 0; b < nb; ++b) native.start_grad_reduce(b, stream);
           for (int b = 0; b < nb; ++b) native.wait_grad_reduce(b, stream);
         });
+    progress(rank, at + "done");
     if (rank != 0) continue;
     write_f32acc_row("reduce_scatter/f32acc-vs-bf16/" + base, vs_bf16,
-                     "one " + nccl + "ReduceScatter of the bf16 buffer (Average)", bytes, n, device, command, results, 1);
+                     "one " + nccl + "ReduceScatter of the bf16 buffer (Average)",
+                     "peer_over_ours = F32Accumulate's fraction of the bf16 bus bandwidth: >= 0.9 at 256 MiB and up",
+                     bytes, n, device, command, results, 1);
     write_f32acc_row("reduce_scatter/f32acc-vs-f32/" + base, vs_f32,
-                     "one " + nccl + "ReduceScatter of the fp32 upcast buffer (Average; upcast not timed)", bytes, n,
-                     device, command, results, 1);
+                     "one " + nccl + "ReduceScatter of the fp32 upcast buffer (Average; upcast not timed)",
+                     "peer_over_ours = speedup over the fp32 reduce-scatter: >= 1.6", bytes, n, device, command,
+                     results, 1);
     write_f32acc_row("bucket_store/f32acc-vs-native/" + base, stores,
-                     "the BucketStore's Native per-bucket reduce-scatters of the same buffer", bytes, n, device,
-                     command, results, nb);
+                     "the BucketStore's Native per-bucket reduce-scatters of the same buffer",
+                     "peer_over_ours within 5% of 1 makes F32Accumulate the default for bf16 grads (docs/grad_reduce.md)",
+                     bytes, n, device, command, results, nb);
   }
 }
 
@@ -289,6 +361,10 @@ int run(int argc, char** argv) {
   const std::string command = bench::command_line(argc, argv);
   const std::string results = rank == 0 ? opt.results : "";
   if (!results.empty()) std::filesystem::create_directories(results);
+  g_rank = rank;
+  WatchdogOptions watchdog = comm.watchdog();
+  watchdog.wait_timeout = std::chrono::seconds(opt.wait_timeout_s);
+  comm.set_watchdog(watchdog);
 
   const bool nccl = opt.backend == Backend::Cuda;
   if (opt.f32_accumulate) {
@@ -316,7 +392,7 @@ int run(int argc, char** argv) {
       // single call, measured in the same loop.
       for (const bool grouped : {false, true}) {
         const Times rs = measure(
-            opt.backend, stream, opt.iters, opt.warmup,
+            comm, stream, opt.iters, opt.warmup,
             [&] {
               if (grouped) {
                 store.start_grad_reduces(0, nb, stream);
@@ -327,7 +403,7 @@ int run(int argc, char** argv) {
             },
             [&] { comm.reduce_scatter(grads, numel / n, DType::bf16, ReduceOp::Sum, stream); });
         const Times ag = measure(
-            opt.backend, stream, opt.iters, opt.warmup,
+            comm, stream, opt.iters, opt.warmup,
             [&] {
               if (grouped) {
                 store.start_param_gathers(0, nb, stream);
@@ -374,6 +450,7 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   // Shared machines: never NVLink multicast (NVLS) in our runs.
   setenv("NCCL_NVLS_ENABLE", "0", 1);
+  install_stack_dump();
   bench::MpiMainOptions mo;
   mo.serialized = true;
   mo.abort_on_error = true;

@@ -105,15 +105,66 @@ phase_comm() {
   $MPIRUN -n "$GPUS" "$BUILD/bench/bench_comm" --results bench/results >/tmp/b.log 2>&1; cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
 }
 
+# The processes under PID (children, grandchildren, ...), one per line.
+descendants() {
+  local c
+  for c in $(pgrep -P "$1" 2>/dev/null); do echo "$c"; descendants "$c"; done
+}
+
+# run_watched LIMIT_S LOG N BINARY ARGS...: runs `$MPIRUN -n N BINARY ARGS` with its output in LOG
+# (as it comes). A job still running after LIMIT_S seconds leaves evidence in
+# $OUT/hang.log before it is ended: each rank's threads' stacks (gdb, when the machine has
+# it), then SIGUSR1 to each rank (bench_comm prints its last progress line and its main
+# thread's stack; a binary without a handler just ends), then TERM and KILL. Returns the
+# job's exit status, or 124 after a hang.
+run_watched() {
+  local limit="$1" logf="$2" ranks_n="$3" exe="$4"; shift 4
+  $MPIRUN -n "$ranks_n" "$exe" "$@" >"$logf" 2>&1 &
+  local job=$! waited=0
+  while kill -0 "$job" 2>/dev/null && [ "$waited" -lt "$limit" ]; do sleep 1; waited=$((waited + 1)); done
+  if ! kill -0 "$job" 2>/dev/null; then wait "$job"; return $?; fi
+  local ranks=() p first
+  for p in $(descendants "$job"); do
+    first=$(tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | head -1)
+    [ "$(basename "${first:-none}")" = "$(basename "$exe")" ] && ranks+=("$p")
+  done
+  {
+    echo "== $(date -u +%T) still running after ${limit} s: mpirun $exe $* (ranks: ${ranks[*]:-none found})"
+    for p in "${ranks[@]}"; do
+      echo "-- rank process $p"
+      if command -v gdb >/dev/null 2>&1; then
+        timeout 60 gdb -p "$p" -batch -ex 'thread apply all bt' 2>&1 | grep -E '^(Thread |#)' | head -400
+      fi
+    done
+  } >>"$OUT/hang.log"
+  for p in "${ranks[@]}"; do kill -USR1 "$p" 2>/dev/null; done
+  sleep 5
+  kill -TERM "$job" 2>/dev/null; sleep 10
+  kill -KILL "$job" "${ranks[@]}" 2>/dev/null; wait "$job" 2>/dev/null
+  { echo "-- the job's last output:"; tail -60 "$logf"; } >>"$OUT/hang.log"
+  return 124
+}
+
+# GradReducePrecision::F32Accumulate (issue 31), at 2 ranks and at all GPUs, in one job:
+# its reduce-scatter against NCCL's bf16 one (bus bandwidth fraction, 16..1024 MiB) and
+# against an fp32 reduce-scatter of the upcast buffer, the stores' per-bucket reduces,
+# then the whole distributed-Adam step with each. NCCL's warnings go to the log; a hang
+# leaves stacks in hang.log (run_watched), and bench_comm's own waits give up after
+# --wait-timeout-s with an error naming the wait.
 phase_reduce() {
+  local n rc
   for n in $(printf '%s\n' 2 "$GPUS" | awk '!seen[$0]++'); do  # each count once
     [ "$n" -le "$GPUS" ] || continue
     log "== reduce: F32Accumulate vs NCCL bf16 / fp32 reduce-scatter ($n ranks)"
-    timeout 300 $MPIRUN -n "$n" "$BUILD/bench/bench_comm" --f32-accumulate --sizes-mib 16,64,256,1024 --iters 20 \
-      --results bench/results >/tmp/b.log 2>&1; cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+    (export NCCL_DEBUG=WARN; run_watched 300 /tmp/b.log "$n" "$BUILD/bench/bench_comm" --f32-accumulate \
+      --sizes-mib 16,64,256,1024 --iters 20 --wait-timeout-s 60 --results bench/results)
+    rc=$?; cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+    [ "$rc" -eq 0 ] || log "bench_comm --f32-accumulate ($n ranks) exit $rc$([ "$rc" -eq 124 ] && echo ': hung, see hang.log'); last: $(grep '^bench_comm:' /tmp/b.log | tail -1)"
     log "== reduce: distributed-Adam step, F32Accumulate vs Native ($n ranks)"
-    timeout 200 $MPIRUN -n "$n" "$BUILD/bench/bench_dist_adam" --grad-reduce-precision --results bench/results \
-      >/tmp/b.log 2>&1; cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+    (export NCCL_DEBUG=WARN; run_watched 200 /tmp/b.log "$n" "$BUILD/bench/bench_dist_adam" --grad-reduce-precision \
+      --results bench/results)
+    rc=$?; cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+    [ "$rc" -eq 0 ] || log "bench_dist_adam --grad-reduce-precision ($n ranks) exit $rc$([ "$rc" -eq 124 ] && echo ': hung, see hang.log')"
   done
 }
 

@@ -54,9 +54,9 @@ enum class GradReducePrecision {
   /// An all-to-all of the gradient pieces in their dtype (the same bytes as a
   /// reduce-scatter), then one fp32 sum per element in rank order (0, 1, ..., n-1) and
   /// one division by n for Average: deterministic, equal on both backends.
-  /// Not yet for production on GPUs: its tests pass at 2 GPUs, but the 2-GPU benchmarks
-  /// at 64 MiB and above did not finish (2026-11-26, under investigation; see
-  /// docs/grad_reduce.md).
+  /// Its benchmarks hung on GPUs (2026-11-26) in the first sum's launch (a lazy kernel
+  /// load behind the all-to-all); fixed, device proof and the numbers that decide the
+  /// default pending (docs/grad_reduce.md).
   F32Accumulate,
 };
 
@@ -132,7 +132,9 @@ class Communicator {
   /// to rank r; afterwards `recv` holds size() pieces, piece r received from rank r. Any
   /// dtype (moved as bytes). `send` and `recv` must not overlap (Error(InvalidArgument)).
   /// Ordered on `stream` like the other collectives and capturable (NCCL: one group of
-  /// ncclSend / ncclRecv; host: MPI_Alltoall; one rank: a copy).
+  /// ncclSend / ncclRecv; host: MPI_Alltoall; one rank: a copy). NCCL: register both
+  /// buffers (register_buffer) or neither, on every rank; one registered and the other
+  /// not is refused (Error(InvalidArgument)): NCCL leaves the mix undefined.
   void all_to_all(const void* send, void* recv, std::int64_t count_per_rank, DType dtype, Stream stream) const;
   /// In place over `count` elements: f32, bf16, f16 (Sum, Average, Max), u32 (Sum,
   /// Max: found-inf flags, ordered bit patterns of non-negative floats) or e8m0 (Max

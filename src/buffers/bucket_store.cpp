@@ -480,6 +480,8 @@ class BucketStoreImpl {
     }
     extra_start = std::make_unique<Event>(backend);
     extra_done = std::make_unique<Event>(backend);
+    // The sum kernels load now, not lazily at the first sum behind an all-to-all.
+    if (f32_accumulate()) kernels::piece_sum_load(backend);
     const bool registered = options.nccl_registered && nccl_compiled();
     allocate(registered ? MemoryKind::NcclDevice : MemoryKind::Device, comm_stream());
     synchronize(backend, comm_stream());
@@ -488,6 +490,9 @@ class BucketStoreImpl {
         if (params[i].bytes() > 0) registrations.push_back(comm.register_buffer(params[i].data(), params[i].bytes()));
         if (grads[i].bytes() > 0) registrations.push_back(comm.register_buffer(grads[i].data(), grads[i].bytes()));
       }
+      // F32Accumulate's receive buffer too: NCCL leaves a send/recv undefined whose send
+      // buffer is registered and whose receive buffer is not (issue 31).
+      if (pieces.bytes() > 0) registrations.push_back(comm.register_buffer(pieces.data(), pieces.bytes()));
     }
   }
 
@@ -521,7 +526,7 @@ class BucketStoreImpl {
     comm.grouped([&] {
       for (const Bucket& bk : layout.buckets()) both(bk);
     });
-    synchronize(backend, comm_stream());
+    comm.synchronize(comm_stream());  // within the group's wait_timeout, when one is set
   }
 };
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/abort_wait.hpp"
+#include "comm/registered_ranges.hpp"
 #include "core/check.hpp"
 #include "core/device_guard.hpp"
 #include "core/streams.hpp"
@@ -130,11 +131,21 @@ class NcclCommImpl final : public CommImpl {
 
   // One NCCL group of a send and a receive per peer (a nested group when the caller
   // groups): piece r of `send` to rank r, rank r's piece into piece r of `recv`. The own
-  // piece goes through NCCL too (a self send/recv), so the call is one launch.
+  // piece goes through NCCL too (a self send/recv), so the call is one launch. Both
+  // buffers registered or neither (registered_ranges.hpp says why).
   void do_all_to_all(const void* send, void* recv, std::int64_t count, DType dtype, Stream stream) override {
+    const std::size_t bytes = static_cast<std::size_t>(count) * size_of(dtype);
+    const std::size_t total = bytes * static_cast<std::size_t>(size());
+    const bool send_registered = registered_.covers(send, total);
+    const bool recv_registered = registered_.covers(recv, total);
+    SHARDOPT_REQUIRE(send_registered == recv_registered, ErrorCode::InvalidArgument,
+                     std::string("all_to_all: the ") + (send_registered ? "send" : "receive") +
+                         " buffer is registered with this communicator (Communicator::register_buffer) but the " +
+                         (send_registered ? "receive" : "send") +
+                         " buffer is not; NCCL needs both buffers of a send/recv registered, or neither (it "
+                         "leaves a mix undefined): register the other buffer too, or neither");
     if (fault_armed() && inject_fault(OperationLabel::named("all_to_all"))) return;
     DeviceGuard guard(device());
-    const std::size_t bytes = static_cast<std::size_t>(count) * size_of(dtype);
     const auto* from = static_cast<const char*>(send);
     auto* to = static_cast<char*>(recv);
     const Use use(*this);
@@ -299,10 +310,18 @@ class NcclCommImpl final : public CommImpl {
     const Use use(*this);
     void* registration = nullptr;
     SHARDOPT_NCCL_CHECK(ncclCommRegister(use.get(), data, bytes, &registration));
+    if (registration == nullptr) return nullptr;
+    try {
+      registered_.add(registration, data, bytes);
+    } catch (...) {
+      (void)ncclCommDeregister(use.get(), registration);
+      throw;
+    }
     return registration;
   }
 
   void deregister_buffer(void* registration) noexcept override {
+    registered_.remove(registration);
     in_flight_.fetch_add(1);
     ncclComm_t c = handle();
     // Aborted after an error: NCCL released the registration with the communicator.
@@ -415,6 +434,7 @@ class NcclCommImpl final : public CommImpl {
   }
 
   std::atomic<ncclComm_t> comm_;
+  RegisteredRanges registered_;            // what register_buffer registered (all_to_all's check)
   mutable std::atomic<int> in_flight_{0};  // Uses of the handle (see Use)
   std::optional<Use> group_use_;           // held across an open group
   std::thread abort_thread_;               // the one abort after a failure (on_failure)

@@ -71,7 +71,38 @@ void launch2(const PieceSum& a, cudaStream_t s, unsigned grid) {
   }
 }
 
+// cudaFuncGetAttributes references a kernel, which makes the runtime load it now.
+template <class Kernel>
+void load_kernel(Kernel* kernel) {
+  cudaFuncAttributes attributes{};
+  SHARDOPT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+}
+
+// Every kernel launch3<In, Out> can pick.
+template <DType In, DType Out>
+void load3() {
+  load_kernel(piece_sum_kernel<In, Out, true>);
+  load_kernel(piece_sum_kernel<In, Out, false>);
+  if constexpr (In == DType::bf16) {
+    load_kernel(piece_sum_bf16x8_kernel<Out, true>);
+    load_kernel(piece_sum_bf16x8_kernel<Out, false>);
+  }
+}
+
+template <DType In>
+void load2() {
+  load3<In, DType::f32>();
+  load3<In, DType::bf16>();
+  load3<In, DType::f16>();
+}
+
 }  // namespace
+
+void piece_sum_load_cuda() {
+  load2<DType::f32>();
+  load2<DType::bf16>();
+  load2<DType::f16>();
+}
 
 void piece_sum_cuda(const PieceSum& a, Stream stream) {
   const auto s = reinterpret_cast<cudaStream_t>(stream);

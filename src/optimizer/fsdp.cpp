@@ -489,6 +489,7 @@ class Fsdp::Impl final : public detail::StepTarget {
 
   void allocate_reduce_scratch() {
     if (opt.grad_reduce_precision != GradReducePrecision::F32Accumulate) return;
+    kernels::piece_sum_load(backend);  // now, not lazily behind the first all-to-all
     std::int64_t largest = 0;
     for (const Bucket& bk : layout.buckets()) largest = std::max(largest, bk.range.size());
     if (shard_size > 1) reduce_pieces = DeviceBuffer(backend, static_cast<std::size_t>(largest) * slot_gsize);

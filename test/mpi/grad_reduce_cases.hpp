@@ -8,6 +8,7 @@
 // (common/known_grads.hpp).
 #pragma once
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "common/known_grads.hpp"
 #include "kernels/piece_sum.hpp"
 #include "mpi/bucket_store_cases.hpp"
+#include "shardopt/watchdog.hpp"
 
 namespace shardopt::test {
 
@@ -277,6 +279,29 @@ inline void store_f32_accumulate_graph_equals_eager(Backend be) {
   EXPECT_EQ(bad, 0) << "rank " << me;
 }
 
+/// The elements of rank `me`'s slices in `got` (bf16 gradient buffers after an Average
+/// reduce) whose bits differ from the oracle: every rank's `images` value summed in fp32
+/// in rank order, divided by n, rounded once to bf16.
+inline std::int64_t off_mean_oracle(const Layout& L, const std::vector<std::vector<Bytes>>& images,
+                                    const std::vector<Bytes>& got, int me) {
+  const int n = static_cast<int>(images.size());
+  std::int64_t bad = 0;
+  std::vector<float> x;
+  for (int b = 0; b < static_cast<int>(L.buckets().size()); ++b) {
+    const auto buf = static_cast<std::size_t>(L.buckets()[static_cast<std::size_t>(b)].buffer);
+    const Range own = L.shard_range(b, me);
+    for (std::int64_t j = own.begin; j < own.end; ++j) {
+      x.clear();
+      for (int r = 0; r < n; ++r)
+        x.push_back(static_cast<float>(element(DType::bf16, images[static_cast<std::size_t>(r)][buf], static_cast<std::size_t>(j))));
+      Bytes want(2);
+      set_element(DType::bf16, want, 0, rank_order_sum(x, true));
+      bad += std::memcmp(want.data(), got[buf].data() + 2 * j, 2) != 0;
+    }
+  }
+  return bad;
+}
+
 /// Random (inexact) gradients: every partial sum rounds, so only the promised order gives
 /// the oracle's bits. Two stores, twice each: every run equals the rank-order fp32 loop
 /// over every rank's image, rounded once to bf16, bitwise (whatever NCCL_ALGO says).
@@ -295,22 +320,57 @@ inline void store_random_data_is_the_oracle_every_run(Backend be) {
       st.start_grad_reduces(0, nb, s.get());
       for (int b = 0; b < nb; ++b) st.wait_grad_reduce(b, s.get());
       s.sync();
-      const std::vector<Bytes> got = download_grads(st, DType::bf16);
-      int bad = 0;
-      for (int b = 0; b < nb; ++b) {
-        const auto buf = static_cast<std::size_t>(L.buckets()[static_cast<std::size_t>(b)].buffer);
-        const Range own = L.shard_range(b, me);
-        for (std::int64_t j = own.begin; j < own.end; ++j) {
-          std::vector<float> x;
-          for (int r = 0; r < n; ++r)
-            x.push_back(static_cast<float>(element(DType::bf16, images[static_cast<std::size_t>(r)][buf], static_cast<std::size_t>(j))));
-          Bytes want(2);
-          set_element(DType::bf16, want, 0, rank_order_sum(x, true));
-          bad += std::memcmp(want.data(), got[buf].data() + 2 * j, 2) != 0;
-        }
-      }
+      const std::int64_t bad = off_mean_oracle(L, images, download_grads(st, DType::bf16), me);
       EXPECT_EQ(bad, 0) << "store " << store << " run " << run << " rank " << me;
     }
+  }
+}
+
+/// Benchmark-scale buckets (issue 31): a registered F32Accumulate store of `buckets` bf16
+/// parameters of about `bucket_numel` elements, a bucket each (odd sizes: the buckets are
+/// padded), reduces random gradients to the rank-order fp32 oracle, bitwise, bucket by
+/// bucket and as one range. The shared cases' 700-element buckets never reach the sizes
+/// at which the benchmarks hung on NCCL (docs/grad_reduce.md, "The benchmark hang"). A
+/// fresh group with a wait_timeout bounds the waits; an alarm ends the process if the
+/// construction's warm-up (which waits without a deadline) hangs.
+inline void store_large_buckets_are_the_oracle(Backend be, int buckets, std::int64_t bucket_numel) {
+  const Watchdog alarm(150);  // below the suite's test timeout (device_suite.sh: 900 s x 0.25)
+  Communicator comm = make_world(be);
+  WatchdogOptions deadline;
+  deadline.wait_timeout = std::chrono::seconds(60);
+  comm.set_watchdog(deadline);
+  const int n = comm.size(), me = comm.rank();
+  TestStream s(be);
+  LayoutOptions lo;
+  lo.bucket_numel = bucket_numel;
+  std::vector<ParamSpec> specs;
+  for (int p = 0; p < buckets; ++p) {
+    std::string name = "w";
+    name += std::to_string(p);  // (not "w" + ...: GCC 12 warns falsely about that)
+    specs.push_back(ParamSpec::tensor(std::move(name), {bucket_numel - 3 - p}));
+  }
+  const Layout L(specs, n, lo);
+  BucketStoreOptions o;
+  o.grad_dtype = DType::bf16;
+  o.grad_reduce = ReduceOp::Average;
+  o.grad_reduce_precision = GradReducePrecision::F32Accumulate;
+  o.nccl_registered = true;
+  BucketStore st(comm, L, o);
+  const int nb = static_cast<int>(L.buckets().size());
+  ASSERT_EQ(nb, buckets);
+  std::vector<std::vector<Bytes>> images;
+  for (int r = 0; r < n; ++r) images.push_back(grad_images(L, DType::bf16, r, false, 41));
+  for (const bool range : {false, true}) {
+    upload_all(be, images[static_cast<std::size_t>(me)], [&](int b) { return st.grad_buffer(b); });
+    if (range) {
+      st.start_grad_reduces(0, nb, s.get());
+    } else {
+      for (int b = nb - 1; b >= 0; --b) st.start_grad_reduce(b, s.get());
+    }
+    for (int b = 0; b < nb; ++b) st.wait_grad_reduce(b, s.get());
+    comm.synchronize(s.get());
+    const std::int64_t bad = off_mean_oracle(L, images, download_grads(st, DType::bf16), me);
+    EXPECT_EQ(bad, 0) << (range ? "range starts" : "single starts") << ", rank " << me << ", " << nb << " buckets";
   }
 }
 
