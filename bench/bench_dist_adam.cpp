@@ -541,8 +541,8 @@ void phase_rows(const Communicator& comm, Stream s, const Args& a, const std::st
   std::map<std::string, double> bytes;
   // Adam: grad (2) + master, m, v read and written (24) (+ the bf16 param written: 2).
   bytes["adam"] = shard * (o.param_format == ParamFormat::Native ? 28.0 : 26.0);
-  bytes["amax"] = q_shard * 4.0;                      // the master read
-  bytes["quantize"] = q_shard * (4.0 + data_bytes);   // the master read, the data written
+  bytes["amax"] = q_shard * 4.0;                      // NVFP4's amax pass: the master read
+  bytes["quantize"] = q_shard * (4.0 + data_bytes);   // the master read, the data written (MXFP8: the owned pass)
   bytes["landing"] = q_full * 2.0 * data_bytes;       // staging read, storage written
   bytes["zeroing"] = q_full * 2.0;                    // the bf16 gradient regions written
   bench::Result r;
@@ -562,8 +562,9 @@ void phase_rows(const Communicator& comm, Stream s, const Args& a, const std::st
   r.notes["what"] = "median per phase of eager steps queued behind a host wait: CUDA events at the step's phase marks, "
                     "each phase's time from its marks to the next; *_limit_ms: its bytes at the device copy bandwidth";
   r.notes["phases"] = "reduce grads (before norm), norm (norm, found-inf, clip, Adam prologue), adam, after adam "
-                      "(between Adam passes: bf16 gather waits), amax, exchange, quantize, after quantize (next "
-                      "group's start), gather wait, landing, zeroing, after zeroing (to the step's end)";
+                      "(between Adam passes: bf16 gather waits), amax (NVFP4), exchange, quantize (MXFP8: the owned pass, "
+                      "phase 1 with the data of whole tile rows), quantize rest (MXFP8: the cut tile rows), after "
+                      "quantize (next group's start), gather wait, landing, zeroing, after zeroing (to the step's end)";
   r.command = cmd;
   bench::write(r, a.results);
 }

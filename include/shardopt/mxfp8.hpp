@@ -284,10 +284,16 @@ class Mxfp8ShardBatch {
   /// Contiguous runs of scale memory that phase 1 zero-fills (adjacent scale tensors
   /// merge: 1 when every tensor's scales lie back to back, in any order).
   std::size_t scale_spans() const;
+  /// Tiles the rest pass (quantize_mxfp8_shard_rest_batch) works on: those of the tile
+  /// rows that hold an element of a range but are not wholly inside it (at most two per
+  /// tensor; 0 when every range is a whole tensor, as with one rank).
+  std::int64_t rest_tiles() const;
 
  private:
   friend void mxfp8_partial_scales_batch(const Mxfp8ShardBatch&, Backend, Stream);
   friend void quantize_mxfp8_shard_data_batch(const Mxfp8ShardBatch&, Backend, Stream);
+  friend void quantize_mxfp8_shard_owned_batch(const Mxfp8ShardBatch&, Backend, Stream);
+  friend void quantize_mxfp8_shard_rest_batch(const Mxfp8ShardBatch&, Backend, Stream);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
@@ -304,6 +310,26 @@ void mxfp8_partial_scales_batch(const Mxfp8ShardBatch& batch, Backend backend, S
 /// data bytes of each range from the combined scales. Same errors as
 /// mxfp8_partial_scales_batch.
 void quantize_mxfp8_shard_data_batch(const Mxfp8ShardBatch& batch, Backend backend, Stream stream);
+
+// The same two phases split so that the master is read once where it can be: a block
+// that lies wholly inside this rank's range needs nobody else's amax, so its scale is
+// final before the exchange and its data can be written in the pass that reads it.
+// quantize_mxfp8_shard_owned_batch, the all-reduce, then quantize_mxfp8_shard_rest_batch
+// leave every byte (scales after the all-reduce, data of the ranges) as
+// mxfp8_partial_scales_batch, the all-reduce and quantize_mxfp8_shard_data_batch do.
+
+/// Phase 1 with the data of the whole tile rows: writes exactly the scale bytes
+/// mxfp8_partial_scales_batch writes (zero-fill, then the partial scales of every block
+/// the ranges touch), and in the same launch the data bytes of the elements of every
+/// tile row (32 rows of a member, all its columns) that lies wholly inside its range.
+/// Next, all-reduce the scales with Max, then quantize_mxfp8_shard_rest_batch. Same
+/// errors as mxfp8_partial_scales_batch.
+void quantize_mxfp8_shard_owned_batch(const Mxfp8ShardBatch& batch, Backend backend, Stream stream);
+
+/// Phase 2 of what the owned pass left: the data bytes of the range elements in tile
+/// rows that are not wholly inside their range (rest_tiles(); no launch when 0), from
+/// the combined scales. Same errors as mxfp8_partial_scales_batch.
+void quantize_mxfp8_shard_rest_batch(const Mxfp8ShardBatch& batch, Backend backend, Stream stream);
 
 /// Decodes one plane to f32 (contiguous members): out[i] = fl32(e4m3(data[i]) *
 /// 2^(scale - 127)) with scale 0x00 -> 2^-127 and 0xFF -> NaN (correctly rounded; exact

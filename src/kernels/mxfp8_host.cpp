@@ -143,6 +143,30 @@ void host_shard_data_batch(const ShardEntry* entries, int count) {
   }
 }
 
+void host_owned_batch(const ShardEntry* entries, int count) {
+  for (int k = 0; k < count; ++k) {
+    const ShardEntry& e = entries[k];
+    host_partial_scales(e.shape, e.range, e.master, e.out.scale_row, e.out.scale_col);
+    if (e.owned_end > e.owned_begin)
+      host_shard_data(e.shape, Range{e.owned_begin, e.owned_end}, e.master + (e.owned_begin - e.range.begin),
+                      e.out.scale_row, e.out.scale_col, e.out.data_row, e.out.data_col);
+  }
+}
+
+void host_rest_batch(const ShardEntry* rest, int count) {
+  for (int k = 0; k < count; ++k) {
+    const ShardEntry& e = rest[k];
+    const std::int64_t rows = e.shape.rows, cols = e.shape.cols, gtr = e.first_tile_row;
+    const std::int64_t member = gtr / e.row_tiles, row0 = gtr % e.row_tiles * kTileRows;
+    const std::int64_t first = (member * rows + row0) * cols;
+    const std::int64_t end = (member * rows + std::min(rows, row0 + kTileRows)) * cols;
+    const Range piece{std::max(first, e.range.begin), std::min(end, e.range.end)};
+    if (piece.size() <= 0) continue;
+    host_shard_data(e.shape, piece, e.master + (piece.begin - e.range.begin), e.out.scale_row, e.out.scale_col,
+                    e.out.data_row, e.out.data_col);
+  }
+}
+
 void host_dequantize(const Mxfp8Shape& s, Mxfp8Plane plane, const std::uint8_t* data, const std::uint8_t* scale,
                      float* out) {
   for (std::int64_t g = 0; g < s.members; ++g)

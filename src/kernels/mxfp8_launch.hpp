@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/fast_divide.hpp"
 #include "shardopt/backend.hpp"
@@ -76,6 +77,12 @@ struct ShardEntry {
   std::uint32_t full_row_tiles = 0;
   std::uint32_t full_col_tiles_scales = 0;  ///< phase 1: 16-byte master loads
   std::uint32_t full_col_tiles_data = 0;    ///< phase 2: and 8-byte data / scale accesses
+  /// The elements of the whole tile rows [full_rows_begin, full_rows_end) (contiguous:
+  /// global tile rows follow each other in memory): every block they hold lies inside
+  /// the range, so this rank alone knows its amax and the owned pass writes its data
+  /// bytes. Empty (both range.begin) when there are none.
+  std::int64_t owned_begin = 0;
+  std::int64_t owned_end = 0;
 };
 
 /// The entry of one tensor's range whose first tile is `first_tile` (amax_row/col
@@ -83,6 +90,12 @@ struct ShardEntry {
 /// tiles or columns. The shape and the range must be valid.
 ShardEntry make_shard_entry(const Mxfp8Shape& shape, Range range, const float* master, const Mxfp8Planes& out,
                             std::int64_t first_tile);
+
+/// The rest entries of `e` (its boundary tile rows: those of its range that are not
+/// whole, at most two), appended to `rest` with their tiles numbered from `first_tile`;
+/// returns the tile after the last. Each is `e` restricted to one tile row: the owned
+/// pass left the data of these rows to the rest pass (phase 2 of them, Mode::Data).
+std::int64_t append_rest_entries(const ShardEntry& e, std::int64_t first_tile, std::vector<ShardEntry>& rest);
 
 // ------------------------------------------------------------------ CUDA (mxfp8_batch.cu)
 
@@ -117,6 +130,10 @@ int shard_batch_grid(std::int64_t tiles);
 /// one launch.
 void launch_partial_scales_batch(const ShardEntry* entries, int count, std::int64_t tiles, Stream stream);
 void launch_shard_data_batch(const ShardEntry* entries, int count, std::int64_t tiles, Stream stream);
+/// The owned pass (the caller zeroed the scales): per tile of the entries, the whole
+/// amaxes, scale bytes and data bytes of a tile inside the entry's whole tile rows, or
+/// the partial scale bytes of any other tile (phase 1 of scheme A), in one launch.
+void launch_owned_batch(const ShardEntry* entries, int count, std::int64_t tiles, Stream stream);
 
 // ------------------------------------------------------------------ CUDA (mxfp8.cu)
 
@@ -149,6 +166,12 @@ void host_shard_data(const Mxfp8Shape& shape, Range range, const float* master,
 /// entries, in order.
 void host_partial_scales_batch(const ShardEntry* entries, int count);
 void host_shard_data_batch(const ShardEntry* entries, int count);
+/// The owned pass of each entry: host_partial_scales of its range, then
+/// host_shard_data of [owned_begin, owned_end).
+void host_owned_batch(const ShardEntry* entries, int count);
+/// The rest pass over rest entries (append_rest_entries): host_shard_data of each
+/// entry's range inside its one tile row.
+void host_rest_batch(const ShardEntry* rest, int count);
 void host_dequantize(const Mxfp8Shape& shape, Mxfp8Plane plane, const std::uint8_t* data,
                      const std::uint8_t* scale, float* out);
 

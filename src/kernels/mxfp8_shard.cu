@@ -22,6 +22,14 @@
 // fl32(x * 2^-e) and the hardware's RNE saturating f32x2 -> e4m3x2 conversion (equal to
 // the host twin's num::f32_to_e4m3 for every input: test/gpu/test_mxfp8_convert.cu),
 // NaN blocks patched to 0x7F.
+// Owned pass (Mode::Owned; quantize_mxfp8_shard_owned_batch): phase 1 of every tile,
+// and for a tile of a tile row wholly inside the range (owned_row, block-uniform) also
+// phase 2 in the same pass: each block of it is the rank's alone, so the scale bytes
+// phase 1 writes are final. A thread takes its rowwise scales from its own row amaxes
+// and its 16 columns' scales from the warps' partials in shared memory, read after the
+// tile's barrier as phase 1's column reduction reads them (no second barrier), then
+// encodes as Mode::Data does. The tile rows a boundary cuts get their data later from
+// Mode::Data over the batch's rest table (quantize_mxfp8_shard_rest_batch).
 // Whole tiles (inside the range and the member, every access of the phase aligned:
 // Spot::full, block-uniform) take a copy of the path with every check compiled out.
 #include <cuda_runtime.h>
@@ -45,6 +53,7 @@ enum class Mode {
   Scales,  // phase 1 of scheme A: partial scale bytes
   Amax,    // phase 1 of scheme B: partial u32 amaxes
   Data,    // phase 2: data bytes of the range from combined scales
+  Owned,   // phase 1 with the data of whole tile rows (their scales are final)
 };
 
 // The entry tables: one tensor's range (the per-tensor calls) in the kernel's
@@ -78,7 +87,12 @@ using tile::Spot;
 
 template <Mode M>
 __device__ __forceinline__ std::uint32_t full_col_tiles(const ShardEntry& en) {
-  return M == Mode::Data ? en.full_col_tiles_data : en.full_col_tiles_scales;
+  return M == Mode::Data || M == Mode::Owned ? en.full_col_tiles_data : en.full_col_tiles_scales;
+}
+
+// Whether tile row c.gtr lies wholly inside the entry's range (block-uniform).
+__device__ __forceinline__ bool owned_row(const ShardEntry& en, const Cursor& c) {
+  return c.gtr >= en.full_rows_begin && c.gtr < en.full_rows_end;
 }
 
 template <Mode M>
@@ -184,9 +198,9 @@ __device__ __forceinline__ void to_words(const Masters& m, std::uint32_t (&w)[8]
 // Phase 1 of one tile. Every thread of the block calls it (one barrier). col_partial
 // alternates between two buffers (`buf`): a thread writes buffer b of a tile only after
 // the barrier of the previous tile, which every thread reaches after its reads of
-// buffer b two tiles back.
+// buffer b two tiles back. Returns the thread's rowwise amax magnitudes (tile_amaxes).
 template <Mode M, bool kFull>
-__device__ __forceinline__ void partial_tile(const ShardEntry& en, const Spot& s, const std::uint32_t (&w)[8],
+__device__ __forceinline__ std::uint32_t partial_tile(const ShardEntry& en, const Spot& s, const std::uint32_t (&w)[8],
                                              std::uint32_t (*col_partial)[kTileCols / 2]) {
   const int q = threadIdx.x & 7;
   const Room room = room_of<kFull>(en, s);
@@ -220,6 +234,7 @@ __device__ __forceinline__ void partial_tile(const ShardEntry& en, const Spot& s
       if (block_col + 64 < room.tile) out[2] = scale_from_magnitude(amax1);
     }
   }
+  return row_max;
 }
 
 // The scale bytes phase 2 needs for the thread's chunks: row scale of each chunk, the 8
@@ -299,6 +314,43 @@ __device__ __forceinline__ void data_tile(const ShardEntry& en, const Spot& s, c
   }
 }
 
+// Four scale bytes (low byte first) of the amax magnitudes of two column pairs.
+__device__ __forceinline__ std::uint32_t scale_bytes(std::uint32_t pair0, std::uint32_t pair1) {
+  return static_cast<std::uint32_t>(scale_from_magnitude(pair0 & 0xFFFFu)) |
+         static_cast<std::uint32_t>(scale_from_magnitude(pair0 >> 16)) << 8 |
+         static_cast<std::uint32_t>(scale_from_magnitude(pair1 & 0xFFFFu)) << 16 |
+         static_cast<std::uint32_t>(scale_from_magnitude(pair1 >> 16)) << 24;
+}
+
+// The owned pass over a tile of a whole tile row (every thread of the block calls it):
+// every block of the tile lies in the range, so its amax over the rank's elements is
+// the block's amax and the scale byte phase 1 writes is final (the other ranks add
+// zeros in the Max). Phase 1 of the tile, then each thread takes the scales of its
+// chunks (rowwise: its own row_max; columnwise: the warps' partials of its 16 columns,
+// read after the barrier like column_amax_pair) and writes the data as phase 2 would
+// from the same bytes.
+template <bool kFull>
+__device__ __forceinline__ void owned_tile(const ShardEntry& en, const Spot& s, const std::uint32_t (&w)[8],
+                                           std::uint32_t (*col_partial)[kTileCols / 2]) {
+  const std::uint32_t row_max = partial_tile<Mode::Scales, kFull>(en, s, w, col_partial);
+  const int q = threadIdx.x & 7;
+  Scales sc;
+  sc.row = static_cast<std::uint32_t>(scale_from_magnitude(row_max & 0xFFFFu)) |
+           static_cast<std::uint32_t>(scale_from_magnitude(row_max >> 16)) << 8;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // column pairs 32h + 4q .. + 3: the chunk's 8 columns
+    uint4 v = *reinterpret_cast<const uint4*>(&col_partial[0][32 * h + 4 * q]);
+#pragma unroll
+    for (int k = 1; k < kWarps; ++k) {
+      const uint4 u = *reinterpret_cast<const uint4*>(&col_partial[k][32 * h + 4 * q]);
+      v = make_uint4(__vmaxu2(v.x, u.x), __vmaxu2(v.y, u.y), __vmaxu2(v.z, u.z), __vmaxu2(v.w, u.w));
+    }
+    sc.col[2 * h] = scale_bytes(v.x, v.y);
+    sc.col[2 * h + 1] = scale_bytes(v.z, v.w);
+  }
+  data_tile<kFull>(en, s, w, sc);
+}
+
 // What a thread loads for a tile ahead of working on it.
 template <Mode M>
 struct Loads {
@@ -355,6 +407,15 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       } else {
         data_tile<false>(en, spot, w, sc);
       }
+    } else if constexpr (M == Mode::Owned) {
+      if (!owned_row(en, c)) {  // block-uniform; a boundary row: phase 1 only
+        partial_tile<Mode::Scales, false>(en, spot, w, col_partial[buf]);
+      } else if (spot.full) {
+        owned_tile<true>(en, spot, w, col_partial[buf]);
+      } else {
+        owned_tile<false>(en, spot, w, col_partial[buf]);
+      }
+      buf ^= 1;
     } else {
       if (spot.full) {
         partial_tile<M, true>(en, spot, w, col_partial[buf]);
@@ -419,6 +480,10 @@ void launch_partial_scales_batch(const ShardEntry* entries, int count, std::int6
 
 void launch_shard_data_batch(const ShardEntry* entries, int count, std::int64_t tiles, Stream stream) {
   launch<Mode::Data>(ShardList{entries, count}, tiles, stream);
+}
+
+void launch_owned_batch(const ShardEntry* entries, int count, std::int64_t tiles, Stream stream) {
+  launch<Mode::Owned>(ShardList{entries, count}, tiles, stream);
 }
 
 }  // namespace shardopt::mxfp8

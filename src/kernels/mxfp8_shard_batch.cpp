@@ -1,7 +1,8 @@
 // mxfp8_shard_batch.cpp - a rank's sharded MXFP8 quantization over many tensors: the
 // ShardEntry of one range (make_shard_entry), the Mxfp8ShardBatch table (checks, scale
 // spans, upload) and the two phase calls (the CUDA launches or the host twins, enqueued
-// on the HostStream so that they join captures).
+// on the HostStream so that they join captures), and the owned / rest split of the same
+// work (quantize_mxfp8_shard_owned_batch, quantize_mxfp8_shard_rest_batch).
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -62,6 +63,11 @@ ShardEntry make_shard_entry(const Mxfp8Shape& shape, Range range, const float* m
     const std::int64_t full_end = end_elem(last) <= range.end ? last + 1 : last;
     e.full_rows_begin = static_cast<std::uint32_t>(full_begin);
     e.full_rows_end = static_cast<std::uint32_t>(std::max(full_begin, full_end));
+    e.owned_begin = e.owned_end = range.begin;
+    if (full_end > full_begin) {
+      e.owned_begin = first_elem(full_begin);
+      e.owned_end = end_elem(full_end - 1);
+    }
   }
   // Element i of a whole tile row sits 16-byte aligned in the master (i - begin) and
   // 8-byte aligned in the data planes and the columnwise scales when the bases are and
@@ -76,10 +82,31 @@ ShardEntry make_shard_entry(const Mxfp8Shape& shape, Range range, const float* m
   return e;
 }
 
+std::int64_t append_rest_entries(const ShardEntry& e, std::int64_t first_tile, std::vector<ShardEntry>& rest) {
+  if (e.range.size() == 0) return first_tile;
+  const std::int64_t rows = (e.end_tile - e.first_tile) / e.col_tiles;
+  const std::int64_t end = e.first_tile_row + rows;  // one past the last tile row of the range
+  const auto add = [&](std::int64_t row) {
+    ShardEntry r = e;
+    r.first_tile_row = static_cast<std::uint32_t>(row);
+    r.first_tile = first_tile;
+    r.end_tile = first_tile + e.col_tiles;
+    first_tile = r.end_tile;
+    rest.push_back(r);
+  };
+  // The rows before the whole ones ([first, full_rows_begin): none or one) and after
+  // them ([full_rows_end, end): none or one; the range's only row when none is whole).
+  for (std::int64_t row = e.first_tile_row; row < e.full_rows_begin; ++row) add(row);
+  for (std::int64_t row = e.full_rows_end; row < end; ++row) add(row);
+  return first_tile;
+}
+
 }  // namespace mxfp8
 
 struct Mxfp8ShardBatch::Impl {
   detail::EntryTable table;  // the ShardEntry of every tensor, in order
+  detail::EntryTable rest;   // the boundary tile rows of every range (append_rest_entries)
+  std::int64_t rest_tiles = 0;
   std::int64_t numel = 0;
   std::int64_t tiles = 0;
   std::vector<std::pair<std::uint8_t*, std::size_t>> spans;  // merged scale memory
@@ -169,6 +196,9 @@ Mxfp8ShardBatch::Mxfp8ShardBatch(const std::vector<Mxfp8ShardTensor>& tensors, B
   im.numel = numel;
   im.tiles = tiles;
   im.table = detail::EntryTable(backend, entries);
+  std::vector<mxfp8::ShardEntry> rest;
+  for (const mxfp8::ShardEntry& e : entries) im.rest_tiles = mxfp8::append_rest_entries(e, im.rest_tiles, rest);
+  if (!rest.empty()) im.rest = detail::EntryTable(backend, rest);
   if (backend == Backend::Cuda) im.grid = mxfp8::shard_batch_grid(tiles);
 }
 
@@ -182,6 +212,7 @@ std::int64_t Mxfp8ShardBatch::numel() const { return live(impl_).numel; }
 std::int64_t Mxfp8ShardBatch::tiles() const { return live(impl_).tiles; }
 int Mxfp8ShardBatch::grid() const { return live(impl_).grid; }
 std::size_t Mxfp8ShardBatch::scale_spans() const { return live(impl_).spans.size(); }
+std::int64_t Mxfp8ShardBatch::rest_tiles() const { return live(impl_).rest_tiles; }
 
 void mxfp8_partial_scales_batch(const Mxfp8ShardBatch& batch, Backend backend, Stream stream) {
   const auto& im = detail::batch_for_call(batch.impl_, kType, backend, "mxfp8_partial_scales_batch");
@@ -207,6 +238,30 @@ void quantize_mxfp8_shard_data_batch(const Mxfp8ShardBatch& batch, Backend backe
   mxfp8::launch_shard_data_batch(entries, count, im.tiles, stream);
 }
 
+void quantize_mxfp8_shard_owned_batch(const Mxfp8ShardBatch& batch, Backend backend, Stream stream) {
+  const auto& im = detail::batch_for_call(batch.impl_, kType, backend, "quantize_mxfp8_shard_owned_batch");
+  const auto* entries = im.table.entries<mxfp8::ShardEntry>();
+  const int count = im.table.count();
+  if (backend == Backend::Host) {
+    host_enqueue(stream, [entries, count] { mxfp8::host_owned_batch(entries, count); });
+    return;
+  }
+  for (const auto& [p, n] : im.spans) fill_zero_async(backend, p, n, stream);
+  mxfp8::launch_owned_batch(entries, count, im.tiles, stream);
+}
+
+void quantize_mxfp8_shard_rest_batch(const Mxfp8ShardBatch& batch, Backend backend, Stream stream) {
+  const auto& im = detail::batch_for_call(batch.impl_, kType, backend, "quantize_mxfp8_shard_rest_batch");
+  if (im.rest_tiles == 0) return;  // every tile row whole (one rank): nothing left
+  const auto* entries = im.rest.entries<mxfp8::ShardEntry>();
+  const int count = im.rest.count();
+  if (backend == Backend::Host) {
+    host_enqueue(stream, [entries, count] { mxfp8::host_rest_batch(entries, count); });
+    return;
+  }
+  mxfp8::launch_shard_data_batch(entries, count, im.rest_tiles, stream);
+}
+
 }  // namespace shardopt
 
 #if !SHARDOPT_HAVE_CUDA
@@ -215,5 +270,6 @@ namespace shardopt::mxfp8 {
 int shard_batch_grid(std::int64_t) { detail::no_cuda("MXFP8"); }
 void launch_partial_scales_batch(const ShardEntry*, int, std::int64_t, Stream) { detail::no_cuda("MXFP8"); }
 void launch_shard_data_batch(const ShardEntry*, int, std::int64_t, Stream) { detail::no_cuda("MXFP8"); }
+void launch_owned_batch(const ShardEntry*, int, std::int64_t, Stream) { detail::no_cuda("MXFP8"); }
 }  // namespace shardopt::mxfp8
 #endif

@@ -16,13 +16,18 @@ class Mxfp8Format final : public StoredFormat {
   DType exchange_dtype() const override { return DType::e8m0; }
   std::uint8_t* exchange_begin(int b) const override { return at(bucket_[static_cast<std::size_t>(b)].scale_begin); }
   std::uint8_t* exchange_end(int b) const override { return at(bucket_[static_cast<std::size_t>(b)].scale_end); }
+  // Phase 1 is the owned pass: the partial scales, and the data of every tile row
+  // wholly inside this rank's piece (their scales need no exchange), in the one read of
+  // the master; phase 2 writes the data of the boundary tile rows only (none with one
+  // rank: no launch). One memset and at most two launches for the bucket.
+  const char* partials_mark() const override { return "quantize"; }
+  const char* quantize_mark() const override { return "quantize rest"; }
   void partials(int b, Stream stream) const override {
-    // One memset and one launch for the bucket.
-    mxfp8_partial_scales_batch(batches_[static_cast<std::size_t>(bucket_[static_cast<std::size_t>(b)].batch)],
-                               backend_, stream);
+    quantize_mxfp8_shard_owned_batch(batches_[static_cast<std::size_t>(bucket_[static_cast<std::size_t>(b)].batch)],
+                                     backend_, stream);
   }
   void quantize(int b, Stream stream) const override {
-    quantize_mxfp8_shard_data_batch(batches_[static_cast<std::size_t>(bucket_[static_cast<std::size_t>(b)].batch)],
+    quantize_mxfp8_shard_rest_batch(batches_[static_cast<std::size_t>(bucket_[static_cast<std::size_t>(b)].batch)],
                                     backend_, stream);
   }
   void landing(int b, std::vector<BytePiece>& table) const override;

@@ -185,7 +185,7 @@ void QuantizedParams::quantize(int first, int last, Stream stream) {
     SHARDOPT_REQUIRE(bi.state == GatherState::Idle, ErrorCode::Internal,
                      std::string(name()) + " bucket " + std::to_string(b) + " is quantized while its gather is " +
                          gather_state_name(bi.state));
-    phase_mark("amax", stream);
+    phase_mark(format_->partials_mark(), stream);
     format_->partials(b, stream);
     if (span_begin == nullptr) span_begin = format_->exchange_begin(b);
     span_end = format_->exchange_end(b);
@@ -193,7 +193,7 @@ void QuantizedParams::quantize(int first, int last, Stream stream) {
   if (span_begin == nullptr) return;
   phase_mark("exchange", stream);
   exchange(span_begin, span_end, stream);
-  phase_mark("quantize", stream);
+  phase_mark(format_->quantize_mark(), stream);
   for (int b = first; b < last; ++b)
     if (bucket_[static_cast<std::size_t>(b)].quantized) format_->quantize(b, stream);
   phase_mark("after quantize", stream);

@@ -7,7 +7,8 @@
 // that every format follows the same rules.
 //
 // A bucket of a quantized buffer: phase 1 (this rank's partial block statistics into
-// the format's exchange buffer) -> one Max all-reduce over the exchange span of a run of
+// the format's exchange buffer; MXFP8 also writes the data that needs no exchange
+// here) -> one Max all-reduce over the exchange span of a run of
 // consecutive buckets -> phase 2 (every scale, and this rank's data bytes into its
 // staging slice of the bucket's gradient region) -> the store's staged all-gather ->
 // landing (one table of byte copies, staging -> storage) -> the region zeroed.
@@ -84,10 +85,15 @@ class QuantizedFormat {
   virtual std::uint8_t* exchange_begin(int bucket) const = 0;
   virtual std::uint8_t* exchange_end(int bucket) const = 0;
   /// Phase 1 of bucket b on `stream` (every parameter of it, an empty range where this
-  /// rank owns none: its zeros join the Max).
+  /// rank owns none: its zeros join the Max). A format may also write here the bytes
+  /// that need no exchange (MXFP8: the data of blocks wholly inside this rank's piece).
   virtual void partials(int bucket, Stream stream) const = 0;
-  /// Phase 2 of bucket b on `stream`: scales, and this rank's bytes into its staging.
+  /// Phase 2 of bucket b on `stream`: scales, and this rank's (remaining) bytes into its
+  /// staging.
   virtual void quantize(int bucket, Stream stream) const = 0;
+  /// The phase_probe names of the two phases (bench_dist_adam --phases).
+  virtual const char* partials_mark() const { return "amax"; }
+  virtual const char* quantize_mark() const { return "quantize"; }
   /// Appends bucket b's landing copies (every rank's staged bytes -> storage).
   virtual void landing(int bucket, std::vector<BytePiece>& table) const = 0;
   /// Bytes of the persistent storage (data, scales, exchange buffers, alignment gaps).

@@ -9,7 +9,9 @@
 // Llama-3.2-1B's 114 matrices the batch equals one per-tensor launch pair per tensor.
 // A CUDA graph of both phases replays with the master changed in place exactly like
 // eager calls, the kernels' first use may happen under capture, and a batch refuses
-// another backend or device.
+// another backend or device. The owned / rest split of the same work
+// (quantize_mxfp8_shard_owned_batch, quantize_mxfp8_shard_rest_batch) equals its host
+// twin and the oracle after each pass, and the split passes on Llama-3.2-1B.
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
 
@@ -71,14 +73,103 @@ struct CapturedGraph {
 // The protocol over `ranks` on the GPU and on the host twin: bitwise equal, and equal
 // to the oracle when `oracle`. Returns false after a failure.
 bool check_kernel(const ShardList& list, const std::vector<RankLayout>& ranks, const std::string& what,
-                  bool oracle = true) {
-  const ProtocolResult gpu = run_protocol(kCuda, list, ranks);
-  const ProtocolResult host = run_protocol(kHost, list, ranks);
+                  bool oracle = true, Passes passes = Passes::Split) {
+  const ProtocolResult gpu = run_protocol(kCuda, list, ranks, false, passes);
+  const ProtocolResult host = run_protocol(kHost, list, ranks, false, passes);
   const std::string d = protocol_diff(gpu, host);
   EXPECT_TRUE(d.empty()) << what << ": kernel vs host twin: " << d;
   const std::string o = oracle ? check_against_oracle(list, ranks, gpu) : "";
   EXPECT_TRUE(o.empty()) << what << ": kernel vs oracle: " << o;
   return d.empty() && o.empty();
+}
+
+// Both phases of `batch` on `stream`, as the split pair or the owned / rest pair.
+void run_phases(const Mxfp8ShardBatch& batch, Backend b, Stream stream, Passes passes) {
+  if (passes == Passes::Owned) {
+    quantize_mxfp8_shard_owned_batch(batch, b, stream);
+    quantize_mxfp8_shard_rest_batch(batch, b, stream);
+  } else {
+    mxfp8_partial_scales_batch(batch, b, stream);
+    quantize_mxfp8_shard_data_batch(batch, b, stream);
+  }
+}
+
+// The 114 matrices of Llama-3.2-1B (every 2-D parameter) in a Layout at `world`.
+std::vector<ParamSpec> llama_matrices() {
+  std::vector<ParamSpec> specs2d;
+  for (const ParamSpec& p : presets::transformer(presets::kLlama32_1B))
+    if (p.shape.size() >= 2) specs2d.push_back(p);
+  EXPECT_EQ(specs2d.size(), 114u);
+  return specs2d;
+}
+
+// Rank `rank`'s view of `list` (the matrices of `layout`, one buffer): its segments'
+// ranges (empty where it owns nothing of a matrix), its fp32 master shard (fast_master
+// of `seed`, padding included) and a staging arena laid out like the shard (segment at
+// its shard offset: the pointers given are staging + shard_offset - param_offset).
+RankLayout shard_rank_layout(const ShardList& list, const Layout& layout, int rank, std::uint64_t seed) {
+  EXPECT_EQ(layout.buffers().size(), 1u);
+  RankLayout rl;
+  rl.staged = true;
+  rl.ranges.assign(list.size(), Range{0, 0});
+  rl.master_at.assign(list.size(), kNullAt);
+  rl.data_at.assign(list.size(), kNullAt);
+  const std::int64_t shard_numel = layout.buffers()[0].shard_numel;
+  rl.master_arena = fast_master(shard_numel, 2048, seed, 0.0002);  // padding gets values too: never read
+  for (const Segment& g : layout.segments(0, rank)) {
+    const auto t = static_cast<std::size_t>(g.param);
+    EXPECT_EQ(rl.ranges[t].size(), 0) << "two segments of one param";
+    rl.ranges[t] = {g.param_offset, g.param_offset + g.length};
+    rl.master_at[t] = g.shard_offset;
+    rl.data_at[t] = g.shard_offset - g.param_offset;
+  }
+  rl.data_bytes = shard_numel;
+  return rl;
+}
+
+// Rank 1 of 3 of a mixed list (cuts mid-block): both phases of its batch (`passes`)
+// captured once (one memset per scale span, one launch per phase); before each replay
+// the master changes in place and the arenas are poisoned again. Each replay equals
+// eager calls of the same batch kind on a second set of arenas with the same master,
+// and the host twin; its scales are the oracle's partial scales.
+void check_graph_replay(Passes passes, std::uint32_t seed) {
+  ShardList list(mixed_shard_shapes(), 0, 1);
+  list.fill(seed);
+  std::mt19937 rng(seed + 1);
+  const auto bounds = list_bounds(list, 3, 1, rng);
+  RankLayout rl = rank_layout(list, bounds, 1, 1);
+  const RankRun graphed(kCuda, list, rl), eager(kCuda, list, rl);
+  const Mxfp8ShardBatch graph_batch(graphed.tensors(list, rl), kCuda), eager_batch(eager.tensors(list, rl), kCuda);
+  if (passes == Passes::Owned) {
+    ASSERT_GT(graph_batch.rest_tiles(), 0) << "the rest pass must have work";
+  }
+  const CapturedGraph g([&](Stream st) { run_phases(graph_batch, kCuda, st, passes); });
+  EXPECT_EQ(g.nodes(), graph_batch.scale_spans() + 2) << "one memset per scale span, one launch per phase";
+  std::vector<std::uint8_t> previous;
+  for (std::uint32_t step = 0; step < 3; ++step) {
+    list.fill(seed + 10 + step);
+    rl = rank_layout(list, bounds, 1, 1);  // same places, new values
+    for (const RankRun* run : {&graphed, &eager}) {
+      run->put_master(rl.master_arena);
+      run->put_scales(list.poisoned_scales());
+      run->poison_data();
+    }
+    g.replay();
+    run_phases(eager_batch, kCuda, nullptr, passes);
+    SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<std::uint8_t> scales = graphed.get_scales();
+    const std::string d = byte_diff("scales", scales, eager.get_scales()) + data_diff(graphed.get_data(), eager.get_data());
+    EXPECT_TRUE(d.empty()) << "replay " << step << " vs eager: " << d;
+    EXPECT_EQ(scales, expected_partial_scales(list, rl)) << "replay " << step << " vs the oracle's partial scales";
+    // The host twin, same inputs.
+    const RankRun host(kHost, list, rl);
+    const Mxfp8ShardBatch host_batch(host.tensors(list, rl), kHost);
+    run_phases(host_batch, kHost, nullptr, passes);
+    const std::string h = data_diff(graphed.get_data(), host.get_data());
+    EXPECT_TRUE(h.empty()) << "replay " << step << " vs host twin: " << h;
+    EXPECT_NE(scales, previous) << "the master did not change";
+    previous = scales;
+  }
 }
 
 // ------------------------------------------------------------------ first use under capture
@@ -283,31 +374,13 @@ TEST(Mxfp8ShardBatchGpu, Llama32_1BRank1Of4SegmentsBatchEqualsPerTensorLaunches)
   // staging + shard_offset - param_offset). Batch (one launch per phase) vs mxfp8_partial_scales +
   // quantize_mxfp8_shard_data per tensor (proven against the host twin by
   // test_mxfp8_gpu.cpp), bitwise: all scale bytes and every staged data byte.
-  std::vector<ParamSpec> specs2d;
-  for (const ParamSpec& p : presets::transformer(presets::kLlama32_1B))
-    if (p.shape.size() >= 2) specs2d.push_back(p);
-  ASSERT_EQ(specs2d.size(), 114u);
+  const std::vector<ParamSpec> specs2d = llama_matrices();
   const int world = 4, rank = 1;
   const Layout layout(specs2d, world);
-  ASSERT_EQ(layout.buffers().size(), 1u);
   std::vector<Mxfp8Shape> shapes;
   for (const ParamSpec& p : specs2d) shapes.push_back(Mxfp8Shape::of(p));
   const ShardList list(shapes);  // scale placement only: no full masters here
-  RankLayout rl;
-  rl.staged = true;
-  rl.ranges.assign(list.size(), Range{0, 0});
-  rl.master_at.assign(list.size(), kNullAt);
-  rl.data_at.assign(list.size(), kNullAt);
-  const std::int64_t shard_numel = layout.buffers()[0].shard_numel;
-  rl.master_arena = fast_master(shard_numel, 2048, 40, 0.0002);  // padding gets values too: never read
-  for (const Segment& g : layout.segments(0, rank)) {
-    const auto t = static_cast<std::size_t>(g.param);
-    ASSERT_EQ(rl.ranges[t].size(), 0) << "two segments of one param";
-    rl.ranges[t] = {g.param_offset, g.param_offset + g.length};
-    rl.master_at[t] = g.shard_offset;
-    rl.data_at[t] = g.shard_offset - g.param_offset;
-  }
-  rl.data_bytes = shard_numel;
+  const RankLayout rl = shard_rank_layout(list, layout, rank, 40);
   const RankRun batched(kCuda, list, rl), single(kCuda, list, rl);
   const Mxfp8ShardBatch batch(batched.tensors(list, rl), kCuda);
   EXPECT_EQ(batch.size(), 114u);
@@ -343,49 +416,146 @@ TEST(Mxfp8ShardBatchGpu, Llama32_1BRank1Of4SegmentsBatchEqualsPerTensorLaunches)
 // ------------------------------------------------------------------ graphs
 
 TEST(Mxfp8ShardBatchGpu, GraphReplayWithTheMasterChangedInPlaceEqualsEager) {
-  // Rank 1 of 3 of a mixed list (cuts mid-block): phase 1 + phase 2 of its batch
-  // captured once; before each replay the master changes in place and the arenas are
-  // poisoned again. Each replay equals eager calls of the same batch kind on a second
-  // set of arenas with the same master, and the host twin.
-  ShardList list(mixed_shard_shapes(), 0, 1);
-  list.fill(50);
-  std::mt19937 rng(51);
-  const auto bounds = list_bounds(list, 3, 1, rng);
-  RankLayout rl = rank_layout(list, bounds, 1, 1);
-  const RankRun graphed(kCuda, list, rl), eager(kCuda, list, rl);
-  const Mxfp8ShardBatch graph_batch(graphed.tensors(list, rl), kCuda), eager_batch(eager.tensors(list, rl), kCuda);
-  const CapturedGraph g([&](Stream st) {
-    mxfp8_partial_scales_batch(graph_batch, kCuda, st);
-    quantize_mxfp8_shard_data_batch(graph_batch, kCuda, st);
-  });
-  EXPECT_EQ(g.nodes(), graph_batch.scale_spans() + 2) << "one memset per scale span, one launch per phase";
-  std::vector<std::uint8_t> previous;
-  for (std::uint32_t step = 0; step < 3; ++step) {
-    list.fill(60 + step);
-    rl = rank_layout(list, bounds, 1, 1);  // same places, new values
-    for (const RankRun* run : {&graphed, &eager}) {
-      run->put_master(rl.master_arena);
-      run->put_scales(list.poisoned_scales());
-      run->poison_data();
-    }
-    g.replay();
-    mxfp8_partial_scales_batch(eager_batch, kCuda, nullptr);
-    quantize_mxfp8_shard_data_batch(eager_batch, kCuda, nullptr);
-    SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<std::uint8_t> scales = graphed.get_scales();
-    const std::string d = byte_diff("scales", scales, eager.get_scales()) + data_diff(graphed.get_data(), eager.get_data());
-    EXPECT_TRUE(d.empty()) << "replay " << step << " vs eager: " << d;
-    EXPECT_EQ(scales, expected_partial_scales(list, rl)) << "replay " << step << " vs the oracle's partial scales";
-    // The host twin, same inputs.
-    const RankRun host(kHost, list, rl);
-    const Mxfp8ShardBatch host_batch(host.tensors(list, rl), kHost);
-    mxfp8_partial_scales_batch(host_batch, kHost, nullptr);
-    quantize_mxfp8_shard_data_batch(host_batch, kHost, nullptr);
-    const std::string h = data_diff(graphed.get_data(), host.get_data());
-    EXPECT_TRUE(h.empty()) << "replay " << step << " vs host twin: " << h;
-    EXPECT_NE(scales, previous) << "the master did not change";
-    previous = scales;
+  check_graph_replay(Passes::Split, 50);
+}
+
+// ------------------------------------------------------------------ the owned / rest passes
+// quantize_mxfp8_shard_owned_batch (Mode::Owned: whole tile rows quantized in the pass
+// that reads them, partial scales elsewhere) and quantize_mxfp8_shard_rest_batch (the
+// boundary tile rows' table): kernel == host twin bitwise after each rank's owned pass
+// and after its rest pass, and == the oracle (check_against_oracle checks both points).
+
+TEST(Mxfp8ShardBatchGpu, OwnedPassesMixedListsOverWorldsOf1To8KernelEqualsHostTwinAndOracle) {
+  std::mt19937 rng(103);
+  for (std::int64_t align : {1, 16}) {  // 16: the whole-tile (unchecked) path of owned tiles
+    ShardList list(mixed_shard_shapes(), 0, 0, align);
+    list.fill(static_cast<std::uint32_t>(102 + align));
+    for (int world = 1; world <= 8; ++world)
+      for (int mode = 0; mode < 4; ++mode) {
+        const int shift = mode % 2 == 0 ? 0 : mode;
+        const auto ranks = world_layouts(list, list_bounds(list, world, mode, rng), shift, mode % 2 == 0, mode == 2);
+        if (!check_kernel(list, ranks,
+                          "owned, scale alignment " + std::to_string(align) + " world " + std::to_string(world) +
+                              " mode " + std::to_string(mode),
+                          true, Passes::Owned))
+          return;
+      }
   }
+}
+
+TEST(Mxfp8ShardBatchGpu, OwnedPassesBoundariesMisalignmentSpecialsAndSmallTensorsKernelEqualsHostTwin) {
+  // Every inner cut at offset k of a rowwise block and at row k of a columnwise block
+  // (worlds 2, 3, 8); misaligned masters and odd data offsets (the scalar paths of both
+  // passes); special values with a rank inside one block; 2000 small tensors.
+  ShardList small({{1, 37, 45}, {3, 40, 72}, {1, 2, 3}, {1, 70, 33}, {2, 5, 130}, {1, 64, 256}});
+  small.fill(104);
+  for (int world : {2, 3, 8})
+    for (std::int64_t k = 0; k <= 32; ++k)
+      for (int kind = 0; kind < 2; ++kind) {
+        std::vector<std::vector<std::int64_t>> bounds;
+        for (const Mxfp8Shape& s : small.shapes) {
+          const std::int64_t n = s.numel();
+          std::vector<std::int64_t> b = even_bounds(n, world, 0);
+          for (int r = 1; r < world; ++r) {
+            auto& cut = b[static_cast<std::size_t>(r)];
+            const std::int64_t row = cut / s.cols;
+            cut = std::clamp<std::int64_t>(kind == 0 ? row * s.cols + k : ((row / 32) * 32 + k) * s.cols + s.cols / 2, 0, n);
+          }
+          std::sort(b.begin(), b.end());
+          bounds.push_back(b);
+        }
+        if (!check_kernel(small, world_layouts(small, bounds, static_cast<int>(k % 4), k % 2 == 0),
+                          "owned, world " + std::to_string(world) + (kind ? " column" : " row") + " offset " +
+                              std::to_string(k),
+                          true, Passes::Owned))
+          return;
+      }
+  std::mt19937 rng(105);
+  ShardList shifted(mixed_shard_shapes(), 3, 1);
+  shifted.fill(106);
+  for (int master_shift : {1, 3})
+    for (bool staged : {false, true})
+      if (!check_kernel(shifted, world_layouts(shifted, list_bounds(shifted, 4, 3, rng), master_shift, !staged, staged, 1),
+                        "owned, master shift " + std::to_string(master_shift) + (staged ? " staged" : " shared"), true,
+                        Passes::Owned))
+        return;
+  ShardList special({{1, 37, 45}, {3, 40, 72}, {1, 70, 33}, {1, 96, 129}, {2, 33, 260}});
+  for (std::uint32_t seed = 120; seed < 123; ++seed) {
+    special.fill(seed);
+    std::vector<std::vector<std::int64_t>> bounds;
+    for (const Mxfp8Shape& s : special.shapes) {
+      const std::int64_t n = s.numel(), rows = s.members * s.rows;
+      const std::int64_t c1 = (rows / 3) * s.cols + 1 + seed % 30, c2 = std::min(n, c1 + 2 + seed % 29);
+      bounds.push_back({0, c1, c2, std::max(c2, std::min(n, (2 * rows / 3) * s.cols + s.cols / 2 + 1)), n});
+    }
+    if (!check_kernel(special, world_layouts(special, bounds, 1, true), "owned, specials " + std::to_string(seed), true,
+                      Passes::Owned))
+      return;
+  }
+  ShardList many(many_small_shapes(2000, 107));
+  many.fill(108);
+  for (int world : {2, 5})
+    if (!check_kernel(many, world_layouts(many, list_bounds(many, world, 3, rng), 2, true),
+                      "owned, 2000 small tensors, world " + std::to_string(world), true, Passes::Owned))
+      return;
+}
+
+TEST(Mxfp8ShardBatchGpu, OwnedPassesBigTensorsWholeTilesKernelEqualsHostTwin) {
+  // Whole tensors (one rank: every tile owned, no rest tiles, 8192 tiles over one wave:
+  // the unchecked owned path and the walk) and rank 1 of 4 with one cut mid-block.
+  ShardList big({{1, 4096, 4096}, {1, 8192, 2048}});
+  big.fill_fast(131, 0.0005);
+  const std::vector<std::vector<std::int64_t>> whole = {{0, big.shapes[0].numel()}, {0, big.shapes[1].numel()}};
+  const std::vector<RankLayout> world1 = world_layouts(big, whole);
+  {
+    const RankRun run(kCuda, big, world1[0]);
+    const Mxfp8ShardBatch batch(run.tensors(big, world1[0]), kCuda);
+    EXPECT_EQ(batch.rest_tiles(), 0);
+  }
+  if (!check_kernel(big, world1, "owned, whole tensors", false, Passes::Owned)) return;
+  const std::int64_t q = big.shapes[0].numel() / 4;
+  const std::vector<std::vector<std::int64_t>> bounds = {{0, q, 2 * q, 3 * q, 4 * q}, {0, q + 17, 2 * q - 5, 3 * q, 4 * q}};
+  const RankLayout rank1 = rank_layout(big, bounds, 1);
+  {
+    const RankRun run(kCuda, big, rank1);
+    const Mxfp8ShardBatch batch(run.tensors(big, rank1), kCuda);
+    EXPECT_EQ(batch.rest_tiles(), 2 * (2048 / 128)) << "tensor 1's two cut tile rows";
+  }
+  check_kernel(big, {rank1}, "owned, rank 1 of 4", false, Passes::Owned);
+}
+
+TEST(Mxfp8ShardBatchGpu, OwnedPassesOfLlama32_1BEqualTheSplitPasses) {
+  // The benchmark's model, every matrix of Llama-3.2-1B in one Layout: at world 1 (the
+  // whole model, the one-rank step: no rest tiles) and rank 1 of 4 (staging laid out
+  // like the shard), owned + rest vs partial scales + data of the same batch kind,
+  // bitwise: every scale byte and every staged data byte (no exchange: phase 2 reads the
+  // rank's own partial scales in both).
+  const std::vector<ParamSpec> specs2d = llama_matrices();
+  std::vector<Mxfp8Shape> shapes;
+  for (const ParamSpec& p : specs2d) shapes.push_back(Mxfp8Shape::of(p));
+  const ShardList list(shapes);
+  for (int world : {1, 4}) {
+    const Layout layout(specs2d, world);
+    const RankLayout rl = shard_rank_layout(list, layout, world == 1 ? 0 : 1, 140 + static_cast<std::uint64_t>(world));
+    const RankRun owned(kCuda, list, rl), split(kCuda, list, rl);
+    const Mxfp8ShardBatch owned_batch(owned.tensors(list, rl), kCuda), split_batch(split.tensors(list, rl), kCuda);
+    if (world == 1) EXPECT_EQ(owned_batch.rest_tiles(), 0);
+    else EXPECT_GT(owned_batch.rest_tiles(), 0);
+    run_phases(owned_batch, kCuda, nullptr, Passes::Owned);
+    run_phases(split_batch, kCuda, nullptr, Passes::Split);
+    SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::string w = "world " + std::to_string(world);
+    const std::string ds = byte_diff("scales", owned.get_scales(), split.get_scales());
+    EXPECT_TRUE(ds.empty()) << w << ": " << ds;
+    const DataArenas data = owned.get_data();
+    const std::string dd = data_diff(data, split.get_data());
+    EXPECT_TRUE(dd.empty()) << w << ": " << dd;
+    EXPECT_LT(std::count(data.row.begin(), data.row.end(), kPoison), owned_batch.numel() / 16) << w;
+  }
+}
+
+TEST(Mxfp8ShardBatchGpu, OwnedPassesGraphReplayWithTheMasterChangedInPlaceEqualsEagerAndHostTwin) {
+  check_graph_replay(Passes::Owned, 150);
 }
 
 // ------------------------------------------------------------------ errors

@@ -64,13 +64,13 @@ std::string bounds_str(const std::vector<std::vector<std::int64_t>>& bounds) {
 // the assembled planes against the whole-tensor quantization, and scale_spans() == 1
 // (the list's scale tensors lie back to back). Returns false after a failure.
 bool check_world(const ShardList& list, const std::vector<std::vector<std::int64_t>>& bounds, int master_shift,
-                 bool null_empty, const std::string& what) {
+                 bool null_empty, const std::string& what, Passes scheme = Passes::Split) {
   for (std::size_t t = 0; t < list.size(); ++t) {  // the ranks' ranges tile every tensor
     EXPECT_EQ(bounds[t].front(), 0);
     EXPECT_EQ(bounds[t].back(), list.shapes[t].numel());
   }
   const std::vector<RankLayout> ranks = world_layouts(list, bounds, master_shift, null_empty);
-  const ProtocolResult got = run_protocol(kHost, list, ranks);
+  const ProtocolResult got = run_protocol(kHost, list, ranks, false, scheme);
   const std::string d = check_against_oracle(list, ranks, got);
   EXPECT_TRUE(d.empty()) << what << ", bounds " << bounds_str(bounds) << ": " << d;
   const std::string whole = data_diff(got.after_rank.back(), whole_data(list));
@@ -138,6 +138,129 @@ TEST(Mxfp8ShardBatch, HundredsOfSmallTensorsWithManyEmptyRanges) {
   std::mt19937 rng(18);
   for (int world : {2, 3, 5})
     if (!check_world(list, list_bounds(list, world, 3, rng), 0, world % 2 == 1, "world " + std::to_string(world))) return;
+}
+
+// ------------------------------------------------------------------ the owned / rest split
+
+TEST(Mxfp8ShardBatch, OwnedSchemeWorldsOf1To8RanksEqualTheOracle) {
+  // quantize_mxfp8_shard_owned_batch, the Max, quantize_mxfp8_shard_rest_batch: after
+  // each rank's owned pass its data arenas hold the oracle's bytes of exactly its whole
+  // tile rows (the rest poisoned), its scales are the oracle's partial scales (those of
+  // the split scheme), after the rest pass the whole ranges; rest_tiles() counted
+  // independently.
+  ShardList list(mixed_shard_shapes());
+  std::mt19937 rng(2);
+  for (std::uint32_t seed : {1u, 100u}) {
+    list.fill(seed);
+    for (int world : {1, 2, 3, 4, 8})
+      for (int mode = 0; mode < 4; ++mode) {
+        const std::string what = "owned, seed " + std::to_string(seed) + " world " + std::to_string(world) +
+                                 " mode " + std::to_string(mode);
+        if (!check_world(list, list_bounds(list, world, mode, rng), mode % 4, mode % 2 == 0, what, Passes::Owned))
+          return;
+      }
+  }
+}
+
+TEST(Mxfp8ShardBatch, OwnedSchemeBoundaryAtEveryOffsetWithinABlock) {
+  // The boundaries of BoundaryAtEveryOffsetWithinABlock (every position inside a
+  // rowwise and a columnwise block, a small middle rank), split as owned + rest.
+  ShardList list(mixed_shard_shapes());
+  list.fill(3);
+  for (std::int64_t k = 0; k <= 32; ++k) {
+    std::vector<std::vector<std::int64_t>> rowwise, colwise, middle;
+    for (const Mxfp8Shape& s : list.shapes) {
+      const std::int64_t n = s.numel();
+      const std::int64_t start = std::min(n, (s.members * s.rows / 2) * s.cols + k);
+      rowwise.push_back({0, start, n});
+      colwise.push_back({0, std::min(n, k * s.cols + s.cols / 2), n});
+      middle.push_back({0, start, std::min(n, start + 33 * (k % 3)), n});
+    }
+    const std::string at = " at " + std::to_string(k);
+    if (!check_world(list, rowwise, static_cast<int>(k % 4), k % 2 == 0, "owned rowwise" + at, Passes::Owned)) return;
+    if (!check_world(list, colwise, static_cast<int>(k % 3), k % 2 == 1, "owned columnwise" + at, Passes::Owned))
+      return;
+    if (!check_world(list, middle, 1, k % 2 == 0, "owned middle" + at, Passes::Owned)) return;
+  }
+}
+
+TEST(Mxfp8ShardBatch, OwnedSchemeEqualsTheSplitSchemeBytewise) {
+  // Both schemes over the same ranks (shared planes, staging slices, misaligned
+  // masters, hundreds of small tensors): the same partial scales, the same combined
+  // scales and the same data bytes after every rank's phase 2.
+  ShardList mixed(mixed_shard_shapes(), 2, 1), small(many_small_shapes(300, 16));
+  mixed.fill(21);
+  small.fill(22);
+  std::mt19937 rng(23);
+  for (const ShardList* list : {&mixed, &small})
+    for (int world : {1, 3, 4})
+      for (bool staged : {false, true}) {
+        const auto ranks = world_layouts(*list, list_bounds(*list, world, 3, rng), world % 4, world != 3, staged, 3);
+        const ProtocolResult split = run_protocol(kHost, *list, ranks, false, Passes::Split);
+        const ProtocolResult owned = run_protocol(kHost, *list, ranks, false, Passes::Owned);
+        const std::string what = "world " + std::to_string(world) + (staged ? " staged" : " shared");
+        EXPECT_EQ(owned.partial, split.partial) << what;
+        EXPECT_EQ(owned.combined, split.combined) << what;
+        if (staged) {  // each rank's own arena: equal after every rank
+          EXPECT_EQ(owned.after_rank, split.after_rank) << what;
+        } else {  // shared planes: the owned passes of all ranks ran first, so compare the end
+          EXPECT_EQ(owned.after_rank.back(), split.after_rank.back()) << what;
+        }
+        if (world == 1) {  // one rank: the owned pass is the whole work
+          EXPECT_EQ(owned.rest_tiles, std::vector<std::int64_t>{0}) << what;
+          EXPECT_EQ(owned.after_owned, owned.after_rank) << what;
+        } else {
+          EXPECT_NE(owned.after_owned, owned.after_rank) << what << ": the rest pass wrote nothing";
+        }
+      }
+}
+
+TEST(Mxfp8ShardBatch, CapturedOwnedAndRestPassesReplayWithTheCurrentMaster) {
+  // Two ranks record the owned pass, the Max exchange and the rest pass on a capturing
+  // HostStream; nothing runs at capture; each replay after the masters change in place
+  // gives the oracle's bytes of the new master.
+  ShardList list({{1, 37, 45}, {3, 40, 72}, {1, 2, 3}, {1, 96, 129}});
+  list.fill(14);
+  const std::vector<std::vector<std::int64_t>> bounds = {{0, 700, 1665}, {0, 4000, 8640}, {0, 0, 6}, {0, 6000, 12384}};
+  std::vector<RankLayout> ranks = world_layouts(list, bounds);
+  const std::vector<std::uint8_t> poison(static_cast<std::size_t>(list.data_bytes), kPoison);
+  const DeviceBuffer drow = upload(kHost, poison), dcol = upload(kHost, poison);
+  const RankRun r0(kHost, list, ranks[0], drow.as<std::uint8_t>(), dcol.as<std::uint8_t>());
+  const RankRun r1(kHost, list, ranks[1], drow.as<std::uint8_t>(), dcol.as<std::uint8_t>());
+  const Mxfp8ShardBatch b0(r0.tensors(list, ranks[0]), kHost), b1(r1.tensors(list, ranks[1]), kHost);
+  EXPECT_GT(b0.rest_tiles(), 0);
+  HostStream stream;
+  stream.begin_capture();
+  quantize_mxfp8_shard_owned_batch(b0, kHost, stream.handle());
+  quantize_mxfp8_shard_owned_batch(b1, kHost, stream.handle());
+  std::uint8_t* s0 = r0.scales.as<std::uint8_t>();
+  std::uint8_t* s1 = r1.scales.as<std::uint8_t>();
+  const std::size_t bytes = static_cast<std::size_t>(list.scale_bytes);
+  host_enqueue(stream.handle(), [s0, s1, bytes] {
+    for (std::size_t i = 0; i < bytes; ++i) s0[i] = s1[i] = std::max(s0[i], s1[i]);
+  });
+  quantize_mxfp8_shard_rest_batch(b0, kHost, stream.handle());
+  quantize_mxfp8_shard_rest_batch(b1, kHost, stream.handle());
+  const HostGraph graph = stream.end_capture();
+  EXPECT_EQ(r0.get_scales(), list.poisoned_scales()) << "the owned pass ran at capture";
+  EXPECT_EQ(r0.get_data().row, poison) << "a pass ran at capture";
+  std::vector<std::uint8_t> previous;
+  for (std::uint32_t step = 0; step < 3; ++step) {
+    list.fill(40 + 10 * step);
+    ranks = world_layouts(list, bounds);
+    r0.put_master(ranks[0].master_arena);
+    r1.put_master(ranks[1].master_arena);
+    r0.put_scales(list.poisoned_scales());
+    r1.put_scales(list.poisoned_scales());
+    r0.poison_data();
+    graph.replay();
+    const std::string d = byte_diff("rank 0 scales", r0.get_scales(), list.expected_scales()) +
+                          byte_diff("rank 1 scales", r1.get_scales(), list.expected_scales()) +
+                          data_diff(r0.get_data(), whole_data(list));
+    EXPECT_TRUE(d.empty()) << "replay " << step << ": " << d;
+    EXPECT_NE(r0.get_scales(), previous) << "the masters did not change";
+    previous = r0.get_scales();
+  }
 }
 
 // ------------------------------------------------------------------ batch == per-tensor calls

@@ -442,17 +442,23 @@ struct ProtocolResult {
   std::vector<std::vector<std::uint8_t>> partial;  // each rank's scale arena after phase 1
   std::vector<std::uint8_t> combined;              // their Max
   std::vector<DataArenas> after_rank;  // the data arenas after rank r's phase 2 (shared: cumulative)
-  std::vector<std::int64_t> tiles, numel;          // each rank's batch's accessors
+  std::vector<DataArenas> after_owned;  // Passes::Owned: ... after rank r's phase 1 (shared: cumulative)
+  std::vector<std::int64_t> tiles, numel, rest_tiles;  // each rank's batch's accessors
   std::vector<std::size_t> spans;
   bool operator==(const ProtocolResult&) const = default;
 };
+
+/// The two ways to run scheme A's phases: Split (mxfp8_partial_scales_batch, then
+/// quantize_mxfp8_shard_data_batch) or Owned (quantize_mxfp8_shard_owned_batch, then
+/// quantize_mxfp8_shard_rest_batch).
+enum class Passes { Split, Owned };
 
 /// Simulates the ranks of `ranks` on backend `b` with one Mxfp8ShardBatch each: phase 1
 /// on every rank, the Max all-reduce (on the host) written back into every rank's scale
 /// arena, phase 2 on every rank in order. Ranks that are not staged share one pair of
 /// data planes. `reversed`: each batch lists the tensors in reverse order.
 inline ProtocolResult run_protocol(shardopt::Backend b, const ShardList& list, const std::vector<RankLayout>& ranks,
-                                   bool reversed = false) {
+                                   bool reversed = false, Passes scheme = Passes::Split) {
   const std::vector<std::uint8_t> poison(static_cast<std::size_t>(list.data_bytes), kPoison);
   const shardopt::DeviceBuffer shared_row = upload(b, poison), shared_col = upload(b, poison);
   std::vector<RankRun> runs;
@@ -466,21 +472,110 @@ inline ProtocolResult run_protocol(shardopt::Backend b, const ShardList& list, c
     res.tiles.push_back(batches.back().tiles());
     res.numel.push_back(batches.back().numel());
     res.spans.push_back(batches.back().scale_spans());
+    res.rest_tiles.push_back(batches.back().rest_tiles());
   }
+  const bool owned = scheme == Passes::Owned;
   for (std::size_t r = 0; r < ranks.size(); ++r) {
-    shardopt::mxfp8_partial_scales_batch(batches[r], b, nullptr);
+    if (owned) {
+      shardopt::quantize_mxfp8_shard_owned_batch(batches[r], b, nullptr);
+      res.after_owned.push_back(runs[r].get_data());
+    } else {
+      shardopt::mxfp8_partial_scales_batch(batches[r], b, nullptr);
+    }
     res.partial.push_back(runs[r].get_scales());
   }
   res.combined = max_of(res.partial);
   for (const RankRun& run : runs) run.put_scales(res.combined);
   for (std::size_t r = 0; r < ranks.size(); ++r) {
-    shardopt::quantize_mxfp8_shard_data_batch(batches[r], b, nullptr);
+    if (owned) {
+      shardopt::quantize_mxfp8_shard_rest_batch(batches[r], b, nullptr);
+    } else {
+      shardopt::quantize_mxfp8_shard_data_batch(batches[r], b, nullptr);
+    }
     res.after_rank.push_back(runs[r].get_data());
   }
   return res;
 }
 
-/// Compares a protocol run with the oracle; returns "" when every arena matches.
+/// The oracle's owned elements of `range`: the union of the tile rows (32 rows of one
+/// member, all its columns, fewer rows at a member's end) lying wholly inside it, as
+/// [begin, end) (contiguous; empty: begin == end). Also counts in *rest the tiles of
+/// the tile rows the range touches but does not hold wholly.
+inline shardopt::Range owned_elements(const shardopt::Mxfp8Shape& s, shardopt::Range range, std::int64_t* rest = nullptr) {
+  shardopt::Range out{range.begin, range.begin};
+  bool any = false;
+  std::int64_t rest_rows = 0;
+  for (std::int64_t g = 0; g < s.members; ++g)
+    for (std::int64_t r0 = 0; r0 < s.rows; r0 += 32) {
+      const std::int64_t first = (g * s.rows + r0) * s.cols, end = (g * s.rows + std::min(s.rows, r0 + 32)) * s.cols;
+      const bool touched = range.size() > 0 && range.begin < end && first < range.end;
+      if (range.begin <= first && end <= range.end) {
+        if (!any) out.begin = first;
+        out.end = end;
+        any = true;
+      } else if (touched) {
+        ++rest_rows;
+      }
+    }
+  if (rest != nullptr) *rest = rest_rows * ((s.cols + 127) / 128);
+  return out;
+}
+
+/// The oracle of data arenas of `bytes` bytes into which the ranks `full` ran both
+/// phases and the ranks `owned_only` ran the owned pass only (Passes::Owned): the
+/// whole-tensor bytes at the former's ranges and the latter's owned elements, poison
+/// everywhere else.
+inline DataArenas expected_owned_data(const ShardList& list, const std::vector<const RankLayout*>& full,
+                                      const std::vector<const RankLayout*>& owned_only, std::int64_t bytes) {
+  DataArenas a = expected_data(list, full, bytes);
+  for (const RankLayout* rl : owned_only)
+    for (std::size_t t = 0; t < list.size(); ++t) {
+      const shardopt::Range o = owned_elements(list.shapes[t], rl->ranges[t]);
+      for (std::int64_t i = o.begin; i < o.end; ++i) {
+        a.row[static_cast<std::size_t>(rl->data_at[t] + i)] = list.want[t].data_row[static_cast<std::size_t>(i)];
+        a.col[static_cast<std::size_t>(rl->data_at[t] + i)] = list.want[t].data_col[static_cast<std::size_t>(i)];
+      }
+    }
+  return a;
+}
+
+/// The data arenas of a Passes::Owned run against the oracle: after rank r's owned pass
+/// (staged: its own whole tile rows; shared: those of ranks 0..r), after its rest pass
+/// (staged: its range; shared: every rank's whole tile rows and the ranges of ranks
+/// 0..r), and each rank's rest_tiles().
+inline std::string check_owned_against_oracle(const ShardList& list, const std::vector<RankLayout>& ranks,
+                                              const ProtocolResult& got) {
+  std::string out;
+  std::vector<const RankLayout*> shared;
+  for (const RankLayout& rl : ranks)
+    if (!rl.staged) shared.push_back(&rl);
+  std::vector<const RankLayout*> owned, done;
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    const RankLayout* rl = &ranks[r];
+    std::vector<const RankLayout*> mine{rl};
+    if (!rl->staged) owned.push_back(rl);
+    const std::string d1 = data_diff(got.after_owned[r], expected_owned_data(list, {}, rl->staged ? mine : owned, rl->data_bytes));
+    if (!d1.empty()) out += "after rank " + std::to_string(r) + " owned pass: " + d1;
+    if (!rl->staged) done.push_back(rl);
+    const std::string d2 = data_diff(got.after_rank[r], rl->staged ? expected_data(list, mine, rl->data_bytes)
+                                                                   : expected_owned_data(list, done, shared, rl->data_bytes));
+    if (!d2.empty()) out += "after rank " + std::to_string(r) + " rest pass: " + d2;
+    std::int64_t rest = 0;
+    for (std::size_t t = 0; t < list.size(); ++t) {
+      std::int64_t n = 0;
+      owned_elements(list.shapes[t], rl->ranges[t], &n);
+      rest += n;
+    }
+    if (got.rest_tiles[r] != rest)
+      out += "rank " + std::to_string(r) + ": rest_tiles() " + std::to_string(got.rest_tiles[r]) + ", expected " +
+             std::to_string(rest) + "; ";
+  }
+  return out;
+}
+
+/// Compares a protocol run with the oracle; returns "" when every arena matches. A run
+/// of Passes::Owned is also checked after each rank's owned pass (the data of its whole
+/// tile rows only) and for rest_tiles().
 inline std::string check_against_oracle(const ShardList& list, const std::vector<RankLayout>& ranks,
                                         const ProtocolResult& got) {
   std::string out;
@@ -497,6 +592,7 @@ inline std::string check_against_oracle(const ShardList& list, const std::vector
              std::to_string(tiles) + "; ";
   }
   out += byte_diff("combined scales", got.combined, list.expected_scales());
+  if (!got.after_owned.empty()) return out + check_owned_against_oracle(list, ranks, got);
   std::vector<const RankLayout*> done;
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     if (ranks[r].staged) done = {&ranks[r]};
@@ -516,7 +612,13 @@ inline std::string protocol_diff(const ProtocolResult& got, const ProtocolResult
     const std::string d = data_diff(got.after_rank[r], want.after_rank[r]);
     if (!a.empty()) out += "rank " + std::to_string(r) + " phase 1: " + a;
     if (!d.empty()) out += "rank " + std::to_string(r) + " phase 2: " + d;
+    if (r < got.after_owned.size() && r < want.after_owned.size()) {
+      const std::string o = data_diff(got.after_owned[r], want.after_owned[r]);
+      if (!o.empty()) out += "rank " + std::to_string(r) + " owned pass: " + o;
+    }
   }
+  if (got.after_owned.size() != want.after_owned.size()) out += "different schemes; ";
+  if (got.rest_tiles != want.rest_tiles) out += "rest_tiles() differ; ";
   if (got.tiles != want.tiles) out += "tiles() differ; ";
   if (got.numel != want.numel) out += "numel() differ; ";
   if (got.spans != want.spans) out += "scale_spans() differ; ";
