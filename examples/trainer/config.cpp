@@ -265,6 +265,7 @@ std::string usage() {
        "  --quiet                       only the summary\n"
        "  --expect-loss-below X         exit 1 unless the last logged loss is below X\n"
        "  --expect-val-loss-below X     exit 1 unless the final validation loss is below X\n"
+       "  --save-init DIR               save the initial weights (a checkpoint of step 0) into DIR\n"
        "  --metrics FILE                rank 0 writes every step's loss, grad norm, lr, step time and\n"
        "                                tokens/s to FILE as JSON lines\n"
        "  size overrides: --vocab --hidden --layers --mlp --num-experts --expert-mlp --tokens\n"

@@ -63,7 +63,7 @@ std::string rate(double tokens_per_s) {
 int run(int argc, char** argv, int world_rank) {
   std::vector<std::string> args(argv + 1, argv + argc);
   double expect_below = -1.0, expect_val_below = -1.0;
-  std::string metrics_path;
+  std::string metrics_path, save_init;
   std::vector<std::string> rest;
   for (std::size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--help" || args[i] == "-h") {
@@ -72,6 +72,10 @@ int run(int argc, char** argv, int world_rank) {
     }
     if (args[i] == "--metrics" && i + 1 < args.size()) {
       metrics_path = args[++i];
+      continue;
+    }
+    if (args[i] == "--save-init" && i + 1 < args.size()) {
+      save_init = args[++i];
       continue;
     }
     if (args[i] == "--expect-val-loss-below" && i + 1 < args.size()) {
@@ -161,6 +165,15 @@ int run(int argc, char** argv, int world_rank) {
     std::fflush(stdout);
   }
 
+  if (!save_init.empty() && o.resume.empty()) {
+    // The initial weights, as a checkpoint of step 0 (the PyTorch peer starts from them).
+    t.save(save_init);
+    if (root) {
+      std::printf("saved the initial weights to %s\n", save_init.c_str());
+      std::fflush(stdout);
+    }
+  }
+
   int start = 0;  // iterations already run (by the run that saved --resume)
   if (!o.resume.empty()) {
     // A bad checkpoint is an Error on every rank, before anything changed: every rank
@@ -247,6 +260,7 @@ int run(int argc, char** argv, int world_rank) {
         std::printf("step %5d/%d | val loss %.4f\n", s, o.steps, val);
         std::fflush(stdout);
       }
+      t0 = clock::now();  // the evaluation is not part of the next step's time
     }
     if (!o.save_dir.empty() && o.save_every > 0 && s % o.save_every == 0 && s != o.steps) {
       pending.wait();  // collective; a no-op without a save in flight

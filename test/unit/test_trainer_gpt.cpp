@@ -378,5 +378,14 @@ TEST_F(TextFiles, BatchWindowsAreAFunctionOfSeedStepRankAndMicrobatch) {
   EXPECT_THROW(ops->text_batch(bad, one, two, ops->stream()), std::invalid_argument);
 }
 
+TEST(GptData, WindowStartsMatchThePeersGoldenValues) {
+  // The same golden values as test/python/test_gpt_peer_data.py asserts of the PyTorch
+  // peer's window_start (bench/peers/gpt_peer.py): both read the same batches.
+  EXPECT_EQ(math::window_start(1234, 0, 0, 0, 0, 1000), 928);
+  EXPECT_EQ(math::window_start(1234, 1, 5, 1, 3, 4568876), 488030);
+  EXPECT_EQ(math::window_start(0xE7A15EEDull ^ 1234, 0, 2, 0, 7, 487893), 354179);
+  EXPECT_EQ(math::window_start(7, 3, 123456, 2, 63, 97), 31);
+}
+
 }  // namespace
 }  // namespace trainer
