@@ -251,6 +251,41 @@ phase_main() {
   cat /tmp/b.log >>"$OUT/bench.log"; grep -E "step|loss" /tmp/b.log | tail -4 | tee -a "$SUMMARY"
 }
 
+# gpt: the example trainer's character-level GPT (--model gpt --size baby) on Shakespeare
+# against its PyTorch peer (bench/peers/gpt_peer.py: the same initial weights from
+# --save-init, batches, schedule; AdamW(fused=True) under DDP, eager and torch.compile), on
+# 1 GPU and then 2 (global batch 16384 tokens either way): bench/results/gpt.jsonl rows
+# (iteration ms, final validation loss of each) and $OUT/gpt_curves_nN.png. The token files
+# must be in GPT_DATA (default data/shakespeare: tools/shakespeare_data.py, made before the
+# run, since the device has no network). GPT_STEPS (default 300).
+phase_gpt() {
+  local trainer="$BUILD/examples/trainer/trainer" data="${GPT_DATA:-data/shakespeare}" steps="${GPT_STEPS:-300}"
+  [ -x "$trainer" ] || { log "FAIL gpt: no $trainer (run the build phase first)"; return 1; }
+  if [ ! -f "$data/manifest.json" ]; then
+    python3 tools/shakespeare_data.py --out "$data" >>"$OUT/bench.log" 2>&1 ||
+      { log "FAIL gpt: no $data/manifest.json (make it with tools/shakespeare_data.py before the run)"; return 1; }
+  fi
+  local n tok init c
+  for n in 1 2; do
+    [ "$n" -le "$GPUS" ] || continue
+    log "== gpt baby ($n ranks, $steps steps)"
+    tok=$((16384 / n)); init="/tmp/gpt_init_n$n"; rm -rf "$init"
+    local common=(--data "$data" --tokens "$tok" --steps "$steps" --microbatches 1 --eval-every 50 --eval-batches 4
+                  --lr 1e-3 --weight-decay 0.1)
+    timeout 500 $MPIRUN -n "$n" "$trainer" --model gpt --size baby --task shakespeare "${common[@]}" --save-init "$init" \
+      --metrics "/tmp/gpt_ours_n$n.jsonl" --sample 300 --log-every 50 >/tmp/b.log 2>&1 || log "FAIL gpt trainer ($n ranks)"
+    cat /tmp/b.log >>"$OUT/bench.log"; grep -E "val loss" /tmp/b.log | tail -1 | tee -a "$SUMMARY"
+    for c in eager compiled; do
+      timeout 500 $TORCHRUN --nproc_per_node "$n" bench/peers/gpt_peer.py --init "$init" "${common[@]}" \
+        --metrics "/tmp/gpt_peer_${c}_n$n.jsonl" $([ "$c" = compiled ] && echo --compile) >>"$OUT/bench.log" 2>&1 ||
+        log "FAIL gpt peer $c ($n ranks)"
+    done
+    python3 bench/peers/gpt_peer.py --compare "/tmp/gpt_ours_n$n.jsonl" "/tmp/gpt_peer_eager_n$n.jsonl" \
+      "/tmp/gpt_peer_compiled_n$n.jsonl" --config "baby/n$n" --results bench/results --plot "$OUT/gpt_curves_n$n.png" \
+      2>&1 | tee -a "$SUMMARY"
+  done
+}
+
 # ---------------------------------------------------------------- sanitize
 CS="${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}"
 SAN_MEMCHECK_S="${SAN_MEMCHECK_S:-320}"  # per memcheck run (one whole binary; the trainer suite takes ~250 s)

@@ -17,6 +17,8 @@ def read(path):
         for line in f:
             if line.strip():
                 row = json.loads(line)
+                if "loss" not in row:  # a validation row ({"step", "val_loss"})
+                    continue
                 steps.append(row["step"])
                 losses.append(row["loss"])
     return steps, losses

@@ -13,6 +13,10 @@ std::int64_t ModelConfig::capacity() const {
 }
 
 std::int64_t ModelConfig::param_count() const {
+  if (gpt) {
+    const std::int64_t per_layer = 2 * hidden + 4 * hidden * hidden + 2 * hidden * mlp;
+    return 2 * vocab * hidden + context * hidden + hidden + layers * per_layer;
+  }
   const std::int64_t per_layer = 2 * hidden                // two RMSNorm weights
                                  + 2 * hidden * mlp        // dense up and down
                                  + experts * hidden        // router
@@ -36,7 +40,29 @@ ModelConfig model_size(const std::string& name) {
   return c;
 }
 
+ModelConfig gpt_size(const std::string& name) {
+  ModelConfig c;
+  c.gpt = true;
+  if (name == "tiny") {
+    c.vocab = 64, c.hidden = 32, c.layers = 2, c.mlp = 128, c.heads = 2, c.context = 32, c.tokens = 64;
+  } else if (name == "small") {
+    c.vocab = 64, c.hidden = 64, c.layers = 2, c.mlp = 256, c.heads = 4, c.context = 64, c.tokens = 256;
+  } else if (name == "baby") {
+    c.vocab = 64, c.hidden = 384, c.layers = 6, c.mlp = 1536, c.heads = 6, c.context = 256, c.tokens = 64 * 256;
+  } else {
+    throw std::invalid_argument("unknown --size '" + name + "' for --model gpt (tiny, small or baby)");
+  }
+  return c;
+}
+
 void validate(const ModelConfig& c) {
+  if (c.gpt) {
+    if (c.vocab < 2 || c.vocab > 256 || c.hidden < 1 || c.layers < 1 || c.mlp < 1 || c.heads < 1 ||
+        c.hidden % c.heads != 0 || c.context < 1 || c.tokens < c.context || c.tokens % c.context != 0)
+      throw std::invalid_argument("GPT sizes: vocab 2..256, positive sizes, hidden a multiple of --heads, tokens a "
+                                  "multiple of --context");
+    return;
+  }
   if (c.vocab < 2 || c.hidden < 1 || c.layers < 1 || c.mlp < 1 || c.experts < 1 || c.expert_mlp < 1 ||
       c.tokens < 1 || !(c.capacity_factor > 0.0))
     throw std::invalid_argument("every model size must be positive (vocab >= 2)");
@@ -95,8 +121,26 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
       val = args[++i];
     }
     if (opt == "--size") {
-      one_of(opt, val, {"tiny", "small", "1b"});
+      one_of(opt, val, {"tiny", "small", "1b", "baby"});
       o.size = val;
+    } else if (opt == "--model") {
+      one_of(opt, val, {"moe", "gpt"});
+      o.model_kind = val;
+    } else if (opt == "--task") {
+      one_of(opt, val, {"synthetic", "shakespeare"});
+      o.task = val;
+    } else if (opt == "--data") {
+      if (val.empty()) throw std::invalid_argument("--data needs a directory");
+      o.data_dir = val;
+    } else if (opt == "--eval-every") {
+      o.eval_every = static_cast<int>(parse_int(opt, val));
+      if (o.eval_every < 0) throw std::invalid_argument("--eval-every takes steps >= 0");
+    } else if (opt == "--eval-batches") {
+      o.eval_batches = static_cast<int>(parse_int(opt, val));
+      if (o.eval_batches < 1) throw std::invalid_argument("--eval-batches takes at least 1");
+    } else if (opt == "--sample") {
+      o.sample_chars = static_cast<int>(parse_int(opt, val));
+      if (o.sample_chars < 0) throw std::invalid_argument("--sample takes characters >= 0");
     } else if (opt == "--mode") {
       one_of(opt, val, {"dist-adam", "fsdp"});
       o.mode = val;
@@ -148,13 +192,14 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
       if (ms < 0) throw std::invalid_argument("--timeout-ms takes milliseconds >= 0 (0: off), not '" + val + "'");
       o.timeout_ms = ms;
     } else if (opt == "--vocab" || opt == "--hidden" || opt == "--layers" || opt == "--mlp" ||
-               opt == "--num-experts" || opt == "--expert-mlp" || opt == "--tokens" || opt == "--capacity-factor") {
+               opt == "--num-experts" || opt == "--expert-mlp" || opt == "--tokens" || opt == "--capacity-factor" ||
+               opt == "--heads" || opt == "--context") {
       overrides.emplace_back(opt, val);
     } else {
       throw std::invalid_argument("unknown option '" + opt + "' (see --help)");
     }
   }
-  o.model = model_size(o.size);
+  o.model = o.model_kind == "gpt" ? gpt_size(o.size) : model_size(o.size);
   for (const auto& [opt, val] : overrides) {
     if (opt == "--capacity-factor") {
       o.model.capacity_factor = parse_real(opt, val);
@@ -168,6 +213,8 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
     if (opt == "--num-experts") o.model.experts = static_cast<int>(x);
     if (opt == "--expert-mlp") o.model.expert_mlp = x;
     if (opt == "--tokens") o.model.tokens = x;
+    if (opt == "--heads") o.model.heads = static_cast<int>(x);
+    if (opt == "--context") o.model.context = x;
   }
   validate(o.model);
   if (o.microbatches < 1) throw std::invalid_argument("--microbatches must be at least 1");
@@ -189,6 +236,13 @@ std::string usage() {
   std::ostringstream s;
   s << "usage: trainer [options]   (one rank per GPU under mpirun; the host backend without GPUs)\n"
        "  --size tiny|small|1b          model size (default tiny)\n"
+       "  --model moe|gpt               the MLP + MoE model (default) or a GPT (attention + MLP blocks;\n"
+       "                                sizes tiny|small|baby)\n"
+       "  --task synthetic|shakespeare  the rule on random tokens (default) or characters of Shakespeare's\n"
+       "                                works (--data DIR, default data/shakespeare: tools/shakespeare_data.py)\n"
+       "  --eval-every K                validation loss every K steps on --eval-batches N fixed batches\n"
+       "                                (default 4; shakespeare: also after the last step)\n"
+       "  --sample N                    N characters of generated text at the end (shakespeare)\n"
        "  --mode dist-adam|fsdp         distributed Adam (ZeRO-1/2) or FSDP (ZeRO-3)\n"
        "  --params bf16|mxfp8|nvfp4     parameter format (mxfp8 / nvfp4: 2-D weights stored as MXFP8 /\n"
        "                                NVFP4, decoded to bf16 for the GEMMs; --mode dist-adam only)\n"
@@ -210,10 +264,12 @@ std::string usage() {
        "                                default: replays 5 minutes, waits unbounded)\n"
        "  --quiet                       only the summary\n"
        "  --expect-loss-below X         exit 1 unless the last logged loss is below X\n"
+       "  --expect-val-loss-below X     exit 1 unless the final validation loss is below X\n"
+       "  --save-init DIR               save the initial weights (a checkpoint of step 0) into DIR\n"
        "  --metrics FILE                rank 0 writes every step's loss, grad norm, lr, step time and\n"
        "                                tokens/s to FILE as JSON lines\n"
        "  size overrides: --vocab --hidden --layers --mlp --num-experts --expert-mlp --tokens\n"
-       "                  --capacity-factor\n";
+       "                  --capacity-factor; gpt: --heads --context\n";
   return s.str();
 }
 

@@ -21,6 +21,12 @@ struct ModelConfig {
   std::int64_t expert_mlp = 32;     ///< Fe, width of one expert's MLP
   double capacity_factor = 1.25;    ///< capacity C = ceil(capacity_factor * T / G)
   std::int64_t tokens = 64;         ///< T, tokens per microbatch per rank
+  /// The GPT instead (--model gpt): token and position embeddings, N blocks of [RMSNorm ->
+  /// causal multi-head self-attention] and [RMSNorm -> MLP (up, GELU, down)], RMSNorm,
+  /// head; T = sequences * context. The expert sizes are unused.
+  bool gpt = false;
+  int heads = 1;                    ///< attention heads (hidden % heads == 0)
+  std::int64_t context = 0;         ///< S, the sequence length (T % S == 0)
 
   /// Tokens each expert can take per microbatch (the rest are dropped: padding instead).
   std::int64_t capacity() const;
@@ -36,12 +42,24 @@ inline constexpr int kMaxExperts = 64;
 /// std::invalid_argument for an unknown name.
 ModelConfig model_size(const std::string& name);
 
+/// The GPT sizes (--model gpt): "tiny" (tests, seconds on the host), "small" (the host's
+/// main run, minutes on 2 cores), "baby" (nanoGPT's character-level baby GPT: 6 layers,
+/// 6 heads, width 384, context 256, 64 sequences per microbatch). The vocabulary is the
+/// data's (a placeholder until then). Throws std::invalid_argument for an unknown name.
+ModelConfig gpt_size(const std::string& name);
+
 /// Checks a config (positive sizes, G <= kMaxExperts); throws std::invalid_argument.
 void validate(const ModelConfig& c);
 
 /// Options of a training run (the command line of the trainer).
 struct TrainOptions {
   std::string size = "tiny";
+  std::string model_kind = "moe";    ///< --model: moe (MLP + MoE blocks) | gpt (attention + MLP blocks)
+  std::string task = "synthetic";    ///< synthetic (the rule on random tokens) | shakespeare (text)
+  std::string data_dir = "data/shakespeare";  ///< --task shakespeare: tools/shakespeare_data.py's output
+  int eval_every = 0;                ///< validation loss every K steps (0: only at the end with --task shakespeare)
+  int eval_batches = 4;              ///< fixed validation batches per evaluation (per rank)
+  int sample_chars = 0;              ///< characters of generated text at the end (--task shakespeare)
   std::string mode = "dist-adam";    ///< dist-adam | fsdp
   std::string params = "bf16";       ///< bf16 | mxfp8 | nvfp4 (quantized weights; dist-adam only)
   std::string grad_dtype = "fp32";   ///< fp32 | bf16
@@ -79,7 +97,7 @@ std::string checkpoint_dir(const std::string& save_dir, std::int64_t step);
 
 /// Parses the trainer's command line (argv[1..]); throws std::invalid_argument with a
 /// message naming the bad option. Size overrides: --vocab --hidden --layers --mlp
-/// --num-experts --expert-mlp --tokens --capacity-factor.
+/// --num-experts --expert-mlp --tokens --capacity-factor --heads --context.
 TrainOptions parse_options(const std::vector<std::string>& args);
 
 /// The usage text of the trainer.

@@ -115,7 +115,7 @@ __global__ void k_init_param(P* out, InitArgs a, i64 n) {
 }
 
 __global__ void k_make_batch(BatchArgs a, std::int32_t* tokens, std::int32_t* targets) {
-  const i64 step = a.scalars != nullptr ? a.scalars->step : 0;
+  const i64 step = a.scalars != nullptr ? a.scalars->step : a.step;
   const std::int32_t mb = a.microbatch != nullptr ? a.microbatch->index : 0;
   for (i64 t = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; t < a.tokens; t += static_cast<i64>(gridDim.x) * blockDim.x) {
     const std::int32_t x = math::token_at(a.seed, a.rank, step, mb, t, a.vocab);
@@ -336,6 +336,79 @@ __global__ void k_dispatch_backward(const float* dxe, const std::int32_t* expert
   for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < T * H; i += static_cast<i64>(gridDim.x) * blockDim.x) {
     const i64 t = i / H;
     dx[i] = slot[t] >= 0 ? dxe[(expert[t] * C + slot[t]) * H + i % H] : 0.0f;
+  }
+}
+
+// ---------------------------------------------------------------- GPT kernels
+
+__global__ void k_text_batch(TextBatchArgs a, std::int32_t* tokens, std::int32_t* targets) {
+  const i64 step = a.scalars != nullptr ? a.scalars->step : a.step;
+  const std::int32_t mb = a.microbatch != nullptr ? a.microbatch->index : 0;
+  const i64 n = a.seqs * a.context;
+  for (i64 t = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; t < n; t += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 j = t / a.context, i = t % a.context;
+    const i64 start = math::window_start(a.seed, a.rank, step, mb, j, a.data_tokens - a.context);
+    tokens[t] = a.data[start + i];
+    targets[t] = a.data[start + i + 1];
+  }
+}
+
+template <class P>
+__global__ void k_pos_embed_forward(const P* table, float* h, i64 T, i64 S, i64 H) {
+  for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < T * H; i += static_cast<i64>(gridDim.x) * blockDim.x)
+    h[i] += ld(table, ((i / H) % S) * H + i % H);
+}
+
+// One thread per table element sums its column over the sequences in order (deterministic).
+template <class D>
+__global__ void k_pos_embed_backward(const float* dh, D* dtable, i64 T, i64 S, i64 H) {
+  for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < S * H; i += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 p = i / H, k = i % H;
+    float s = 0.0f;
+    for (i64 t = p; t < T; t += S) s += dh[t * H + k];
+    st(dtable, i, ld(dtable, i) + s);
+  }
+}
+
+__global__ void k_gelu_forward(const float* u, bf16* a, i64 n) {
+  for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < n; i += static_cast<i64>(gridDim.x) * blockDim.x)
+    a[i] = math::to_bf16(math::gelu(u[i]));
+}
+
+__global__ void k_gelu_backward(const float* da, const float* u, bf16* du, i64 n) {
+  for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < n; i += static_cast<i64>(gridDim.x) * blockDim.x)
+    du[i] = math::to_bf16(da[i] * math::gelu_grad(u[i]));
+}
+
+// One block per score row (row i of its S x S block attends to j <= i).
+__global__ void k_causal_softmax_forward(const float* x, float* p, bf16* pl, i64 rows, i64 S) {
+  __shared__ float shared[32];
+  for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+    const i64 i = r % S;
+    const float* xr = x + r * S;
+    float m = -INFINITY;
+    for (i64 j = threadIdx.x; j <= i; j += blockDim.x) m = fmaxf(m, xr[j]);
+    m = block_max(m, shared);
+    float s = 0.0f;
+    for (i64 j = threadIdx.x; j <= i; j += blockDim.x) s += expf(xr[j] - m);
+    s = block_sum(s, shared);
+    for (i64 j = threadIdx.x; j < S; j += blockDim.x) {
+      const float v = j <= i ? expf(xr[j] - m) / s : 0.0f;
+      p[r * S + j] = v;
+      pl[r * S + j] = math::to_bf16(v);
+    }
+  }
+}
+
+__global__ void k_causal_softmax_backward(const float* dp, const float* p, bf16* ds, i64 rows, i64 S) {
+  __shared__ float shared[32];
+  for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+    const i64 i = r % S;
+    float dot = 0.0f;
+    for (i64 j = threadIdx.x; j <= i; j += blockDim.x) dot += p[r * S + j] * dp[r * S + j];
+    dot = block_sum(dot, shared);
+    for (i64 j = threadIdx.x; j < S; j += blockDim.x)
+      ds[r * S + j] = math::to_bf16(j <= i ? p[r * S + j] * (dp[r * S + j] - dot) : 0.0f);
   }
 }
 
@@ -589,6 +662,52 @@ class CudaOps final : public Ops {
 
   void make_batch(const BatchArgs& a, const Tensor& tokens, const Tensor& targets, Stream s) override {
     k_make_batch<<<blocks_for(a.tokens), kThreads, 0, cu(s)>>>(a, tokens.as<std::int32_t>(), targets.as<std::int32_t>());
+    TRAINER_LAUNCHED();
+  }
+
+  void text_batch(const TextBatchArgs& a, const Tensor& tokens, const Tensor& targets, Stream s) override {
+    check_text_batch(a, tokens, targets);
+    k_text_batch<<<blocks_for(a.seqs * a.context), kThreads, 0, cu(s)>>>(a, tokens.as<std::int32_t>(),
+                                                                          targets.as<std::int32_t>());
+    TRAINER_LAUNCHED();
+  }
+
+  void pos_embed_forward(const Tensor& table, const Tensor& h, std::int64_t T, std::int64_t S, std::int64_t H,
+                         Stream s) override {
+    if (table.elem == Elem::f32)
+      k_pos_embed_forward<<<blocks_for(T * H), kThreads, 0, cu(s)>>>(table.as<float>(), h.as<float>(), T, S, H);
+    else
+      k_pos_embed_forward<<<blocks_for(T * H), kThreads, 0, cu(s)>>>(table.as<bf16>(), h.as<float>(), T, S, H);
+    TRAINER_LAUNCHED();
+  }
+  void pos_embed_backward(const Tensor& dh, const Tensor& dtable, std::int64_t T, std::int64_t S, std::int64_t H,
+                          Stream s) override {
+    if (dtable.elem == Elem::f32)
+      k_pos_embed_backward<<<blocks_for(S * H), kThreads, 0, cu(s)>>>(dh.as<float>(), dtable.as<float>(), T, S, H);
+    else
+      k_pos_embed_backward<<<blocks_for(S * H), kThreads, 0, cu(s)>>>(dh.as<float>(), dtable.as<bf16>(), T, S, H);
+    TRAINER_LAUNCHED();
+  }
+  void gelu_forward(const Tensor& u, const Tensor& a, std::int64_t n, Stream s) override {
+    k_gelu_forward<<<blocks_for(n), kThreads, 0, cu(s)>>>(u.as<float>(), a.as<bf16>(), n);
+    TRAINER_LAUNCHED();
+  }
+  void gelu_backward(const Tensor& da, const Tensor& u, const Tensor& du, std::int64_t n, Stream s) override {
+    k_gelu_backward<<<blocks_for(n), kThreads, 0, cu(s)>>>(da.as<float>(), u.as<float>(), du.as<bf16>(), n);
+    TRAINER_LAUNCHED();
+  }
+  void causal_softmax_forward(const Tensor& scores, const Tensor& probs, const Tensor& probs_low, std::int64_t blocks,
+                              std::int64_t S, Stream s) override {
+    const i64 rows = blocks * S;
+    k_causal_softmax_forward<<<static_cast<unsigned>(std::min<i64>(rows, 65536)), kThreads, 0, cu(s)>>>(
+        scores.as<float>(), probs.as<float>(), probs_low.as<bf16>(), rows, S);
+    TRAINER_LAUNCHED();
+  }
+  void causal_softmax_backward(const Tensor& dprobs, const Tensor& probs, const Tensor& dscores, std::int64_t blocks,
+                               std::int64_t S, Stream s) override {
+    const i64 rows = blocks * S;
+    k_causal_softmax_backward<<<static_cast<unsigned>(std::min<i64>(rows, 65536)), kThreads, 0, cu(s)>>>(
+        dprobs.as<float>(), probs.as<float>(), dscores.as<bf16>(), rows, S);
     TRAINER_LAUNCHED();
   }
 

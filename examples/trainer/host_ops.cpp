@@ -11,6 +11,7 @@
 
 #include <shardopt/host_stream.hpp>
 
+#include "gpt_host_ops.hpp"
 #include "host_ops.hpp"
 
 namespace trainer {
@@ -56,6 +57,15 @@ void check_mxfp8_sources(const std::vector<Mxfp8Source>& src, const Tensor& dst)
   if (total != dst.numel)
     throw std::invalid_argument("dequantize_mxfp8: the sources hold " + std::to_string(total) +
                                 " elements, the output " + std::to_string(dst.numel));
+}
+
+void check_text_batch(const TextBatchArgs& a, const Tensor& tokens, const Tensor& targets) {
+  if (a.data == nullptr || a.seqs < 1 || a.context < 1 || a.data_tokens < a.context + 1)
+    throw std::invalid_argument("text_batch: a token file of " + std::to_string(a.data_tokens) +
+                                " tokens has no window of " + std::to_string(a.context) + " + 1 tokens");
+  if (tokens.elem != Elem::i32 || targets.elem != Elem::i32 || tokens.numel != a.seqs * a.context ||
+      targets.numel != tokens.numel)
+    throw std::invalid_argument("text_batch: tokens and targets are i32 tensors of seqs * context elements");
 }
 
 namespace {
@@ -124,13 +134,84 @@ class HostOps final : public Ops {
 
   void make_batch(const BatchArgs& a, const Tensor& tokens, const Tensor& targets, Stream s) override {
     shardopt::host_enqueue(s, [a, tokens, targets] {
-      const std::int64_t step = a.scalars != nullptr ? a.scalars->step : 0;
+      const std::int64_t step = a.scalars != nullptr ? a.scalars->step : a.step;
       const std::int32_t mb = a.microbatch != nullptr ? a.microbatch->index : 0;
       for (std::int64_t t = 0; t < a.tokens; ++t) {
         const std::int32_t x = math::token_at(a.seed, a.rank, step, mb, t, a.vocab);
         tokens.as<std::int32_t>()[t] = x;
         targets.as<std::int32_t>()[t] = math::target_of(x, a.rule_a, a.rule_c, a.vocab);
       }
+    });
+  }
+
+  void text_batch(const TextBatchArgs& a, const Tensor& tokens, const Tensor& targets, Stream s) override {
+    check_text_batch(a, tokens, targets);
+    shardopt::host_enqueue(s, [a, tokens, targets] {
+      const std::int64_t step = a.scalars != nullptr ? a.scalars->step : a.step;
+      const std::int32_t mb = a.microbatch != nullptr ? a.microbatch->index : 0;
+      host::text_batch(a, step, mb, tokens.as<std::int32_t>(), targets.as<std::int32_t>());
+    });
+  }
+
+  void pos_embed_forward(const Tensor& table, const Tensor& h, std::int64_t T, std::int64_t S, std::int64_t H,
+                         Stream s) override {
+    shardopt::host_enqueue(s, [=, this] {
+      if (!mixed())
+        host::pos_embed_forward(table.as<double>(), h.as<double>(), T, S, H);
+      else if (table.elem == Elem::f32)
+        host::pos_embed_forward(table.as<float>(), h.as<float>(), T, S, H);
+      else
+        host::pos_embed_forward(table.as<Bf16>(), h.as<float>(), T, S, H);
+    });
+  }
+
+  void pos_embed_backward(const Tensor& dh, const Tensor& dtable, std::int64_t T, std::int64_t S, std::int64_t H,
+                          Stream s) override {
+    shardopt::host_enqueue(s, [=, this] {
+      if (!mixed())
+        host::pos_embed_backward(dh.as<double>(), dtable.as<double>(), T, S, H);
+      else if (dtable.elem == Elem::f32)
+        host::pos_embed_backward(dh.as<float>(), dtable.as<float>(), T, S, H);
+      else
+        host::pos_embed_backward(dh.as<float>(), dtable.as<Bf16>(), T, S, H);
+    });
+  }
+
+  void gelu_forward(const Tensor& u, const Tensor& a, std::int64_t n, Stream s) override {
+    shardopt::host_enqueue(s, [=, this] {
+      if (mixed())
+        host::gelu_forward(u.as<float>(), a.as<Bf16>(), n);
+      else
+        host::gelu_forward(u.as<double>(), a.as<double>(), n);
+    });
+  }
+
+  void gelu_backward(const Tensor& da, const Tensor& u, const Tensor& du, std::int64_t n, Stream s) override {
+    shardopt::host_enqueue(s, [=, this] {
+      if (mixed())
+        host::gelu_backward(da.as<float>(), u.as<float>(), du.as<Bf16>(), n);
+      else
+        host::gelu_backward(da.as<double>(), u.as<double>(), du.as<double>(), n);
+    });
+  }
+
+  void causal_softmax_forward(const Tensor& scores, const Tensor& probs, const Tensor& probs_low, std::int64_t blocks,
+                              std::int64_t S, Stream s) override {
+    shardopt::host_enqueue(s, [=, this] {
+      if (mixed())
+        host::causal_softmax_forward(scores.as<float>(), probs.as<float>(), probs_low.as<Bf16>(), blocks, S);
+      else
+        host::causal_softmax_forward(scores.as<double>(), probs.as<double>(), probs_low.as<double>(), blocks, S);
+    });
+  }
+
+  void causal_softmax_backward(const Tensor& dprobs, const Tensor& probs, const Tensor& dscores, std::int64_t blocks,
+                               std::int64_t S, Stream s) override {
+    shardopt::host_enqueue(s, [=, this] {
+      if (mixed())
+        host::causal_softmax_backward(dprobs.as<float>(), probs.as<float>(), dscores.as<Bf16>(), blocks, S);
+      else
+        host::causal_softmax_backward(dprobs.as<double>(), probs.as<double>(), dscores.as<double>(), blocks, S);
     });
   }
 

@@ -62,8 +62,8 @@ std::string rate(double tokens_per_s) {
 
 int run(int argc, char** argv, int world_rank) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  double expect_below = -1.0;
-  std::string metrics_path;
+  double expect_below = -1.0, expect_val_below = -1.0;
+  std::string metrics_path, save_init;
   std::vector<std::string> rest;
   for (std::size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--help" || args[i] == "-h") {
@@ -72,6 +72,14 @@ int run(int argc, char** argv, int world_rank) {
     }
     if (args[i] == "--metrics" && i + 1 < args.size()) {
       metrics_path = args[++i];
+      continue;
+    }
+    if (args[i] == "--save-init" && i + 1 < args.size()) {
+      save_init = args[++i];
+      continue;
+    }
+    if (args[i] == "--expect-val-loss-below" && i + 1 < args.size()) {
+      expect_val_below = std::atof(args[++i].c_str());
       continue;
     }
     if (args[i] == "--expect-loss-below" && i + 1 < args.size()) {
@@ -86,6 +94,7 @@ int run(int argc, char** argv, int world_rank) {
   shardopt::Backend backend = shardopt::Backend::Host;
   try {
     o = trainer::parse_options(rest);
+    trainer::prepare_task(o);
     trainer::check_supported(o);
     backend = trainer::choose_backend(o);
   } catch (const std::exception& e) {
@@ -126,21 +135,43 @@ int run(int argc, char** argv, int world_rank) {
   const trainer::ModelConfig& c = o.model;
   const int log_every = o.log_every > 0 ? o.log_every : std::max(1, o.steps / 20);
   if (root) {
-    std::printf("shardopt trainer: --size %s (%.3gM params: V=%lld H=%lld N=%d F=%lld G=%d Fe=%lld C=%lld T=%lld)\n",
-                o.size.c_str(), static_cast<double>(c.param_count()) / 1e6, static_cast<long long>(c.vocab),
-                static_cast<long long>(c.hidden), c.layers, static_cast<long long>(c.mlp), c.experts,
-                static_cast<long long>(c.expert_mlp), static_cast<long long>(c.capacity()),
-                static_cast<long long>(c.tokens));
+    if (c.gpt)
+      std::printf("shardopt trainer: --model gpt --size %s (%.3gM params: V=%lld H=%lld N=%d heads=%d F=%lld "
+                  "context=%lld, %lld sequences/microbatch/rank)\n",
+                  o.size.c_str(), static_cast<double>(c.param_count()) / 1e6, static_cast<long long>(c.vocab),
+                  static_cast<long long>(c.hidden), c.layers, c.heads, static_cast<long long>(c.mlp),
+                  static_cast<long long>(c.context), static_cast<long long>(c.tokens / c.context));
+    else
+      std::printf("shardopt trainer: --size %s (%.3gM params: V=%lld H=%lld N=%d F=%lld G=%d Fe=%lld C=%lld T=%lld)\n",
+                  o.size.c_str(), static_cast<double>(c.param_count()) / 1e6, static_cast<long long>(c.vocab),
+                  static_cast<long long>(c.hidden), c.layers, static_cast<long long>(c.mlp), c.experts,
+                  static_cast<long long>(c.expert_mlp), static_cast<long long>(c.capacity()),
+                  static_cast<long long>(c.tokens));
     std::printf("  %d rank(s) on the %s backend, --mode %s --params %s --grad-dtype %s --experts %s --graph %s, "
                 "%d microbatch(es), %lld tokens/step\n",
                 comm.size(), shardopt::to_string(backend), o.mode.c_str(), o.params.c_str(), o.grad_dtype.c_str(),
                 o.experts.c_str(), o.graph ? "on" : "off", o.microbatches,
                 static_cast<long long>(t.tokens_per_step()));
-    std::printf("  task: next token = (%lld * token + %lld) mod %lld on random tokens; cross-entropy floor 0 "
-                "(uniform guess: %.3f)\n",
-                static_cast<long long>(trainer::rule_multiplier(c.vocab)), static_cast<long long>(trainer::kRuleOffset),
-                static_cast<long long>(c.vocab), std::log(static_cast<double>(c.vocab)));
+    if (o.task == "shakespeare")
+      std::printf("  task: the next character of Shakespeare's works (%s, %lld characters in the vocabulary); "
+                  "uniform guess: %.3f\n",
+                  o.data_dir.c_str(), static_cast<long long>(c.vocab), std::log(static_cast<double>(c.vocab)));
+    else
+      std::printf("  task: next token = (%lld * token + %lld) mod %lld on random tokens; cross-entropy floor 0 "
+                  "(uniform guess: %.3f)\n",
+                  static_cast<long long>(trainer::rule_multiplier(c.vocab)),
+                  static_cast<long long>(trainer::kRuleOffset), static_cast<long long>(c.vocab),
+                  std::log(static_cast<double>(c.vocab)));
     std::fflush(stdout);
+  }
+
+  if (!save_init.empty() && o.resume.empty()) {
+    // The initial weights, as a checkpoint of step 0 (the PyTorch peer starts from them).
+    t.save(save_init);
+    if (root) {
+      std::printf("saved the initial weights to %s\n", save_init.c_str());
+      std::fflush(stdout);
+    }
   }
 
   int start = 0;  // iterations already run (by the run that saved --resume)
@@ -208,14 +239,28 @@ int run(int argc, char** argv, int world_rank) {
         if (o.group_norms) {
           std::printf("      grad norms (rank 0):");
           for (int g = 0; g < trainer::kNormGroups; ++g)
-            std::printf(" %s %.3e", trainer::to_string(static_cast<trainer::NormGroup>(g)),
-                        st.group_norm[static_cast<std::size_t>(g)]);
+            if (!c.gpt || (g != static_cast<int>(trainer::NormGroup::Router) &&
+                           g != static_cast<int>(trainer::NormGroup::Experts)))  // none in the GPT
+              std::printf(" %s %.3e", trainer::to_string(static_cast<trainer::NormGroup>(g)),
+                          st.group_norm[static_cast<std::size_t>(g)]);
           std::printf("\n");
         }
         std::fflush(stdout);
       }
       interval_steps = 0;
       t0 = clock::now();
+    }
+    if (o.eval_every > 0 && s % o.eval_every == 0 && s != o.steps) {
+      const double val = t.evaluate();  // forward only, between iterations
+      if (metrics) {
+        std::fprintf(metrics.get(), "{\"step\": %d, \"val_loss\": %.9g}\n", s, val);
+        std::fflush(metrics.get());
+      }
+      if (root && !o.quiet) {
+        std::printf("step %5d/%d | val loss %.4f\n", s, o.steps, val);
+        std::fflush(stdout);
+      }
+      t0 = clock::now();  // the evaluation is not part of the next step's time
     }
     if (!o.save_dir.empty() && o.save_every > 0 && s % o.save_every == 0 && s != o.steps) {
       pending.wait();  // collective; a no-op without a save in flight
@@ -228,6 +273,14 @@ int run(int argc, char** argv, int world_rank) {
     }
   }
   pending.wait();
+  double final_val = -1.0;
+  if (o.eval_every > 0 || o.task == "shakespeare") {
+    final_val = t.evaluate();
+    if (metrics) {
+      std::fprintf(metrics.get(), "{\"step\": %d, \"val_loss\": %.9g}\n", o.steps, final_val);
+      std::fflush(metrics.get());
+    }
+  }
   if (!o.save_dir.empty()) {
     const std::string dir = trainer::checkpoint_dir(o.save_dir, o.steps);
     t.save(dir);
@@ -237,10 +290,24 @@ int run(int argc, char** argv, int world_rank) {
     }
   }
   if (root) {
-    std::printf("loss %.4f -> %.4f after %d steps (floor 0)\n", first_loss, last_loss, o.steps);
+    std::printf("loss %.4f -> %.4f after %d steps%s\n", first_loss, last_loss, o.steps,
+                o.task == "shakespeare" ? "" : " (floor 0)");
+    if (final_val >= 0.0) std::printf("final val loss %.9g at step %d\n", final_val, o.steps);
     // All the digits (a resumed run must end with exactly the loss of an uninterrupted one).
     std::printf("final loss %.9g at step %d\n", last_loss, o.steps);
     std::fflush(stdout);
+  }
+  if (o.sample_chars > 0 && o.model.gpt && o.task == "shakespeare") {
+    const std::string text = t.sample(o.sample_chars, o.seed);  // every rank (FSDP gathers)
+    if (root) {
+      std::printf("sample (%d characters, seed %llu):\n%s\n", o.sample_chars,
+                  static_cast<unsigned long long>(o.seed), text.c_str());
+      std::fflush(stdout);
+    }
+  }
+  if (expect_val_below >= 0.0 && !(final_val >= 0.0 && final_val < expect_val_below)) {
+    if (root) std::fprintf(stderr, "FAILED: final val loss %.4f is not below %.4f\n", final_val, expect_val_below);
+    return 1;
   }
   if (expect_below >= 0.0 && !(last_loss < expect_below)) {
     if (root) std::fprintf(stderr, "FAILED: final loss %.4f is not below %.4f\n", last_loss, expect_below);

@@ -18,13 +18,59 @@ Model::Model(const ModelSpec& spec, Ops& ops, ModelOptions options)
   opt_.batch.tokens = c_.tokens;
   opt_.batch.rule_a = rule_multiplier(c_.vocab);
   opt_.batch.rule_c = kRuleOffset;
-  const std::int64_t T = c_.tokens, H = c_.hidden, F = c_.mlp, V = c_.vocab, E = c_.expert_mlp;
+  tokens_buf_ = make(Elem::i32, c_.tokens);
+  targets_buf_ = make(Elem::i32, c_.tokens);
+  links_buf_ = make(Elem::i32, c_.tokens);
+  for (int l = 0; l <= c_.layers; ++l) h_.push_back(make(ops.act(), c_.tokens * c_.hidden));
+  if (c_.gpt)
+    make_gpt_buffers();
+  else
+    make_moe_buffers();
+  if (opt_.mxfp8_params && opt_.nvfp4_params)
+    throw std::invalid_argument("ModelOptions: mxfp8_params and nvfp4_params exclude each other");
+  if (opt_.mxfp8_params || opt_.nvfp4_params) {
+    const char* fmt = opt_.mxfp8_params ? "MXFP8" : "NVFP4";
+    if (opt_.gathered_weights && opt_.nvfp4_params)
+      throw std::invalid_argument("ModelOptions: NVFP4 parameters are persistent (DistributedAdam), not gathered "
+                                  "per use");
+    if (ops.precision() != Precision::Mixed)
+      throw std::invalid_argument(std::string("ModelOptions: ") + fmt + " parameters need mixed precision");
+    // One bf16 compute buffer per quantized parameter; discrete experts decode into the
+    // per-layer packed buffers instead.
+    compute_.resize(static_cast<std::size_t>(spec.num_params()));
+    for (int i = 0; i < spec.num_params(); ++i) {
+      const ParamInfo& p = spec.params()[static_cast<std::size_t>(i)];
+      const bool discrete_expert = p.expert >= 0;
+      if (decoded(i) && !discrete_expert)
+        compute_[static_cast<std::size_t>(i)] = make(ops.low(), shardopt::numel(p.shape) * p.members);
+    }
+  }
+  const std::int64_t T = c_.tokens, H = c_.hidden, F = c_.mlp, V = c_.vocab;
+  const Elem act = ops.act(), low = ops.low();
+  xf_ = make(low, T * H);
+  rstdf_ = make(act, T);
+  logits_buf_ = make(act, T * V);
+  dlogits_ = make(low, T * V);
+  token_loss_ = make(act, T);
+  loss_buf_ = make(act, opt_.microbatches);
+  eval_loss_ = make(act, 1);
+  sumsq_buf_ = make(act, spec.num_params());
+  dh_ = make(act, T * H);
+  dx_ = make(act, T * H);
+  dy_low_ = make(low, T * H);
+  dF_ = make(act, T * F);
+  dF_low_ = make(low, T * F);
+  partial_ = make(act, rmsnorm_partial_size(T, H));
+  tokens_ = tokens_buf_.get();
+  logits_ = logits_buf_.get();
+  loss_slots_ = loss_buf_.get();
+  grad_sumsq_ = sumsq_buf_.get();
+}
+
+void Model::make_moe_buffers() {
+  const std::int64_t T = c_.tokens, H = c_.hidden, F = c_.mlp, E = c_.expert_mlp;
   const std::int64_t G = c_.experts, rows = G * C_;
-  const Elem act = ops.act(), low = ops.low(), i32 = Elem::i32;
-  tokens_buf_ = make(i32, T);
-  targets_buf_ = make(i32, T);
-  links_buf_ = make(i32, T);
-  for (int l = 0; l <= c_.layers; ++l) h_.push_back(make(act, T * H));
+  const Elem act = ops_.act(), low = ops_.low(), i32 = Elem::i32;
   for (int l = 0; l < c_.layers; ++l) {
     Layer L;
     L.h_mid = make(act, T * H);
@@ -44,58 +90,22 @@ Model::Model(const ModelSpec& spec, Ops& ops, ModelOptions options)
     L.ue = make(act, rows * E);
     L.ae = make(low, rows * E);
     L.ye = make(act, rows * H);
-    if (spec.discrete_experts() && !opt_.gathered_weights) {
+    if (spec_.discrete_experts() && !opt_.gathered_weights) {
       L.packed_up = make(low, G * E * H);
       L.packed_down = make(low, G * H * E);
     }
     layers_.push_back(std::move(L));
   }
-  if (spec.discrete_experts() && opt_.gathered_weights) {
+  if (spec_.discrete_experts() && opt_.gathered_weights) {
     shared_up_ = make(low, G * E * H);
     shared_down_ = make(low, G * H * E);
   }
-  if (opt_.mxfp8_params && opt_.nvfp4_params)
-    throw std::invalid_argument("ModelOptions: mxfp8_params and nvfp4_params exclude each other");
-  if (opt_.mxfp8_params || opt_.nvfp4_params) {
-    const char* fmt = opt_.mxfp8_params ? "MXFP8" : "NVFP4";
-    if (opt_.gathered_weights && opt_.nvfp4_params)
-      throw std::invalid_argument("ModelOptions: NVFP4 parameters are persistent (DistributedAdam), not gathered "
-                                  "per use");
-    if (ops.precision() != Precision::Mixed)
-      throw std::invalid_argument(std::string("ModelOptions: ") + fmt + " parameters need mixed precision");
-    // One bf16 compute buffer per quantized parameter; discrete experts decode into the
-    // per-layer packed buffers instead.
-    compute_.resize(static_cast<std::size_t>(spec.num_params()));
-    for (int i = 0; i < spec.num_params(); ++i) {
-      const ParamInfo& p = spec.params()[static_cast<std::size_t>(i)];
-      const bool discrete_expert = p.expert >= 0;
-      if (decoded(i) && !discrete_expert)
-        compute_[static_cast<std::size_t>(i)] = make(low, shardopt::numel(p.shape) * p.members);
-    }
-  }
-  xf_ = make(low, T * H);
-  rstdf_ = make(act, T);
-  logits_buf_ = make(act, T * V);
-  dlogits_ = make(low, T * V);
-  token_loss_ = make(act, T);
-  loss_buf_ = make(act, opt_.microbatches);
-  sumsq_buf_ = make(act, spec.num_params());
-  dh_ = make(act, T * H);
-  dx_ = make(act, T * H);
-  dy_low_ = make(low, T * H);
-  dF_ = make(act, T * F);
-  dF_low_ = make(low, T * F);
   dye_ = make(low, rows * H);
   dae_ = make(act, rows * E);
   due_ = make(low, rows * E);
   dxe_ = make(act, rows * H);
   dgate_ = make(act, T);
   dlr_ = make(low, T * G);
-  partial_ = make(act, rmsnorm_partial_size(T, H));
-  tokens_ = tokens_buf_.get();
-  logits_ = logits_buf_.get();
-  loss_slots_ = loss_buf_.get();
-  grad_sumsq_ = sumsq_buf_.get();
 }
 
 Buffer Model::make(Elem e, std::int64_t n) {
@@ -119,7 +129,93 @@ void Model::microbatch(Weights& w, Stream s) {
 }
 
 void Model::make_batch(Stream s) {
-  if (opt_.generate_batch) ops_.make_batch(opt_.batch, tokens_buf_, targets_buf_, s);
+  if (!opt_.generate_batch) return;
+  if (opt_.text != nullptr) {
+    TextBatchArgs a;
+    a.scalars = opt_.batch.scalars;
+    a.microbatch = opt_.batch.microbatch;
+    a.seed = opt_.batch.seed;
+    a.rank = opt_.batch.rank;
+    a.context = c_.gpt ? c_.context : c_.tokens;
+    a.seqs = c_.tokens / a.context;
+    a.data = opt_.text;
+    a.data_tokens = opt_.text_tokens;
+    ops_.text_batch(a, tokens_buf_, targets_buf_, s);
+    return;
+  }
+  ops_.make_batch(opt_.batch, tokens_buf_, targets_buf_, s);
+}
+
+void Model::make_eval_batch(std::int64_t index, const std::uint8_t* val, std::int64_t val_tokens, Stream s) {
+  // Another seed than training's, the evaluation index as the step, microbatch 0.
+  const std::uint64_t seed = opt_.batch.seed ^ 0xE7A15EEDull;
+  if (val != nullptr) {
+    TextBatchArgs a;
+    a.step = index;
+    a.seed = seed;
+    a.rank = opt_.batch.rank;
+    a.context = c_.gpt ? c_.context : c_.tokens;
+    a.seqs = c_.tokens / a.context;
+    a.data = val;
+    a.data_tokens = val_tokens;
+    ops_.text_batch(a, tokens_buf_, targets_buf_, s);
+    return;
+  }
+  BatchArgs a = opt_.batch;
+  a.scalars = nullptr;
+  a.microbatch = nullptr;
+  a.step = index;
+  a.seed = seed;
+  ops_.make_batch(a, tokens_buf_, targets_buf_, s);
+}
+
+void Model::eval_forward(Weights& w, Stream s) {
+  refresh_weights(w, s);
+  forward_impl(w, s, eval_loss_.get(), nullptr);
+  w.end_forward_only(s);
+}
+
+void Model::forward(Weights& w, Stream s) { forward_impl(w, s, loss_slots_, opt_.microbatch); }
+
+void Model::forward_impl(Weights& w, Stream s, const Tensor& loss, const shardopt::MicrobatchState* mb) {
+  if (c_.gpt)
+    forward_gpt(w, s);
+  else
+    forward_moe(w, s);
+  head_forward(w, s, loss, mb);
+}
+
+void Model::backward(Weights& w, Stream s) {
+  head_backward(w, s);
+  if (c_.gpt)
+    backward_gpt(w, s);
+  else
+    backward_moe(w, s);
+}
+
+void Model::head_forward(Weights& w, Stream s, const Tensor& loss, const shardopt::MicrobatchState* mb) {
+  const std::int64_t T = c_.tokens, H = c_.hidden, V = c_.vocab;
+  const int N = c_.layers;
+  w.forward_unit(N + 1, s);
+  ops_.rmsnorm_forward(h_[static_cast<std::size_t>(N)], w.param(spec_.final_norm()), xf_, rstdf_, T, H,
+                       math::kNormEps, s);
+  linear_forward(xf_, compute_weight(w, spec_.head(), s, true), logits_, T, H, V, 0.0f, s);
+  const float scale = 1.0f / static_cast<float>(T * opt_.microbatches);
+  ops_.cross_entropy(logits_, targets_buf_, dlogits_, token_loss_, loss, mb, scale, T, V, s);
+}
+
+void Model::head_backward(Weights& w, Stream s) {
+  const std::int64_t T = c_.tokens, H = c_.hidden, V = c_.vocab;
+  const int N = c_.layers;
+  w.backward_unit(N + 1, true, s);
+  linear_wgrad(dlogits_, xf_, w.grad(spec_.head()), T, H, V, s);
+  stats_and_ready(w, spec_.head(), s);
+  linear_dgrad(dlogits_, compute_weight(w, spec_.head(), s, false), dx_, T, H, V, 0.0f, s);
+  ops_.zero(dh_, s);
+  ops_.rmsnorm_backward(dx_, h_[static_cast<std::size_t>(N)], w.param(spec_.final_norm()), rstdf_, dh_,
+                        w.grad(spec_.final_norm()), partial_, T, H, s);
+  stats_and_ready(w, spec_.final_norm(), s);
+  w.backward_unit_done(N + 1, s);
 }
 
 float Model::wgrad_beta() const noexcept {
@@ -340,8 +436,8 @@ void Model::experts_wgrad(const Tensor& dy, const Tensor& x, const std::vector<T
   ops_.grouped_gemm(g, s);
 }
 
-void Model::forward(Weights& w, Stream s) {
-  const std::int64_t T = c_.tokens, H = c_.hidden, F = c_.mlp, V = c_.vocab, E = c_.expert_mlp;
+void Model::forward_moe(Weights& w, Stream s) {
+  const std::int64_t T = c_.tokens, H = c_.hidden, F = c_.mlp, E = c_.expert_mlp;
   const int G = c_.experts, N = c_.layers;
   const float eps = math::kNormEps;
   w.forward_unit(0, s);
@@ -369,26 +465,11 @@ void Model::forward(Weights& w, Stream s) {
     ops_.copy(h_[static_cast<std::size_t>(l) + 1], L.h_mid, s);
     ops_.combine_forward(L.ye, L.expert, L.slot, L.gate, h_[static_cast<std::size_t>(l) + 1], T, H, C_, s);
   }
-  w.forward_unit(N + 1, s);
-  ops_.rmsnorm_forward(h_[static_cast<std::size_t>(N)], w.param(spec_.final_norm()), xf_, rstdf_, T, H, eps, s);
-  linear_forward(xf_, compute_weight(w, spec_.head(), s, true), logits_, T, H, V, 0.0f, s);
-  const float scale = 1.0f / static_cast<float>(T * opt_.microbatches);
-  ops_.cross_entropy(logits_, targets_buf_, dlogits_, token_loss_, loss_slots_, opt_.microbatch, scale, T, V, s);
 }
 
-void Model::backward(Weights& w, Stream s) {
-  const std::int64_t T = c_.tokens, H = c_.hidden, F = c_.mlp, V = c_.vocab, E = c_.expert_mlp;
+void Model::backward_moe(Weights& w, Stream s) {
+  const std::int64_t T = c_.tokens, H = c_.hidden, F = c_.mlp, E = c_.expert_mlp;
   const int G = c_.experts, N = c_.layers;
-  // Final norm and head.
-  w.backward_unit(N + 1, true, s);
-  linear_wgrad(dlogits_, xf_, w.grad(spec_.head()), T, H, V, s);
-  stats_and_ready(w, spec_.head(), s);
-  linear_dgrad(dlogits_, compute_weight(w, spec_.head(), s, false), dx_, T, H, V, 0.0f, s);
-  ops_.zero(dh_, s);
-  ops_.rmsnorm_backward(dx_, h_[static_cast<std::size_t>(N)], w.param(spec_.final_norm()), rstdf_, dh_,
-                        w.grad(spec_.final_norm()), partial_, T, H, s);
-  stats_and_ready(w, spec_.final_norm(), s);
-  w.backward_unit_done(N + 1, s);
 
   for (int l = N - 1; l >= 0; --l) {
     const BlockParams& b = spec_.blocks()[static_cast<std::size_t>(l)];

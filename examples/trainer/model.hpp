@@ -56,6 +56,12 @@ struct ModelOptions {
   /// member by member, on the first microbatch of a step (its device skip flag reads
   /// skip_weight_update).
   bool nvfp4_params = false;
+  /// --task shakespeare: each microbatch is config.tokens / config.context windows of
+  /// `context` tokens of this token file (u8 tokens in device memory; the mapped file on
+  /// the host backend) at positions drawn from (batch.seed, batch.rank, the device step,
+  /// the microbatch index, window) instead of make_batch's random tokens.
+  const std::uint8_t* text = nullptr;
+  std::int64_t text_tokens = 0;
   /// DELIBERATELY WRONG, for the regression test's negative control only: weight-gradient
   /// GEMMs overwrite (beta = 0) on the first microbatch, decided by a host counter at
   /// enqueue time. Eager runs are still right; a graph that reuses one captured
@@ -87,6 +93,19 @@ class Model {
   /// gathered weights (packed on every use).
   void refresh_weights(Weights& w, Stream stream);
 
+  /// Evaluation (no gradient, no optimizer): the batch of evaluation index `index` --
+  /// windows of `val` (val_tokens u8 tokens, device memory) at positions drawn from
+  /// (seed, rank, index), or with val null the synthetic task's tokens of (seed ^ a
+  /// constant, rank, step = index) -- into the model's token buffers.
+  void make_eval_batch(std::int64_t index, const std::uint8_t* val, std::int64_t val_tokens, Stream stream);
+  /// A forward pass of the batch in the token buffers that writes its mean token loss
+  /// into eval_loss() and the logits into logits(), touching no gradient and no loss slot
+  /// of training: prepares the persistent weights for compute first (refresh_weights) and
+  /// ends an FSDP forward-only pass after it. Between iterations only.
+  void eval_forward(Weights& w, Stream stream);
+  /// The mean token loss of the last eval_forward (act, one element).
+  const Tensor& eval_loss() const noexcept { return eval_loss_.get(); }
+
   /// Sets the tokens and targets of the next microbatch (generate_batch = false).
   void set_batch(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets);
 
@@ -109,10 +128,29 @@ class Model {
  private:
   struct Layer {
     Buffer h_mid, xn, rstd1, u, a, xm, rstd2, rlogits, probs, expert, gate, slot, row_token, xe, ue, ae, ye;
+    Buffer qkv_low, attn_probs, attn_probs_low, att_low;  // GPT: attention
     Buffer packed_up, packed_down;  // discrete experts with persistent weights
   };
 
   Buffer make(Elem e, std::int64_t n);
+  void make_moe_buffers();
+  void make_gpt_buffers();
+  /// The forward with its cross entropy into `loss` (index of `mb`, 0 when null).
+  void forward_impl(Weights& w, Stream s, const Tensor& loss, const shardopt::MicrobatchState* mb);
+  void forward_moe(Weights& w, Stream s);
+  void backward_moe(Weights& w, Stream s);
+  void forward_gpt(Weights& w, Stream s);
+  void backward_gpt(Weights& w, Stream s);
+  void head_forward(Weights& w, Stream s, const Tensor& loss, const shardopt::MicrobatchState* mb);
+  void head_backward(Weights& w, Stream s);
+  /// Causal self-attention of one layer: att_ (act) from L.qkv_low, via scores_.
+  void attention_forward(Layer& L, Stream s);
+  /// Its backward: datt_low_ (the gradient of the attention output) -> qkv_ (act).
+  void attention_backward(Layer& L, Stream s);
+  /// B products (one per sequence) of head-strided operands (see gpt_model.cpp).
+  void head_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const Tensor& a,
+                 std::int64_t lda, std::int64_t sa, const Tensor& b, std::int64_t ldb, std::int64_t sb,
+                 const Tensor& c, std::int64_t ldc, std::int64_t sc, Stream s);
   /// True when parameter i is read through a compute buffer (mxfp8_params or
   /// nvfp4_params, and 2-D).
   bool decoded(int i) const;
@@ -159,6 +197,8 @@ class Model {
   Buffer xf_, rstdf_, logits_buf_, dlogits_, token_loss_, loss_buf_, sumsq_buf_;
   Buffer dh_, dx_, dy_low_, dF_, dF_low_, dye_, dae_, due_, dxe_, dgate_, dlr_, partial_;
   Buffer shared_up_, shared_down_;  // discrete experts with gathered (FSDP) weights
+  Buffer qkv_, att_, scores_, dscores_low_, dqkv_low_, datt_low_;  // GPT scratch
+  Buffer eval_loss_;
   std::vector<Buffer> compute_;      // per parameter: MXFP8 / NVFP4 compute buffers (bf16), else empty
   Tensor tokens_, logits_, loss_slots_, grad_sumsq_;
 };

@@ -35,11 +35,29 @@ int ModelSpec::add(ParamInfo p) {
   return static_cast<int>(params_.size()) - 1;
 }
 
-ModelSpec::ModelSpec(const ModelConfig& c, bool discrete) : config_(c), discrete_(discrete) {
+ModelSpec::ModelSpec(const ModelConfig& c, bool discrete) : config_(c), discrete_(discrete && !c.gpt) {
   validate(c);
   const std::int64_t H = c.hidden, F = c.mlp, V = c.vocab, E = c.expert_mlp;
   const int G = c.experts;
   embed_ = add({"embed", ParamKind::Embedding, NormGroup::Embedding, -1, -1, 1, {V, H}, 0});
+  if (c.gpt) {
+    pos_embed_ = add({"pos_embed", ParamKind::PosEmbedding, NormGroup::Embedding, -1, -1, 1, {c.context, H}, 0});
+    for (int l = 0; l < c.layers; ++l) {
+      const std::string p = "layers." + std::to_string(l) + ".";
+      const int unit = l + 1;
+      BlockParams b;
+      b.norm1 = add({p + "norm1", ParamKind::Norm, NormGroup::Norms, l, -1, 1, {H}, unit});
+      b.qkv = add({p + "attn.qkv", ParamKind::Qkv, NormGroup::Dense, l, -1, 1, {3 * H, H}, unit});
+      b.proj = add({p + "attn.proj", ParamKind::AttnOut, NormGroup::Dense, l, -1, 1, {H, H}, unit});
+      b.norm2 = add({p + "norm2", ParamKind::Norm, NormGroup::Norms, l, -1, 1, {H}, unit});
+      b.up = add({p + "mlp.up", ParamKind::DenseUp, NormGroup::Dense, l, -1, 1, {F, H}, unit});
+      b.down = add({p + "mlp.down", ParamKind::DenseDown, NormGroup::Dense, l, -1, 1, {H, F}, unit});
+      blocks_.push_back(b);
+    }
+    final_norm_ = add({"final_norm", ParamKind::Norm, NormGroup::Norms, -1, -1, 1, {H}, c.layers + 1});
+    head_ = add({"head", ParamKind::Head, NormGroup::Head, -1, -1, 1, {V, H}, c.layers + 1});
+    return;
+  }
   for (int l = 0; l < c.layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     const int unit = l + 1;
@@ -116,6 +134,12 @@ InitArgs ModelSpec::init_args(int i) const {
     std::uint64_t h = 0xC0FFEEull;
     for (char ch : logical) h = math::mix(h ^ static_cast<unsigned char>(ch));
     a.keys[static_cast<std::size_t>(m)] = h;
+  }
+  if (config_.gpt) {
+    double sd = 0.02;
+    if (p.kind == ParamKind::AttnOut || p.kind == ParamKind::DenseDown) sd /= std::sqrt(2.0 * config_.layers);
+    a.bound = static_cast<float>(std::sqrt(3.0) * sd);
+    return a;
   }
   const double fan_in = static_cast<double>(p.shape.back());
   double stddev = 1.0 / std::sqrt(fan_in);

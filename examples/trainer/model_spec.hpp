@@ -2,6 +2,10 @@
 // optimizer (names, shapes, groups, FSDP units), how each is initialised, and which
 // gradient-norm group it reports under.
 //
+// The GPT (ModelConfig::gpt): token + position embeddings -> N blocks of [RMSNorm ->
+// causal multi-head self-attention (qkv, proj)] and [RMSNorm -> MLP (up, GELU, down)] ->
+// final RMSNorm -> head; no biases, no dropout, untied head.
+//
 // The model: token embedding -> N blocks of [RMSNorm -> dense MLP (up, SiLU, down)] and
 // [RMSNorm -> router -> top-1 MoE of G experts (up, SiLU, down) with fixed capacity] ->
 // final RMSNorm -> output head -> cross entropy. Each block adds its two branches to the
@@ -22,9 +26,10 @@
 namespace trainer {
 
 /// What a parameter is.
-enum class ParamKind { Embedding, Norm, DenseUp, DenseDown, Router, ExpertUp, ExpertDown, Head };
+enum class ParamKind { Embedding, Norm, DenseUp, DenseDown, Router, ExpertUp, ExpertDown, Head, PosEmbedding, Qkv, AttnOut };
 
 /// Gradient-norm groups (the regression test compares these between graph and eager).
+/// The GPT reports its attention weights under Dense (and nothing under Router, Experts).
 enum class NormGroup { Embedding, Dense, Router, Experts, Norms, Head };
 inline constexpr int kNormGroups = 6;
 const char* to_string(NormGroup g) noexcept;
@@ -45,6 +50,7 @@ struct ParamInfo {
 /// tensor of G members) with --experts single, G indices with --experts discrete.
 struct BlockParams {
   int norm1 = -1, up = -1, down = -1, norm2 = -1, router = -1;
+  int qkv = -1, proj = -1;  ///< GPT: attention in [3H, H] (q, k, v rows) and out [H, H]
   std::vector<int> expert_up, expert_down;
 };
 
@@ -59,6 +65,8 @@ class ModelSpec {
   int num_params() const noexcept { return static_cast<int>(params_.size()); }
 
   int embed() const noexcept { return embed_; }
+  /// The GPT's position embedding [S, H] (-1 for the MoE model).
+  int pos_embed() const noexcept { return pos_embed_; }
   const std::vector<BlockParams>& blocks() const noexcept { return blocks_; }
   int final_norm() const noexcept { return final_norm_; }
   int head() const noexcept { return head_; }
@@ -72,7 +80,9 @@ class ModelSpec {
 
   /// How parameter i is initialised (offset 0): norm weights 1, matrices uniform with
   /// standard deviation 1/sqrt(fan_in) (down projections / sqrt(2N)), the embedding 1;
-  /// keyed by the logical name, the same for single and discrete experts.
+  /// keyed by the logical name, the same for single and discrete experts. The GPT:
+  /// every matrix and embedding uniform with standard deviation 0.02 (the attention out
+  /// and MLP down projections 0.02 / sqrt(2N)), as nanoGPT's normal init.
   InitArgs init_args(int i) const;
   /// The initial value of element j of member m (-1: not grouped) of parameter i.
   float init_value(int i, int member, std::int64_t j) const;
@@ -83,7 +93,7 @@ class ModelSpec {
   ModelConfig config_;
   bool discrete_;
   std::vector<ParamInfo> params_;
-  int embed_ = -1, final_norm_ = -1, head_ = -1;
+  int embed_ = -1, pos_embed_ = -1, final_norm_ = -1, head_ = -1;
   std::vector<BlockParams> blocks_;
 };
 

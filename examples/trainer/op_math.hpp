@@ -1,5 +1,5 @@
 // op_math.hpp - element math shared by the CUDA kernels and the host ops (SHARDOPT_HD):
-// the token stream of the task, the activation, and the storage conversions.
+// the token stream of the task, the text windows, the activations, and the storage conversions.
 #pragma once
 
 #include <cmath>
@@ -49,6 +49,26 @@ SHARDOPT_HD float silu(float u) { return u / (1.0f + expf(-u)); }
 SHARDOPT_HD float silu_grad(float u) {
   const float s = 1.0f / (1.0f + expf(-u));
   return s * (1.0f + u * (1.0f - s));
+}
+
+/// GELU (the erf form, as torch.nn.GELU()) and its derivative in fp32.
+SHARDOPT_HD float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+SHARDOPT_HD float gelu_grad(float x) {
+  const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
+  return cdf + x * 0.39894228040143268f * expf(-0.5f * x * x);
+}
+
+/// Where sequence `seq` of microbatch `mb` of step `step` on rank `rank` starts in a token
+/// file: uniform over the `starts` windows that have a next token for every position
+/// (starts = file tokens - context). A pure function, so a resumed run reads the same data.
+SHARDOPT_HD std::int64_t window_start(std::uint64_t seed, std::int32_t rank, std::int64_t step, std::int32_t mb,
+                                      std::int64_t seq, std::int64_t starts) {
+  std::uint64_t h = mix(seed ^ 0x7E47ull);
+  h = mix(h ^ static_cast<std::uint64_t>(rank));
+  h = mix(h ^ static_cast<std::uint64_t>(step));
+  h = mix(h ^ static_cast<std::uint64_t>(mb));
+  h = mix(h ^ static_cast<std::uint64_t>(seq));
+  return static_cast<std::int64_t>(h % static_cast<std::uint64_t>(starts));
 }
 
 /// bf16 storage (round to nearest even), exactly as shardopt rounds.

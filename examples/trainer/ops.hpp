@@ -81,6 +81,22 @@ struct BatchArgs {
   std::int64_t tokens = 0;
   std::int64_t rule_a = 1;  ///< the task: target = (rule_a * token + rule_c) mod vocab
   std::int64_t rule_c = 0;
+  std::int64_t step = 0;    ///< the step when `scalars` is null (evaluation batches)
+};
+
+/// What text_batch needs: `seqs` windows of `context` tokens from a token file (u8 tokens
+/// in device memory, or the mapped file on the host backend), window j of the current
+/// (step, microbatch) of this rank at math::window_start; tokens are the window, targets
+/// the window shifted by one.
+struct TextBatchArgs {
+  const shardopt::StepScalars* scalars = nullptr;        ///< step counter (device); null: `step`
+  const shardopt::MicrobatchState* microbatch = nullptr; ///< microbatch index (device); null: 0
+  std::int64_t step = 0;
+  std::uint64_t seed = 0;
+  int rank = 0;
+  std::int64_t seqs = 0, context = 0;
+  const std::uint8_t* data = nullptr;
+  std::int64_t data_tokens = 0;  ///< at least context + 1
 };
 
 /// Initial values of a parameter (or of a piece of one): element e of the tensor is
@@ -114,6 +130,10 @@ struct Mxfp8Source {
 /// Throws std::invalid_argument unless `src` (1..kMaxExperts sources, valid shapes,
 /// non-null planes) fills the bf16 tensor `dst` exactly.
 void check_mxfp8_sources(const std::vector<Mxfp8Source>& src, const Tensor& dst);
+
+/// Throws std::invalid_argument unless `a` reads inside its token file (data_tokens >=
+/// context + 1) and tokens / targets are i32 tensors of seqs * context elements.
+void check_text_batch(const TextBatchArgs& a, const Tensor& tokens, const Tensor& targets);
 
 /// When param_sumsq writes its slot.
 enum class SumsqWhen {
@@ -164,6 +184,9 @@ class Ops {
   /// tokens[t] and targets[t] (i32) of the current (step, microbatch) of this rank.
   virtual void make_batch(const BatchArgs& args, const Tensor& tokens, const Tensor& targets, Stream stream) = 0;
 
+  /// tokens[j*context + i] = data[start_j + i], targets[...] = data[start_j + i + 1] (i32).
+  virtual void text_batch(const TextBatchArgs& args, const Tensor& tokens, const Tensor& targets, Stream stream) = 0;
+
   // ---- GEMMs
   virtual void gemm(const GemmArgs& args, Stream stream) = 0;
   virtual void grouped_gemm(const GroupedGemmArgs& args, Stream stream) = 0;
@@ -192,6 +215,25 @@ class Ops {
   virtual void silu_backward(const Tensor& da, const Tensor& u, const Tensor& du, std::int64_t n, Stream stream) = 0;
   /// y = x rounded to the GEMM-input type (act -> low).
   virtual void to_low(const Tensor& x, const Tensor& y, std::int64_t n, Stream stream) = 0;
+
+  // ---- GPT (S = context length, T = sequences * S)
+  /// h[t,:] += table[t % S,:] (param, act).
+  virtual void pos_embed_forward(const Tensor& table, const Tensor& h, std::int64_t T, std::int64_t S, std::int64_t H,
+                                 Stream stream) = 0;
+  /// dtable[p,:] += sum over sequences b (in order) of dh[b*S + p,:].
+  virtual void pos_embed_backward(const Tensor& dh, const Tensor& dtable, std::int64_t T, std::int64_t S,
+                                  std::int64_t H, Stream stream) = 0;
+  /// a = gelu(u) (act -> low); du = da * gelu'(u) (act, act -> low).
+  virtual void gelu_forward(const Tensor& u, const Tensor& a, std::int64_t n, Stream stream) = 0;
+  virtual void gelu_backward(const Tensor& da, const Tensor& u, const Tensor& du, std::int64_t n, Stream stream) = 0;
+  /// For each of `blocks` S x S score matrices (act): probs[i,j] = softmax over j <= i of
+  /// scores[i,:], 0 for j > i (causal); probs (act) and probs_low (low) hold it.
+  virtual void causal_softmax_forward(const Tensor& scores, const Tensor& probs, const Tensor& probs_low,
+                                      std::int64_t blocks, std::int64_t S, Stream stream) = 0;
+  /// dscores[i,j] = probs[i,j] * (dprobs[i,j] - sum_k probs[i,k] dprobs[i,k]) (-> low; 0
+  /// above the diagonal).
+  virtual void causal_softmax_backward(const Tensor& dprobs, const Tensor& probs, const Tensor& dscores,
+                                       std::int64_t blocks, std::int64_t S, Stream stream) = 0;
 
   // ---- mixture of experts (G experts, capacity C)
   /// probs = softmax(logits) per token; expert = argmax (first on ties); gate = its prob.

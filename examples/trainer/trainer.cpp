@@ -1,5 +1,6 @@
 #include "trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -8,6 +9,8 @@
 
 #include <shardopt/backend.hpp>
 #include <shardopt/error.hpp>
+
+#include "op_math.hpp"
 
 namespace trainer {
 
@@ -36,6 +39,19 @@ shardopt::LrSchedule schedule_of(const TrainOptions& o, float lr) {
   return shardopt::LrSchedule::warmup_cosine(lr, lr * o.min_lr_ratio, warmup, o.steps);
 }
 
+/// The mean over the ranks of one double per rank (bitwise the same on every rank).
+double mean_over_ranks(const shardopt::Communicator& comm, double mine) {
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, &mine, sizeof bits);
+  double total = 0.0;
+  for (std::uint64_t b : comm.all_gather_value(bits)) {
+    double v = 0.0;
+    std::memcpy(&v, &b, sizeof v);
+    total += v;
+  }
+  return total / comm.size();
+}
+
 float default_lr(const std::string& size) {
   if (size == "tiny") return 1e-2f;
   if (size == "small") return 3e-3f;
@@ -52,13 +68,42 @@ void check_supported(const TrainOptions& o) {
         "--params bf16 with --mode fsdp.");
 }
 
+void prepare_task(TrainOptions& o) {
+  if (o.task != "shakespeare") return;
+  o.model.vocab = read_text_manifest(o.data_dir).vocab_size;
+  validate(o.model);
+}
+
 Trainer::Trainer(const TrainOptions& options, shardopt::Communicator comm, TrainerTestHooks hooks)
     : options_(options), hooks_(hooks), comm_(std::move(comm)) {
   check_supported(options_);
+  prepare_task(options_);
   validate(options_.model);
   spec_ = std::make_unique<ModelSpec>(options_.model, options_.experts == "discrete");
   const shardopt::Backend backend = comm_.backend();
   ops_ = backend == shardopt::Backend::Cuda ? make_cuda_ops() : make_host_ops(Precision::Mixed);
+  if (options_.task == "shakespeare") {
+    // Every rank maps the token files; on a GPU they are copied to device memory once (a
+    // few MB), where the batch kernel reads its windows.
+    text_ = read_text_manifest(options_.data_dir);
+    train_map_ = std::make_unique<MappedTokens>(options_.data_dir + "/train.bin", text_.train_tokens);
+    val_map_ = std::make_unique<MappedTokens>(options_.data_dir + "/val.bin", text_.val_tokens);
+    const std::int64_t context = options_.model.gpt ? options_.model.context : options_.model.tokens;
+    if (val_map_->size() <= context || train_map_->size() <= context)
+      throw std::runtime_error("--data " + options_.data_dir + ": a token file is not longer than one window of " +
+                               std::to_string(context) + " tokens");
+    if (backend == shardopt::Backend::Cuda) {
+      train_dev_ = ops_->alloc(Elem::u8, train_map_->size());
+      val_dev_ = ops_->alloc(Elem::u8, val_map_->size());
+      ops_->upload(train_dev_, train_map_->data());
+      ops_->upload(val_dev_, val_map_->data());
+      train_tokens_ = train_dev_.as<std::uint8_t>();
+      val_tokens_ = val_dev_.as<std::uint8_t>();
+    } else {
+      train_tokens_ = train_map_->data();
+      val_tokens_ = val_map_->data();
+    }
+  }
 
   const float lr = options_.lr > 0.0f ? options_.lr : default_lr(options_.size);
   const shardopt::DType grad_dtype = options_.grad_dtype == "bf16" ? shardopt::DType::bf16 : shardopt::DType::f32;
@@ -119,6 +164,8 @@ Trainer::Trainer(const TrainOptions& options, shardopt::Communicator comm, Train
   mo.mxfp8_params = mxfp8();
   mo.nvfp4_params = nvfp4();
   mo.seed000_host_flag = hooks_.seed000_host_flag;
+  mo.text = train_tokens_;
+  mo.text_tokens = train_map_ ? train_map_->size() : 0;
   model_ = std::make_unique<Model>(*spec_, *ops_, mo);
 
   auto fn = [this](shardopt::Stream s, bool) { model_->microbatch(*weights_, s); };
@@ -230,15 +277,7 @@ StepStats Trainer::stats() {
     mine += l;
   }
   mine /= static_cast<double>(losses.size());
-  std::uint64_t bits = 0;
-  std::memcpy(&bits, &mine, sizeof bits);
-  double total = 0.0;
-  for (std::uint64_t b : comm_.all_gather_value(bits)) {
-    double v = 0.0;
-    std::memcpy(&v, &b, sizeof v);
-    total += v;
-  }
-  st.loss = total / comm_.size();
+  st.loss = mean_over_ranks(comm_, mine);
   if (options_.group_norms) {
     std::vector<float> sq(static_cast<std::size_t>(spec_->num_params()));
     ops_->download(sq.data(), model_->grad_sumsq());
@@ -250,6 +289,59 @@ StepStats Trainer::stats() {
     for (int g = 0; g < kNormGroups; ++g) st.group_norm[static_cast<std::size_t>(g)] = std::sqrt(sums[static_cast<std::size_t>(g)]);
   }
   return st;
+}
+
+double Trainer::evaluate() {
+  synchronize();
+  const shardopt::Stream s = ops_->stream();
+  double sum = 0.0;
+  for (int k = 0; k < options_.eval_batches; ++k) {
+    model_->make_eval_batch(k, val_tokens_, val_map_ ? val_map_->size() : 0, s);
+    model_->eval_forward(*weights_, s);
+    synchronize();
+    float loss = 0.0f;
+    ops_->download(&loss, model_->eval_loss());
+    sum += loss;
+  }
+  return mean_over_ranks(comm_, sum / options_.eval_batches);
+}
+
+std::string Trainer::sample(int chars, std::uint64_t seed) {
+  if (!options_.model.gpt || options_.task != "shakespeare")
+    throw std::logic_error("Trainer::sample: --model gpt --task shakespeare only");
+  synchronize();
+  const shardopt::Stream s = ops_->stream();
+  const ModelConfig& c = options_.model;
+  std::int32_t newline = 0;
+  for (std::size_t i = 0; i < text_.chars.size(); ++i)
+    if (text_.chars[i] == "\n") newline = static_cast<std::int32_t>(i);
+  std::vector<std::int32_t> text{newline}, tokens(static_cast<std::size_t>(c.tokens), 0),
+      targets(static_cast<std::size_t>(c.tokens), 0);
+  std::vector<float> logits(static_cast<std::size_t>(c.vocab));
+  for (int i = 0; i < chars; ++i) {
+    // The last `context` characters in sequence 0 (causal: the rest of the batch is not seen).
+    const std::size_t n = std::min<std::size_t>(text.size(), static_cast<std::size_t>(c.context));
+    std::copy(text.end() - static_cast<std::ptrdiff_t>(n), text.end(), tokens.begin());
+    model_->set_batch(tokens, targets);
+    model_->eval_forward(*weights_, s);
+    synchronize();
+    ops_->download(logits.data(), model_->logits().slice(static_cast<std::int64_t>(n - 1) * c.vocab, c.vocab));
+    const float top = *std::max_element(logits.begin(), logits.end());
+    double total = 0.0;
+    for (float l : logits) total += std::exp(static_cast<double>(l - top));
+    const double u = static_cast<double>(math::mix(seed ^ math::mix(static_cast<std::uint64_t>(i))) >> 11) * 0x1.0p-53;
+    double acc = 0.0;
+    std::int32_t pick = static_cast<std::int32_t>(c.vocab - 1);
+    for (std::int64_t v = 0; v < c.vocab; ++v) {
+      acc += std::exp(static_cast<double>(logits[static_cast<std::size_t>(v)] - top)) / total;
+      if (u < acc) {
+        pick = static_cast<std::int32_t>(v);
+        break;
+      }
+    }
+    text.push_back(pick);
+  }
+  return decode_text(text_.chars, std::vector<std::int32_t>(text.begin() + 1, text.end()));
 }
 
 // The user map. The batch of microbatch m of an iteration is a pure function of (seed,
@@ -290,6 +382,8 @@ shardopt::CheckpointUserData Trainer::checkpoint_user_data() {
       {"trainer.grad_dtype", options_.grad_dtype},
       {"trainer.size", options_.size},
       {"trainer.steps", std::to_string(options_.steps)},
+      {"trainer.model", options_.model_kind},
+      {"trainer.task", options_.task},
   };
 }
 

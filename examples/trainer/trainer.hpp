@@ -19,6 +19,7 @@
 #include "model.hpp"
 #include "model_spec.hpp"
 #include "ops.hpp"
+#include "text_data.hpp"
 #include "weights.hpp"
 
 namespace trainer {
@@ -98,6 +99,17 @@ class Trainer {
   /// else why not (e.g. another world size or microbatch count: another data stream).
   std::string resume_differences(const shardopt::CheckpointInfo& info) const;
 
+  /// The mean token loss of the fixed evaluation batches (--eval-batches per rank: windows
+  /// of the validation file with --task shakespeare, else synthetic batches of another
+  /// seed), over the ranks: forward only, between iterations; no gradient, loss slot or
+  /// optimizer state changes. Collective.
+  double evaluate();
+  /// `chars` characters generated after a newline, drawn one by one from the model's
+  /// softmax (temperature 1) with a generator seeded by `seed`: the same text on every
+  /// rank. --model gpt --task shakespeare only (std::logic_error otherwise). Collective
+  /// (FSDP gathers).
+  std::string sample(int chars, std::uint64_t seed);
+
   MemoryUse memory() const;
   /// Tokens of one iteration over all ranks.
   std::int64_t tokens_per_step() const noexcept;
@@ -137,7 +149,18 @@ class Trainer {
   std::unique_ptr<Model> model_;
   std::unique_ptr<shardopt::StepGraph> graph_;
   int iterations_ = 0;
+  // --task shakespeare: the manifest, the mapped token files and (CUDA) their device copies.
+  TextManifest text_;
+  std::unique_ptr<MappedTokens> train_map_, val_map_;
+  Buffer train_dev_, val_dev_;
+  const std::uint8_t* train_tokens_ = nullptr;
+  const std::uint8_t* val_tokens_ = nullptr;
 };
+
+/// --task shakespeare: reads the manifest of --data and sets the model's vocabulary to
+/// the data's (std::runtime_error saying how to make the files when they are missing).
+/// Does nothing for --task synthetic. The Trainer constructor calls it too.
+void prepare_task(TrainOptions& options);
 
 /// Throws std::runtime_error for option combinations the library does not offer (--params
 /// mxfp8 with --mode fsdp: MXFP8 parameters are DistributedAdam's), saying what to use.

@@ -86,6 +86,7 @@ class FsdpWeights final : public Weights {
       throw std::invalid_argument("the FSDP optimizer was built from another parameter list");
   }
   void forward_unit(int unit, Stream s) override { take_params(unit, shardopt::FsdpPass::Forward, s); }
+  void end_forward_only(Stream s) override { opt_.end_forward_only(s); }
   void backward_unit(int unit, bool need_params, Stream s) override {
     if (need_params) take_params(unit, shardopt::FsdpPass::Backward, s);
     const auto views = opt_.grad_slot(unit, s);

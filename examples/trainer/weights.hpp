@@ -31,6 +31,9 @@ class Weights {
   virtual void backward_unit_done(int unit, Stream stream) = 0;
   /// Parameter i's gradient for this microbatch is complete.
   virtual void grad_done(int i, Stream stream) = 0;
+  /// After a forward-only pass (evaluation, no backward): FSDP ends it
+  /// (Fsdp::end_forward_only); nothing to do for persistent weights.
+  virtual void end_forward_only(Stream) {}
   /// Parameter i (member `member` of a grouped tensor; -1: the whole tensor). Refused
   /// (std::logic_error) for an MXFP8 or NVFP4 parameter: read mxfp8(i) / nvfp4(i).
   virtual Tensor param(int i, int member = -1) = 0;
