@@ -24,6 +24,7 @@
 #include "core/memory.hpp"
 #include "core/safetensors.hpp"
 #include "core/streams.hpp"
+#include "core/trace.hpp"
 #include "kernels/convert.hpp"
 #include "shardopt/error.hpp"
 
@@ -447,6 +448,7 @@ void begin_save(const CheckpointTarget& t, const std::string& dir) {
 // rank returns once it exists (or throws with the others).
 void finish_save(const CheckpointTarget& t, const std::string& dir, const std::exception_ptr& write_error,
                  FileResult mine, const SavedState& st, const CheckpointUserData& user) {
+  SHARDOPT_TRACE("shardopt/checkpoint/index");
   agree(*t.all, write_error, "saving the checkpoint to '" + dir + "'");
   const auto bytes = t.all->all_gather_value(t.writes_file ? mine.bytes : 0);
   const auto crcs = t.all->all_gather_value(t.writes_file ? mine.crc : 0);
@@ -484,6 +486,7 @@ void require_not_capturing(const CheckpointTarget& t, Stream stream, const char*
 
 void save_checkpoint(const CheckpointTarget& t, const std::string& dir, Stream stream, const CheckpointUserData& user,
                      std::size_t staging_bytes) {
+  SHARDOPT_TRACE("shardopt/checkpoint/save");
   require_not_capturing(t, stream, "save");
   const SavedState st = current_state(t, stream);  // synchronizes `stream`
   begin_save(t, dir);
@@ -491,6 +494,7 @@ void save_checkpoint(const CheckpointTarget& t, const std::string& dir, Stream s
   FileResult mine;
   if (t.writes_file) {
     try {
+      SHARDOPT_TRACE("shardopt/checkpoint/write");
       const std::vector<Item> items = own_items(t);
       SafetensorsWriter w = open_writer(t, dir, items);
       if (t.backend == Backend::Host) {
@@ -545,6 +549,7 @@ class SaveJob {
                      "SaveHandle::wait(): the optimizer that started this save was destroyed first, so the index "
                      "of '" + dir + "' cannot be written; wait for a save before destroying its optimizer");
     waited = true;
+    SHARDOPT_TRACE("shardopt/checkpoint/wait");
     if (thread.joinable()) thread.join();
     finish_save(target, dir, error, result, state, user);
   }
@@ -569,6 +574,7 @@ class SaveJob {
 
 std::shared_ptr<SaveJob> save_checkpoint_async(const CheckpointTarget& t, const std::string& dir, Stream stream,
                                                const CheckpointUserData& user, std::shared_ptr<DeviceBuffer>& pool) {
+  SHARDOPT_TRACE("shardopt/checkpoint/save_async");
   require_not_capturing(t, stream, "save_async");
   auto job = std::make_shared<SaveJob>(t, dir, user);
   job->state = current_state(t, stream);
@@ -605,6 +611,7 @@ std::shared_ptr<SaveJob> save_checkpoint_async(const CheckpointTarget& t, const 
     SaveJob* j = job.get();
     j->thread = std::thread([j] {
       try {
+        SHARDOPT_TRACE("shardopt/checkpoint/write");
         SafetensorsWriter w = open_writer(j->target, j->dir, j->items);
         std::size_t at = 0;
         for (std::size_t i = 0; i < j->items.size(); ++i) {
@@ -801,6 +808,7 @@ void read_into_buffers(Backend backend, const std::map<std::int64_t, std::vector
 }  // namespace
 
 CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir, Stream stream) {
+  SHARDOPT_TRACE("shardopt/checkpoint/load");
   require_not_capturing(t, stream, "load");
   const Layout& L = *t.layout;
   const DType moment = t.engine->settings().adam.moment_dtype;
@@ -815,6 +823,7 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
   std::map<std::int64_t, std::unique_ptr<SafetensorsReader>> open_files;  // kept open for pass 2
   std::exception_ptr error;
   try {
+    SHARDOPT_TRACE("shardopt/checkpoint/verify");
     const json::Value index = read_index(dir);
     const std::string where = join(dir, kIndexName);
     const json::Value& files = member(index, "files", where);
@@ -961,6 +970,7 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
   agree(*t.all, error, "loading the checkpoint '" + dir + "'");
   // Pass 2: every rank's files passed; read the slices into the buffers in place.
   try {
+    SHARDOPT_TRACE("shardopt/checkpoint/read");
     read_into_buffers(t.backend, plan, open_files, stream);
   } catch (...) {
     error = std::current_exception();
