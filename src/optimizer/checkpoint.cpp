@@ -18,11 +18,11 @@
 #include <vector>
 
 #include "core/check.hpp"
-#include "core/crc32c.hpp"
-#include "core/file_io.hpp"
-#include "core/json.hpp"
+#include "formats/crc32c.hpp"
+#include "formats/file_io.hpp"
+#include "formats/json.hpp"
 #include "core/memory.hpp"
-#include "core/safetensors.hpp"
+#include "formats/safetensors.hpp"
 #include "core/streams.hpp"
 #include "core/trace.hpp"
 #include "kernels/convert.hpp"
