@@ -2,6 +2,7 @@
 
 #if SHARDOPT_HAVE_NVTX
 #include <string>
+#include <type_traits>
 
 namespace shardopt::detail {
 
@@ -9,11 +10,11 @@ TraceName::TraceName(const char* name) : name_(name) {
   nvtxDomainHandle_t d = trace_domain();
   if (d == nullptr) return;  // no tool: register nothing
   plain_ = nvtxDomainRegisterStringA(d, name);
-  indexed_ = std::make_unique<std::atomic<nvtxStringHandle_t>[]>(kIndexed);
+  indexed_ = new std::atomic<nvtxStringHandle_t>[kIndexed];  // never freed: see trace.hpp
   for (int i = 0; i < kIndexed; ++i) indexed_[i].store(nullptr, std::memory_order_relaxed);
 }
 
-TraceName::~TraceName() = default;
+static_assert(std::is_trivially_destructible_v<TraceName>);
 
 nvtxStringHandle_t TraceName::handle(int index) const {
   if (index < 0 || index >= kIndexed || indexed_ == nullptr) return plain_;

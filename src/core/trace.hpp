@@ -14,7 +14,6 @@
 
 #if SHARDOPT_HAVE_NVTX
 #include <atomic>
-#include <memory>
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wundef"
@@ -31,12 +30,15 @@ inline nvtxDomainHandle_t trace_domain() {
 
 /// A range name ("shardopt/adam"), registered once; for an indexed name also the names
 /// "shardopt/reduce_scatter bucket 0", "... 1", ..., each registered at its first use.
+///
+/// Trivially destructible on purpose: the statics of the call sites stay usable while
+/// other statics are destroyed at exit (the indexed table is never freed; it exists only
+/// while a tool is attached).
 class TraceName {
  public:
   explicit TraceName(const char* name);
   TraceName(const TraceName&) = delete;
   TraceName& operator=(const TraceName&) = delete;
-  ~TraceName();
 
   /// The registered name (index < 0) or "name index"; indexes past kIndexed share the
   /// plain name (the range's payload still carries the index).
@@ -47,7 +49,7 @@ class TraceName {
  private:
   const char* name_;
   nvtxStringHandle_t plain_ = nullptr;
-  std::unique_ptr<std::atomic<nvtxStringHandle_t>[]> indexed_;  // only while a tool is attached
+  std::atomic<nvtxStringHandle_t>* indexed_ = nullptr;  // kIndexed slots, only while a tool is attached
 };
 
 /// An open range of the `shardopt` domain, closed by the destructor (RAII).
