@@ -4,8 +4,9 @@
 //
 // A range marks host time: from the enqueue of the first piece of work inside it to the
 // end of the scope. Built without NVTX (the host-only build, or -Dnvtx=disabled) the
-// macros compile to nothing. Built with it and no tool attached, a range costs one load
-// and one branch: the `shardopt` domain is null, and nothing is registered or pushed.
+// macros compile to nothing. Built with it and no tool attached, a range costs three
+// tests (the call site's and the domain's one-time initialization, the null domain):
+// the `shardopt` domain is null, and nothing is registered or pushed.
 // Names are registered strings, made once per call site (indexed names once per index),
 // so the hot path formats no strings.
 #pragma once
