@@ -7,7 +7,7 @@ shardopt's layers run one way, top to bottom:
     optimizer (4)  src/optimizer/
     quantized (3)  src/quantized/
     buffers (2)    src/buffers/
-    comm, kernels (1, siblings)  src/comm/, src/kernels/
+    comm, kernels, formats (1, siblings)  src/comm/, src/kernels/, src/formats/
     core (0)       src/core/
 
 Files scanned: src/**/*.{hpp,cpp,cu,cuh,h,hh,cc,cxx,inl,ipp} and include/shardopt/**/*.{hpp,h}.
@@ -37,7 +37,7 @@ Violations (each makes the script exit 1):
   (a) upward: a file of layer L includes a file of a layer ranked above L
       (this covers any src/ file including the umbrella shardopt.hpp);
   (b) siblings: a file of one layer includes a file of a different layer of the same
-      rank (comm <-> kernels);
+      rank (comm, kernels and formats: none includes another);
   (c) cycle: a cycle in the directory graph, whose nodes are the layer names (a
       public header counts as the node of its layer) and whose edges are the includes
       between different nodes. Every cycle holds an edge A -> B going up or sideways;
@@ -71,6 +71,7 @@ LAYERS = {
     "core": 0,
     "comm": 1,
     "kernels": 1,
+    "formats": 1,  # checkpoint file formats: JSON, CRC-32C, atomic files, safetensors
     "buffers": 2,
     "quantized": 3,
     "optimizer": 4,

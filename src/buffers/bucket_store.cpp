@@ -24,6 +24,7 @@
 #include "core/fnv.hpp"
 #include "core/memory.hpp"
 #include "core/streams.hpp"
+#include "core/trace.hpp"
 #include "kernels/piece_sum.hpp"
 #include "shardopt/error.hpp"
 
@@ -221,6 +222,7 @@ class BucketStoreImpl {
     if (buckets.empty()) return;
 
     auto run = [&](int b, Stream s) {
+      SHARDOPT_TRACE_EITHER(reduce, "shardopt/reduce_scatter bucket", "shardopt/all_gather bucket", b);
       // Host backend: the text names the bucket if this collective misses a deadline.
       std::optional<detail::OperationLabel> label;
       if (backend == Backend::Host)

@@ -10,6 +10,7 @@
 #include "core/check.hpp"
 #include "core/live.hpp"
 #include "core/memory.hpp"
+#include "core/trace.hpp"
 #include "kernels/convert.hpp"
 #include "kernels/step_control.hpp"
 #include "shardopt/bucket_store.hpp"
@@ -419,6 +420,7 @@ void DistributedAdam::Impl::reduce_grads(Stream stream) {
 }
 
 void DistributedAdam::Impl::step(Stream stream) {
+  SHARDOPT_TRACE("shardopt/step");
   Impl& m = *this;
   m.state.require_initialized("step()", kInitCalls);
   // An MXFP8 gather still in its gradient region means the gradients were written over
@@ -480,6 +482,7 @@ GatherState DistributedAdam::gather_state(int bucket) const {
 }
 
 void DistributedAdam::Impl::zero_grad(Stream stream) {
+  SHARDOPT_TRACE("shardopt/zero_grad");
   Impl& m = *this;
   // Pending MXFP8 gathers sit in the gradient buffer: land them first, then zero (seed
   // 001's bug was a zeroing that ran before the gather had landed).

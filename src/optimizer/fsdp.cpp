@@ -11,6 +11,7 @@
 #include "core/check.hpp"
 #include "core/live.hpp"
 #include "core/memory.hpp"
+#include "core/trace.hpp"
 #include "core/streams.hpp"
 #include "kernels/convert.hpp"
 #include "kernels/piece_sum.hpp"
@@ -248,6 +249,7 @@ class Fsdp::Impl final : public detail::StepTarget {
 
   // Position k's native parts into its parameter slot.
   void gather_native(std::size_t k, Stream stream) {
+    SHARDOPT_TRACE_INDEXED("shardopt/all_gather unit", order[k]);
     const Stream gs = fork_gather(stream);
     const int slot = slot_of[k];
     char* base = slot_landing[static_cast<std::size_t>(slot)].receive(
@@ -264,6 +266,7 @@ class Fsdp::Impl final : public detail::StepTarget {
   // Backward one) into its staging half of the gradient slot.
   void gather_mx(std::size_t k, Stream stream) {
     const int u = order[k];
+    SHARDOPT_TRACE_INDEXED("shardopt/all_gather mxfp8 unit", u);
     SHARDOPT_REQUIRE(grad_unit < 0, ErrorCode::InvalidState,
                      "wait_param('" + unit_name(u) + "') gathers its MXFP8 plane through the gradient slot, which unit '" +
                          (grad_unit >= 0 ? unit_name(grad_unit) : std::string()) +
@@ -813,6 +816,7 @@ std::vector<GradView> Fsdp::grad_slot(int unit, Stream stream) {
 
 void Fsdp::grad_ready(int unit, Stream stream) {
   Impl& m = live(impl_);
+  SHARDOPT_TRACE_INDEXED("shardopt/reduce_scatter unit", unit);
   m.check_unit(unit);
   if (!m.state.initialized())
     m.state.require_initialized("grad_ready('" + m.unit_name(unit) + "')", kInitCalls);
@@ -858,6 +862,7 @@ void Fsdp::grad_ready(int unit, Stream stream) {
 }
 
 void Fsdp::Impl::step(Stream stream) {
+  SHARDOPT_TRACE("shardopt/step");
   Impl& m = *this;
   m.state.require_initialized("step()", kInitCalls);
   SHARDOPT_REQUIRE(m.grad_unit < 0, ErrorCode::InvalidState,
@@ -883,6 +888,7 @@ void Fsdp::Impl::step(Stream stream) {
 }
 
 void Fsdp::Impl::zero_grad(Stream stream) {
+  SHARDOPT_TRACE("shardopt/zero_grad");
   Impl& m = *this;
   for (const auto& g : m.grad_shards) fill_zero_async(m.backend, g.data(), g.bytes(), stream);
   m.state.release_copies(stream);

@@ -13,6 +13,7 @@
 #include "kernels/convert.hpp"
 #include "kernels/step_control.hpp"
 #include "quantized/phase_probe.hpp"
+#include "core/trace.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt::detail {
@@ -170,6 +171,7 @@ void ShardEngine::step(const Communicator& norm_comm, Stream stream) {
 void ShardEngine::apply(int buffer, std::size_t first, std::size_t last, Stream stream) {
   const BufferShard& sh = shards_[static_cast<std::size_t>(buffer)];
   if (first >= last) return;
+  SHARDOPT_TRACE("shardopt/adam");
   ShardPointers p = sh.ptrs;
   p.chunks = sh.ptrs.chunks + first;
   p.num_chunks = static_cast<std::int64_t>(last - first);
@@ -190,6 +192,7 @@ std::pair<std::size_t, std::size_t> ShardEngine::bucket_chunks(int bucket) const
 }
 
 void ShardEngine::begin_step(const Communicator& norm_comm, Stream stream) {
+  SHARDOPT_TRACE("shardopt/norm");
   phase_mark("norm", stream);
   StepScalars* sc = scalars();
   // Per-step values, all on the device: lr, inverse loss scale, fresh norm accumulators.

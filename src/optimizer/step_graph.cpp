@@ -6,6 +6,7 @@
 #include "comm/deadline.hpp"
 #include "core/graph.hpp"
 #include "core/live.hpp"
+#include "core/trace.hpp"
 #include "shardopt/distributed_adam.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/fsdp.hpp"
@@ -97,6 +98,7 @@ void StepGraph::run_eager(Stream stream) { live(impl_).eager(stream); }
 
 void StepGraph::capture(Stream stream) {
   Impl& m = live(impl_);
+  SHARDOPT_TRACE("shardopt/capture");
   const Backend be = m.target.step_backend();
   SHARDOPT_REQUIRE(!captured(), ErrorCode::InvalidState, "StepGraph::capture() was already called");
   // Warm-up on the caller's stream itself, so that the microbatch function is handed
@@ -134,6 +136,7 @@ void StepGraph::capture(Stream stream) {
 
 void StepGraph::replay(Stream stream) {
   Impl& m = live(impl_);
+  SHARDOPT_TRACE("shardopt/replay");
   SHARDOPT_REQUIRE(captured(), ErrorCode::InvalidState, "StepGraph::replay() before capture()");
   const Backend be = m.target.step_backend();
   m.watched("StepGraph::replay", [&] {
@@ -152,6 +155,7 @@ void StepGraph::replay(Stream stream) {
 
 void StepGraph::replay_step(Stream stream) {
   Impl& m = live(impl_);
+  SHARDOPT_TRACE("shardopt/replay_step");
   SHARDOPT_REQUIRE(m.step_graph != nullptr, ErrorCode::InvalidState,
                    "StepGraph::replay_step() needs a captured step graph (not in one-graph mode, after capture())");
   m.watched("StepGraph::replay_step", [&] { m.step_graph->replay(m.target.step_backend(), stream); });

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/check.hpp"
+#include "core/trace.hpp"
 #include "quantized/phase_probe.hpp"
 #include "shardopt/error.hpp"
 
@@ -186,11 +187,13 @@ void QuantizedParams::quantize(int first, int last, Stream stream) {
                      std::string(name()) + " bucket " + std::to_string(b) + " is quantized while its gather is " +
                          gather_state_name(bi.state));
     phase_mark(format_->partials_mark(), stream);
+    SHARDOPT_TRACE_INDEXED("shardopt/amax bucket", b);
     format_->partials(b, stream);
     if (span_begin == nullptr) span_begin = format_->exchange_begin(b);
     span_end = format_->exchange_end(b);
   }
   if (span_begin == nullptr) return;
+  SHARDOPT_TRACE("shardopt/quantize");
   phase_mark("exchange", stream);
   exchange(span_begin, span_end, stream);
   phase_mark(format_->quantize_mark(), stream);
@@ -216,6 +219,7 @@ void QuantizedParams::consume(BucketStore& store, int first, int last, Stream st
       ++b;
       continue;
     }
+    SHARDOPT_TRACE_INDEXED("shardopt/landing bucket", b);
     // A run of pending buckets whose gradient regions are adjacent: one copy launch and
     // one memset for all of them.
     int e = b;

@@ -25,7 +25,7 @@
 #include "fsdp_cases.hpp"
 #include "fsdp_mxfp8_cases.hpp"
 #include "mxfp8_params_cases.hpp"
-#include "core/json.hpp"
+#include "formats/json.hpp"
 #include "shardopt/checkpoint.hpp"
 
 namespace shardopt::test {

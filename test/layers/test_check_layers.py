@@ -117,6 +117,24 @@ case("buffers <-> optimizer cycle",
       "  src/optimizer/state.hpp:3: optimizer includes shardopt/layout.hpp (buffers)"],
      "layering: 2 violations")
 
+FORMATS = {"src/formats/json.hpp": '#pragma once\n#include "core/check.hpp"\n',
+           "src/optimizer/save.cpp": '#include "formats/json.hpp"\n#include "state.hpp"\n'}
+
+case("formats: a room above core, used by the optimizer", tree(**FORMATS), 0,
+     last=f"layering: ok ({CLEAN_FILES + 2} files, {CLEAN_EDGES + 3} edges)")
+
+case("core includes formats",
+     tree(**FORMATS, **{"src/core/bad.cpp": '#include "formats/json.hpp"\n'}), 1,
+     ["src/core/bad.cpp:1: core includes formats/json.hpp (formats)"])
+
+case("formats includes comm (siblings)",
+     tree(**FORMATS, **{"src/formats/file.cpp": '#include "comm/impl.hpp"\n'}), 1,
+     ["src/formats/file.cpp:1: formats includes comm/impl.hpp (comm) [siblings]"])
+
+case("kernels includes formats (siblings)",
+     tree(**FORMATS, **{"src/kernels/io.cpp": '#include "formats/json.hpp"\n'}), 1,
+     ["src/kernels/io.cpp:1: kernels includes formats/json.hpp (formats) [siblings]"])
+
 case("src file includes the umbrella header",
      tree(**{"src/optimizer/adam.cpp": '#include "shardopt/shardopt.hpp"\n'}), 1,
      ["src/optimizer/adam.cpp:1: optimizer includes shardopt/shardopt.hpp (api)"])

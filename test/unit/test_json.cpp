@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "../common/error_of.hpp"
-#include "core/json.hpp"
+#include "formats/json.hpp"
 
 namespace {
 using namespace shardopt;

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "core/crc32c.hpp"
-#include "core/file_io.hpp"
-#include "core/json.hpp"
-#include "core/safetensors.hpp"
+#include "formats/crc32c.hpp"
+#include "formats/file_io.hpp"
+#include "formats/json.hpp"
+#include "formats/safetensors.hpp"
 #include "shardopt/error.hpp"
 
 namespace {

@@ -1,4 +1,4 @@
-#include "core/safetensors.hpp"
+#include "formats/safetensors.hpp"
 
 #include <algorithm>
 #include <future>
@@ -8,9 +8,9 @@
 #include <string>
 #include <utility>
 
-#include "core/crc32c.hpp"
-#include "core/file_io.hpp"
-#include "core/json.hpp"
+#include "formats/crc32c.hpp"
+#include "formats/file_io.hpp"
+#include "formats/json.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt {

@@ -1,4 +1,4 @@
-#include "core/crc32c.hpp"
+#include "formats/crc32c.hpp"
 
 #include <array>
 #include <bit>

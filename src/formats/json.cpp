@@ -1,4 +1,4 @@
-#include "core/json.hpp"
+#include "formats/json.hpp"
 
 #include <algorithm>
 #include <charconv>

@@ -1,4 +1,4 @@
-#include "core/file_io.hpp"
+#include "formats/file_io.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
