@@ -76,6 +76,7 @@ void MuonPass::bind(const std::vector<MuonPieceStorage>& pieces, DType grad_dtyp
 
 void MuonPass::step(const Communicator& comm, StepScalars* scalars, Stream stream) const {
   SHARDOPT_REQUIRE(bound_, ErrorCode::Internal, "MuonPass::step before bind");
+  if (plan_.slot == 0) return;  // no Muon matrix has elements (a Muon group of empty pieces only)
   std::optional<OperationLabel> label;  // names the exchange if a host-backend wait times out
   if (backend_ == Backend::Host) label.emplace("Muon gradient exchange (all-to-all)");
   kernels::muon_pack(pack_, grad_dtype_, scalars, backend_, stream);

@@ -35,10 +35,11 @@ class MuonPass {
   MuonPass(Backend backend, const Layout& layout, int rank, const std::vector<AdamGroup>& groups);
 
   /// Binds the storage of this rank's pieces (indexed by parameter; read for Muon
-  /// parameters only). Called once the front end has bound every buffer.
+  /// parameters only). The engine calls it once every buffer is bound (construction).
   void bind(const std::vector<MuonPieceStorage>& pieces, DType grad_dtype);
   bool bound() const noexcept { return bound_; }
   /// Enqueues the Muon step on `stream`: two all-to-alls over `comm` (the layout's world).
+  /// Error(Internal) before bind.
   void step(const Communicator& comm, StepScalars* scalars, Stream stream) const;
 
   const std::vector<MuonMatrixInfo>& matrices() const noexcept { return matrices_; }

@@ -121,6 +121,7 @@ void ShardEngine::bind(int buffer, const void* grads, void* params) {
   sh.ptrs.grads = grads;
   sh.ptrs.params = params;
   sh.config.write_params = params != nullptr;
+  sh.bound = true;
   if (muon_ && params == nullptr)
     for (const MuonMatrixInfo& mi : muon_->matrices())
       SHARDOPT_REQUIRE(pieces_[static_cast<std::size_t>(mi.param)].buffer != buffer || pieces_[static_cast<std::size_t>(mi.param)].length == 0,
@@ -128,6 +129,9 @@ void ShardEngine::bind(int buffer, const void* grads, void* params) {
                        "parameter '" + layout_.specs()[static_cast<std::size_t>(mi.param)].name +
                            "' is in a Muon group but stored in a quantized format (MXFP8 / NVFP4); Muon supports "
                            "native parameters only so far: use ParamFormat::Native or an AdamW group");
+  // Once every buffer is bound, the Muon pass learns where its pieces live (construction:
+  // nothing of it is set up inside a step, which may be captured).
+  if (muon_ && std::all_of(shards_.begin(), shards_.end(), [](const BufferShard& b) { return b.bound; })) bind_muon();
 }
 
 void ShardEngine::bind_muon() {
@@ -262,7 +266,6 @@ void ShardEngine::begin_step(const Communicator& norm_comm, Stream stream) {
   finalize_grad_norm(settings_.adam.clip_max_norm, sc, backend_, stream);
   adam_step_prologue(shards_.front().config, sc, backend_, stream);
   if (muon_) {  // Muon's matrices: exchange, orthogonalize at home, apply (docs/muon.md)
-    if (!muon_->bound()) bind_muon();
     muon_->step(norm_comm, sc, stream);
   }
 }

@@ -148,6 +148,7 @@ class ShardEngine {
     ShardPointers ptrs;
     std::int64_t real_numel = 0;
     DType param_dtype = DType::f32;
+    bool bound = false;  // bind() has run
   };
   ShardView piece_view(int param, const DeviceBuffer& buf, DType dtype) const;
   std::size_t storage_offset(const ParamPiece& ps) const;

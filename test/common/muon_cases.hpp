@@ -99,7 +99,14 @@ inline void dist_step(DistributedAdam& opt, int step, Stream s, bool every_rank 
   const bool mine = every_rank || opt.comm().rank() == 0;
   for (int i = 0; i < opt.num_params(); ++i) {
     const GradView g = opt.grad(i);
-    from_host(opt.backend(), g.data, grad_values(step, i, g.numel(), mine));
+    const std::vector<float> v = grad_values(step, i, g.numel(), mine);
+    if (g.dtype == DType::bf16) {
+      std::vector<std::uint16_t> codes(v.size());
+      for (std::size_t j = 0; j < v.size(); ++j) codes[j] = num::f32_to_bf16(v[j]);
+      from_host(opt.backend(), g.data, codes);
+    } else {
+      from_host(opt.backend(), g.data, v);
+    }
   }
   opt.step(s);
   opt.zero_grad(s);

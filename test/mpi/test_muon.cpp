@@ -105,11 +105,14 @@ TEST(MuonHost, MatchesTheDoubleOracleWithinTheDerivedBound) {
 // The same steps on this world and on a world of one (every rank alone, given the reduced
 // gradient): bitwise the same master and parameters. The home of a matrix changes with the
 // world size but its update is computed the same way wherever it runs.
-TEST(MuonHost, BitwiseIndependentOfTheWorldSize) {
+// bf16 gradients too (the pack reads the gradient dtype).
+void world_size_case(DType grad_dtype) {
   Communicator comm = make_comm(kB);
   TestStream s(kB);
-  DistributedAdam opt(comm, model(), dist_options());
-  DistributedAdam one(Communicator::self(kB), model(), dist_options());
+  DistributedAdamOptions o = dist_options();
+  o.grad_dtype = grad_dtype;
+  DistributedAdam opt(comm, model(), o);
+  DistributedAdam one(Communicator::self(kB), model(), o);
   for (DistributedAdam* o : {&opt, &one}) {
     o->set_lr(kLr);
     init(*o, s.get());
@@ -121,12 +124,17 @@ TEST(MuonHost, BitwiseIndependentOfTheWorldSize) {
   expect_pieces_of_the_whole(opt, one);
   for (int i = 0; i < opt.num_params(); ++i) EXPECT_EQ(read_bytes(kB, opt.param(i)), read_bytes(kB, one.param(i)));
 }
+TEST(MuonHost, BitwiseIndependentOfTheWorldSize) { world_size_case(DType::f32); }
+TEST(MuonHost, BitwiseIndependentOfTheWorldSizeWithBf16Gradients) { world_size_case(DType::bf16); }
 
 // Fsdp runs the same Muon step: its master pieces equal a world-of-one DistributedAdam's, bitwise.
-TEST(MuonHost, FsdpEqualsDistributedAdamBitwise) {
+// With hybrid sharding (2 shard groups of 2 at 4 ranks) the exchange runs in the shard group.
+void fsdp_case(int shard_group_size) {
   Communicator comm = make_comm(kB);
   TestStream s(kB);
-  Fsdp f(comm, model(), units(), fsdp_options());
+  FsdpOptions fo = fsdp_options();
+  fo.shard_group_size = shard_group_size;
+  Fsdp f(comm, model(), units(), fo);
   DistributedAdam one(Communicator::self(kB), model(), dist_options());
   f.set_lr(kLr);
   one.set_lr(kLr);
@@ -137,6 +145,11 @@ TEST(MuonHost, FsdpEqualsDistributedAdamBitwise) {
     dist_step(one, t, s.get(), /*every_rank=*/true);
   }
   expect_pieces_of_the_whole(f, one);
+}
+TEST(MuonHost, FsdpEqualsDistributedAdamBitwise) { fsdp_case(0); }
+TEST(MuonHost, HsdpEqualsDistributedAdamBitwise) {
+  if (world_size() != 4) GTEST_SKIP() << "HSDP 2 x 2 needs 4 ranks";
+  fsdp_case(2);
 }
 
 // A step captured by StepGraph and replayed equals the eager steps bitwise. The gradients
@@ -266,6 +279,31 @@ TEST(MuonHost, RanksWithOtherMuonSettingsFailTogether) {
     EXPECT_EQ(e.code(), ErrorCode::LayoutMismatch);
     EXPECT_NE(std::string(e.what()).find("groups"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+
+namespace {
+using namespace shardopt;
+using namespace shardopt::test;
+using namespace shardopt::test::muon;
+
+// The momentum lives once, whole, at each matrix's home: over all ranks, the moments grow
+// by 4 bytes per Muon matrix element (24x16 + 16x40 + 3 x 8x48) against the same model all
+// in AdamW groups; the exchange and work buffers are counted under pool.
+TEST(MuonHost, MemoryCountsTheMomentumOnceAtTheHomes) {
+  Communicator comm = make_comm(Backend::Host);
+  DistributedAdam muon(comm, model(), dist_options());
+  DistributedAdamOptions adamw = dist_options();
+  adamw.groups["muon"] = AdamGroup{};
+  adamw.groups["muon_x"] = AdamGroup{};
+  DistributedAdam plain(comm, model(), adamw);
+  const MemoryReport a = muon.memory(), b = plain.memory();
+  std::int64_t extra[2] = {a.moments - b.moments, a.pool - b.pool}, total[2] = {0, 0};
+  MPI_Allreduce(extra, total, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_EQ(total[0], 4 * (24 * 16 + 16 * 40 + 3 * 8 * 48));
+  EXPECT_GT(total[1], 0);
+  EXPECT_EQ(a.master, b.master);
 }
 
 }  // namespace
