@@ -97,6 +97,7 @@ PUBLIC_HEADER_LAYER = {
     "mpi.hpp": "comm",             # src/comm/bootstrap_mpi.cpp (communicator_from_mpi)
     # kernels
     "fused_adam.hpp": "kernels",   # src/kernels/adam.cpp, grad_norm.cpp (shard_chunks, fused_adam_step, ...)
+    "muon.hpp": "kernels",         # src/kernels/newton_schulz.cpp (muon_lr_ratio, to_string)
     "mxfp8.hpp": "kernels",        # src/kernels/mxfp8*.cpp (quantize_mxfp8*, mxfp8_partial_*)
     "nvfp4.hpp": "kernels",        # src/kernels/nvfp4*.cpp (quantize_nvfp4*, nvfp4_partial_amax)
     "schedule.hpp": "kernels",     # src/kernels/step_control.cpp (schedule_lr)

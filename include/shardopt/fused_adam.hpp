@@ -22,6 +22,7 @@
 
 #include "shardopt/backend.hpp"
 #include "shardopt/dtype.hpp"
+#include "shardopt/muon.hpp"
 
 namespace shardopt {
 
@@ -76,6 +77,10 @@ std::vector<ShardChunk> split_shard_chunks(const std::vector<ShardChunk>& pieces
 struct AdamGroup {
   double weight_decay = 0.0;
   double lr_scale = 1.0;  ///< this group's lr = StepScalars::lr * lr_scale
+  /// AdamW (the fused Adam step) or Muon (shardopt/muon.hpp, docs/muon.md: 2-D and
+  /// grouped parameters only; weight_decay above is then unused, muon.weight_decay applies).
+  GroupAlgorithm algorithm = GroupAlgorithm::AdamW;
+  MuonSettings muon{};  ///< Muon's settings; read only when algorithm is Muon
 };
 
 /// Constant configuration of a fused Adam launch. beta1, beta2 and eps are doubles as in

@@ -15,6 +15,7 @@
 #include "shardopt/layout.hpp"
 #include "shardopt/memory_report.hpp"
 #include "shardopt/microbatch.hpp"
+#include "shardopt/muon.hpp"
 #include "shardopt/mxfp8.hpp"
 #include "shardopt/mxfp8_param.hpp"
 #include "shardopt/numerics.hpp"

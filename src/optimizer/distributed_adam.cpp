@@ -120,6 +120,7 @@ class DistributedAdam::Impl final : public detail::StepTarget {
            format_maker(opt.param_format)) {
     for (int b = 0; b < static_cast<int>(store.layout().buffers().size()); ++b)
       state.bind(b, store.grad_buffer(b), store.param_buffer(b));  // null params: MXFP8, master only
+    state.check_muon_agreement(comm);  // Muon groups: the same matrices and homes on every rank
   }
 
   int num_buckets() const { return static_cast<int>(store.layout().buckets().size()); }

@@ -170,6 +170,7 @@ class Fsdp::Impl final : public detail::StepTarget {
     shardopt::synchronize(backend, nullptr);
     for (std::size_t b = 0; b < nbuf; ++b)
       state.bind(static_cast<int>(b), grad_shards[b].data(), quantized[b] ? nullptr : param_shards[b].data());
+    state.check_muon_agreement(shard_comm);  // Muon groups: the same matrices and homes in the shard group
     if (opt.param_format == ParamFormat::Mxfp8) {
       // The sharded quantize of distributed Adam (scheme A), with the data planes kept as
       // this rank's shard; the scale exchange runs on the shard group.

@@ -19,7 +19,15 @@ std::string real(double v) {
 }
 
 std::string group_text(const AdamGroup& g) {
-  return "{weight_decay=" + real(g.weight_decay) + ", lr_scale=" + real(g.lr_scale) + "}";
+  std::string muon;  // AdamW groups read as before
+  if (g.algorithm == GroupAlgorithm::Muon) {
+    const MuonSettings& m = g.muon;
+    muon = ", algorithm=muon(momentum=" + real(m.momentum) + ", nesterov=" + option_text(m.nesterov) +
+           ", ns_steps=" + std::to_string(m.ns_steps) + ", ns_coefficients=" + real(m.ns_coefficients[0]) + "/" +
+           real(m.ns_coefficients[1]) + "/" + real(m.ns_coefficients[2]) + ", eps=" + real(m.eps) +
+           ", weight_decay=" + real(m.weight_decay) + ", adjust_lr=" + to_string(m.adjust_lr) + ")";
+  }
+  return "{weight_decay=" + real(g.weight_decay) + ", lr_scale=" + real(g.lr_scale) + muon + "}";
 }
 
 // FNV-1a, 64 bit: the same value on every rank for the same text.

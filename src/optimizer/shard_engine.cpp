@@ -42,6 +42,12 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
     SHARDOPT_REQUIRE(std::find(L.groups().begin(), L.groups().end(), name) != L.groups().end(),
                      ErrorCode::InvalidArgument, "options name optimizer group '" + name + "', which no ParamSpec uses");
   }
+  std::vector<AdamGroup> groups;  // by layout group index
+  for (const auto& gname : L.groups()) {
+    auto it = settings_.adam.groups.find(gname);
+    groups.push_back(it != settings_.adam.groups.end() ? it->second : settings_.adam.default_group);
+  }
+  if (has_muon(groups)) muon_ = std::make_unique<MuonPass>(backend_, L, rank, groups);
   pieces_.resize(L.params().size());
   shards_.resize(L.buffers().size());
   for (std::size_t b = 0; b < L.buffers().size(); ++b) {
@@ -58,6 +64,14 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
       ps.length = seg.length;
       ps.buffer_offset = L.params()[static_cast<std::size_t>(seg.param)].offset + seg.param_offset;
       sh.real_numel += seg.length;
+    }
+    if (muon_) {  // the norm covers every gradient; Adam skips the Muon groups' chunks
+      sh.num_norm_chunks = static_cast<std::int64_t>(sh.chunks.size());
+      sh.norm_chunks_dev = DeviceBuffer(backend_, sh.chunks.size() * sizeof(ShardChunk));
+      copy_async(backend_, sh.norm_chunks_dev.data(), sh.chunks.data(), sh.chunks.size() * sizeof(ShardChunk), nullptr);
+      std::erase_if(sh.chunks, [&](const ShardChunk& c) {
+        return groups[static_cast<std::size_t>(c.group)].algorithm == GroupAlgorithm::Muon;
+      });
     }
     sh.chunks_dev = DeviceBuffer(backend_, sh.chunks.size() * sizeof(ShardChunk));
     copy_async(backend_, sh.chunks_dev.data(), sh.chunks.data(), sh.chunks.size() * sizeof(ShardChunk), nullptr);
@@ -78,11 +92,7 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
     sh.param_dtype = L.buffers()[b].dtype;
     cfg.write_params = true;
     cfg.moment_dtype = settings_.adam.moment_dtype;
-    cfg.groups.clear();
-    for (const auto& gname : L.groups()) {
-      auto it = settings_.adam.groups.find(gname);
-      cfg.groups.push_back(it != settings_.adam.groups.end() ? it->second : settings_.adam.default_group);
-    }
+    cfg.groups = groups;
     ShardPointers& p = sh.ptrs;
     p.chunks = sh.chunks_dev.as<ShardChunk>();
     p.num_chunks = static_cast<std::int64_t>(sh.chunks.size());
@@ -112,6 +122,42 @@ void ShardEngine::bind(int buffer, const void* grads, void* params) {
   sh.ptrs.grads = grads;
   sh.ptrs.params = params;
   sh.config.write_params = params != nullptr;
+  sh.bound = true;
+  if (muon_ && params == nullptr)
+    for (const MuonMatrixInfo& mi : muon_->matrices())
+      SHARDOPT_REQUIRE(pieces_[static_cast<std::size_t>(mi.param)].buffer != buffer || pieces_[static_cast<std::size_t>(mi.param)].length == 0,
+                       ErrorCode::Unsupported,
+                       "parameter '" + layout_.specs()[static_cast<std::size_t>(mi.param)].name +
+                           "' is in a Muon group but stored in a quantized format (MXFP8 / NVFP4); Muon supports "
+                           "native parameters only so far: use ParamFormat::Native or an AdamW group");
+  // Once every buffer is bound, the Muon pass learns where its pieces live (construction:
+  // nothing of it is set up inside a step, which may be captured).
+  if (muon_ && std::all_of(shards_.begin(), shards_.end(), [](const BufferShard& b) { return b.bound; })) bind_muon();
+}
+
+void ShardEngine::bind_muon() {
+  std::vector<MuonPieceStorage> st(pieces_.size());
+  for (std::size_t p = 0; p < pieces_.size(); ++p) {
+    const ParamPiece& ps = pieces_[p];
+    if (ps.length == 0) continue;
+    const BufferShard& sh = shards_[static_cast<std::size_t>(ps.buffer)];
+    st[p].grad = static_cast<const char*>(sh.ptrs.grads) + storage_offset(ps) * size_of(settings_.grad_dtype);
+    st[p].master = sh.master.as<float>() + ps.shard_offset;
+    st[p].param = sh.ptrs.params == nullptr ? nullptr
+                                            : static_cast<char*>(sh.ptrs.params) + storage_offset(ps) * size_of(sh.param_dtype);
+    st[p].param_dtype = sh.param_dtype;
+    st[p].param_offset = ps.param_offset;
+  }
+  muon_->bind(st, settings_.grad_dtype);
+}
+
+void ShardEngine::check_muon_agreement(const Communicator& comm) const {
+  if (!muon_ || comm.size() == 1) return;
+  const std::vector<std::uint64_t> all = comm.all_gather_value(muon_->plan_hash());
+  for (std::size_t r = 1; r < all.size(); ++r)
+    SHARDOPT_REQUIRE(all[r] == all[0], ErrorCode::LayoutMismatch,
+                     "rank " + std::to_string(r) + " computed other Muon matrices or home ranks than rank 0; give "
+                     "every rank the same specs and options");
 }
 
 float* ShardEngine::master(int buffer) const {
@@ -207,7 +253,14 @@ void ShardEngine::begin_step(const Communicator& norm_comm, Stream stream) {
                 4 * sizeof(float));
   fill_zero_async(backend_, &sc->grad_sumsq, 4 * sizeof(float), stream);
   // Global norm and found-inf: shard partial sums, one all-reduce of two adjacent floats.
-  for (const auto& sh : shards_) accumulate_grad_sumsq(settings_.grad_dtype, sh.ptrs, sc, backend_, stream);
+  for (const auto& sh : shards_) {
+    ShardPointers p = sh.ptrs;
+    if (sh.norm_chunks_dev) {
+      p.chunks = sh.norm_chunks_dev.as<ShardChunk>();
+      p.num_chunks = sh.num_norm_chunks;
+    }
+    accumulate_grad_sumsq(settings_.grad_dtype, p, sc, backend_, stream);
+  }
   if (norm_comm.size() > 1) {
     std::optional<OperationLabel> label;  // names it if a host-backend wait times out
     if (backend_ == Backend::Host) label.emplace("gradient norm and found-inf all-reduce");
@@ -215,6 +268,9 @@ void ShardEngine::begin_step(const Communicator& norm_comm, Stream stream) {
   }
   finalize_grad_norm(settings_.adam.clip_max_norm, sc, backend_, stream);
   adam_step_prologue(shards_.front().config, sc, backend_, stream);
+  if (muon_) {  // Muon's matrices: exchange, orthogonalize at home, apply (docs/muon.md)
+    muon_->step(norm_comm, sc, stream);
+  }
 }
 
 const ParamPiece& ShardEngine::piece(int param) const {
@@ -280,6 +336,7 @@ void ShardEngine::add_memory(MemoryReport& r) const {
     r.padding += (sh.ptrs.shard_numel - sh.real_numel) * (4 + 2 * msize);
   }
   for (const auto& [key, buf] : copies_) r.copies += static_cast<std::int64_t>(buf.bytes());
+  if (muon_) muon_->add_memory(r);
 }
 
 // Where this rank's piece of `param` starts in the bound grad / param storage.

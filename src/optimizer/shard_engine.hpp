@@ -9,12 +9,14 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "core/memory.hpp"
+#include "optimizer/muon_pass.hpp"
 #include "quantized/quantized_params.hpp"
 #include "shardopt/adam_options.hpp"
 #include "shardopt/communicator.hpp"
@@ -125,19 +127,28 @@ class ShardEngine {
   StepScalars read_scalars(const Communicator& comm, Stream stream) const;
   void advance_microbatch(Stream stream);
 
+  /// The Muon part of the step (null when no group chooses Muon; docs/muon.md).
+  const MuonPass* muon() const noexcept { return muon_.get(); }
+  /// Collective over `comm` when a group chooses Muon: every rank must have computed the
+  /// same Muon matrices and homes (Error(LayoutMismatch) on every rank otherwise).
+  void check_muon_agreement(const Communicator& comm) const;
+
   /// Adds master, moments, this shard's padding in them and the cast copies to a report.
   void add_memory(MemoryReport& r) const;
   const EngineSettings& settings() const noexcept { return settings_; }
 
  private:
   struct BufferShard {
-    std::vector<ShardChunk> chunks;
+    std::vector<ShardChunk> chunks;  // the Adam chunks (Muon parameters' chunks left out)
     DeviceBuffer chunks_dev;
+    DeviceBuffer norm_chunks_dev;    // every chunk, for the gradient norm (only with Muon)
+    std::int64_t num_norm_chunks = 0;
     DeviceBuffer master, exp_avg, exp_avg_sq;
     AdamConfig config;
     ShardPointers ptrs;
     std::int64_t real_numel = 0;
     DType param_dtype = DType::f32;
+    bool bound = false;  // bind() has run
   };
   ShardView piece_view(int param, const DeviceBuffer& buf, DType dtype) const;
   std::size_t storage_offset(const ParamPiece& ps) const;
@@ -150,6 +161,8 @@ class ShardEngine {
   std::vector<ParamPiece> pieces_;
   DeviceBuffer scalars_, microbatch_, slots_, readback_, step_slot_;
   std::map<std::pair<int, DType>, DeviceBuffer> copies_;  // shard_grad cast copies
+  std::unique_ptr<MuonPass> muon_;  // with a Muon group: its exchange, momentum and work buffers
+  void bind_muon();
   [[noreturn]] static void throw_not_initialized(std::string_view call, std::string_view init_calls);
 
   bool copies_requested_ = false;

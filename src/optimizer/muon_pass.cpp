@@ -1,0 +1,104 @@
+#include "optimizer/muon_pass.hpp"
+
+#include <algorithm>
+#include <optional>
+
+#include "comm/deadline.hpp"
+#include "core/check.hpp"
+#include "shardopt/error.hpp"
+
+namespace shardopt::detail {
+
+MuonPass::MuonPass(Backend backend, const Layout& layout, int rank, const std::vector<AdamGroup>& groups)
+    : backend_(backend), groups_(groups) {
+  matrices_ = muon_matrices(layout, groups);
+  SHARDOPT_REQUIRE(backend == Backend::Host, ErrorCode::Unsupported,
+                   "Muon groups run on the host backend only so far (the cuBLAS Newton-Schulz of issue 34 is not "
+                   "written); choose GroupAlgorithm::AdamW for every group on CUDA");
+  plan_ = muon_exchange_plan(layout, rank, matrices_);
+  local_.assign(matrices_.size(), -1);
+  std::int64_t homed = 0, work = 0;
+  for (std::size_t k = 0; k < matrices_.size(); ++k) {
+    const MuonMatrixInfo& mi = matrices_[k];
+    if (mi.home != rank) continue;
+    local_[k] = homed;
+    homed += mi.rows * mi.cols;
+    work = std::max(work, kernels::muon_workspace(mi.rows, mi.cols));
+  }
+  const auto floats = [&](std::int64_t n) {
+    DeviceBuffer b(backend_, static_cast<std::size_t>(n) * sizeof(float));
+    fill_zero_async(backend_, b.data(), b.bytes(), nullptr);
+    return b;
+  };
+  send_ = floats(plan_.slot * layout.world_size());
+  recv_ = floats(plan_.slot * layout.world_size());
+  momentum_ = floats(homed);
+  matrix_ = floats(homed);
+  scratch_ = floats(work);
+  for (std::size_t k = 0; k < matrices_.size(); ++k) {
+    if (local_[k] < 0) continue;
+    const MuonMatrixInfo& mi = matrices_[k];
+    update_.push_back({matrix_.as<float>() + local_[k], momentum_.as<float>() + local_[k], mi.rows, mi.cols,
+                       groups_[static_cast<std::size_t>(mi.group)].muon});
+  }
+  for (const MuonRun& r : plan_.receives) {
+    float* slot = recv_.as<float>() + r.peer * plan_.slot + r.slot_pos;
+    float* mat = matrix_.as<float>() + local_[static_cast<std::size_t>(r.matrix)] + r.offset;
+    unpack_.push_back({slot, mat, r.length});
+    repack_.push_back({mat, send_.as<float>() + r.peer * plan_.slot + r.slot_pos, r.length});
+  }
+}
+
+void MuonPass::bind(const std::vector<MuonPieceStorage>& pieces, DType grad_dtype) {
+  grad_dtype_ = grad_dtype;
+  pack_.clear();
+  apply_.clear();
+  for (const MuonRun& r : plan_.sends) {
+    const MuonMatrixInfo& mi = matrices_[static_cast<std::size_t>(r.matrix)];
+    const MuonPieceStorage& ps = pieces[static_cast<std::size_t>(mi.param)];
+    const std::int64_t at = mi.offset + r.offset - ps.param_offset;  // within this rank's piece
+    pack_.push_back({static_cast<const char*>(ps.grad) + static_cast<std::size_t>(at) * size_of(grad_dtype),
+                     send_.as<float>() + r.peer * plan_.slot + r.slot_pos, r.length});
+    const AdamGroup& g = groups_[static_cast<std::size_t>(mi.group)];
+    kernels::MuonApply a;
+    a.u = recv_.as<float>() + r.peer * plan_.slot + r.slot_pos;
+    a.master = ps.master + at;
+    a.param = ps.param == nullptr ? nullptr : static_cast<char*>(ps.param) + static_cast<std::size_t>(at) * size_of(ps.param_dtype);
+    a.param_dtype = ps.param_dtype;
+    a.length = r.length;
+    a.lr_scale = g.lr_scale;
+    a.weight_decay = g.muon.weight_decay;
+    a.lr_ratio = muon_lr_ratio(g.muon.adjust_lr, mi.rows, mi.cols);
+    apply_.push_back(a);
+  }
+  bound_ = true;
+}
+
+void MuonPass::step(const Communicator& comm, StepScalars* scalars, Stream stream) const {
+  SHARDOPT_REQUIRE(bound_, ErrorCode::Internal, "MuonPass::step before bind");
+  if (plan_.slot == 0) return;  // no Muon matrix has elements (a Muon group of empty pieces only)
+  std::optional<OperationLabel> label;  // names the exchange if a host-backend wait times out
+  if (backend_ == Backend::Host) label.emplace("Muon gradient exchange (all-to-all)");
+  kernels::muon_pack(pack_, grad_dtype_, scalars, backend_, stream);
+  comm.all_to_all(send_.data(), recv_.data(), plan_.slot, DType::f32, stream);
+  kernels::muon_copy(unpack_, backend_, stream);
+  kernels::muon_update(update_, scratch_.as<float>(), scalars, backend_, stream);
+  kernels::muon_copy(repack_, backend_, stream);
+  if (backend_ == Backend::Host) label.emplace("Muon update exchange (all-to-all)");
+  comm.all_to_all(send_.data(), recv_.data(), plan_.slot, DType::f32, stream);
+  kernels::muon_apply(apply_, scalars, backend_, stream);
+}
+
+float* MuonPass::momentum(int matrix) const {
+  SHARDOPT_REQUIRE(matrix >= 0 && matrix < static_cast<int>(matrices_.size()), ErrorCode::OutOfRange,
+                   "Muon matrix index out of range");
+  const std::int64_t at = local_[static_cast<std::size_t>(matrix)];
+  return at < 0 ? nullptr : momentum_.as<float>() + at;
+}
+
+void MuonPass::add_memory(MemoryReport& r) const {
+  r.moments += static_cast<std::int64_t>(momentum_.bytes());
+  r.pool += static_cast<std::int64_t>(send_.bytes() + recv_.bytes() + matrix_.bytes() + scratch_.bytes());
+}
+
+}  // namespace shardopt::detail

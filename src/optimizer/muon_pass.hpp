@@ -1,0 +1,68 @@
+// muon_pass.hpp - the Muon part of one rank's step (docs/muon.md), owned by the shard
+// engine when a group chooses Muon. After the gradient norm and found-inf are known:
+// pack this rank's scaled gradient pieces of every Muon matrix into the send slots of
+// their homes; one all-to-all; the home assembles each of its matrices whole, updates
+// its momentum and runs Newton-Schulz; the updates go back by a second all-to-all; each
+// rank applies weight decay and the adjusted lr to its fp32 master pieces (and writes
+// its parameter slices). All buffers are allocated here, at construction; the step
+// enqueues work only, so it captures.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/memory.hpp"
+#include "kernels/muon.hpp"
+#include "optimizer/muon_plan.hpp"
+#include "shardopt/communicator.hpp"
+#include "shardopt/memory_report.hpp"
+
+namespace shardopt::detail {
+
+/// Where this rank's piece of one parameter lives in the engine's storage (its first
+/// element in each), for the Muon parameters.
+struct MuonPieceStorage {
+  const void* grad = nullptr;
+  float* master = nullptr;
+  void* param = nullptr;  ///< null: the parameter is stored elsewhere (master only)
+  DType param_dtype = DType::bf16;
+  std::int64_t param_offset = 0;  ///< the piece's first element within the parameter
+};
+
+class MuonPass {
+ public:
+  /// `groups` by layout group index; validates them (see muon_matrices).
+  MuonPass(Backend backend, const Layout& layout, int rank, const std::vector<AdamGroup>& groups);
+
+  /// Binds the storage of this rank's pieces (indexed by parameter; read for Muon
+  /// parameters only). The engine calls it once every buffer is bound (construction).
+  void bind(const std::vector<MuonPieceStorage>& pieces, DType grad_dtype);
+  bool bound() const noexcept { return bound_; }
+  /// Enqueues the Muon step on `stream`: two all-to-alls over `comm` (the layout's world).
+  /// Error(Internal) before bind.
+  void step(const Communicator& comm, StepScalars* scalars, Stream stream) const;
+
+  const std::vector<MuonMatrixInfo>& matrices() const noexcept { return matrices_; }
+  /// Hash of the matrices and homes, for the ranks' agreement check.
+  std::uint64_t plan_hash() const noexcept { return muon_plan_hash(matrices_); }
+  /// The momentum of the matrices homed here (fp32, whole), in matrix order.
+  float* momentum(int matrix) const;
+  /// Momentum -> moments; the exchange slots, the matrices' work buffers -> pool.
+  void add_memory(MemoryReport& r) const;
+
+ private:
+  Backend backend_;
+  std::vector<AdamGroup> groups_;
+  std::vector<MuonMatrixInfo> matrices_;
+  MuonExchangePlan plan_;
+  std::vector<std::int64_t> local_;  // per matrix: its offset in momentum_ / work_ (-1: homed elsewhere)
+  DeviceBuffer send_, recv_, momentum_, matrix_, scratch_;
+  DType grad_dtype_ = DType::f32;
+  bool bound_ = false;
+  std::vector<kernels::MuonPack> pack_;
+  std::vector<kernels::MuonCopy> unpack_, repack_;
+  std::vector<kernels::MuonMatrix> update_;
+  std::vector<kernels::MuonApply> apply_;
+};
+
+}  // namespace shardopt::detail
