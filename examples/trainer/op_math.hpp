@@ -51,10 +51,13 @@ SHARDOPT_HD float silu_grad(float u) {
   return s * (1.0f + u * (1.0f - s));
 }
 
-/// GELU (the erf form, as torch.nn.GELU()) and its derivative in fp32.
-SHARDOPT_HD float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+/// GELU (the erf form, as torch.nn.GELU()) and its derivative in fp32. The normal CDF is
+/// written with erfc, 0.5 * erfc(-x / sqrt(2)): 1 + erf(x / sqrt(2)) cancels for negative
+/// x, where the device's and the host's erff, an ulp apart near -1, then differ in the
+/// tail by far more than a bf16 ulp of the result.
+SHARDOPT_HD float gelu(float x) { return 0.5f * x * erfcf(-x * 0.70710678118654752f); }
 SHARDOPT_HD float gelu_grad(float x) {
-  const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
+  const float cdf = 0.5f * erfcf(-x * 0.70710678118654752f);
   return cdf + x * 0.39894228040143268f * expf(-0.5f * x * x);
 }
 

@@ -539,8 +539,10 @@ TEST(Mxfp8ShardBatchGpu, OwnedPassesOfLlama32_1BEqualTheSplitPasses) {
     const RankLayout rl = shard_rank_layout(list, layout, world == 1 ? 0 : 1, 140 + static_cast<std::uint64_t>(world));
     const RankRun owned(kCuda, list, rl), split(kCuda, list, rl);
     const Mxfp8ShardBatch owned_batch(owned.tensors(list, rl), kCuda), split_batch(split.tensors(list, rl), kCuda);
-    if (world == 1) EXPECT_EQ(owned_batch.rest_tiles(), 0);
-    else EXPECT_GT(owned_batch.rest_tiles(), 0);
+    // No rest tiles at either world: at 4 ranks every shard boundary of these matrices
+    // falls between whole 32-row tile rows (measured on the device, 2026-11-27); the cut
+    // tile rows are exercised by the boundary, misalignment and big-tensor tests above.
+    EXPECT_EQ(owned_batch.rest_tiles(), 0) << "world " << world;
     run_phases(owned_batch, kCuda, nullptr, Passes::Owned);
     run_phases(split_batch, kCuda, nullptr, Passes::Split);
     SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());
