@@ -617,7 +617,11 @@ class CudaOps final : public Ops {
     void* p = nullptr;
     const std::size_t bytes = static_cast<std::size_t>(numel) * elem_size(elem);
     TRAINER_CUDA(cudaMalloc(&p, bytes > 0 ? bytes : 256));
-    TRAINER_CUDA(cudaMemset(p, 0, bytes > 0 ? bytes : 256));
+    // Zeroed on stream_ and waited for: cudaMemset would run on the legacy default stream,
+    // which neither the host nor stream_ (non-blocking) waits for -- a kernel enqueued right
+    // after (ArrayWeights' init_param) could run first and have its output zeroed.
+    TRAINER_CUDA(cudaMemsetAsync(p, 0, bytes > 0 ? bytes : 256, stream_));
+    TRAINER_CUDA(cudaStreamSynchronize(stream_));
     return Buffer(Tensor{p, elem, numel}, [](void* q) { (void)cudaFree(q); });
   }
   void zero(const Tensor& t, Stream s) override { TRAINER_CUDA(cudaMemsetAsync(t.data, 0, t.bytes(), cu(s))); }

@@ -9,11 +9,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include <shardopt/mxfp8.hpp>
@@ -93,6 +95,23 @@ void expect_close_bf16(const std::vector<u16>& a, const std::vector<u16>& b, dou
 }
 
 // ---------------------------------------------------------------- data and init
+
+TEST_F(OpsPair, AllocZeroesBeforeTheNextWorkOnTheOpsStream) {
+  // alloc's zeroing is ordered before what is enqueued next on the ops' stream (created
+  // non-blocking): with the legacy default stream held busy, a cudaMemset queued there ran
+  // after init_param and erased the weights (GPU loss ln(V), every gradient zero).
+  ASSERT_EQ(cudaLaunchHostFunc(
+                cudaStreamLegacy, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }, nullptr),
+            cudaSuccess);
+  const ModelSpec spec(ModelConfig{50, 16, 1, 24, 3, 8, 1.0, 8}, false);
+  const InitArgs ia = spec.init_args(spec.embed());
+  Twin p = make(Elem::bf16, 50 * 16);
+  gpu->init_param(p.g, ia, gs());
+  cpu->init_param(p.c, ia, cs());
+  const std::vector<u16> got = rg<u16>(p), want = rc<u16>(p);
+  EXPECT_NE(std::count(want.begin(), want.end(), u16{0}), static_cast<std::ptrdiff_t>(want.size()));
+  EXPECT_EQ(got, want);
+}
 
 TEST_F(OpsPair, BatchAndInitAreBitwiseEqual) {
   shardopt::StepScalars sc{};
