@@ -35,10 +35,11 @@ def check(ok, what):
         failures.append(what)
 
 
-def first_of_each_key(pairs):  # some rows repeat a key ("params": count, then dtype)
+def first_of_each_key(pairs):  # some rows repeat a key ("params": a count and a dtype, in either order)
     out = {}
     for k, v in pairs:
-        out.setdefault(k, v)
+        if k not in out or (not isinstance(out[k], (int, float)) and isinstance(v, (int, float))):
+            out[k] = v  # the first value, or the first number where a text came first
     return out
 
 
@@ -71,7 +72,7 @@ for r in rows("fsdp_iteration"):
         continue
     n = int(r["config"].split("/")[2][1:])
     units = int(r["config"].split("x")[0])
-    P = r["params"]
+    P = r["param_count"] if "param_count" in r else r["params"]  # "params" in rows before 2026-11-27
     fmt = "mxfp8" if r["config"].endswith("/mxfp8") else "bf16"
     p = sm.step(sm.Cluster(cal.devices[sm.short(r["device"])]), cal,
                 sm.Job(P, n, front="fsdp", param_format=fmt, unit_params=P / units))
