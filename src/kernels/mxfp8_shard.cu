@@ -26,12 +26,12 @@
 // and for a tile of a tile row wholly inside the range (owned_row, block-uniform) also
 // phase 2 in the same pass: each block of it is the rank's alone, so the scale bytes
 // phase 1 writes are final. A thread takes its rowwise scales from its own row amaxes
-// and its 16 columns' scales from the warps' partials in shared memory, read after the
-// tile's barrier as phase 1's column reduction reads them (no second barrier), then
-// encodes as Mode::Data does. The tile rows a boundary cuts get their data later from
+// and its 16 columns' scale bytes from shared memory, where phase 1's column reduction
+// left them (a second barrier a tile), then encodes as Mode::Data does. The tile rows a boundary cuts get their data later from
 // Mode::Data over the batch's rest table (quantize_mxfp8_shard_rest_batch).
 // Whole tiles (inside the range and the member, every access of the phase aligned:
 // Spot::full, block-uniform) take a copy of the path with every check compiled out.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -182,16 +182,33 @@ __device__ __forceinline__ void load_masters(const ShardEntry& en, const Spot& s
   }
 }
 
+// Two masters as a bf16 pair (lo in the low half) by the hardware's RNE conversion
+// (cvt.rn.bf16x2.f32: one instruction, where master_to_bf16 takes about seven integer
+// ones per value). It equals master_to_bf16 for every non-NaN input; a NaN gives the
+// canonical 0x7FFF instead of the input's payload, which no output can show: a NaN's
+// magnitude only ever reaches the scales as "above Inf" (the NaN scale, the canonical
+// NaN amax), and its element lies in a NaN row block and a NaN column block, whose data
+// bytes nan_blocks overwrites with 0x7F.
+// (Mode::Data keeps the integer form: with the hardware one, ptxas spills 22 bytes of
+// its kernel instead of 8.)
+template <bool kHardware>
 __device__ __forceinline__ std::uint32_t bf16_pair(float lo, float hi) {
-  return static_cast<std::uint32_t>(master_to_bf16(lo)) | (static_cast<std::uint32_t>(master_to_bf16(hi)) << 16);
+  if constexpr (kHardware) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&pair);
+  } else {
+    return static_cast<std::uint32_t>(master_to_bf16(lo)) | (static_cast<std::uint32_t>(master_to_bf16(hi)) << 16);
+  }
 }
 
 // The 16 values as bf16 pairs: w[0..3] chunk 0, w[4..7] chunk 1.
+template <Mode M>
 __device__ __forceinline__ void to_words(const Masters& m, std::uint32_t (&w)[8]) {
+  constexpr bool kHardware = M != Mode::Data;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    w[2 * k] = bf16_pair(m.v[k].x, m.v[k].y);
-    w[2 * k + 1] = bf16_pair(m.v[k].z, m.v[k].w);
+    w[2 * k] = bf16_pair<kHardware>(m.v[k].x, m.v[k].y);
+    w[2 * k + 1] = bf16_pair<kHardware>(m.v[k].z, m.v[k].w);
   }
 }
 
@@ -201,7 +218,8 @@ __device__ __forceinline__ void to_words(const Masters& m, std::uint32_t (&w)[8]
 // buffer b two tiles back. Returns the thread's rowwise amax magnitudes (tile_amaxes).
 template <Mode M, bool kFull>
 __device__ __forceinline__ std::uint32_t partial_tile(const ShardEntry& en, const Spot& s, const std::uint32_t (&w)[8],
-                                             std::uint32_t (*col_partial)[kTileCols / 2]) {
+                                             std::uint32_t (*col_partial)[kTileCols / 2],
+                                             std::uint8_t* col_scales = nullptr, float* col_inverse = nullptr) {
   const int q = threadIdx.x & 7;
   const Room room = room_of<kFull>(en, s);
   const std::uint32_t row_max = tile::tile_amaxes(w, col_partial);
@@ -217,8 +235,14 @@ __device__ __forceinline__ std::uint32_t partial_tile(const ShardEntry& en, cons
       if (2 * j + 1 < room.tile) out[1] = amax_bits(amax_hi);
     } else {
       std::uint8_t* out = in_global(en.out.scale_col) + at;
-      if (2 * j < room.tile) out[0] = scale_from_magnitude(amax_lo);
-      if (2 * j + 1 < room.tile) out[1] = scale_from_magnitude(amax_hi);
+      const std::uint8_t lo = scale_from_magnitude(amax_lo), hi = scale_from_magnitude(amax_hi);
+      if (2 * j < room.tile) out[0] = lo;
+      if (2 * j + 1 < room.tile) out[1] = hi;
+      if (col_scales != nullptr) {  // the owned pass: every thread reads its columns' scales here
+        *reinterpret_cast<std::uint16_t*>(col_scales + 2 * j) =
+            static_cast<std::uint16_t>(lo | (static_cast<std::uint32_t>(hi) << 8));
+        *reinterpret_cast<float2*>(col_inverse + 2 * j) = make_float2(inverse_scale(lo), inverse_scale(hi));
+      }
     }
   }
   if ((q & 3) == 0 && s.row_ok) {  // one lane of each block writes it: blocks q/4 and q/4 + 2
@@ -272,9 +296,11 @@ __device__ __forceinline__ void load_scales(const ShardEntry& en, const Spot& s,
 }
 
 // Phase 2 of one tile (no barrier): both planes of the thread's elements in the range.
-template <bool kFull>
+// The column multipliers 2^-e come from the scale bytes, or (kGiven, the owned pass)
+// from `col_inverse`, the tile's 128 multipliers in shared memory.
+template <bool kFull, bool kGiven = false>
 __device__ __forceinline__ void data_tile(const ShardEntry& en, const Spot& s, const std::uint32_t (&w)[8],
-                                          const Scales& sc) {
+                                          const Scales& sc, const float* col_inverse = nullptr) {
   const Room room = room_of<kFull>(en, s);
   std::uint8_t* data_row = in_global(en.out.data_row) + s.elem;
   std::uint8_t* data_col = in_global(en.out.data_col) + s.elem;
@@ -286,8 +312,15 @@ __device__ __forceinline__ void data_tile(const ShardEntry& en, const Spot& s, c
     const float inv_row = inverse_scale(rs);
     const std::uint32_t cs0 = sc.col[2 * h], cs1 = sc.col[2 * h + 1];
     float inv[8];
+    if constexpr (kGiven) {
+      const float4* given = reinterpret_cast<const float4*>(col_inverse + 64 * h + 8 * (threadIdx.x & 7));
+      const float4 a = given[0], b = given[1];
+      inv[0] = a.x, inv[1] = a.y, inv[2] = a.z, inv[3] = a.w;
+      inv[4] = b.x, inv[5] = b.y, inv[6] = b.z, inv[7] = b.w;
+    } else {
 #pragma unroll
-    for (int k = 0; k < 8; ++k) inv[k] = inverse_scale(static_cast<std::uint8_t>((k < 4 ? cs0 : cs1) >> (8 * (k % 4))));
+      for (int k = 0; k < 8; ++k) inv[k] = inverse_scale(static_cast<std::uint8_t>((k < 4 ? cs0 : cs1) >> (8 * (k % 4))));
+    }
     const std::uint32_t* x = w + 4 * h;
     std::uint32_t qr[2], qc[2];
     qr[0] = encode_pair(x[0], inv_row, inv_row) | (encode_pair(x[1], inv_row, inv_row) << 16);
@@ -314,41 +347,36 @@ __device__ __forceinline__ void data_tile(const ShardEntry& en, const Spot& s, c
   }
 }
 
-// Four scale bytes (low byte first) of the amax magnitudes of two column pairs.
-__device__ __forceinline__ std::uint32_t scale_bytes(std::uint32_t pair0, std::uint32_t pair1) {
-  return static_cast<std::uint32_t>(scale_from_magnitude(pair0 & 0xFFFFu)) |
-         static_cast<std::uint32_t>(scale_from_magnitude(pair0 >> 16)) << 8 |
-         static_cast<std::uint32_t>(scale_from_magnitude(pair1 & 0xFFFFu)) << 16 |
-         static_cast<std::uint32_t>(scale_from_magnitude(pair1 >> 16)) << 24;
-}
-
 // The owned pass over a tile of a whole tile row (every thread of the block calls it):
 // every block of the tile lies in the range, so its amax over the rank's elements is
 // the block's amax and the scale byte phase 1 writes is final (the other ranks add
-// zeros in the Max). Phase 1 of the tile, then each thread takes the scales of its
-// chunks (rowwise: its own row_max; columnwise: the warps' partials of its 16 columns,
-// read after the barrier like column_amax_pair) and writes the data as phase 2 would
-// from the same bytes.
+// zeros in the Max). Phase 1 of the tile, whose column reduction (threads 0-63, one
+// column pair each) also leaves the 128 column scale bytes and their multipliers 2^-e in
+// shared memory; after a second barrier each thread reads those of its 16 columns from
+// there (per chunk one 8-byte and two 16-byte loads), takes its rowwise scales
+// from its own row amaxes, and writes the data as phase 2 would from the same bytes.
+// (Reducing the 8 warps' partials in every thread instead costs each thread 16 shared
+// loads, 56 maxima and 16 scale conversions a tile, 32 times redundant: that made the
+// pass ALU-bound at half the copy bandwidth, 2026-11-27, ncu on H200.)
+// `col_scales` and `col_inverse` are one buffer each for all tiles: a thread reads it after a tile's second
+// barrier and the next tile writes it only after its first one.
 template <bool kFull>
 __device__ __forceinline__ void owned_tile(const ShardEntry& en, const Spot& s, const std::uint32_t (&w)[8],
-                                           std::uint32_t (*col_partial)[kTileCols / 2]) {
-  const std::uint32_t row_max = partial_tile<Mode::Scales, kFull>(en, s, w, col_partial);
+                                           std::uint32_t (*col_partial)[kTileCols / 2], std::uint8_t* col_scales,
+                                           float* col_inverse) {
+  const std::uint32_t row_max = partial_tile<Mode::Scales, kFull>(en, s, w, col_partial, col_scales, col_inverse);
   const int q = threadIdx.x & 7;
   Scales sc;
   sc.row = static_cast<std::uint32_t>(scale_from_magnitude(row_max & 0xFFFFu)) |
            static_cast<std::uint32_t>(scale_from_magnitude(row_max >> 16)) << 8;
+  __syncthreads();
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {  // column pairs 32h + 4q .. + 3: the chunk's 8 columns
-    uint4 v = *reinterpret_cast<const uint4*>(&col_partial[0][32 * h + 4 * q]);
-#pragma unroll
-    for (int k = 1; k < kWarps; ++k) {
-      const uint4 u = *reinterpret_cast<const uint4*>(&col_partial[k][32 * h + 4 * q]);
-      v = make_uint4(__vmaxu2(v.x, u.x), __vmaxu2(v.y, u.y), __vmaxu2(v.z, u.z), __vmaxu2(v.w, u.w));
-    }
-    sc.col[2 * h] = scale_bytes(v.x, v.y);
-    sc.col[2 * h + 1] = scale_bytes(v.z, v.w);
+  for (int h = 0; h < 2; ++h) {  // the chunk's 8 columns 64h + 8q ..
+    const uint2 v = *reinterpret_cast<const uint2*>(col_scales + 64 * h + 8 * q);
+    sc.col[2 * h] = v.x;
+    sc.col[2 * h + 1] = v.y;
   }
-  data_tile<kFull>(en, s, w, sc);
+  data_tile<kFull, true>(en, s, w, sc, col_inverse);
 }
 
 // What a thread loads for a tile ahead of working on it.
@@ -378,6 +406,8 @@ template <Mode M, class Table>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     shard_kernel(const Table table, const std::int64_t tiles, const int run) {
   __shared__ __align__(16) std::uint32_t col_partial[2][kWarps][kTileCols / 2];  // phase 1
+  __shared__ __align__(16) std::uint8_t col_scales[kTileCols];                     // the owned pass
+  __shared__ __align__(16) float col_inverse[kTileCols];                           // the owned pass
   const Walk<Table::kMaxRun> walk(run);
   std::int64_t t = walk.first;
   if (t >= tiles) return;
@@ -386,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   Loads<M> first;
   first.load(table[c.e], spot);
   std::uint32_t w[8];
-  to_words(first.m, w);
+  to_words<M>(first.m, w);
   Scales sc = first.sc;
   int buf = 0;
   for (;;) {
@@ -411,9 +441,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       if (!owned_row(en, c)) {  // block-uniform; a boundary row: phase 1 only
         partial_tile<Mode::Scales, false>(en, spot, w, col_partial[buf]);
       } else if (spot.full) {
-        owned_tile<true>(en, spot, w, col_partial[buf]);
+        owned_tile<true>(en, spot, w, col_partial[buf], col_scales, col_inverse);
       } else {
-        owned_tile<false>(en, spot, w, col_partial[buf]);
+        owned_tile<false>(en, spot, w, col_partial[buf], col_scales, col_inverse);
       }
       buf ^= 1;
     } else {
@@ -428,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     t = next;
     c = c_next;
     spot = spot_next;
-    to_words(ahead.m, w);
+    to_words<M>(ahead.m, w);
     sc = ahead.sc;
   }
 }
