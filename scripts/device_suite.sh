@@ -283,6 +283,7 @@ phase_gpt() {
     done
     python3 bench/peers/gpt_peer.py --compare "/tmp/gpt_ours_n$n.jsonl" "/tmp/gpt_peer_eager_n$n.jsonl" \
       "/tmp/gpt_peer_compiled_n$n.jsonl" --config "baby/n$n" --results bench/results --plot "$OUT/gpt_curves_n$n.png" \
+      --command "GPT_STEPS=$steps bash scripts/device_suite.sh gpt ($n ranks: trainer --model gpt --size baby --task shakespeare ${common[*]}; gpt_peer.py eager and --compile)" \
       2>&1 | tee -a "$SUMMARY"
   done
 }

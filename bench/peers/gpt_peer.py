@@ -31,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 
@@ -100,6 +101,16 @@ def median_ms(ms, skip=10):
     return xs[len(xs) // 2] if xs else float("nan")
 
 
+def device_name():
+    """The first GPU's name from nvidia-smi, or "host" without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20).stdout.strip().splitlines()
+        return out[0].strip() if out else "host"
+    except (OSError, subprocess.SubprocessError):
+        return "host"
+
+
 def compare(a):
     ours_loss, ours_val, ours_ms = read_metrics(a.compare[0])
     peer_loss, peer_val, peer_ms = read_metrics(a.compare[1])
@@ -117,6 +128,14 @@ def compare(a):
     if row["ours_val_loss"] is not None and row["peer_val_loss"] is not None:
         row["val_loss_diff"] = row["ours_val_loss"] - row["peer_val_loss"]
         row["val_within_0.02"] = abs(row["val_loss_diff"]) <= 0.02
+    # The common keys of bench/results rows (bench/common/results.hpp), for plot_results.py.
+    row["device"] = a.device or device_name()
+    row["peer"] = "torch.optim.AdamW(fused=True) under DDP, eager (peer_compiled_ms: torch.compile)"
+    row["limit_ms"] = None
+    row["ratio_vs_peer"] = row["peer_ms"] / row["ours_ms"] if row["ours_ms"] and row["peer_ms"] else None
+    row["fraction_of_limit"] = None
+    row["command"] = a.command or "bench/peers/gpt_peer.py --compare " + " ".join(a.compare)
+    row["date"] = time.strftime("%Y-%m-%d", time.gmtime())
     print(json.dumps(row))
     if a.results:
         os.makedirs(a.results, exist_ok=True)
@@ -298,6 +317,8 @@ class _null:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--compare", nargs="+", metavar="JSONL", help="ours.jsonl peer.jsonl [peer_compiled.jsonl]")
+    ap.add_argument("--device", help="with --compare: the device the runs used (default: nvidia-smi's first GPU)")
+    ap.add_argument("--command", help="with --compare: the command that produced the runs (for the results row)")
     ap.add_argument("--config", default="baby")
     ap.add_argument("--results", default="")
     ap.add_argument("--plot", default="")
