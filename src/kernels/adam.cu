@@ -242,20 +242,24 @@ __device__ __forceinline__ void adam_walk(const AdamApplyParams& a, Sink& sink, 
   }
 }
 
-/// kAmax: the variant that emits NVFP4 partial amaxes (a.amax set; it also runs on a
-/// skipped step, reading the master for its amaxes). Without it a skipped step writes
-/// nothing and returns at once.
-template <class Tr, bool kAmax>
+/// The variants without emission: a skipped step writes nothing and returns at once.
+template <class Tr>
 __global__ void __launch_bounds__(kAdamThreads) adam_apply_kernel(const AdamApplyParams a) {
-  if constexpr (kAmax) {
-    __shared__ std::uint32_t slots[kAmaxSharedSlots];
-    AmaxSink sink{a.amax, slots};
-    adam_walk<Tr>(a, sink, a.scalars->found_inf != 0);
-  } else {
-    if (a.scalars->found_inf != 0) return;  // a skipped step writes nothing
-    NoAmax sink;
-    adam_walk<Tr>(a, sink, false);
-  }
+  if (a.scalars->found_inf != 0) return;  // a skipped step writes nothing
+  NoAmax sink;
+  adam_walk<Tr>(a, sink, false);
+}
+
+/// Blocks per SM the emitting variant is compiled for (64 registers a thread at most).
+inline constexpr int kAmaxBlocksPerSm = 4;
+
+/// The variant that emits NVFP4 partial amaxes (a.amax set). It also runs on a skipped
+/// step, reading the master for its amaxes and writing nothing else.
+template <class Tr>
+__global__ void __launch_bounds__(kAdamThreads, kAmaxBlocksPerSm) adam_apply_amax_kernel(const AdamApplyParams a) {
+  __shared__ std::uint32_t slots[kAmaxSharedSlots];
+  AmaxSink sink{a.amax, slots};
+  adam_walk<Tr>(a, sink, a.scalars->found_inf != 0);
 }
 
 }  // namespace
@@ -273,11 +277,11 @@ void launch_adam_apply(const AdamVariant& v, const AdamApplyParams& a, Stream st
   dispatch_adam_variant(v, [&]<class Tr>() {
     if constexpr (!Tr::write_params) {  // only buffers without params (NVFP4) emit amaxes
       if (a.amax != nullptr) {
-        adam_apply_kernel<Tr, true><<<grid, kAdamThreads, 0, s>>>(a);
+        adam_apply_amax_kernel<Tr><<<grid, kAdamThreads, 0, s>>>(a);
         return;
       }
     }
-    adam_apply_kernel<Tr, false><<<grid, kAdamThreads, 0, s>>>(a);
+    adam_apply_kernel<Tr><<<grid, kAdamThreads, 0, s>>>(a);
   });
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
 }
