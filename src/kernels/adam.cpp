@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/check.hpp"
+#include "kernels/adam_amax.hpp"
 #include "kernels/adam_launch.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/fused_adam.hpp"
@@ -65,7 +66,7 @@ struct AdamApplyLaunch {
 };
 
 AdamApplyLaunch prepare_apply(const AdamConfig& config, const ShardPointers& shard, StepScalars* scalars,
-                              Backend backend) {
+                              Backend backend, const kernels::AdamAmaxChunk* amax = nullptr) {
   check_config(config);
   SHARDOPT_REQUIRE(scalars != nullptr, ErrorCode::InvalidArgument, "fused Adam: StepScalars pointer is null");
   SHARDOPT_REQUIRE(shard.num_chunks >= 0 && shard.shard_numel >= 0, ErrorCode::InvalidArgument,
@@ -101,6 +102,7 @@ AdamApplyLaunch prepare_apply(const AdamConfig& config, const ShardPointers& sha
   a.consts.eps = static_cast<float>(config.eps);
   for (std::size_t g = 0; g < config.groups.size(); ++g)
     a.consts.l2[g] = static_cast<float>(config.groups[g].weight_decay);
+  a.amax = amax;
   a.vector_ok = aligned16(a.grads) && aligned16(a.master) && aligned16(a.exp_avg) && aligned16(a.exp_avg_sq) &&
                 (!config.write_params || aligned16(a.params));
   if (backend == Backend::Host) {
@@ -114,6 +116,13 @@ AdamApplyLaunch prepare_apply(const AdamConfig& config, const ShardPointers& sha
                            " (AdamConfig has " + std::to_string(a.num_groups) +
                            " groups) or lies outside the shard of " + std::to_string(shard.shard_numel) +
                            " elements");
+      if (amax == nullptr || amax[c].amax == nullptr) continue;
+      const kernels::AdamAmaxChunk& t = amax[c];
+      SHARDOPT_REQUIRE(t.first >= 0 && t.member_numel > 0 && t.cols > 0 && t.member_numel % t.cols == 0 &&
+                           t.block_cols == (t.cols + 15) / 16 &&
+                           t.amax_numel == (t.member_numel / t.cols + 15) / 16 * t.block_cols + 1,
+                       ErrorCode::InvalidArgument,
+                       "amax entry of chunk " + std::to_string(c) + " does not describe an NVFP4 member grid");
     }
   }
   return L;
@@ -164,6 +173,16 @@ void adam_step_apply(const AdamConfig& config, const ShardPointers& shard, StepS
                      Stream stream) {
   enqueue_apply(prepare_apply(config, shard, scalars, backend), backend, stream);
 }
+
+namespace kernels {
+void adam_step_apply_emitting(const AdamConfig& config, const ShardPointers& shard, const AdamAmaxChunk* amax,
+                              StepScalars* scalars, Backend backend, Stream stream) {
+  SHARDOPT_REQUIRE(amax != nullptr && !config.write_params, ErrorCode::InvalidArgument,
+                   "adam_step_apply_emitting: give the amax table, and write_params = false (NVFP4 buffers have "
+                   "no param buffer)");
+  enqueue_apply(prepare_apply(config, shard, scalars, backend, amax), backend, stream);
+}
+}  // namespace kernels
 
 void fused_adam_step(const AdamConfig& config, const ShardPointers& shard, StepScalars* scalars, Backend backend,
                      Stream stream) {

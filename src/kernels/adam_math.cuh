@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/nvfp4_math.cuh"
 #include "shardopt/fused_adam.hpp"
 #include "shardopt/numerics.hpp"
 
@@ -67,6 +68,19 @@ struct AdamElementConsts {
   float l2[kMaxAdamGroups] = {};   ///< float(weight_decay) per group (Adam's L2 term)
 };
 
+/// Where the main pass emits the NVFP4 partial amaxes of one chunk (one entry per chunk,
+/// parallel to the chunk table; docs/nvfp4.md, "Adam emits the partial amaxes"): the
+/// u32 buffers of the chunk's parameter, member after member, as nvfp4_partial_amax
+/// lays them out (per member its blocks' entries, then the range's amax).
+struct AdamAmaxChunk {
+  std::uint32_t* amax = nullptr;  ///< member 0's buffer; null: the chunk emits nothing
+  std::int64_t first = 0;         ///< parameter-local index of the chunk's first element
+  std::int64_t member_numel = 1;  ///< elements of one member (rows * cols)
+  std::int64_t cols = 1;          ///< columns of a member
+  std::int64_t block_cols = 1;    ///< ceil(cols / 16)
+  std::int64_t amax_numel = 2;    ///< entries per member: blocks + 1
+};
+
 /// Everything the main pass reads: the shard, the constants and the device scalars.
 struct AdamApplyParams {
   const ShardChunk* chunks = nullptr;
@@ -80,7 +94,36 @@ struct AdamApplyParams {
   AdamElementConsts consts;
   int num_groups = 1;
   bool vector_ok = true;  ///< every base pointer 16-byte aligned
+  /// Per chunk (indexed like `chunks`), where to emit NVFP4 partial amaxes; null: none.
+  /// Only for variants that write no params (NVFP4 buffers have none).
+  const AdamAmaxChunk* amax = nullptr;
 };
+
+/// The exchanged amax of one new master value: amax_bits of bf16(p), as phase 1 of the
+/// sharded NVFP4 quantize reads it (NaN, Inf and values rounding to Inf: 0x7FC00000).
+SHARDOPT_HD std::uint32_t adam_amax_of(float p) { return nvfp4::amax_bits(nvfp4::master_to_bf16(p)); }
+
+/// The u32 entry of the 16 x 16 block holding parameter-local element q.
+SHARDOPT_HD std::int64_t adam_amax_block_slot(const AdamAmaxChunk& t, std::int64_t q) {
+  const std::int64_t g = q / t.member_numel, e = q - g * t.member_numel;
+  const std::int64_t r = e / t.cols, c = e - r * t.cols;
+  return g * t.amax_numel + (r / 16) * t.block_cols + c / 16;
+}
+
+/// The u32 entry of the range's amax of the member holding parameter-local element q.
+SHARDOPT_HD std::int64_t adam_amax_tensor_slot(const AdamAmaxChunk& t, std::int64_t q) {
+  return (q / t.member_numel + 1) * t.amax_numel - 1;
+}
+
+/// Host twin of the emission: folds element q's new master p into its block's and its
+/// member's entries (integer max of the bits: the order of elements does not matter).
+inline void host_emit_amax(const AdamAmaxChunk& t, std::int64_t q, float p) {
+  const std::uint32_t v = adam_amax_of(p);
+  std::uint32_t& b = t.amax[adam_amax_block_slot(t, q)];
+  std::uint32_t& m = t.amax[adam_amax_tensor_slot(t, q)];
+  b = v > b ? v : b;
+  m = v > m ? v : m;
+}
 
 /// base^n for n >= 0 by repeated squaring: deterministic IEEE double operations.
 SHARDOPT_HD double pow_int(double base, std::int64_t n) {
@@ -181,9 +224,10 @@ SHARDOPT_HD AdamStepValues adam_step_values(const AdamApplyParams& a, int group)
   return v;
 }
 
-/// Updates one element by scalar accesses: shard index si, buffer index bi.
+/// Updates one element by scalar accesses: shard index si, buffer index bi. Returns the
+/// new master value.
 template <class Tr>
-SHARDOPT_HD void adam_scalar(const AdamApplyParams& a, const AdamStepValues& sv, std::int64_t si,
+SHARDOPT_HD float adam_scalar(const AdamApplyParams& a, const AdamStepValues& sv, std::int64_t si,
                              std::int64_t bi) {
   using GT = storage_t<Tr::grad>;
   using MT = storage_t<Tr::moment>;
@@ -201,6 +245,7 @@ SHARDOPT_HD void adam_scalar(const AdamApplyParams& a, const AdamStepValues& sv,
     using PT = storage_t<Tr::param>;
     static_cast<PT*>(a.params)[bi] = num::Storage<Tr::param>::store(p);
   }
+  return p;
 }
 
 /// How a chunk splits into a scalar head, a vector body and a scalar tail. Without a

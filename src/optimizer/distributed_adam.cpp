@@ -121,9 +121,32 @@ class DistributedAdam::Impl final : public detail::StepTarget {
     for (int b = 0; b < static_cast<int>(store.layout().buffers().size()); ++b)
       state.bind(b, store.grad_buffer(b), store.param_buffer(b));  // null params: MXFP8, master only
     state.check_muon_agreement(comm);  // Muon groups: the same matrices and homes on every rank
+    // NVFP4 (issue 29): Adam emits the partial amaxes of the new master, so the step runs
+    // no amax pass; elsewhere (a buffer Adam does not wholly write) the pass stays.
+    if (opt.param_format == ParamFormat::Nvfp4 && mx.format() != nullptr) {
+      adam_amax = true;
+      const std::vector<bool> q = quantized_buffers(store.layout(), opt);
+      for (std::size_t b = 0; b < q.size(); ++b)
+        if (q[b])
+          adam_amax = state.emit_amaxes(static_cast<int>(b),
+                                        [&](int p) { return detail::nvfp4_adam_amax(*mx.format(), p); }) &&
+                      adam_amax;
+    }
   }
 
   int num_buckets() const { return static_cast<int>(store.layout().buckets().size()); }
+
+  // The exchange buffers of the quantized buckets of [first, last) zeroed (one span: they
+  // follow one another), before Adam folds the partial amaxes into them.
+  void zero_exchange(int first, int last, Stream stream) {
+    std::uint8_t *lo = nullptr, *hi = nullptr;
+    for (int b = first; b < last; ++b) {
+      if (!mx.is_bucket(b)) continue;
+      if (lo == nullptr) lo = mx.format()->exchange_begin(b);
+      hi = mx.format()->exchange_end(b);
+    }
+    if (lo != nullptr && hi > lo) fill_zero_async(backend, lo, static_cast<std::size_t>(hi - lo), stream);
+  }
 
   // Native buckets whose deferred all-gather is pending: `stream` waits for them.
   void wait_pending_gathers(Stream stream) {
@@ -141,8 +164,8 @@ class DistributedAdam::Impl final : public detail::StepTarget {
 
   // Quantizes the MXFP8 buckets of [first, last) into their staging, then starts the
   // all-gathers of every bucket of the range (after the work queued on `stream`).
-  void dispatch(int first, int last, Stream stream) {
-    mx.quantize(first, last, stream);
+  void dispatch(int first, int last, Stream stream, bool partials_done = false) {
+    mx.quantize(first, last, stream, partials_done);
     if (opt.grouped_collectives) {
       store.start_param_gathers(first, last, stream);
     } else {
@@ -236,6 +259,7 @@ class DistributedAdam::Impl final : public detail::StepTarget {
   detail::ShardEngine state;
   detail::QuantizedParams mx;  // MXFP8 or NVFP4 parameters (none when Native)
   bool grad_sync = true;
+  bool adam_amax = false;      // NVFP4: the step's Adam emits the partial amaxes (no amax pass)
   bool grads_reduced = false;  // reduce_grads() ran since the last step / zero_grad
   bool grads_live = false;     // grad_ready / reduce_grads since the last step / zero_grad
   std::shared_ptr<detail::SaveJob> last_save;  // the last save_async (a later save waits for it)
@@ -441,11 +465,12 @@ void DistributedAdam::Impl::step(Stream stream) {
   for (int g = 0; g < groups; ++g) {
     const int first = static_cast<int>(static_cast<std::int64_t>(nb) * g / groups);
     const int last = static_cast<int>(static_cast<std::int64_t>(nb) * (g + 1) / groups);
+    if (m.adam_amax) m.zero_exchange(first, last, stream);
     for (int b = first; b < last; ++b) {
       const auto [c0, c1] = m.state.bucket_chunks(b);
       m.state.apply(store.layout().buckets()[static_cast<std::size_t>(b)].buffer, c0, c1, stream);
     }
-    m.dispatch(first, last, stream);
+    m.dispatch(first, last, stream, m.adam_amax);
   }
   m.grads_live = false;  // consumed by Adam; MXFP8 regions now hold the staging
   const bool defer = m.opt.overlap_param_gather && !is_capturing(m.backend, stream);

@@ -10,6 +10,7 @@
 #include "comm/comm_impl.hpp"
 #include "comm/deadline.hpp"
 #include "core/check.hpp"
+#include "kernels/adam_amax.hpp"
 #include "kernels/convert.hpp"
 #include "kernels/step_control.hpp"
 #include "quantized/phase_probe.hpp"
@@ -222,8 +223,44 @@ void ShardEngine::apply(int buffer, std::size_t first, std::size_t last, Stream 
   p.chunks = sh.ptrs.chunks + first;
   p.num_chunks = static_cast<std::int64_t>(last - first);
   phase_mark("adam", stream);
-  adam_step_apply(sh.config, p, scalars(), backend_, stream);
+  if (sh.amax_chunks) {
+    kernels::adam_step_apply_emitting(sh.config, p, sh.amax_chunks.as<kernels::AdamAmaxChunk>() + first, scalars(),
+                                      backend_, stream);
+  } else {
+    adam_step_apply(sh.config, p, scalars(), backend_, stream);
+  }
   phase_mark("after adam", stream);
+}
+
+bool ShardEngine::emit_amaxes(int buffer,
+                              const std::function<std::optional<kernels::AdamAmaxChunk>(int param)>& target) {
+  SHARDOPT_REQUIRE(buffer >= 0 && buffer < static_cast<int>(shards_.size()), ErrorCode::Internal, "bad buffer index");
+  BufferShard& sh = shards_[static_cast<std::size_t>(buffer)];
+  // This rank's pieces of the buffer, by shard offset: each chunk lies in one of them.
+  std::map<std::int64_t, int> by_offset;
+  for (std::size_t p = 0; p < pieces_.size(); ++p)
+    if (pieces_[p].buffer == buffer && pieces_[p].length > 0) by_offset[pieces_[p].shard_offset] = static_cast<int>(p);
+  std::vector<kernels::AdamAmaxChunk> table(sh.chunks.size());
+  std::map<int, std::int64_t> covered;  // per emitting parameter, its elements in Adam's chunks
+  for (const auto& [offset, p] : by_offset)
+    if (target(p)) covered[p] = 0;
+  for (std::size_t c = 0; c < sh.chunks.size(); ++c) {
+    const ShardChunk& ch = sh.chunks[c];
+    const auto it = std::prev(by_offset.upper_bound(ch.shard_offset));
+    const ParamPiece& ps = pieces_[static_cast<std::size_t>(it->second)];
+    const std::optional<kernels::AdamAmaxChunk> t = target(it->second);
+    if (!t) continue;
+    table[c] = *t;
+    table[c].first = ps.param_offset + (ch.shard_offset - ps.shard_offset);
+    covered[it->second] += ch.length;
+  }
+  for (const auto& [p, n] : covered)
+    if (n != pieces_[static_cast<std::size_t>(p)].length) return false;
+  if (covered.empty()) return true;  // nothing of this rank's shard to emit
+  sh.amax_chunks = DeviceBuffer(backend_, table.size() * sizeof(kernels::AdamAmaxChunk));
+  copy_async(backend_, sh.amax_chunks.data(), table.data(), sh.amax_chunks.bytes(), nullptr);
+  synchronize(backend_, nullptr);
+  return true;
 }
 
 std::pair<std::size_t, std::size_t> ShardEngine::bucket_chunks(int bucket) const {

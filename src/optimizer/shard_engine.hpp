@@ -8,14 +8,17 @@
 // parameter storage here.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "core/memory.hpp"
+#include "kernels/adam_math.cuh"
 #include "optimizer/muon_pass.hpp"
 #include "quantized/quantized_params.hpp"
 #include "shardopt/adam_options.hpp"
@@ -91,6 +94,13 @@ class ShardEngine {
   /// caller can all-gather finished buckets while later ones update).
   void begin_step(const Communicator& norm_comm, Stream stream);
   void apply(int buffer, std::size_t first, std::size_t last, Stream stream);
+  /// NVFP4 buffers (issue 29): from now on Adam over buffer `buffer` also folds the
+  /// partial amaxes of the new master into the u32 buffers `target(param)` names (its
+  /// `first` is filled in per chunk; nullopt: the parameter emits nothing), the values
+  /// nvfp4_partial_amax would write; the caller zeroes them before the pass. Returns
+  /// false, and changes nothing, when a named parameter's piece is not wholly in Adam's
+  /// chunks (its master is not written by Adam: a Muon matrix).
+  bool emit_amaxes(int buffer, const std::function<std::optional<kernels::AdamAmaxChunk>(int param)>& target);
   /// The chunk range [first, last) of bucket `bucket` in its buffer's chunk table.
   std::pair<std::size_t, std::size_t> bucket_chunks(int bucket) const;
 
@@ -149,6 +159,7 @@ class ShardEngine {
     std::int64_t real_numel = 0;
     DType param_dtype = DType::f32;
     bool bound = false;  // bind() has run
+    DeviceBuffer amax_chunks;  // per chunk, where Adam emits NVFP4 partial amaxes (emit_amaxes)
   };
   ShardView piece_view(int param, const DeviceBuffer& buf, DType dtype) const;
   std::size_t storage_offset(const ParamPiece& ps) const;

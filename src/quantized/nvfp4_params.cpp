@@ -67,6 +67,7 @@ class Nvfp4Format final : public StoredFormat {
   void landing(int b, std::vector<BytePiece>& table) const override;
 
   Nvfp4View view(int param) const;
+  std::optional<kernels::AdamAmaxChunk> adam_amax(int param) const;
 
  private:
   struct ParamInfo {
@@ -207,6 +208,18 @@ void Nvfp4Format::landing(int bucket, std::vector<BytePiece>& table) const {
   }
 }
 
+std::optional<kernels::AdamAmaxChunk> Nvfp4Format::adam_amax(int param) const {
+  const ParamInfo& pi = param_[static_cast<std::size_t>(param)];
+  if (!pi.quantized) return std::nullopt;
+  kernels::AdamAmaxChunk t;
+  t.amax = reinterpret_cast<std::uint32_t*>(at(pi.amax_u32));
+  t.member_numel = pi.shape.numel();
+  t.cols = pi.shape.cols;
+  t.block_cols = pi.shape.block_cols();
+  t.amax_numel = pi.shape.amax_numel();
+  return t;
+}
+
 Nvfp4View Nvfp4Format::view(int param) const {
   const ParamInfo& pi = param_[static_cast<std::size_t>(param)];
   Nvfp4View v;
@@ -235,6 +248,10 @@ std::vector<std::int64_t> nvfp4_staged_rank_bytes(const Layout& L, const std::ve
 
 std::unique_ptr<QuantizedFormat> make_nvfp4_format(const FormatContext& ctx) {
   return std::make_unique<Nvfp4Format>(ctx);
+}
+
+std::optional<kernels::AdamAmaxChunk> nvfp4_adam_amax(const QuantizedFormat& format, int param) {
+  return format_as<Nvfp4Format>(format, "nvfp4_adam_amax").adam_amax(param);
 }
 
 Nvfp4View nvfp4_view(const QuantizedFormat& format, int param) {

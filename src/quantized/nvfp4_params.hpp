@@ -24,8 +24,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include "kernels/adam_math.cuh"
 #include "quantized/quantized_params.hpp"
 #include "shardopt/nvfp4_param.hpp"
 
@@ -37,6 +39,11 @@ std::vector<std::int64_t> nvfp4_staged_rank_bytes(const Layout& layout, const st
 
 /// Makes the NVFP4 format (QuantizedParams::MakeFormat).
 std::unique_ptr<QuantizedFormat> make_nvfp4_format(const FormatContext& ctx);
+
+/// Where the Adam pass emits NVFP4 parameter p's partial amaxes (its u32 exchange
+/// buffers, member after member, and its member grid; `first` 0), or nullopt when p is
+/// not an NVFP4 parameter (issue 29: Adam emits what phase 1 would write).
+std::optional<kernels::AdamAmaxChunk> nvfp4_adam_amax(const QuantizedFormat& format, int param);
 
 /// The persistent storage of NVFP4 parameter p (`format` made by make_nvfp4_format).
 Nvfp4View nvfp4_view(const QuantizedFormat& format, int param);

@@ -178,7 +178,7 @@ void QuantizedParams::exchange(std::uint8_t* begin, std::uint8_t* end, Stream st
   store_->all_reduce(begin, count, dt, ReduceOp::Max, stream);
 }
 
-void QuantizedParams::quantize(int first, int last, Stream stream) {
+void QuantizedParams::quantize(int first, int last, Stream stream, bool partials_done) {
   std::uint8_t *span_begin = nullptr, *span_end = nullptr;
   for (int b = first; b < last; ++b) {
     const BucketInfo& bi = bucket_[static_cast<std::size_t>(b)];
@@ -186,9 +186,11 @@ void QuantizedParams::quantize(int first, int last, Stream stream) {
     SHARDOPT_REQUIRE(bi.state == GatherState::Idle, ErrorCode::Internal,
                      std::string(name()) + " bucket " + std::to_string(b) + " is quantized while its gather is " +
                          gather_state_name(bi.state));
-    phase_mark(format_->partials_mark(), stream);
-    SHARDOPT_TRACE_INDEXED("shardopt/amax bucket", b);
-    format_->partials(b, stream);
+    if (!partials_done) {
+      phase_mark(format_->partials_mark(), stream);
+      SHARDOPT_TRACE_INDEXED("shardopt/amax bucket", b);
+      format_->partials(b, stream);
+    }
     if (span_begin == nullptr) span_begin = format_->exchange_begin(b);
     span_end = format_->exchange_end(b);
   }

@@ -188,8 +188,10 @@ class QuantizedParams {
 
   /// Phase 1 of every quantized bucket of [first, last), the exchange all-reduce (one
   /// call for the run) and phase 2, after the work queued on `stream` (Adam). Every such
-  /// bucket must be Idle. Does not start the all-gathers.
-  void quantize(int first, int last, Stream stream);
+  /// bucket must be Idle. Does not start the all-gathers. partials_done: phase 1's
+  /// values are already in the exchange buffers (the Adam pass emitted them), so phase 1
+  /// is not run.
+  void quantize(int first, int last, Stream stream, bool partials_done = false);
   /// The caller started the all-gathers of [first, last): quantized buckets -> InFlight.
   void dispatched(int first, int last);
   /// Lands and consumes every quantized bucket of [first, last) that is in flight:

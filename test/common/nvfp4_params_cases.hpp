@@ -6,7 +6,12 @@
 // (test/gpu/test_nvfp4_params_gpu.cpp).
 #pragma once
 
+#include <cstring>
+#include <limits>
+#include <map>
+
 #include "common/mxfp8_params_cases.hpp"
+#include "quantized/phase_probe.hpp"
 
 namespace shardopt::test {
 
@@ -101,6 +106,90 @@ inline void case_nvfp4_memory(Backend b) {
   }
 }
 
+/// Counts the phase marks by name while alive (quantized/phase_probe.hpp).
+struct MarkCounter {
+  std::map<std::string, int> marks;
+  MarkCounter() {
+    detail::set_phase_probe(
+        [](const char* phase, Stream, void* user) { ++static_cast<MarkCounter*>(user)->marks[phase]; }, this);
+  }
+  ~MarkCounter() { detail::set_phase_probe(nullptr, nullptr); }
+  MarkCounter(const MarkCounter&) = delete;
+  MarkCounter& operator=(const MarkCounter&) = delete;
+  int take(const std::string& name) {
+    const int n = marks[name];
+    marks.clear();
+    return n;
+  }
+};
+
+/// Issue 29: the step's Adam emits the partial amaxes, so a step launches no amax pass
+/// (no "amax" mark) while init_from_master and gather_params, whose master Adam did not
+/// write, still run it; the storage equals the oracle after steps whose masters hold NaN,
+/// +Inf, -Inf, -0 (a whole member), a subnormal and a finite value that rounds to bf16
+/// Inf (refused tensors on whichever rank holds the element), and a found-inf step
+/// requantizes the same bytes (Adam writes nothing and emits the unchanged master's
+/// amaxes).
+inline void case_nvfp4_step_emits_amaxes(Backend b) {
+  auto bits = [](std::uint32_t u) {
+    float f = 0;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  DistributedAdamOptions o = mx_options(DType::bf16, kNvfp4);
+  o.gather_pipeline = 2;
+  DistributedAdam opt(make_comm(b), q_model(kNvfp4), o);
+  TestStream s(b);
+  const int embed = opt.param_index("embed"), w1 = opt.param_index("w1"), w2 = opt.param_index("w2");
+  const int odd = opt.param_index("odd_experts"), small = opt.param_index("small"), head = opt.param_index("head");
+  write_master(opt, [&](int i, std::int64_t e) {
+    const std::int64_t cols = opt.layout().specs()[static_cast<std::size_t>(i)].shape.back();
+    if (i == odd && e < 45) return -0.0f;                        // member 0 all -0
+    if (i == embed && e == 333) return bits(0x7F7F8000u);        // finite, rounds to bf16 Inf
+    if (i == w1 && e == 17) return std::numeric_limits<float>::quiet_NaN();
+    if (i == w2 && e == 1000) return std::numeric_limits<float>::infinity();
+    if (i == small && e == 3) return -std::numeric_limits<float>::infinity();
+    if (i == head && e == 5) return bits(0x00000003u);           // subnormal
+    return mx_init_value(i, e, cols);
+  });
+  MarkCounter marks;
+  opt.init_from_master(s.get());
+  EXPECT_GT(marks.take("amax"), 0) << "init_from_master runs the amax pass";
+  s.sync();
+  expect_matches_oracle(opt, "after init");
+  std::vector<QPlanes> before;
+  for (int t = 0; t < 5; ++t) {
+    const bool poison = t == 3;  // mx_backward poisons the 4th step
+    if (poison) {
+      s.sync();
+      for (int i = 0; i < opt.num_params(); ++i)
+        if (opt.is_nvfp4(i)) before.push_back(read_q(opt, i));
+    }
+    marks.take("amax");
+    mx_backward(opt, b, s.get(), GradKind::Random, poison);
+    opt.step(s.get());
+    EXPECT_EQ(marks.take("amax"), 0) << "step " << t << " runs no amax pass";
+    s.sync();
+    expect_matches_oracle(opt, "after step " + std::to_string(t));
+    if (poison) {
+      std::size_t k = 0;
+      for (int i = 0; i < opt.num_params(); ++i)
+        if (opt.is_nvfp4(i)) {
+          const QPlanes now = read_q(opt, i);
+          EXPECT_TRUE(now == before[k]) << "found-inf step: " << opt.layout().specs()[static_cast<std::size_t>(i)].name
+                                        << ": " << differing_planes(now, before[k]);
+          ++k;
+        }
+    }
+    opt.zero_grad(s.get());
+  }
+  EXPECT_EQ(read_nvfp4_member(opt, w1, 0).amax, 0x7FC00000u) << "a NaN master refuses w1 (its amax is the NaN flag)";
+  opt.gather_params(s.get());
+  EXPECT_GT(marks.take("amax"), 0) << "gather_params runs the amax pass";
+  s.sync();
+  expect_matches_oracle(opt, "after gather_params");
+}
+
 }  // namespace shardopt::test
 
 /// Instantiates every NVFP4 parameter case (the generic ones with ParamFormat::Nvfp4) as
@@ -126,6 +215,7 @@ inline void case_nvfp4_memory(Backend b) {
   TEST(Suite, GroupedEqualsDiscreteMembers) { case_grouped_vs_discrete(B, 1, kNvfp4); }                           \
   TEST(Suite, GroupedEqualsDiscreteMembersMicrobatches) { case_grouped_vs_discrete(B, 2, kNvfp4); }               \
   TEST(Suite, MemoryHasNoParamBufferForNvfp4) { case_nvfp4_memory(B); }                                           \
+  TEST(Suite, StepEmitsAmaxesWithoutAmaxPass) { case_nvfp4_step_emits_amaxes(B); }                                \
   TEST(Suite, GraphReplayEqualsEager) { case_mx_graph_equals_eager(B, 2, 6, false, false, kNvfp4); }              \
   TEST(Suite, OneGraphReplayEqualsEager) { case_mx_graph_equals_eager(B, 3, 5, true, false, kNvfp4); }            \
   TEST(Suite, GraphReplayEqualsEagerDeferred) { case_mx_graph_equals_eager(B, 2, 5, false, true, kNvfp4); }
