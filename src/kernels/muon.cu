@@ -99,7 +99,23 @@ __global__ void finish_kernel(const MuonElemMatrix* __restrict__ mats, const Muo
 
 void check_launch() { SHARDOPT_CUDA_CHECK(cudaGetLastError()); }
 
+// cudaFuncGetAttributes references a kernel, which makes the runtime load it now.
+template <class Kernel>
+void load_kernel(Kernel* kernel) {
+  cudaFuncAttributes attributes{};
+  SHARDOPT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+}
+
 }  // namespace
+
+void muon_load_cuda() {
+  load_kernel(pack_kernel);
+  load_kernel(copy_kernel);
+  load_kernel(apply_kernel);
+  load_kernel(momentum_kernel);
+  load_kernel(normalize_kernel);
+  load_kernel(finish_kernel);
+}
 
 void muon_pack_cuda(const MuonRuns<MuonPack>& runs, DType grad_dtype, const StepScalars* scalars, Stream stream) {
   if (runs.tiles() == 0) return;

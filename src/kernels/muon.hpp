@@ -126,6 +126,10 @@ void muon_pack(const MuonRuns<MuonPack>& runs, DType grad_dtype, const StepScala
 void muon_copy(const MuonRuns<MuonCopy>& runs, Backend backend, Stream stream);
 void muon_apply(const MuonRuns<MuonApply>& runs, const StepScalars* scalars, Backend backend, Stream stream);
 
+/// CUDA: loads the Muon kernels now (lazy loading would load each at its first launch,
+/// which waits for running kernels, e.g. a collective spinning on a lost peer). Host: nothing.
+void muon_load(Backend backend);
+
 /// The CUDA state of a MuonUpdate (cuBLAS handle, workspace, tables, scratch): defined in
 /// muon.cu; a build without CUDA or cuBLAS has none.
 struct MuonCudaState;

@@ -14,6 +14,7 @@ namespace shardopt::kernels {
 void muon_pack_cuda(const MuonRuns<MuonPack>& runs, DType grad_dtype, const StepScalars* scalars, Stream stream);
 void muon_copy_cuda(const MuonRuns<MuonCopy>& runs, Stream stream);
 void muon_apply_cuda(const MuonRuns<MuonApply>& runs, const StepScalars* scalars, Stream stream);
+void muon_load_cuda();
 
 /// One matrix of the update's elementwise kernels (device table).
 struct MuonElemMatrix {

@@ -66,6 +66,10 @@ void muon_apply(const MuonRuns<MuonApply>& runs, const StepScalars* scalars, Bac
   });
 }
 
+void muon_load(Backend backend) {
+  if (backend == Backend::Cuda) muon_load_cuda();
+}
+
 // ---------------------------------------------------------------- MuonUpdate
 
 void MuonCudaStateDelete::operator()(MuonCudaState* s) const noexcept { muon_cuda_destroy(s); }
@@ -110,6 +114,7 @@ namespace shardopt::kernels {
 void muon_pack_cuda(const MuonRuns<MuonPack>&, DType, const StepScalars*, Stream) { detail::no_cuda("Muon"); }
 void muon_copy_cuda(const MuonRuns<MuonCopy>&, Stream) { detail::no_cuda("Muon"); }
 void muon_apply_cuda(const MuonRuns<MuonApply>&, const StepScalars*, Stream) { detail::no_cuda("Muon"); }
+void muon_load_cuda() { detail::no_cuda("Muon"); }
 }  // namespace shardopt::kernels
 #endif
 

@@ -13,6 +13,7 @@ MuonPass::MuonPass(Backend backend, const Layout& layout, int rank, const std::v
     : backend_(backend), groups_(groups) {
   matrices_ = muon_matrices(layout, groups);
   plan_ = muon_exchange_plan(layout, rank, matrices_);
+  kernels::muon_load(backend_);  // CUDA: no lazy load inside a step (it would wait for running collectives)
   local_.assign(matrices_.size(), -1);
   std::int64_t homed = 0;
   for (std::size_t k = 0; k < matrices_.size(); ++k) {
