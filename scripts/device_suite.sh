@@ -28,6 +28,8 @@
 #                 and --params mxfp8 (all GPUs, 2, then 1)
 #   trainer       trainer benchmark (all GPUs)
 #   checkpoint    bench_checkpoint: save / load / save_async stall, one rank (CKPT_REPS, default 3)
+#   muon          bench_muon (issue 34) at 1, 2 and all GPUs, each after its peer (muon_peer.py:
+#                 torch.optim.Muon on 1 GPU, a torch gather-orthogonalize-scatter peer at 2+)
 #   main          the README's main command (trainer on 2 GPUs)
 #   sanitize      compute-sanitizer (needs build; ~6 min on one H100): memcheck on every
 #                 single-GPU suite (and, with 2+ GPUs, one 2-rank suite under mpirun),
@@ -237,6 +239,23 @@ phase_trainer() {
   timeout 240 $MPIRUN -n "$GPUS" "$BUILD/examples/trainer/bench_trainer" --results bench/results >/tmp/b.log 2>&1
   timeout 240 $MPIRUN -n "$GPUS" "$BUILD/examples/trainer/bench_trainer" --params mxfp8 --graphs on --results bench/results >>/tmp/b.log 2>&1
   cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+}
+
+phase_muon() {
+  for n in $(printf '%s\n' 1 2 "$GPUS" | awk '!seen[$0]++'); do  # each count once
+    [ "$n" -le "$GPUS" ] || continue
+    log "== muon ($n ranks)"
+    rm -f /tmp/peer_muon.tsv
+    if [ "$n" -eq 1 ]; then
+      timeout 300 python3 bench/peers/muon_peer.py --out /tmp/peer_muon.tsv >>"$OUT/bench.log" 2>&1 || log "muon peer failed"
+    else
+      timeout 300 $TORCHRUN --nproc_per_node "$n" bench/peers/muon_peer.py --out /tmp/peer_muon.tsv >>"$OUT/bench.log" 2>&1 ||
+        log "muon peer failed"
+    fi
+    timeout 300 $MPIRUN -n "$n" "$BUILD/bench/bench_muon" --peer /tmp/peer_muon.tsv --results bench/results >/tmp/b.log 2>&1 ||
+      log "bench_muon ($n ranks) exit $?"
+    cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+  done
 }
 
 phase_checkpoint() {

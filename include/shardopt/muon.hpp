@@ -29,6 +29,13 @@ enum class MuonLrAdjust {
   MatchRmsAdamW,  ///< "match_rms_adamw": lr * 0.2 * sqrt(max(rows, cols))
 };
 
+/// How the CUDA path multiplies in Newton-Schulz (cuBLAS; docs/muon.md gives each
+/// mode's error bound). The host backend's twin is plain fp32 in either mode.
+enum class MuonGemm {
+  Bf16,  ///< bf16 inputs and outputs, fp32 accumulation (torch.optim.Muon's arithmetic; the default)
+  F32,   ///< fp32 inputs, outputs and accumulation (no TF32): ~2^16 times tighter, slower
+};
+
 /// Muon's hyper-parameters (defaults: torch.optim.Muon's). Doubles, like PyTorch's Python
 /// floats; the per-step factors are formed in double and rounded to fp32 once.
 struct MuonSettings {
@@ -39,14 +46,16 @@ struct MuonSettings {
   double eps = 1e-7;        ///< floor of the Frobenius norm the update is divided by (> 0)
   double weight_decay = 0.1;///< decoupled: p *= 1 - lr * weight_decay
   MuonLrAdjust adjust_lr = MuonLrAdjust::Original;
+  MuonGemm gemm = MuonGemm::Bf16;  ///< the CUDA Newton-Schulz GEMMs' precision (ignored on the host backend)
 };
 
 /// The factor Muon multiplies the group's learning rate by for a rows x cols matrix:
 /// sqrt(max(1, rows / cols)) (Original) or 0.2 * sqrt(max(rows, cols)) (MatchRmsAdamW).
 double muon_lr_ratio(MuonLrAdjust adjust, std::int64_t rows, std::int64_t cols) noexcept;
 
-/// "adamw" / "muon", and "original" / "match_rms_adamw" (torch's names).
+/// "adamw" / "muon", "original" / "match_rms_adamw" (torch's names), and "bf16" / "f32".
 const char* to_string(GroupAlgorithm a) noexcept;
 const char* to_string(MuonLrAdjust a) noexcept;
+const char* to_string(MuonGemm g) noexcept;
 
 }  // namespace shardopt

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kernels/muon.hpp"
+#include "kernels/muon_math.cuh"
 
 namespace shardopt {
 
@@ -17,16 +18,9 @@ const char* to_string(GroupAlgorithm a) noexcept { return a == GroupAlgorithm::M
 const char* to_string(MuonLrAdjust a) noexcept {
   return a == MuonLrAdjust::MatchRmsAdamW ? "match_rms_adamw" : "original";
 }
+const char* to_string(MuonGemm g) noexcept { return g == MuonGemm::F32 ? "f32" : "bf16"; }
 
 namespace kernels {
-namespace {
-
-// torch.lerp's fp32 formula: start + w (end - start) for |w| < 0.5, else end - (end - start)(1 - w).
-float lerp(float start, float end, float w) {
-  return w < 0.5f ? start + w * (end - start) : end - (end - start) * (1.0f - w);
-}
-
-}  // namespace
 
 std::int64_t newton_schulz_workspace(std::int64_t rows, std::int64_t cols) noexcept {
   const std::int64_t n = std::min(rows, cols), k = std::max(rows, cols);
@@ -76,8 +70,7 @@ void muon_matrix_host(const MuonMatrix& mat, float* work) {
   const float w_buf = static_cast<float>(1.0 - s.momentum), w_nes = static_cast<float>(s.momentum);
   double sumsq = 0.0;
   for (std::int64_t i = 0; i < count; ++i) {
-    mat.m[i] = lerp(mat.m[i], mat.g[i], w_buf);
-    mat.g[i] = s.nesterov ? lerp(mat.g[i], mat.m[i], w_nes) : mat.m[i];
+    mat.g[i] = muon_momentum(mat.m[i], mat.g[i], w_buf, w_nes, s.nesterov);
     sumsq += static_cast<double>(mat.g[i]) * mat.g[i];
   }
   const float norm = std::max(static_cast<float>(std::sqrt(sumsq)), static_cast<float>(s.eps));

@@ -12,18 +12,15 @@ namespace shardopt::detail {
 MuonPass::MuonPass(Backend backend, const Layout& layout, int rank, const std::vector<AdamGroup>& groups)
     : backend_(backend), groups_(groups) {
   matrices_ = muon_matrices(layout, groups);
-  SHARDOPT_REQUIRE(backend == Backend::Host, ErrorCode::Unsupported,
-                   "Muon groups run on the host backend only so far (the cuBLAS Newton-Schulz of issue 34 is not "
-                   "written); choose GroupAlgorithm::AdamW for every group on CUDA");
   plan_ = muon_exchange_plan(layout, rank, matrices_);
+  kernels::muon_load(backend_);  // CUDA: no lazy load inside a step (it would wait for running collectives)
   local_.assign(matrices_.size(), -1);
-  std::int64_t homed = 0, work = 0;
+  std::int64_t homed = 0;
   for (std::size_t k = 0; k < matrices_.size(); ++k) {
     const MuonMatrixInfo& mi = matrices_[k];
     if (mi.home != rank) continue;
     local_[k] = homed;
     homed += mi.rows * mi.cols;
-    work = std::max(work, kernels::muon_workspace(mi.rows, mi.cols));
   }
   const auto floats = [&](std::int64_t n) {
     DeviceBuffer b(backend_, static_cast<std::size_t>(n) * sizeof(float));
@@ -34,30 +31,35 @@ MuonPass::MuonPass(Backend backend, const Layout& layout, int rank, const std::v
   recv_ = floats(plan_.slot * layout.world_size());
   momentum_ = floats(homed);
   matrix_ = floats(homed);
-  scratch_ = floats(work);
+  synchronize(backend_, nullptr);  // the zeroed momentum is in place before any stream's step
+  std::vector<kernels::MuonMatrix> update;
   for (std::size_t k = 0; k < matrices_.size(); ++k) {
     if (local_[k] < 0) continue;
     const MuonMatrixInfo& mi = matrices_[k];
-    update_.push_back({matrix_.as<float>() + local_[k], momentum_.as<float>() + local_[k], mi.rows, mi.cols,
-                       groups_[static_cast<std::size_t>(mi.group)].muon});
+    update.push_back({matrix_.as<float>() + local_[k], momentum_.as<float>() + local_[k], mi.rows, mi.cols,
+                      groups_[static_cast<std::size_t>(mi.group)].muon});
   }
+  update_ = kernels::MuonUpdate(backend_, std::move(update));
+  std::vector<kernels::MuonCopy> unpack, repack;
   for (const MuonRun& r : plan_.receives) {
     float* slot = recv_.as<float>() + r.peer * plan_.slot + r.slot_pos;
     float* mat = matrix_.as<float>() + local_[static_cast<std::size_t>(r.matrix)] + r.offset;
-    unpack_.push_back({slot, mat, r.length});
-    repack_.push_back({mat, send_.as<float>() + r.peer * plan_.slot + r.slot_pos, r.length});
+    unpack.push_back({slot, mat, r.length});
+    repack.push_back({mat, send_.as<float>() + r.peer * plan_.slot + r.slot_pos, r.length});
   }
+  unpack_ = kernels::MuonRuns<kernels::MuonCopy>(backend_, std::move(unpack));
+  repack_ = kernels::MuonRuns<kernels::MuonCopy>(backend_, std::move(repack));
 }
 
 void MuonPass::bind(const std::vector<MuonPieceStorage>& pieces, DType grad_dtype) {
   grad_dtype_ = grad_dtype;
-  pack_.clear();
-  apply_.clear();
+  std::vector<kernels::MuonPack> pack;
+  std::vector<kernels::MuonApply> apply;
   for (const MuonRun& r : plan_.sends) {
     const MuonMatrixInfo& mi = matrices_[static_cast<std::size_t>(r.matrix)];
     const MuonPieceStorage& ps = pieces[static_cast<std::size_t>(mi.param)];
     const std::int64_t at = mi.offset + r.offset - ps.param_offset;  // within this rank's piece
-    pack_.push_back({static_cast<const char*>(ps.grad) + static_cast<std::size_t>(at) * size_of(grad_dtype),
+    pack.push_back({static_cast<const char*>(ps.grad) + static_cast<std::size_t>(at) * size_of(grad_dtype),
                      send_.as<float>() + r.peer * plan_.slot + r.slot_pos, r.length});
     const AdamGroup& g = groups_[static_cast<std::size_t>(mi.group)];
     kernels::MuonApply a;
@@ -69,8 +71,10 @@ void MuonPass::bind(const std::vector<MuonPieceStorage>& pieces, DType grad_dtyp
     a.lr_scale = g.lr_scale;
     a.weight_decay = g.muon.weight_decay;
     a.lr_ratio = muon_lr_ratio(g.muon.adjust_lr, mi.rows, mi.cols);
-    apply_.push_back(a);
+    apply.push_back(a);
   }
+  pack_ = kernels::MuonRuns<kernels::MuonPack>(backend_, std::move(pack));
+  apply_ = kernels::MuonRuns<kernels::MuonApply>(backend_, std::move(apply));
   bound_ = true;
 }
 
@@ -82,7 +86,7 @@ void MuonPass::step(const Communicator& comm, StepScalars* scalars, Stream strea
   kernels::muon_pack(pack_, grad_dtype_, scalars, backend_, stream);
   comm.all_to_all(send_.data(), recv_.data(), plan_.slot, DType::f32, stream);
   kernels::muon_copy(unpack_, backend_, stream);
-  kernels::muon_update(update_, scratch_.as<float>(), scalars, backend_, stream);
+  update_.run(scalars, stream);
   kernels::muon_copy(repack_, backend_, stream);
   if (backend_ == Backend::Host) label.emplace("Muon update exchange (all-to-all)");
   comm.all_to_all(send_.data(), recv_.data(), plan_.slot, DType::f32, stream);
@@ -98,7 +102,7 @@ float* MuonPass::momentum(int matrix) const {
 
 void MuonPass::add_memory(MemoryReport& r) const {
   r.moments += static_cast<std::int64_t>(momentum_.bytes());
-  r.pool += static_cast<std::int64_t>(send_.bytes() + recv_.bytes() + matrix_.bytes() + scratch_.bytes());
+  r.pool += static_cast<std::int64_t>(send_.bytes() + recv_.bytes() + matrix_.bytes() + update_.scratch_bytes());
 }
 
 }  // namespace shardopt::detail

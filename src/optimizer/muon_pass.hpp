@@ -56,13 +56,13 @@ class MuonPass {
   std::vector<MuonMatrixInfo> matrices_;
   MuonExchangePlan plan_;
   std::vector<std::int64_t> local_;  // per matrix: its offset in momentum_ / work_ (-1: homed elsewhere)
-  DeviceBuffer send_, recv_, momentum_, matrix_, scratch_;
+  DeviceBuffer send_, recv_, momentum_, matrix_;
   DType grad_dtype_ = DType::f32;
   bool bound_ = false;
-  std::vector<kernels::MuonPack> pack_;
-  std::vector<kernels::MuonCopy> unpack_, repack_;
-  std::vector<kernels::MuonMatrix> update_;
-  std::vector<kernels::MuonApply> apply_;
+  kernels::MuonRuns<kernels::MuonPack> pack_;
+  kernels::MuonRuns<kernels::MuonCopy> unpack_, repack_;
+  kernels::MuonUpdate update_;  // the homed matrices' momentum + Newton-Schulz (cuBLAS on CUDA)
+  kernels::MuonRuns<kernels::MuonApply> apply_;
 };
 
 }  // namespace shardopt::detail

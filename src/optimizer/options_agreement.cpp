@@ -25,7 +25,7 @@ std::string group_text(const AdamGroup& g) {
     muon = ", algorithm=muon(momentum=" + real(m.momentum) + ", nesterov=" + option_text(m.nesterov) +
            ", ns_steps=" + std::to_string(m.ns_steps) + ", ns_coefficients=" + real(m.ns_coefficients[0]) + "/" +
            real(m.ns_coefficients[1]) + "/" + real(m.ns_coefficients[2]) + ", eps=" + real(m.eps) +
-           ", weight_decay=" + real(m.weight_decay) + ", adjust_lr=" + to_string(m.adjust_lr) + ")";
+           ", weight_decay=" + real(m.weight_decay) + ", adjust_lr=" + to_string(m.adjust_lr) + ", gemm=" + to_string(m.gemm) + ")";
   }
   return "{weight_decay=" + real(g.weight_decay) + ", lr_scale=" + real(g.lr_scale) + muon + "}";
 }

@@ -1,0 +1,252 @@
+// bench_muon.cpp - Muon (issue 34, docs/muon.md) on the hidden matrices of a Llama-like 1B
+// model (Llama-3.2-1B's: 16 layers of q 2048 x 2048, k and v 512 x 2048, o 2048 x 2048,
+// gate and up 8192 x 2048, down 2048 x 8192; 112 matrices, 973,078,528 parameters, bf16
+// parameters, bf16 gradients, every matrix in one Muon group), one GPU per rank:
+//
+//   muon_step         DistributedAdam's whole step (exchange, momentum, cuBLAS Newton-Schulz,
+//                     apply, parameter all-gather) replayed from a CUDA graph, against the peer
+//                     in the same job (bench/peers/muon_peer.py: torch.optim.Muon at 1 rank, a
+//                     gather-orthogonalize-scatter torch peer at 2+); the eager step, and the host
+//                     CPU time of one replay and of one eager step
+//   muon_ns_gemm      (a run of one rank) the Newton-Schulz update of all 112 matrices on one GPU
+//                     (kernels::MuonUpdate, bf16 GEMMs, then the fp32-GEMM mode) against plain
+//                     cuBLAS GEMMs of the same shapes, batches and count, bf16 in / out with
+//                     fp32 accumulation, measured in this process (limit_ms: fraction_of_limit is
+//                     the Newton-Schulz GEMM throughput as a fraction of the plain GEMMs')
+//
+//   mpirun -n N bench_muon [--results DIR] [--peer FILE] [--iters N] [--layers L]
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "core/check.hpp"
+#include "core/memory.hpp"
+#include "cuda_bench.hpp"
+#include "kernels/muon.hpp"
+#include "mpi_bench.hpp"
+#include "results.hpp"
+#include "shardopt/distributed_adam.hpp"
+#include "shardopt/muon.hpp"
+
+namespace {
+using namespace shardopt;
+using Clock = std::chrono::steady_clock;
+
+struct Matrix {
+  std::string name;
+  std::int64_t rows, cols;
+};
+
+std::vector<Matrix> llama_matrices(int layers) {
+  std::vector<Matrix> m;
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = "layer" + std::to_string(l) + ".";
+    for (const Matrix& x : std::vector<Matrix>{{"q", 2048, 2048}, {"k", 512, 2048}, {"v", 512, 2048},
+                                               {"o", 2048, 2048}, {"gate", 8192, 2048}, {"up", 8192, 2048},
+                                               {"down", 2048, 8192}})
+      m.push_back({p + x.name, x.rows, x.cols});
+  }
+  return m;
+}
+
+std::int64_t numel(const std::vector<Matrix>& ms) {
+  std::int64_t n = 0;
+  for (const Matrix& m : ms) n += m.rows * m.cols;
+  return n;
+}
+
+// Multiply-adds x 2 of the iterations: per step 2 n^2 k (A) + 2 n^3 (A A) + 2 n^2 k (B X).
+double ns_flops(const std::vector<Matrix>& ms, int steps) {
+  double f = 0.0;
+  for (const Matrix& m : ms) {
+    const double n = static_cast<double>(std::min(m.rows, m.cols)), k = static_cast<double>(std::max(m.rows, m.cols));
+    f += steps * (4.0 * n * n * k + 2.0 * n * n * n);
+  }
+  return f;
+}
+
+cudaStream_t cu(Stream s) { return reinterpret_cast<cudaStream_t>(s); }
+
+double host_us(Stream s, int iters, const std::function<void()>& launch) {
+  std::vector<double> t;
+  for (int it = 0; it < iters; ++it) {
+    const auto t0 = Clock::now();
+    launch();
+    const auto t1 = Clock::now();
+    SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(cu(s)));
+    t.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  return bench::median(t);
+}
+
+void check(cublasStatus_t st) {
+  if (st != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string("cuBLAS: ") + cublasGetStatusString(st));
+}
+
+// The Newton-Schulz update alone, and plain cuBLAS GEMMs of the same shapes (equal shapes
+// batched as MuonUpdate batches them), on rank 0's GPU.
+void ns_rows(const std::vector<Matrix>& ms, Stream s, int iters, const std::string& device, const std::string& cmd,
+             const std::string& results) {
+  const std::int64_t n_all = numel(ms);
+  DeviceBuffer g(Backend::Cuda, static_cast<std::size_t>(n_all) * 4), m(Backend::Cuda, static_cast<std::size_t>(n_all) * 4);
+  bench::fill_random(m.data(), DType::f32, n_all, 11, 1e-3f, s);
+  DeviceBuffer scalars(Backend::Cuda, sizeof(StepScalars));
+  const StepScalars sc;
+  SHARDOPT_CUDA_CHECK(cudaMemcpy(scalars.data(), &sc, sizeof sc, cudaMemcpyHostToDevice));
+  // Plain GEMMs: per group of equal shape (n, k, count), ns_steps x the three products.
+  struct Group {
+    int n, k, count;
+  };
+  std::vector<Group> groups;
+  for (const Matrix& x : ms) {
+    const int n = static_cast<int>(std::min(x.rows, x.cols)), k = static_cast<int>(std::max(x.rows, x.cols));
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& gr) { return gr.n == n && gr.k == k; });
+    if (it != groups.end()) {
+      ++it->count;
+    } else {
+      groups.push_back({n, k, 1});
+    }
+  }
+  std::size_t plain_bytes = 0;
+  for (const Group& gr : groups)
+    plain_bytes = std::max<std::size_t>(plain_bytes, 2ull * gr.count * (2ull * gr.n * gr.k + 2ull * gr.n * gr.n));
+  const MuonSettings defaults;
+  cublasHandle_t h = nullptr;
+  check(cublasCreate(&h));
+  DeviceBuffer ws(Backend::Cuda, 32u << 20), plain(Backend::Cuda, plain_bytes);
+  SHARDOPT_CUDA_CHECK(cudaMemsetAsync(plain.data(), 0, plain_bytes, cu(s)));
+  check(cublasSetStream(h, cu(s)));
+  check(cublasSetWorkspace(h, ws.data(), ws.bytes()));
+  const auto plain_gemms = [&] {
+    const float one = 1.0f, zero = 0.0f;
+    for (const Group& gr : groups) {
+      char* X = plain.as<char>();
+      char* Y = X + 2ull * gr.count * gr.n * gr.k;
+      char* A = Y + 2ull * gr.count * gr.n * gr.k;
+      char* B = A + 2ull * gr.count * gr.n * gr.n;
+      const long long sx = 1ll * gr.n * gr.k, sa = 1ll * gr.n * gr.n;
+      for (int st = 0; st < defaults.ns_steps; ++st) {
+        check(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, gr.n, gr.n, gr.k, &one, X, CUDA_R_16BF, gr.k, sx, X,
+                                         CUDA_R_16BF, gr.k, sx, &zero, A, CUDA_R_16BF, gr.n, sa, gr.count,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        check(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, gr.n, gr.n, gr.n, &one, A, CUDA_R_16BF, gr.n, sa, A,
+                                         CUDA_R_16BF, gr.n, sa, &zero, B, CUDA_R_16BF, gr.n, sa, gr.count,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        check(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_T, gr.k, gr.n, gr.n, &one, X, CUDA_R_16BF, gr.k, sx, B,
+                                         CUDA_R_16BF, gr.n, sa, &zero, Y, CUDA_R_16BF, gr.k, sx, gr.count,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      }
+    }
+  };
+  const double plain_ms = bench::time_ms(s, 3, iters, plain_gemms);
+  const double flops = ns_flops(ms, defaults.ns_steps);
+  for (MuonGemm mode : {MuonGemm::Bf16, MuonGemm::F32}) {
+    std::vector<kernels::MuonMatrix> mats;
+    std::int64_t at = 0;
+    MuonSettings st;
+    st.gemm = mode;
+    for (const Matrix& x : ms) {
+      mats.push_back({g.as<float>() + at, m.as<float>() + at, x.rows, x.cols, st});
+      at += x.rows * x.cols;
+    }
+    kernels::MuonUpdate update(Backend::Cuda, mats);
+    // Every call starts from the same gradient (the update overwrites it).
+    DeviceBuffer g0(Backend::Cuda, g.bytes());
+    bench::fill_random(g0.data(), DType::f32, n_all, 12, 1e-3f, s);
+    const double ours_ms = bench::time_ms(s, 2, iters, [&] {
+      SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(g.data(), g0.data(), g.bytes(), cudaMemcpyDeviceToDevice, cu(s)));
+      update.run(scalars.as<StepScalars>(), s);
+    });
+    const double copy_ms = bench::time_ms(s, 2, iters, [&] {
+      SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(g.data(), g0.data(), g.bytes(), cudaMemcpyDeviceToDevice, cu(s)));
+    });
+    bench::Result r;
+    r.bench = "muon_ns_gemm";
+    r.config = std::string("llama1b/") + to_string(mode) + "-gemm";
+    r.device = device;
+    r.ours_ms = ours_ms - copy_ms;  // the restoring copy is not Muon's
+    r.limit_ms = plain_ms;
+    r.numbers["matrices"] = static_cast<double>(ms.size());
+    r.numbers["elements"] = static_cast<double>(n_all);
+    r.numbers["gemm_groups"] = update.groups();
+    r.numbers["ns_tflops"] = flops / (*r.ours_ms * 1e9);
+    r.numbers["plain_bf16_gemm_ms"] = plain_ms;
+    r.numbers["plain_bf16_gemm_tflops"] = flops / (plain_ms * 1e9);
+    r.numbers["scratch_bytes"] = static_cast<double>(update.scratch_bytes());
+    r.notes["ours"] = "MuonUpdate of all matrices (momentum, Nesterov, norm, ns_steps=5 iterations, copy back)";
+    r.notes["limit"] = "plain cuBLAS bf16 GEMMs (fp32 accumulation, beta 0) of the same shapes and batches, same process";
+    r.command = cmd;
+    bench::write(r, results);
+  }
+  check(cublasDestroy(h));
+}
+
+// DistributedAdam's whole step with every matrix in one Muon group.
+void step_rows(const Communicator& comm, const std::vector<Matrix>& ms, Stream s, int iters, const std::string& device,
+               const std::string& cmd, const bench::RunArgs& a) {
+  std::vector<ParamSpec> specs;
+  for (const Matrix& x : ms) specs.push_back(ParamSpec::tensor(x.name, {x.rows, x.cols}, DType::bf16, "muon"));
+  DistributedAdamOptions o;
+  o.grad_dtype = DType::bf16;
+  AdamGroup grp;
+  grp.algorithm = GroupAlgorithm::Muon;
+  o.groups["muon"] = grp;
+  DistributedAdam opt(comm, specs, o);
+  opt.set_lr(0.02f);
+  for (int i = 0; i < opt.num_params(); ++i) {
+    const ParamView p = opt.param(i);
+    bench::fill_random(p.data, p.dtype, p.numel(), 100 + static_cast<std::uint64_t>(i), 0.02f, s);
+    const GradView gv = opt.grad(i);
+    bench::fill_random(gv.data, gv.dtype, gv.numel(), 7000 + static_cast<std::uint64_t>(i), 1e-3f, s);
+  }
+  opt.init_master(s);
+  opt.step(s);  // warm-up: module loads, NCCL connections, cuBLAS kernels
+  SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(cu(s)));
+  const double eager_ms = bench::time_ms(s, 1, iters, [&] { opt.step(s); });
+  const double eager_host = host_us(s, iters, [&] { opt.step(s); });
+  bench::CapturedGraph graph(s, [&] { opt.step(s); });
+  graph.launch(s);
+  const double replay_ms = bench::time_ms(s, 2, iters, [&] { graph.launch(s); });
+  const double replay_host = host_us(s, std::max(iters, 100), [&] { graph.launch(s); });
+  if (comm.rank() != 0) return;
+  bench::Result r;
+  r.bench = "muon_step";
+  r.config = "llama1b/n" + std::to_string(comm.size());
+  r.device = device;
+  r.ours_ms = replay_ms;
+  bench::apply_peer(r, a.peer);
+  r.numbers["eager_ms"] = eager_ms;
+  r.numbers["replay_host_us"] = replay_host;
+  r.numbers["eager_host_us"] = eager_host;
+  r.numbers["matrices"] = static_cast<double>(ms.size());
+  r.numbers["params"] = static_cast<double>(numel(ms));
+  r.numbers["ranks"] = comm.size();
+  r.notes["ours"] = "DistributedAdam step, every matrix Muon (bf16 GEMMs), one CUDA graph replayed; bf16 params and grads";
+  r.command = cmd;
+  bench::write(r, a.results);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return bench::mpi_main(argc, argv, "bench_muon", {}, [&] {
+    bench::RunArgs a;
+    a.iters = 10;
+    int layers = 16;
+    bench::parse_run_args(argc, argv, a, [&](bench::ArgReader& r) {
+      if (r.arg() != "--layers") return false;
+      layers = std::atoi(r.value().c_str());
+      return true;
+    });
+    bench::MpiBench mb(Backend::Cuda);
+    const std::vector<Matrix> ms = llama_matrices(layers);
+    const std::string device = mb.device(), cmd = bench::command_line(argc, argv);
+    if (mb.comm().size() == 1) ns_rows(ms, mb.stream(), a.iters, device, cmd, a.results);
+    step_rows(mb.comm(), ms, mb.stream(), a.iters, device, cmd, a);
+    return 0;
+  });
+}

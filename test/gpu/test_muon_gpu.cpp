@@ -1,0 +1,218 @@
+// Muon on GPUs (issue 34, docs/muon.md): the CUDA kernels and cuBLAS Newton-Schulz against
+// a plain double Muon within the derived bounds (bf16 GEMMs, and the much tighter fp32-GEMM
+// mode), equal shapes batched equal to one by one bitwise, a skipped step, and the
+// distributed cases shared with the host suite (test/common/muon_cases.hpp) under mpirun:
+// DistributedAdam and Fsdp at 1 and 2 GPUs, graph replay equal to eager.
+#include "common/muon_cases.hpp"
+#include "kernels/muon.hpp"
+
+namespace {
+using namespace shardopt;
+using namespace shardopt::test;
+using namespace shardopt::test::muon;
+constexpr Backend kB = Backend::Cuda;
+
+using Shapes = std::vector<std::pair<std::int64_t, std::int64_t>>;
+
+// The matrices of the kernel cases: both orientations (Newton-Schulz on the transpose when
+// rows > cols), one and several elementwise tiles (16384 elements each), small and odd.
+const Shapes kShapes = {{24, 16}, {16, 40}, {160, 200}, {300, 96}, {128, 128}};
+
+struct Result {
+  std::vector<float> g, m;  // the update and the momentum after the call
+};
+
+// The gradient and momentum of matrix `idx` (pseudo-random: well-spread singular values,
+// see noise(); the momentum nonzero).
+std::vector<float> start_grad(int idx, std::int64_t n) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (std::int64_t j = 0; j < n; ++j) v[static_cast<std::size_t>(j)] = noise(2 * idx, j);
+  return v;
+}
+std::vector<float> start_momentum(int idx, std::int64_t n) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (std::int64_t j = 0; j < n; ++j) v[static_cast<std::size_t>(j)] = 0.5f * noise(2 * idx + 1, j);
+  return v;
+}
+
+// One MuonUpdate call over matrices of these shapes on backend `b`.
+std::vector<Result> run_update(Backend b, const Shapes& shapes, const MuonSettings& s, bool batch,
+                               bool found_inf = false) {
+  std::vector<DeviceBuffer> gs, ms;
+  std::vector<kernels::MuonMatrix> mats;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const std::int64_t n = shapes[i].first * shapes[i].second;
+    gs.emplace_back(b, static_cast<std::size_t>(n) * sizeof(float));
+    ms.emplace_back(b, static_cast<std::size_t>(n) * sizeof(float));
+    from_host(b, gs.back().data(), start_grad(static_cast<int>(i), n));
+    from_host(b, ms.back().data(), start_momentum(static_cast<int>(i), n));
+    mats.push_back({gs.back().as<float>(), ms.back().as<float>(), shapes[i].first, shapes[i].second, s});
+  }
+  StepScalars sc;
+  sc.found_inf = found_inf ? 1 : 0;
+  DeviceBuffer scalars(b, sizeof(StepScalars));
+  from_host(b, scalars.data(), std::vector<StepScalars>{sc});
+  TestStream stream(b);
+  kernels::MuonUpdate update(b, mats, batch);
+  if (b == Backend::Cuda && !batch) {
+    EXPECT_EQ(update.groups(), static_cast<int>(shapes.size()));
+  }
+  update.run(scalars.as<StepScalars>(), stream.get());
+  stream.sync();
+  std::vector<Result> out;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const auto n = static_cast<std::size_t>(shapes[i].first * shapes[i].second);
+    out.push_back({to_host<float>(b, gs[i].data(), n), to_host<float>(b, ms[i].data(), n)});
+  }
+  return out;
+}
+
+// The normalized Newton-Schulz input of matrix idx, in double (torch.optim.Muon's step).
+std::vector<double> double_input(int idx, std::int64_t rows, std::int64_t cols, const MuonSettings& s) {
+  const std::int64_t n = rows * cols;
+  const std::vector<float> g = start_grad(idx, n), m0 = start_momentum(idx, n);
+  std::vector<double> u(static_cast<std::size_t>(n));
+  for (std::size_t j = 0; j < u.size(); ++j) {
+    const double m = s.momentum * m0[j] + (1.0 - s.momentum) * g[j];
+    u[j] = s.nesterov ? (1.0 - s.momentum) * g[j] + s.momentum * m : m;
+  }
+  const double norm = std::max(frob(u), s.eps);
+  for (double& v : u) v /= norm;
+  return u;
+}
+
+double frob_diff(const std::vector<float>& a, const std::vector<double>& b) {
+  double sum = 0.0;
+  for (std::size_t j = 0; j < a.size(); ++j) sum += (a[j] - b[j]) * (a[j] - b[j]);
+  return std::sqrt(sum);
+}
+
+// One update of each matrix against the double Muon within the bound of its GEMM mode
+// (docs/muon.md, "The CUDA path's bounds"); the momentum equals the host twin's bitwise
+// (the same element math). The bf16 bound is shown to mean something: at most a quarter of
+// ||U||_F, and smaller than the change one Newton-Schulz iteration fewer makes; the fp32
+// bound is at least 100 times tighter than the bf16 one.
+void kernel_bound_case(MuonGemm gemm) {
+  MuonSettings s;
+  s.gemm = gemm;
+  const std::vector<Result> gpu = run_update(kB, kShapes, s, true);
+  const std::vector<Result> host = run_update(Backend::Host, kShapes, s, true);
+  double worst = 0.0;
+  for (std::size_t i = 0; i < kShapes.size(); ++i) {
+    const auto [rows, cols] = kShapes[i];
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
+    EXPECT_EQ(gpu[i].m, host[i].m) << "the momentum is the host twin's element math";
+    const std::vector<double> x = double_input(static_cast<int>(i), rows, cols, s);
+    const std::vector<double> want = ns_double(x, rows, cols, s);
+    const double err = frob_diff(gpu[i].g, want);
+    const double bound_bf16 = update_error_bound_gemm(x, rows, cols, s, 1, true);
+    const double bound_f32 = update_error_bound_gemm(x, rows, cols, s, 1, false);
+    const double bound = gemm == MuonGemm::Bf16 ? bound_bf16 : bound_f32;
+    EXPECT_LE(err, bound);
+    EXPECT_LT(100.0 * bound_f32, bound_bf16);
+    if (gemm == MuonGemm::Bf16) {
+      EXPECT_LE(bound, 0.25 * frob(want));
+      MuonSettings fewer = s;
+      fewer.ns_steps = s.ns_steps - 1;
+      const std::vector<double> alt = ns_double(x, rows, cols, fewer);
+      double d = 0.0;
+      for (std::size_t j = 0; j < alt.size(); ++j) d += (alt[j] - want[j]) * (alt[j] - want[j]);
+      EXPECT_GT(std::sqrt(d), bound) << "the bound cannot tell a missing iteration apart";
+    }
+    std::printf("%lld x %lld (%s GEMMs): ||U - U_double|| %.3g, bound %.3g (ratio %.3g), ||U|| %.3g\n",
+                static_cast<long long>(rows), static_cast<long long>(cols), to_string(gemm), err, bound, err / bound,
+                frob(want));
+    worst = std::max(worst, err / bound);
+  }
+  std::printf("Muon kernels (%s GEMMs): worst error / bound = %.3g\n", to_string(gemm), worst);
+}
+
+TEST(MuonGpu, Bf16GemmUpdateWithinTheDerivedBound) { kernel_bound_case(MuonGemm::Bf16); }
+TEST(MuonGpu, F32GemmUpdateWithinTheTightBound) { kernel_bound_case(MuonGemm::F32); }
+
+// Equal shapes in one strided batched GEMM per product equal each matrix alone (a batch
+// of one), bitwise: MoE experts of both orientations among other shapes, both GEMM modes.
+TEST(MuonGpu, BatchedEqualShapesEqualOneByOneBitwise) {
+  const Shapes shapes = {{64, 256}, {256, 64}, {64, 256}, {128, 128}, {256, 64}, {64, 256},
+                         {24, 16},  {256, 64}, {64, 256}, {256, 64}};
+  for (MuonGemm gemm : {MuonGemm::Bf16, MuonGemm::F32}) {
+    SCOPED_TRACE(to_string(gemm));
+    MuonSettings s;
+    s.gemm = gemm;
+    const std::vector<Result> batched = run_update(kB, shapes, s, true);
+    const std::vector<Result> single = run_update(kB, shapes, s, false);
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      SCOPED_TRACE(i);
+      EXPECT_EQ(batched[i].g, single[i].g);
+      EXPECT_EQ(batched[i].m, single[i].m);
+    }
+  }
+}
+
+// Four groups of equal shape and settings form four GEMM groups, whatever their order.
+TEST(MuonGpu, EqualShapesFormOneGroupEach) {
+  const Shapes shapes = {{64, 256}, {256, 64}, {64, 256}, {128, 128}, {256, 64}, {24, 16}};
+  std::vector<DeviceBuffer> bufs;
+  std::vector<kernels::MuonMatrix> mats;
+  for (const auto& [r, c] : shapes) {
+    bufs.emplace_back(kB, static_cast<std::size_t>(2 * r * c) * sizeof(float));
+    mats.push_back({bufs.back().as<float>(), bufs.back().as<float>() + r * c, r, c, MuonSettings{}});
+  }
+  EXPECT_EQ(kernels::MuonUpdate(kB, mats, true).groups(), 4);
+  EXPECT_EQ(kernels::MuonUpdate(kB, mats, false).groups(), static_cast<int>(shapes.size()));
+  mats[1].settings.gemm = MuonGemm::F32;  // another GEMM mode is another group
+  EXPECT_EQ(kernels::MuonUpdate(kB, mats, true).groups(), 5);
+}
+
+// found_inf set: the update and the momentum stay as they were, bitwise.
+TEST(MuonGpu, FoundInfChangesNothing) {
+  MuonSettings s;
+  const std::vector<Result> r = run_update(kB, kShapes, s, true, /*found_inf=*/true);
+  for (std::size_t i = 0; i < kShapes.size(); ++i) {
+    const std::int64_t n = kShapes[i].first * kShapes[i].second;
+    EXPECT_EQ(r[i].g, start_grad(static_cast<int>(i), n));
+    EXPECT_EQ(r[i].m, start_momentum(static_cast<int>(i), n));
+  }
+}
+
+// ---------------------------------------------------------------- the optimizers (shared cases)
+
+TEST(MuonGpu, DistributedAdamWithinTheBf16Bound) { case_matches_oracle(kB, MuonGemm::Bf16); }
+TEST(MuonGpu, DistributedAdamF32GemmsWithinTheTightBound) { case_matches_oracle(kB, MuonGemm::F32); }
+// Against a world of one: at 1 GPU the same homes (a check of the pack, exchange and
+// apply); at 2 GPUs other homes, so other GEMM batches: bitwise as long as batched equals
+// one by one (BatchedEqualShapesEqualOneByOneBitwise).
+TEST(MuonGpu, BitwiseIndependentOfTheWorldSize) { case_world_size(kB, DType::f32); }
+TEST(MuonGpu, BitwiseIndependentOfTheWorldSizeWithBf16Gradients) { case_world_size(kB, DType::bf16); }
+TEST(MuonGpu, BitwiseIndependentOfTheWorldSizeF32Gemms) { case_world_size(kB, DType::f32, MuonGemm::F32); }
+TEST(MuonGpu, FsdpEqualsDistributedAdamBitwise) { case_fsdp(kB, 0); }
+TEST(MuonGpu, ANonFiniteGradientSkipsTheStepMomentumIncluded) { case_nonfinite_skips(kB); }
+
+// A StepGraph capture of the whole step (gradients written on the device from the step
+// counter, the Muon exchange, cuBLAS Newton-Schulz, the Adam groups) replays bitwise like
+// the eager steps.
+void graph_case(MuonGemm gemm) {
+  Communicator comm = make_comm(kB);
+  const int rank = comm.rank();
+  DistributedAdam eager(comm, model(), dist_options(gemm));
+  DistributedAdam graphed(comm, model(), dist_options(gemm));
+  TestStream se(kB), sg(kB);
+  for (auto [opt, st] : {std::pair{&eager, se.get()}, std::pair{&graphed, sg.get()}}) {
+    opt->set_lr(kLr);
+    init(*opt, st);
+  }
+  StepGraph ge(eager, random_grads_fn(eager, kB, rank));
+  StepGraph gg(graphed, random_grads_fn(graphed, kB, rank), StepGraphOptions{1});
+  constexpr int kIterations = 6;
+  gg.capture(sg.get());
+  for (int it = 1; it < kIterations; ++it) gg.replay(sg.get());
+  for (int it = 0; it < kIterations; ++it) ge.run_eager(se.get());
+  se.sync();
+  sg.sync();
+  EXPECT_EQ(graphed.read_scalars(sg.get()).step, kIterations);
+  expect_same_state(eager, graphed, se.get(), sg.get());
+}
+TEST(MuonGpu, GraphReplayEqualsEagerBitwise) { graph_case(MuonGemm::Bf16); }
+TEST(MuonGpu, GraphReplayEqualsEagerBitwiseF32Gemms) { graph_case(MuonGemm::F32); }
+
+}  // namespace
