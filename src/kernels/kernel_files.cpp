@@ -11,9 +11,19 @@ namespace shardopt::kernels {
 
 std::vector<KernelFile> kernel_files_cuda() {
 #if SHARDOPT_HAVE_CUDA
-  return {adam_kernels_cuda,       convert_kernels_cuda,     grad_norm_kernels_cuda,    step_control_kernels_cuda,
-          piece_sum_kernels_cuda,  mxfp8_kernels_cuda,       mxfp8_batch_kernels_cuda,  mxfp8_shard_kernels_cuda,
-          mxfp8_decode_kernels_cuda, nvfp4_kernels_cuda,     nvfp4_shard_kernels_cuda};
+  return {
+      adam_kernels_cuda,
+      convert_kernels_cuda,
+      grad_norm_kernels_cuda,
+      step_control_kernels_cuda,
+      piece_sum_kernels_cuda,
+      mxfp8_kernels_cuda,
+      mxfp8_batch_kernels_cuda,
+      mxfp8_shard_kernels_cuda,
+      mxfp8_decode_kernels_cuda,
+      nvfp4_kernels_cuda,
+      nvfp4_shard_kernels_cuda,
+  };
 #else
   return {};
 #endif
