@@ -14,7 +14,7 @@
 // upcast itself is not timed); and the BucketStore's per-bucket F32Accumulate starts
 // against its Native ones. The all-to-all's buffers are both NCCL-registered (a
 // registered send paired with an unregistered receive is undefined in NCCL: issue 31),
-// and the sum kernels are loaded before any collective (kernels/piece_sum.hpp).
+// and every kernel is loaded before any collective (kernels/kernel_files.hpp).
 //
 // It cannot hang silently: rank 0 prints a progress line per size and measurement
 // (flushed); every wait for the device (the stores' construction warm-up included) goes
@@ -48,6 +48,7 @@
 
 #include "core/check.hpp"
 #include "core/memory.hpp"
+#include "kernels/kernel_files.hpp"
 #include "kernels/piece_sum.hpp"
 #include "mpi_bench.hpp"
 #include "results.hpp"
@@ -275,7 +276,7 @@ void f32_accumulate_rows(const Options& opt, const Communicator& comm, Stream st
   const int rank = comm.rank();
   const bool cuda = opt.backend == Backend::Cuda;
   const std::string memory = cuda ? "registered" : "host";
-  kernels::piece_sum_load(opt.backend);  // before any collective (kernels/piece_sum.hpp)
+  kernels::load_step_kernels(opt.backend);  // before any collective (kernels/kernel_files.hpp)
   for (int mib : opt.sizes_mib) {
     const std::string at = std::to_string(mib) + " MiB, " + std::to_string(n) + " ranks: ";
     progress(rank, at + "building the stores (Native, F32Accumulate)");

@@ -25,6 +25,7 @@
 #include "core/memory.hpp"
 #include "core/streams.hpp"
 #include "core/trace.hpp"
+#include "kernels/kernel_files.hpp"
 #include "kernels/piece_sum.hpp"
 #include "shardopt/error.hpp"
 
@@ -482,8 +483,8 @@ class BucketStoreImpl {
     }
     extra_start = std::make_unique<Event>(backend);
     extra_done = std::make_unique<Event>(backend);
-    // The sum kernels load now, not lazily at the first sum behind an all-to-all.
-    if (f32_accumulate()) kernels::piece_sum_load(backend);
+    // Every kernel loads now, not lazily at its first launch behind a collective.
+    kernels::load_step_kernels(backend);
     const bool registered = options.nccl_registered && nccl_compiled();
     allocate(registered ? MemoryKind::NcclDevice : MemoryKind::Device, comm_stream());
     synchronize(backend, comm_stream());

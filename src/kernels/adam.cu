@@ -287,3 +287,23 @@ void launch_adam_apply(const AdamVariant& v, const AdamApplyParams& a, Stream st
 }
 
 }  // namespace shardopt::kernels
+
+// Every kernel of this file, for load_step_kernels: the prologue and each compiled
+// variant of the main pass (every combination dispatch_adam_variant can pick).
+#include "kernels/kernel_files.hpp"
+
+namespace shardopt::kernels {
+
+void adam_kernels_cuda(const KernelVisitor& visit) {
+  visit(kernel_symbol(adam_prologue_kernel));
+  for (DType grad : {DType::f32, DType::bf16, DType::f16})
+    for (DType moment : {DType::f32, DType::bf16})
+      for (int out = 0; out < 4; ++out)  // no parameter output, then f32, bf16, f16 parameters
+        for (bool decoupled : {true, false}) {
+          const DType params[] = {DType::f32, DType::f32, DType::bf16, DType::f16};
+          const AdamVariant v{grad, moment, params[out], out != 0, decoupled};
+          dispatch_adam_variant(v, [&]<class Tr>() { visit(kernel_symbol(adam_apply_kernel<Tr>)); });
+        }
+}
+
+}  // namespace shardopt::kernels

@@ -1,6 +1,7 @@
 #include "core/check.hpp"
 #include "kernels/convert.hpp"
 #include "kernels/convert_math.cuh"
+#include "kernels/kernel_files.hpp"
 
 namespace shardopt::kernels {
 namespace {
@@ -65,6 +66,25 @@ void accumulate_cuda(const void* src, DType src_dtype, void* dst, DType dst_dtyp
     default: break;
   }
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace shardopt::kernels
+
+namespace shardopt::kernels {
+
+// Every kernel of this file, for load_step_kernels (kernel_files.hpp).
+void convert_kernels_cuda(const KernelVisitor& visit) {
+  auto to = [&]<DType S>() {
+    visit(kernel_symbol(convert_kernel<S, DType::f32>));
+    visit(kernel_symbol(convert_kernel<S, DType::bf16>));
+    visit(kernel_symbol(convert_kernel<S, DType::f16>));
+    visit(kernel_symbol(accumulate_kernel<S, DType::f32>));
+    visit(kernel_symbol(accumulate_kernel<S, DType::bf16>));
+    visit(kernel_symbol(accumulate_kernel<S, DType::f16>));
+  };
+  to.template operator()<DType::f32>();
+  to.template operator()<DType::bf16>();
+  to.template operator()<DType::f16>();
 }
 
 }  // namespace shardopt::kernels

@@ -4,6 +4,7 @@
 
 #include "core/check.hpp"
 #include "kernels/grad_norm_launch.hpp"
+#include "kernels/kernel_files.hpp"
 
 namespace shardopt::kernels {
 namespace {
@@ -61,6 +62,19 @@ void launch_grad_sumsq(DType grad_dtype, const GradNormParams& a, Stream stream)
 void launch_finalize_grad_norm(float max_norm, StepScalars* scalars, Stream stream) {
   finalize_grad_norm_kernel<<<1, 1, 0, reinterpret_cast<cudaStream_t>(stream)>>>(max_norm, scalars);
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace shardopt::kernels
+
+namespace shardopt::kernels {
+
+// Every kernel of this file, for load_step_kernels (kernel_files.hpp).
+void grad_norm_kernels_cuda(const KernelVisitor& visit) {
+  visit(kernel_symbol(grad_sumsq_kernel<DType::f32>));
+  visit(kernel_symbol(grad_sumsq_kernel<DType::bf16>));
+  visit(kernel_symbol(grad_sumsq_kernel<DType::f16>));
+  visit(kernel_symbol(grad_sumsq_finish_kernel));
+  visit(kernel_symbol(finalize_grad_norm_kernel));
 }
 
 }  // namespace shardopt::kernels

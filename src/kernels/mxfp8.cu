@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/check.hpp"
+#include "kernels/kernel_files.hpp"
 #include "kernels/mxfp8_launch.hpp"
 #include "kernels/mxfp8_math.cuh"
 
@@ -60,3 +61,13 @@ void launch_dequantize(const Mxfp8Shape& shape, Mxfp8Plane plane, const std::uin
 }
 
 }  // namespace shardopt::mxfp8
+
+namespace shardopt::kernels {
+
+// Every kernel of this file, for load_step_kernels (kernel_files.hpp).
+void mxfp8_kernels_cuda(const KernelVisitor& visit) {
+  visit(kernel_symbol(mxfp8::scales_from_amax_kernel));
+  visit(kernel_symbol(mxfp8::dequantize_kernel));
+}
+
+}  // namespace shardopt::kernels

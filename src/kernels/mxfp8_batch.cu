@@ -44,6 +44,7 @@
 #include <algorithm>
 
 #include "core/check.hpp"
+#include "kernels/kernel_files.hpp"
 #include "kernels/mxfp8_launch.hpp"
 #include "kernels/mxfp8_math.cuh"
 #include "kernels/mxfp8_tile.cuh"
@@ -336,3 +337,13 @@ void launch_quantize_batch(const BatchEntry* entries, int count, std::int64_t ti
 }
 
 }  // namespace shardopt::mxfp8
+
+namespace shardopt::kernels {
+
+// Every kernel of this file, for load_step_kernels (kernel_files.hpp).
+void mxfp8_batch_kernels_cuda(const KernelVisitor& visit) {
+  visit(kernel_symbol(mxfp8::quantize_kernel<mxfp8::OneTensor>));
+  visit(kernel_symbol(mxfp8::quantize_kernel<mxfp8::TensorList>));
+}
+
+}  // namespace shardopt::kernels

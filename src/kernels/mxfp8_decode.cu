@@ -10,6 +10,7 @@
 
 #include "core/check.hpp"
 #include "kernels/fast_divide.hpp"
+#include "kernels/kernel_files.hpp"
 #include "kernels/mxfp8_decode.cuh"
 #include "kernels/mxfp8_decode.hpp"
 
@@ -100,3 +101,14 @@ void launch_dequantize_bf16(const Mxfp8Shape& shape, Mxfp8Plane plane, const std
 }
 
 }  // namespace shardopt::mxfp8
+
+namespace shardopt::kernels {
+
+// Every kernel of this file, for load_step_kernels (kernel_files.hpp).
+void mxfp8_decode_kernels_cuda(const KernelVisitor& visit) {
+  visit(kernel_symbol(mxfp8::decode8_kernel<true>));
+  visit(kernel_symbol(mxfp8::decode8_kernel<false>));
+  visit(kernel_symbol(mxfp8::decode1_kernel));
+}
+
+}  // namespace shardopt::kernels

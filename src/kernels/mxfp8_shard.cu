@@ -517,3 +517,21 @@ void launch_owned_batch(const ShardEntry* entries, int count, std::int64_t tiles
 }
 
 }  // namespace shardopt::mxfp8
+
+// Every kernel of this file, for load_step_kernels: shard_kernel in each mode with each
+// entry table the launches above pass.
+#include "kernels/kernel_files.hpp"
+
+namespace shardopt::kernels {
+
+void mxfp8_shard_kernels_cuda(const KernelVisitor& visit) {
+  using mxfp8::Mode;
+  visit(kernel_symbol(mxfp8::shard_kernel<Mode::Scales, mxfp8::OneShard>));
+  visit(kernel_symbol(mxfp8::shard_kernel<Mode::Amax, mxfp8::OneShard>));
+  visit(kernel_symbol(mxfp8::shard_kernel<Mode::Data, mxfp8::OneShard>));
+  visit(kernel_symbol(mxfp8::shard_kernel<Mode::Scales, mxfp8::ShardList>));
+  visit(kernel_symbol(mxfp8::shard_kernel<Mode::Data, mxfp8::ShardList>));
+  visit(kernel_symbol(mxfp8::shard_kernel<Mode::Owned, mxfp8::ShardList>));
+}
+
+}  // namespace shardopt::kernels

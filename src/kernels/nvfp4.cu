@@ -34,6 +34,7 @@
 #include <algorithm>
 
 #include "core/check.hpp"
+#include "kernels/kernel_files.hpp"
 #include "kernels/nvfp4_grid.cuh"
 #include "kernels/nvfp4_launch.hpp"
 #include "kernels/nvfp4_math.cuh"
@@ -290,3 +291,17 @@ void launch_dequantize(const Nvfp4Shape& shape, const std::uint8_t* data, const 
 }
 
 }  // namespace shardopt::nvfp4
+
+namespace shardopt::kernels {
+
+// Every kernel of this file, for load_step_kernels (kernel_files.hpp).
+void nvfp4_kernels_cuda(const KernelVisitor& visit) {
+  visit(kernel_symbol(nvfp4::zero_amax_kernel));
+  visit(kernel_symbol(nvfp4::amax_kernel));
+  visit(kernel_symbol(nvfp4::tile_kernel));
+  visit(kernel_symbol(nvfp4::scales_kernel));
+  visit(kernel_symbol(nvfp4::data_kernel));
+  visit(kernel_symbol(nvfp4::dequantize_kernel));
+}
+
+}  // namespace shardopt::kernels

@@ -29,6 +29,7 @@
 #include <cuda_runtime.h>
 
 #include "core/check.hpp"
+#include "kernels/kernel_files.hpp"
 #include "kernels/nvfp4_grid.cuh"
 #include "kernels/nvfp4_launch.hpp"
 #include "kernels/nvfp4_math.cuh"
@@ -341,3 +342,17 @@ void launch_quantize_shard(const ShardEntry* entries, int count, const ShardEntr
 }
 
 }  // namespace shardopt::nvfp4
+
+namespace shardopt::kernels {
+
+// Every kernel of this file, for load_step_kernels (kernel_files.hpp).
+void nvfp4_shard_kernels_cuda(const KernelVisitor& visit) {
+  visit(kernel_symbol(nvfp4::zero_amax_kernel));
+  visit(kernel_symbol(nvfp4::partial_amax_kernel));
+  visit(kernel_symbol(nvfp4::shard_scales_kernel));
+  visit(kernel_symbol(nvfp4::shard_data_kernel));
+  visit(kernel_symbol(nvfp4::shard_tile_kernel<nvfp4::Phase::Amax>));
+  visit(kernel_symbol(nvfp4::shard_tile_kernel<nvfp4::Phase::Data>));
+}
+
+}  // namespace shardopt::kernels

@@ -29,16 +29,11 @@ void piece_sum(const PieceSum& a, Backend backend, Stream stream) {
   piece_sum_cuda(a, stream);
 }
 
-void piece_sum_load(Backend backend) {
-  if (backend == Backend::Cuda) piece_sum_load_cuda();
-}
-
 }  // namespace shardopt::kernels
 
 #if !SHARDOPT_HAVE_CUDA
 // A build without CUDA compiles no .cu file: the launch refuses.
 namespace shardopt::kernels {
 void piece_sum_cuda(const PieceSum&, Stream) { detail::no_cuda("the rank-ordered piece sum"); }
-void piece_sum_load_cuda() { detail::no_cuda("the rank-ordered piece sum"); }
 }  // namespace shardopt::kernels
 #endif

@@ -71,38 +71,7 @@ void launch2(const PieceSum& a, cudaStream_t s, unsigned grid) {
   }
 }
 
-// cudaFuncGetAttributes references a kernel, which makes the runtime load it now.
-template <class Kernel>
-void load_kernel(Kernel* kernel) {
-  cudaFuncAttributes attributes{};
-  SHARDOPT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-}
-
-// Every kernel launch3<In, Out> can pick.
-template <DType In, DType Out>
-void load3() {
-  load_kernel(piece_sum_kernel<In, Out, true>);
-  load_kernel(piece_sum_kernel<In, Out, false>);
-  if constexpr (In == DType::bf16) {
-    load_kernel(piece_sum_bf16x8_kernel<Out, true>);
-    load_kernel(piece_sum_bf16x8_kernel<Out, false>);
-  }
-}
-
-template <DType In>
-void load2() {
-  load3<In, DType::f32>();
-  load3<In, DType::bf16>();
-  load3<In, DType::f16>();
-}
-
 }  // namespace
-
-void piece_sum_load_cuda() {
-  load2<DType::f32>();
-  load2<DType::bf16>();
-  load2<DType::f16>();
-}
 
 void piece_sum_cuda(const PieceSum& a, Stream stream) {
   const auto s = reinterpret_cast<cudaStream_t>(stream);
@@ -115,6 +84,32 @@ void piece_sum_cuda(const PieceSum& a, Stream stream) {
     default: break;
   }
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace shardopt::kernels
+
+// Every kernel of this file, for load_step_kernels: each kernel launch3<In, Out> can pick.
+#include "kernels/kernel_files.hpp"
+
+namespace shardopt::kernels {
+
+void piece_sum_kernels_cuda(const KernelVisitor& visit) {
+  auto out = [&]<DType In, DType Out>() {
+    visit(kernel_symbol(piece_sum_kernel<In, Out, true>));
+    visit(kernel_symbol(piece_sum_kernel<In, Out, false>));
+    if constexpr (In == DType::bf16) {
+      visit(kernel_symbol(piece_sum_bf16x8_kernel<Out, true>));
+      visit(kernel_symbol(piece_sum_bf16x8_kernel<Out, false>));
+    }
+  };
+  auto in = [&]<DType In>() {
+    out.template operator()<In, DType::f32>();
+    out.template operator()<In, DType::bf16>();
+    out.template operator()<In, DType::f16>();
+  };
+  in.template operator()<DType::f32>();
+  in.template operator()<DType::bf16>();
+  in.template operator()<DType::f16>();
 }
 
 }  // namespace shardopt::kernels

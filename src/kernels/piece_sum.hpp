@@ -29,15 +29,7 @@ struct PieceSum {
 /// null pointer with count > 0.
 void piece_sum(const PieceSum& args, Backend backend, Stream stream);
 
-/// Loads every piece_sum kernel into the current device's context now. CUDA loads a
-/// kernel lazily, at its first launch, and that load may wait for the whole device: behind
-/// an NCCL all-to-all whose kernels spin until the peers' launches come, the first sum's
-/// launch blocked both ranks forever (issue 31). Callers that put a sum behind a
-/// collective call this first, before any collective. Host backend: nothing.
-void piece_sum_load(Backend backend);
-
 void piece_sum_cuda(const PieceSum& args, Stream stream);
-void piece_sum_load_cuda();
 /// The element loop of the host twin.
 void piece_sum_host(const PieceSum& args);
 

@@ -1,4 +1,5 @@
 #include "core/check.hpp"
+#include "kernels/kernel_files.hpp"
 #include "kernels/schedule_math.cuh"
 #include "kernels/step_control.hpp"
 
@@ -34,6 +35,17 @@ void advance_microbatch_cuda(MicrobatchState* state, Stream stream) {
 void count_completion_cuda(unsigned long long* counter, Stream stream) {
   count_completion_kernel<<<1, 1, 0, reinterpret_cast<cudaStream_t>(stream)>>>(counter);
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace shardopt::kernels
+
+namespace shardopt::kernels {
+
+// Every kernel of this file, for load_step_kernels (kernel_files.hpp).
+void step_control_kernels_cuda(const KernelVisitor& visit) {
+  visit(kernel_symbol(lr_schedule_kernel));
+  visit(kernel_symbol(advance_microbatch_kernel));
+  visit(kernel_symbol(count_completion_kernel));
 }
 
 }  // namespace shardopt::kernels

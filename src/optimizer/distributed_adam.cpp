@@ -18,6 +18,7 @@
 #include "quantized/nvfp4_params.hpp"
 #include "quantized/quantized_params.hpp"
 #include "optimizer/checkpoint.hpp"
+#include "optimizer/kernel_preload.hpp"
 #include "optimizer/options_agreement.hpp"
 #include "optimizer/shard_engine.hpp"
 #include "optimizer/step_target.hpp"
@@ -276,6 +277,7 @@ detail::StepTarget& DistributedAdam::step_target() { return live(impl_); }
 
 DistributedAdam::DistributedAdam(Communicator comm, std::vector<ParamSpec> specs, DistributedAdamOptions options) {
   SHARDOPT_REQUIRE(comm.valid(), ErrorCode::InvalidArgument, "DistributedAdam needs a valid Communicator");
+  detail::preload_step_kernels(comm);  // before any collective: optimizer/kernel_preload.hpp
   // The deadlines first (they bound the agreement's own all-gathers), then the options,
   // so that a rank whose options differ (or are invalid) fails together with the others.
   if (options.watchdog) comm.set_watchdog(*options.watchdog);

@@ -16,6 +16,7 @@
 #include "kernels/convert.hpp"
 #include "kernels/piece_sum.hpp"
 #include "optimizer/checkpoint.hpp"
+#include "optimizer/kernel_preload.hpp"
 #include "optimizer/options_agreement.hpp"
 #include "optimizer/shard_engine.hpp"
 #include "optimizer/step_target.hpp"
@@ -493,7 +494,6 @@ class Fsdp::Impl final : public detail::StepTarget {
 
   void allocate_reduce_scratch() {
     if (opt.grad_reduce_precision != GradReducePrecision::F32Accumulate) return;
-    kernels::piece_sum_load(backend);  // now, not lazily behind the first all-to-all
     std::int64_t largest = 0;
     for (const Bucket& bk : layout.buckets()) largest = std::max(largest, bk.range.size());
     if (shard_size > 1) reduce_pieces = DeviceBuffer(backend, static_cast<std::size_t>(largest) * slot_gsize);
@@ -576,6 +576,7 @@ void check_spec_dtypes(const Communicator& comm, const std::vector<ParamSpec>& s
 
 Fsdp::Fsdp(Communicator comm, std::vector<ParamSpec> specs, std::vector<FsdpUnit> units, FsdpOptions options) {
   SHARDOPT_REQUIRE(comm.valid(), ErrorCode::InvalidArgument, "Fsdp needs a valid Communicator");
+  detail::preload_step_kernels(comm);  // before any collective: optimizer/kernel_preload.hpp
   // The deadlines first (they bound the agreement's own all-gathers, and the shard and
   // replica groups split from `comm` inherit them), then the options, so that a rank
   // whose options differ (or are invalid) fails together with the others.

@@ -48,3 +48,9 @@ void copy_pieces_cuda(const BytePiece* pieces, std::int64_t count, Stream stream
 }
 
 }  // namespace shardopt::detail
+
+namespace shardopt::detail {
+
+void byte_copies_kernels_cuda(const kernels::KernelVisitor& visit) { visit(kernels::kernel_symbol(copy_pieces_kernel)); }
+
+}  // namespace shardopt::detail

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/kernel_files.hpp"
 #include "shardopt/backend.hpp"
 #include "shardopt_config.h"
 
@@ -41,5 +42,9 @@ void copy_pieces(const BytePiece* pieces, std::int64_t count, Backend backend, S
 /// body where source and destination are equally aligned, bytes otherwise. A build
 /// without CUDA refuses it (Error(Unsupported)).
 void copy_pieces_cuda(const BytePiece* pieces, std::int64_t count, Stream stream);
+
+/// Visits the kernel of byte_copies.cu (a kernels::KernelFile, for the optimizers' loading
+/// of every kernel before their first collective: optimizer/kernel_preload.hpp).
+void byte_copies_kernels_cuda(const kernels::KernelVisitor& visit);
 
 }  // namespace shardopt::detail

@@ -112,6 +112,16 @@ void faulty_done(Backend b) {
   }
 }
 
+// The test's own gradient kernel, launched once before any collective so that CUDA's lazy
+// loading has loaded it: its first launch behind NCCL kernels waiting for a dead peer would
+// wait with them (docs/faults.md). The optimizers load the library's kernels themselves.
+void load_own_kernels(Backend b, Stream s) {
+  if (b != Backend::Cuda) return;
+  const DeviceBuffer scratch(b, sizeof(float));
+  add_grads(b, s, GradStreamParams{}, {GradTarget{scratch.data(), 1, 0, DType::f32}});
+  synchronize(b, s);
+}
+
 void run(const std::string& scenario, long long t) {
   const Backend b = default_backend();
   const bool host = b == Backend::Host;
@@ -121,6 +131,7 @@ void run(const std::string& scenario, long long t) {
   const bool faulty = comm.rank() == comm.size() - 1;
   const std::string me = "rank " + std::to_string(comm.rank());
   progress("communicator up");
+  load_own_kernels(b, s);
 
   if (scenario == "skip_construct") {
     // The faulty rank never constructs: the others give up in the options agreement.
