@@ -339,6 +339,39 @@ inline void case_refusals(Backend b) {
   EXPECT_EQ(x.read_scalars(s.get()).step, 2);
 }
 
+/// For test/python/run_cpp_checkpoint.sh: a Muon optimizer's checkpoint after one step
+/// into $SHARDOPT_CKPT_OUT/ckpt_muon and each matrix's expected momentum as
+/// expect_muon/TENSOR__muon_momentum.npy, computed here: after one step from zero it is
+/// float(1 - momentum) * g (torch's lerp from 0; the reduced gradient g is rank 0's values,
+/// no clipping, loss scale 1), for the Python tool to compare.
+inline void case_write_for_python(Backend b) {
+  const char* out = std::getenv("SHARDOPT_CKPT_OUT");
+  if (out == nullptr) GTEST_SKIP() << "SHARDOPT_CKPT_OUT is not set (test/python/run_cpp_checkpoint.sh sets it)";
+  Communicator comm = make_comm(b);
+  TestStream s(b);
+  DistributedAdam x(comm, muon::model(), muon::dist_options());
+  x.set_lr(muon::kLr);
+  muon::init(x, s.get());
+  dist_step(x, 0, s.get());
+  const std::string dir = std::string(out) + "/ckpt_muon", expect = std::string(out) + "/expect_muon";
+  x.save(dir, s.get());
+  if (comm.rank() != 0) return;
+  std::filesystem::create_directories(expect);
+  const DistributedAdamOptions o = muon::dist_options();
+  for (int i = 0; i < x.num_params(); ++i) {
+    const ParamSpec& spec = x.layout().specs()[static_cast<std::size_t>(i)];
+    const AdamGroup& g = o.groups.at(spec.group);
+    if (g.algorithm != GroupAlgorithm::Muon) continue;
+    const std::int64_t n = numel(spec.shape) / spec.members();
+    const float w = static_cast<float>(1.0 - g.muon.momentum);
+    for (int m = 0; m < spec.members(); ++m) {
+      std::vector<float> mom(static_cast<std::size_t>(n));
+      for (std::int64_t j = 0; j < n; ++j) mom[static_cast<std::size_t>(j)] = w * muon::value(0, i, m * n + j);
+      write_npy(expect + "/" + spec.member_name(m) + "__muon_momentum.npy", "<f4", mom.data(), mom.size(), 4);
+    }
+  }
+}
+
 }  // namespace shardopt::test::muon_ckpt
 
 /// Instantiates the Muon checkpoint cases as tests of suite `Suite` on backend `B`.
@@ -355,4 +388,5 @@ inline void case_refusals(Backend b) {
   TEST(Suite, FsdpToDistAdamSameWorld) {                                                                         \
     muon_ckpt::case_reshard(B, world_size(), muon_ckpt::MuonFront::Fsdp, world_size(), muon_ckpt::MuonFront::DistAdam); \
   }                                                                                                              \
-  TEST(Suite, OtherAlgorithmAndHostileMomentumRefused) { muon_ckpt::case_refusals(B); }
+  TEST(Suite, OtherAlgorithmAndHostileMomentumRefused) { muon_ckpt::case_refusals(B); }                     \
+  TEST(Suite, WriteMuonForPython) { muon_ckpt::case_write_for_python(B); }
