@@ -75,13 +75,16 @@ void train(Opt& opt, int from, int steps, Stream s) {
   }
 }
 
-enum class MuonFront { DistAdam, Fsdp };
+/// Hsdp: Fsdp with shard groups of 2 (replicas write no file; each reads its momentum).
+enum class MuonFront { DistAdam, Fsdp, Hsdp };
 
 /// Calls `fn` with a fresh optimizer of front end `f` over `comm` (muon_cases' model).
 template <class Fn>
 void with_front(MuonFront f, const Communicator& comm, const Fn& fn) {
-  if (f == MuonFront::Fsdp) {
-    Fsdp x(comm, muon::model(), muon::units(), muon::fsdp_options());
+  if (f != MuonFront::DistAdam) {
+    FsdpOptions o = muon::fsdp_options();
+    if (f == MuonFront::Hsdp) o.shard_group_size = 2;
+    Fsdp x(comm, muon::model(), muon::units(), o);
     fn(x);
   } else {
     DistributedAdam x(comm, muon::model(), muon::dist_options());
@@ -180,7 +183,8 @@ inline void case_reshard(Backend b, int from, MuonFront a, int to, MuonFront c) 
   Communicator g = first_ranks(comm, to);
   if (comm.rank() >= to) return;
   with_front(c, g, [&](auto& y) {
-    EXPECT_EQ(y.load(dir.sub("ckpt"), s.get()).saved_world_size, from);
+    // HSDP saves one file per rank of a shard group (the first replica writes).
+    EXPECT_EQ(y.load(dir.sub("ckpt"), s.get()).saved_world_size, a == MuonFront::Hsdp ? 2 : from);
     y.set_lr(muon::kLr);
     train(y, 3, 3, s.get());
     expect_pieces_of_the_whole(y, ref, std::to_string(from) + " -> " + std::to_string(to) + " ranks");
@@ -389,6 +393,11 @@ inline void case_write_for_python(Backend b) {
   TEST(Suite, ResumeEqualsUninterrupted) { muon_ckpt::case_resume_bitwise(B, muon_ckpt::MuonFront::DistAdam, false); } \
   TEST(Suite, AsyncResumeEqualsUninterrupted) { muon_ckpt::case_resume_bitwise(B, muon_ckpt::MuonFront::DistAdam, true); } \
   TEST(Suite, FsdpResumeEqualsUninterrupted) { muon_ckpt::case_resume_bitwise(B, muon_ckpt::MuonFront::Fsdp, false); } \
+  TEST(Suite, HsdpResumeEqualsUninterrupted) {                                                                   \
+    if (world_size() != 4) GTEST_SKIP() << "HSDP 2 x 2 needs 4 ranks";                                           \
+    muon_ckpt::case_resume_bitwise(B, muon_ckpt::MuonFront::Hsdp, true);                                          \
+  }                                                                                                              \
+  TEST(Suite, Hsdp4ToDistAdam3) { muon_ckpt::case_reshard(B, 4, muon_ckpt::MuonFront::Hsdp, 3, muon_ckpt::MuonFront::DistAdam); } \
   TEST(Suite, ZeroMomentumWouldDiffer) { muon_ckpt::case_momentum_matters(B); }                               \
   TEST(Suite, Reshard3To2) { muon_ckpt::case_reshard(B, 3, muon_ckpt::MuonFront::DistAdam, 2, muon_ckpt::MuonFront::DistAdam); } \
   TEST(Suite, Reshard3To1) { muon_ckpt::case_reshard(B, 3, muon_ckpt::MuonFront::DistAdam, 1, muon_ckpt::MuonFront::DistAdam); } \
