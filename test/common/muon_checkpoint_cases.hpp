@@ -125,6 +125,40 @@ inline void case_resume_bitwise(Backend b, MuonFront front, bool async) {
   });
 }
 
+/// Through a captured StepGraph: train 3 replays, save, 3 more; a fresh optimizer that
+/// loads and captures after the load ends where the uninterrupted one did, and the first
+/// one, loaded again under its live graph (the momentum rewritten in place), replays the
+/// same 3 steps to the same state, bitwise.
+inline void case_graph_resume_bitwise(Backend b) {
+  SharedDir dir("muon-graph-resume");
+  Communicator comm = make_comm(b);
+  TestStream s(b);
+  auto replays = [&](DistributedAdam& opt, std::optional<StepGraph>& g, int n) {
+    graph_steps(opt, g, muon::graph_microbatch(opt), s.get(), n);
+    opt.synchronize(s.get());
+  };
+  DistributedAdam a(comm, muon::model(), muon::dist_options());
+  a.set_lr(muon::kLr);
+  muon::init(a, s.get());
+  std::optional<StepGraph> ga;
+  replays(a, ga, 3);
+  a.save(dir.sub("ckpt"), s.get());
+  const auto at_save = state_of(a);
+  replays(a, ga, 3);
+  const auto uninterrupted = state_of(a);
+  EXPECT_FALSE(at_save == uninterrupted);
+  DistributedAdam fresh(comm, muon::model(), muon::dist_options());
+  fresh.load(dir.sub("ckpt"), s.get());
+  fresh.set_lr(muon::kLr);
+  std::optional<StepGraph> gf;
+  replays(fresh, gf, 3);
+  EXPECT_TRUE(state_of(fresh) == uninterrupted) << "a fresh graph after the load differs";
+  a.load(dir.sub("ckpt"), s.get());
+  EXPECT_TRUE(state_of(a) == at_save);
+  replays(a, ga, 3);
+  EXPECT_TRUE(state_of(a) == uninterrupted) << "replay after an in-place load differs";
+}
+
 /// Without its momentum a resumed run would differ, so the resume tests can fail: a run
 /// that goes on from the same masters with zero momentum ends elsewhere.
 inline void case_momentum_matters(Backend b) {
@@ -398,6 +432,7 @@ inline void case_write_for_python(Backend b) {
     muon_ckpt::case_resume_bitwise(B, muon_ckpt::MuonFront::Hsdp, true);                                          \
   }                                                                                                              \
   TEST(Suite, Hsdp4ToDistAdam3) { muon_ckpt::case_reshard(B, 4, muon_ckpt::MuonFront::Hsdp, 3, muon_ckpt::MuonFront::DistAdam); } \
+  TEST(Suite, GraphResumeEqualsUninterrupted) { muon_ckpt::case_graph_resume_bitwise(B); }                   \
   TEST(Suite, ZeroMomentumWouldDiffer) { muon_ckpt::case_momentum_matters(B); }                               \
   TEST(Suite, Reshard3To2) { muon_ckpt::case_reshard(B, 3, muon_ckpt::MuonFront::DistAdam, 2, muon_ckpt::MuonFront::DistAdam); } \
   TEST(Suite, Reshard3To1) { muon_ckpt::case_reshard(B, 3, muon_ckpt::MuonFront::DistAdam, 1, muon_ckpt::MuonFront::DistAdam); } \

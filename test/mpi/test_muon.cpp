@@ -163,22 +163,8 @@ TEST(MuonHost, GraphReplayEqualsEagerBitwise) {
     o->set_lr(kLr);
     init(*o, s.get());
   }
-  auto microbatch = [](DistributedAdam& opt) {
-    return [&opt](Stream st, bool) {
-      const bool mine = opt.comm().rank() == 0;
-      std::vector<GradView> gs;
-      for (int i = 0; i < opt.num_params(); ++i) gs.push_back(opt.grad(i));
-      const StepScalars* sc = opt.device_scalars();
-      host_enqueue(st, [gs, sc, mine] {
-        for (std::size_t i = 0; i < gs.size(); ++i) {
-          const auto g = grad_values(static_cast<int>(sc->step), static_cast<int>(i), gs[i].numel(), mine);
-          std::memcpy(gs[i].data, g.data(), g.size() * sizeof(float));
-        }
-      });
-    };
-  };
-  StepGraph ge(eager, microbatch(eager));
-  StepGraph gg(graphed, microbatch(graphed));
+  StepGraph ge(eager, graph_microbatch(eager));
+  StepGraph gg(graphed, graph_microbatch(graphed));
   for (int t = 0; t < 5; ++t) ge.run_eager(s.get());
   gg.capture(s.get());  // one warm-up iteration, then the capture
   for (int t = 0; t < 4; ++t) gg.replay(s.get());
