@@ -265,7 +265,7 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
         }
       }
     }
-    // What this rank needs: its master and moment items.
+    // What this rank needs: its master and moment items, and the momentum of its Muon matrices.
     items = rank_items(L, param_facts(t), muon_matrices_of(t), moment, t.shard_rank, /*with_params=*/false);
     // Plan the reads, file by file.
     for (std::size_t i = 0; i < items.size(); ++i) {
