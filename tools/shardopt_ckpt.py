@@ -9,13 +9,15 @@ Commands::
 
     shardopt_ckpt.py list DIR
         step, world size, files, and every model tensor with its shape, param dtype,
-        format (native / mxfp8), group and the kinds that are stored.
+        format (native / mxfp8 / nvfp4), group and the kinds that are stored (AdamW
+        tensors: exp_avg, exp_avg_sq; Muon tensors: muon_momentum).
     shardopt_ckpt.py verify DIR
         index.json present and well-formed (world_size files, each a plain file name
         inside DIR: no separator, "." or "..", NUL, nor absolute path; never followed
         outside DIR); every file present with the size the index gives; each file's data section matches its CRC-32C in the file's metadata and in
         the index; every slice listed in the index is in its file (and no other tensor
-        is); each kind's slices cover its model tensor exactly once; dtypes as documented.
+        is); each kind's slices cover its model tensor exactly once; dtypes as documented;
+        Muon's momentum only on 2-D tensors, never beside Adam's moments.
         Exit 0 when good, 1 with one line per problem.
     shardopt_ckpt.py get DIR TENSOR KIND [--out FILE.npy] [--as-float32]
         assembles one kind of one model tensor at its full shape (MXFP8 scale kinds at
@@ -98,7 +100,11 @@ KIND_DTYPES = {
     "nvfp4_data": ("U8",),
     "nvfp4_scale": ("U8",),
     "nvfp4_amax": ("F32",),
+    "muon_momentum": ("F32",),
 }
+# Kinds of a tensor updated by AdamW, and by Muon (index.json's tensors[...]["algorithm"]).
+ADAM_KINDS = ("exp_avg", "exp_avg_sq")
+MUON_KINDS = ("muon_momentum",)
 KINDS = tuple(KIND_DTYPES)
 MXFP8_BLOCK = 32
 NVFP4_BLOCK = 16
@@ -484,6 +490,9 @@ def _parse_index(obj):
         if not (isinstance(t, dict) and _int_list(t.get("shape"))):
             problems.append(f"index.json: tensors[{name!r}] has no valid shape")
             continue
+        if t.get("algorithm", "adamw") not in ("adamw", "muon"):
+            problems.append(f"index.json: tensors[{name!r}] algorithm {t.get('algorithm')!r} is not adamw or muon")
+            continue
         if t.get("format", "native") not in ("native", "mxfp8", "nvfp4"):
             problems.append(f"index.json: tensors[{name!r}] format {t.get('format')!r} is not native, mxfp8 "
                             f"or nvfp4")
@@ -762,6 +771,17 @@ def verify(path):
             problems.append(f"{tname}/{kind}: an MXFP8 kind on a {fmt} tensor")
         if fmt != "nvfp4" and kind.startswith("nvfp4_"):
             problems.append(f"{tname}/{kind}: an NVFP4 kind on a {fmt} tensor")
+        algo = tensors[tname].get("algorithm")
+        if kind in MUON_KINDS and len(tensors[tname]["shape"]) != 2:
+            problems.append(f"{tname}/{kind}: Muon's momentum on a tensor of shape {tensors[tname]['shape']} "
+                            f"(Muon updates 2-D matrices only)")
+        if kind in MUON_KINDS and algo not in (None, "muon"):
+            problems.append(f"{tname}/{kind}: Muon's momentum on a tensor whose algorithm is {algo!r}")
+        if kind in ADAM_KINDS and algo == "muon":
+            problems.append(f"{tname}/{kind}: Adam's moment on a tensor whose algorithm is 'muon'")
+    for tname in tensors:
+        if any((tname, k) in slices for k in ADAM_KINDS) and any((tname, k) in slices for k in MUON_KINDS):
+            problems.append(f"{tname}: holds both Adam's moments and Muon's momentum (one algorithm per tensor)")
     for tname in tensors:
         if not any((tname, k) in slices for k in KINDS):
             problems.append(f"{tname}: listed in tensors but has no slices")
@@ -870,6 +890,7 @@ def _cmd_list(a):
     width = max((len(t) for t in ck.tensors), default=0)
     for tname, t in ck.tensors.items():
         group = f"  group {t['group']}" if "group" in t else ""
+        group += f"  {t['algorithm']}" if t.get("algorithm") == "muon" else ""
         print(f"  {tname:<{width}}  shape {list(t['shape'])}  {t.get('param_dtype', '?')}  "
               f"{t.get('format', 'native')}{group}  kinds: {' '.join(ck.kinds(tname)) or '-'}")
     user = ck.index.get("user")

@@ -144,6 +144,9 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
     } else if (opt == "--mode") {
       one_of(opt, val, {"dist-adam", "fsdp"});
       o.mode = val;
+    } else if (opt == "--optimizer") {
+      one_of(opt, val, {"adamw", "muon"});
+      o.optimizer = val;
     } else if (opt == "--params") {
       one_of(opt, val, {"bf16", "mxfp8", "nvfp4"});
       o.params = val;
@@ -244,6 +247,11 @@ std::string usage() {
        "                                (default 4; shakespeare: also after the last step)\n"
        "  --sample N                    N characters of generated text at the end (shakespeare)\n"
        "  --mode dist-adam|fsdp         distributed Adam (ZeRO-1/2) or FSDP (ZeRO-3)\n"
+       "  --optimizer adamw|muon        adamw (default): AdamW for every parameter; muon: Muon for the\n"
+       "                                hidden 2-D matrices (attention, MLP, router) and each MoE expert,\n"
+       "                                AdamW for the embeddings, head and norms (same lr: Muon's\n"
+       "                                match_rms_adamw scaling; --weight-decay for both; --params bf16;\n"
+       "                                the host backend so far)\n"
        "  --params bf16|mxfp8|nvfp4     parameter format (mxfp8 / nvfp4: 2-D weights stored as MXFP8 /\n"
        "                                NVFP4, decoded to bf16 for the GEMMs; --mode dist-adam only)\n"
        "  --grad-dtype fp32|bf16        gradient buffer dtype\n"

@@ -61,6 +61,9 @@ struct TrainOptions {
   int eval_batches = 4;              ///< fixed validation batches per evaluation (per rank)
   int sample_chars = 0;              ///< characters of generated text at the end (--task shakespeare)
   std::string mode = "dist-adam";    ///< dist-adam | fsdp
+  /// --optimizer: adamw (every parameter) | muon (Muon for the hidden 2-D matrices and the
+  /// MoE experts, AdamW for the embeddings, head and norms; ModelSpec::specs).
+  std::string optimizer = "adamw";
   std::string params = "bf16";       ///< bf16 | mxfp8 | nvfp4 (quantized weights; dist-adam only)
   std::string grad_dtype = "fp32";   ///< fp32 | bf16
   std::string experts = "single";    ///< single (one grouped tensor) | discrete (G tensors)

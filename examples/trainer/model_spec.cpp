@@ -85,10 +85,28 @@ ModelSpec::ModelSpec(const ModelConfig& c, bool discrete) : config_(c), discrete
   head_ = add({"head", ParamKind::Head, NormGroup::Head, -1, -1, 1, {V, H}, c.layers + 1});
 }
 
-std::vector<shardopt::ParamSpec> ModelSpec::specs() const {
+bool is_muon_kind(ParamKind kind) noexcept {
+  switch (kind) {
+    case ParamKind::DenseUp:
+    case ParamKind::DenseDown:
+    case ParamKind::Router:
+    case ParamKind::ExpertUp:
+    case ParamKind::ExpertDown:
+    case ParamKind::Qkv:
+    case ParamKind::AttnOut: return true;
+    case ParamKind::Embedding:
+    case ParamKind::PosEmbedding:
+    case ParamKind::Norm:
+    case ParamKind::Head: return false;
+  }
+  return false;
+}
+
+std::vector<shardopt::ParamSpec> ModelSpec::specs(bool muon) const {
   std::vector<shardopt::ParamSpec> out;
   for (const ParamInfo& p : params_) {
-    const std::string group = p.kind == ParamKind::Norm ? "no_decay" : "decay";
+    const std::string group =
+        muon && is_muon_kind(p.kind) ? "muon" : (p.kind == ParamKind::Norm ? "no_decay" : "decay");
     if (p.members > 1) {
       out.push_back(shardopt::ParamSpec::grouped(p.name, p.members, p.shape, shardopt::DType::bf16, group));
       // Checkpoint names of the members: the discrete experts' names, so that --experts

@@ -73,7 +73,8 @@ class ModelSpec {
 
   /// The specs in registration (forward) order; bf16, groups "decay" (matrices) and
   /// "no_decay" (norm weights); grouped experts name their members expert_name(...).
-  std::vector<shardopt::ParamSpec> specs() const;
+  /// With `muon`, the hidden matrices and experts (is_muon_kind) go to group "muon".
+  std::vector<shardopt::ParamSpec> specs(bool muon = false) const;
   /// FSDP units: the embedding, one per block, the final norm with the head.
   std::vector<shardopt::FsdpUnit> units() const;
   int num_units() const noexcept { return config_.layers + 2; }
@@ -96,6 +97,11 @@ class ModelSpec {
   int embed_ = -1, pos_embed_ = -1, final_norm_ = -1, head_ = -1;
   std::vector<BlockParams> blocks_;
 };
+
+/// True for the parameters --optimizer muon updates with Muon: the blocks' 2-D matrices
+/// (dense up / down, router, attention qkv / out) and the experts' up / down (each expert
+/// a matrix); false for the embeddings, the head and the norms (AdamW).
+bool is_muon_kind(ParamKind kind) noexcept;
 
 /// The name of expert `expert`'s up or down weight in block `layer`:
 /// "layers.L.experts.G.up" / ".down". The discrete expert tensors are registered under it,

@@ -66,6 +66,10 @@ void check_supported(const TrainOptions& o) {
         "--params nvfp4 --mode fsdp: shardopt has no NVFP4 parameters in FSDP (ZeRO-3); its NVFP4 parameter path "
         "(ParamFormat::Nvfp4, docs/nvfp4.md) is DistributedAdam's. Use --mode dist-adam with --params nvfp4, or "
         "--params bf16 with --mode fsdp.");
+  if (o.optimizer == "muon" && o.params != "bf16")
+    throw std::runtime_error("--optimizer muon --params " + o.params + ": shardopt's Muon groups take native "
+                             "parameters only (docs/muon.md); use --params bf16 with --optimizer muon, or "
+                             "--optimizer adamw with --params " + o.params + ".");
 }
 
 void prepare_task(TrainOptions& o) {
@@ -108,6 +112,14 @@ Trainer::Trainer(const TrainOptions& options, shardopt::Communicator comm, Train
   const float lr = options_.lr > 0.0f ? options_.lr : default_lr(options_.size);
   const shardopt::DType grad_dtype = options_.grad_dtype == "bf16" ? shardopt::DType::bf16 : shardopt::DType::f32;
   const shardopt::AdamGroup decay{options_.weight_decay, 1.0f}, no_decay{0.0f, 1.0f};
+  // --optimizer muon: Muon for the hidden matrices and experts at the same lr and decay as
+  // AdamW's (match_rms_adamw scales each update to AdamW's RMS, torch.optim.Muon's choice
+  // for reusing AdamW's settings); the other Muon settings are torch's defaults.
+  const bool muon = options_.optimizer == "muon";
+  shardopt::AdamGroup muon_group;
+  muon_group.algorithm = shardopt::GroupAlgorithm::Muon;
+  muon_group.muon.weight_decay = options_.weight_decay;
+  muon_group.muon.adjust_lr = shardopt::MuonLrAdjust::MatchRmsAdamW;
   const shardopt::MicrobatchState* microbatch = nullptr;
   const shardopt::StepScalars* scalars = nullptr;
   if (options_.mode == "dist-adam") {
@@ -124,9 +136,10 @@ Trainer::Trainer(const TrainOptions& options, shardopt::Communicator comm, Train
     o.clip_max_norm = options_.clip;
     o.groups["decay"] = decay;
     o.groups["no_decay"] = no_decay;
+    if (muon) o.groups["muon"] = muon_group;
     o.lr_schedule = schedule_of(options_, lr);
     o.microbatches = options_.microbatches;
-    adam_ = std::make_unique<shardopt::DistributedAdam>(comm_, spec_->specs(), o);
+    adam_ = std::make_unique<shardopt::DistributedAdam>(comm_, spec_->specs(muon), o);
     weights_ = make_dist_adam_weights(*adam_, *spec_);
     microbatch = adam_->device_microbatch();
     scalars = adam_->device_scalars();
@@ -140,10 +153,11 @@ Trainer::Trainer(const TrainOptions& options, shardopt::Communicator comm, Train
     o.clip_max_norm = options_.clip;
     o.groups["decay"] = decay;
     o.groups["no_decay"] = no_decay;
+    if (muon) o.groups["muon"] = muon_group;
     o.lr_schedule = schedule_of(options_, lr);
     o.microbatches = options_.microbatches;
     if (mxfp8()) o.param_format = shardopt::ParamFormat::Mxfp8;  // one plane gathered per pass
-    fsdp_ = std::make_unique<shardopt::Fsdp>(comm_, spec_->specs(), spec_->units(), o);
+    fsdp_ = std::make_unique<shardopt::Fsdp>(comm_, spec_->specs(muon), spec_->units(), o);
     weights_ = make_fsdp_weights(*fsdp_, *spec_);
     microbatch = fsdp_->device_microbatch();
     scalars = fsdp_->device_scalars();
@@ -384,6 +398,7 @@ shardopt::CheckpointUserData Trainer::checkpoint_user_data() {
       {"trainer.steps", std::to_string(options_.steps)},
       {"trainer.model", options_.model_kind},
       {"trainer.task", options_.task},
+      {"trainer.optimizer", options_.optimizer},
   };
 }
 

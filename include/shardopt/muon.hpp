@@ -16,7 +16,11 @@
 
 namespace shardopt {
 
-/// The update rule of an optimizer group.
+/// The update rule of an optimizer group. Checkpoints save a Muon matrix's momentum (the
+/// kind muon_momentum, docs/checkpoints.md) and no Adam moments for it. load of a
+/// checkpoint that holds Adam's moments of a parameter this optimizer updates with Muon,
+/// or Muon's momentum of one it updates with AdamW, is Error(InvalidArgument) naming the
+/// parameter, on every rank: optimizer state is not converted between algorithms.
 enum class GroupAlgorithm {
   AdamW,  ///< the fused Adam / AdamW step (AdamOptions::decoupled_weight_decay chooses)
   Muon,   ///< momentum + Newton-Schulz orthogonalization of each 2-D matrix (MuonSettings)

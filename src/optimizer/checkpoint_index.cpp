@@ -33,6 +33,7 @@ const char* kind_name(Kind k) {
     case Kind::Nv4Data: return "nvfp4_data";
     case Kind::Nv4Scale: return "nvfp4_scale";
     case Kind::Nv4Amax: return "nvfp4_amax";
+    case Kind::MuonMomentum: return "muon_momentum";
   }
   return "?";
 }
@@ -47,9 +48,15 @@ std::string join(const std::string& dir, const std::string& name) {
   return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
 }
 
+const std::vector<MuonMatrixInfo>& muon_matrices_of(const CheckpointTarget& t) {
+  static const std::vector<MuonMatrixInfo> none;
+  return t.engine->muon() == nullptr ? none : t.engine->muon()->matrices();
+}
+
 std::vector<ParamFacts> param_facts(const CheckpointTarget& t) {
   const Layout& L = *t.layout;
   std::vector<ParamFacts> out(L.params().size());
+  for (const MuonMatrixInfo& mi : muon_matrices_of(t)) out[static_cast<std::size_t>(mi.param)].muon = true;
   for (std::size_t p = 0; p < out.size(); ++p) {
     ParamFacts& f = out[p];
     const std::optional<Mxfp8CheckpointSource> mx = t.mxfp8 ? t.mxfp8(static_cast<int>(p)) : std::nullopt;
@@ -71,9 +78,10 @@ std::vector<ParamFacts> param_facts(const CheckpointTarget& t) {
 }
 
 // Rank r's items, in a fixed order (buffers, then its segments in shard order, then the
-// MXFP8 scale shares), the same whichever rank computes them.
-std::vector<Item> rank_items(const Layout& L, const std::vector<ParamFacts>& facts, DType moment, int r,
-                             bool with_params) {
+// momentum of the Muon matrices homed at r, then the MXFP8 scale shares), the same
+// whichever rank computes them.
+std::vector<Item> rank_items(const Layout& L, const std::vector<ParamFacts>& facts,
+                             const std::vector<MuonMatrixInfo>& muon, DType moment, int r, bool with_params) {
   std::vector<Item> out;
   const int world = L.world_size();
   for (int b = 0; b < static_cast<int>(L.buffers().size()); ++b) {
@@ -100,8 +108,10 @@ std::vector<Item> rank_items(const Layout& L, const std::vector<ParamFacts>& fac
           out.push_back(std::move(x));
         };
         add(Kind::Master, DType::f32, it.src);
-        add(Kind::ExpAvg, moment, it.src);
-        add(Kind::ExpAvgSq, moment, it.src);
+        if (!f.muon) {  // a Muon parameter has no Adam moments to save (its momentum follows)
+          add(Kind::ExpAvg, moment, it.src);
+          add(Kind::ExpAvgSq, moment, it.src);
+        }
         if (!with_params) continue;
         if (f.has_param) add(Kind::Param, f.param_dtype, it.src);
         if (f.mxfp8) {
@@ -125,6 +135,21 @@ std::vector<Item> rank_items(const Layout& L, const std::vector<ParamFacts>& fac
         }
       }
     }
+  }
+  // Muon's momentum lives whole at each matrix's home: the home writes it as one slice
+  // covering the member (model space, like the master).
+  for (std::size_t k = 0; k < muon.size(); ++k) {
+    const MuonMatrixInfo& mi = muon[k];
+    if (mi.home != r) continue;
+    Item it;
+    it.tensor = L.specs()[static_cast<std::size_t>(mi.param)].member_name(mi.member);
+    it.kind = Kind::MuonMomentum;
+    it.param = mi.param;
+    it.offset = 0;
+    it.length = mi.rows * mi.cols;
+    it.src = static_cast<std::int64_t>(k);
+    it.dtype = DType::f32;
+    out.push_back(std::move(it));
   }
   if (!with_params) return out;
   // Replicated pieces: rank r writes entries [r n / W, (r + 1) n / W) of each member's n.
@@ -184,6 +209,7 @@ const char* source_of(const CheckpointTarget& t, const Item& it) {
     case Kind::Nv4Data: return reinterpret_cast<const char*>(t.nvfp4(it.param)->planes.data) + it.src;
     case Kind::Nv4Scale: return reinterpret_cast<const char*>(t.nvfp4(it.param)->planes.scale) + it.src;
     case Kind::Nv4Amax: return reinterpret_cast<const char*>(t.nvfp4(it.param)->planes.amax + it.src);
+    case Kind::MuonMomentum: return reinterpret_cast<const char*>(e.muon()->momentum(static_cast<int>(it.src)));
   }
   return nullptr;
 }
@@ -260,6 +286,21 @@ json::Value options_json(const AdamOptions& a) {
     json::Value v = json::Value::object();
     v.set("weight_decay", g.weight_decay);
     v.set("lr_scale", g.lr_scale);
+    if (g.algorithm == GroupAlgorithm::Muon) {  // AdamW groups read as before
+      const MuonSettings& m = g.muon;
+      v.set("algorithm", to_string(g.algorithm));
+      json::Value mv = json::Value::object();
+      mv.set("momentum", m.momentum);
+      mv.set("nesterov", m.nesterov);
+      mv.set("ns_steps", static_cast<std::int64_t>(m.ns_steps));
+      json::Value c = json::Value::array();
+      for (const double x : m.ns_coefficients) c.push_back(x);
+      mv.set("ns_coefficients", std::move(c));
+      mv.set("eps", m.eps);
+      mv.set("weight_decay", m.weight_decay);
+      mv.set("adjust_lr", to_string(m.adjust_lr));
+      v.set("muon", std::move(mv));
+    }
     return v;
   };
   o.set("default_group", group(a.default_group));
@@ -318,6 +359,7 @@ std::string index_text(const CheckpointTarget& t, const std::vector<FileResult>&
       d.set("param_dtype", quantized ? "bf16" : to_string(facts[p].param_dtype));
       d.set("format", facts[p].mxfp8 ? "mxfp8" : facts[p].nvfp4 ? "nvfp4" : "native");
       d.set("group", spec.group);
+      d.set("algorithm", facts[p].muon ? "muon" : "adamw");
       tensors.set(spec.member_name(m), std::move(d));
     }
   }
@@ -326,7 +368,7 @@ std::string index_text(const CheckpointTarget& t, const std::vector<FileResult>&
   std::map<std::string, json::Value> slices;
   std::vector<std::string> order;
   for (int r = 0; r < world; ++r) {
-    for (const Item& it : rank_items(L, facts, moment, r, /*with_params=*/true)) {
+    for (const Item& it : rank_items(L, facts, muon_matrices_of(t), moment, r, /*with_params=*/true)) {
       const std::string key = it.key();
       auto found = slices.find(key);
       if (found == slices.end()) {
@@ -356,9 +398,6 @@ std::string index_text(const CheckpointTarget& t, const std::vector<FileResult>&
 }
 
 void require_not_capturing(const CheckpointTarget& t, Stream stream, const char* call) {
-  SHARDOPT_REQUIRE(t.engine->muon() == nullptr, ErrorCode::Unsupported,
-                   std::string(call) + ": checkpoints of optimizers with Muon groups are not written yet (their "
-                                       "momentum is not a saved kind; issue 34, part 5)");
   SHARDOPT_REQUIRE(!is_capturing(t.backend, stream), ErrorCode::CaptureRefused,
                    std::string(call) + " reads and writes files and cannot run inside a capture; call it between "
                                        "graph replays");

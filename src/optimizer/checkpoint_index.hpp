@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "optimizer/checkpoint.hpp"
+#include "optimizer/muon_plan.hpp"
 
 namespace shardopt::detail::ckpt {
 
@@ -21,7 +22,10 @@ inline constexpr const char* kIndexName = "index.json";
 
 // ---------------------------------------------------------------- what a rank saves
 
-enum class Kind { Master, ExpAvg, ExpAvgSq, Param, MxRowData, MxColData, MxRowScale, MxColScale, Nv4Data, Nv4Scale, Nv4Amax };
+enum class Kind {
+  Master, ExpAvg, ExpAvgSq, Param, MxRowData, MxColData, MxRowScale, MxColScale, Nv4Data, Nv4Scale, Nv4Amax,
+  MuonMomentum  // a Muon matrix's momentum, whole, written by its home rank (src = the matrix index)
+};
 
 /// The kind's part of a file tensor's name ("master", "mxfp8_row_data", ...).
 const char* kind_name(Kind k);
@@ -51,6 +55,7 @@ struct ParamFacts {
   bool mxfp8 = false;
   bool nvfp4 = false;
   bool has_param = false;  // a native parameter storage exists (the `param` kind)
+  bool muon = false;       // in a Muon group: its momentum is saved, not Adam's moments
   DType param_dtype = DType::f32;
   Mxfp8Shape shape;        // MXFP8 parameters
   Nvfp4Shape nv_shape;     // NVFP4 parameters: one member
@@ -59,10 +64,14 @@ struct ParamFacts {
 /// The facts of every parameter of the target's layout.
 std::vector<ParamFacts> param_facts(const CheckpointTarget& t);
 
+/// The Muon matrices of the target (with their homes), empty without Muon groups.
+const std::vector<MuonMatrixInfo>& muon_matrices_of(const CheckpointTarget& t);
+
 /// Rank r's items, in a fixed order (buffers, then its segments in shard order, then the
-/// MXFP8 scale shares), the same whichever rank computes them.
-std::vector<Item> rank_items(const Layout& L, const std::vector<ParamFacts>& facts, DType moment, int r,
-                             bool with_params);
+/// momentum of the Muon matrices homed at r, then the MXFP8 scale shares), the same
+/// whichever rank computes them.
+std::vector<Item> rank_items(const Layout& L, const std::vector<ParamFacts>& facts,
+                             const std::vector<MuonMatrixInfo>& muon, DType moment, int r, bool with_params);
 
 /// The safetensors dtype an item's elements are written as (raw bytes "U8" for e4m3 / e8m0).
 const char* file_dtype(DType t);

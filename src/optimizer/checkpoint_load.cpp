@@ -50,7 +50,24 @@ struct Read {
   char* dst = nullptr;
   const SafetensorsEntry* entry = nullptr;  // in the file's reader (set in pass 1)
   std::uint64_t slice_elems = 0;            // the slice's length the index gives
+  bool f32_only = false;                    // Muon's momentum: F32 in the file, no conversion
 };
+
+// Why `slices` has no `it.key()` list, when the checkpoint holds the other algorithm's
+// state of the parameter (Adam's moments for one this run updates with Muon, or the
+// reverse); empty otherwise. Neither is converted into the other (docs/checkpoints.md).
+std::string other_algorithm(const json::Value& slices, const Item& it, const std::string& dir) {
+  const bool want_muon = it.kind == Kind::MuonMomentum;
+  if (want_muon ? slices.find(it.tensor + "/exp_avg") == nullptr : slices.find(it.tensor + "/muon_momentum") == nullptr)
+    return {};
+  const std::string saved = want_muon ? "AdamW" : "Muon", here = want_muon ? "Muon" : "AdamW";
+  return "checkpoint '" + dir + "' holds the " + saved + " state of parameter '" + it.tensor + "' (" +
+         (want_muon ? "exp_avg and exp_avg_sq" : "muon_momentum") + ") but this optimizer updates it with " + here +
+         ", which needs its " + (want_muon ? "muon_momentum" : "exp_avg and exp_avg_sq") +
+         "; the optimizer state is not converted between algorithms: put '" + it.tensor + "' in a group of the "
+         "saving run's algorithm (" + saved + ") to resume, or start the " + here +
+         " run from the weights alone (the checkpoint's master, docs/checkpoints.md)";
+}
 
 const json::Value& member(const json::Value& v, std::string_view key, const std::string& where) {
   const json::Value* found = v.find(key);
@@ -248,14 +265,17 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
         }
       }
     }
-    // What this rank needs: its master and moment items.
-    items = rank_items(L, param_facts(t), moment, t.shard_rank, /*with_params=*/false);
+    // What this rank needs: its master and moment items, and the momentum of its Muon matrices.
+    items = rank_items(L, param_facts(t), muon_matrices_of(t), moment, t.shard_rank, /*with_params=*/false);
     // Plan the reads, file by file.
     for (std::size_t i = 0; i < items.size(); ++i) {
       const Item& it = items[i];
       const json::Value* list = slices.find(it.key());
-      if (list == nullptr)
-        throw Error(ErrorCode::InvalidArgument, "checkpoint '" + dir + "' holds no '" + it.key() + "' slices");
+      if (list == nullptr) {
+        const std::string other = other_algorithm(slices, it, dir);
+        throw Error(ErrorCode::InvalidArgument,
+                    other.empty() ? "checkpoint '" + dir + "' holds no '" + it.key() + "' slices" : other);
+      }
       std::int64_t covered = 0;
       for (const json::Value& s : list->as_array()) {
         const std::int64_t so = member(s, "offset", where).as_int(), sl = member(s, "length", where).as_int();
@@ -272,10 +292,16 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
         r.begin = static_cast<std::uint64_t>(lo - so);  // elements for now: bytes once the file's dtype is known
         r.bytes = static_cast<std::uint64_t>(hi - lo);
         r.slice_elems = static_cast<std::uint64_t>(sl);
-        const ShardView v = it.kind == Kind::Master   ? e.master_view(it.param)
-                            : it.kind == Kind::ExpAvg ? e.exp_avg_view(it.param)
-                                                      : e.exp_avg_sq_view(it.param);
-        r.dst = static_cast<char*>(v.data) + static_cast<std::size_t>(it.src + (lo - it.offset)) * size_of(it.dtype);
+        if (it.kind == Kind::MuonMomentum) {  // whole at the home: src is the matrix index
+          r.f32_only = true;
+          r.dst = reinterpret_cast<char*>(e.muon()->momentum(static_cast<int>(it.src))) +
+                  static_cast<std::size_t>(lo - it.offset) * sizeof(float);
+        } else {
+          const ShardView v = it.kind == Kind::Master   ? e.master_view(it.param)
+                              : it.kind == Kind::ExpAvg ? e.exp_avg_view(it.param)
+                                                        : e.exp_avg_sq_view(it.param);
+          r.dst = static_cast<char*>(v.data) + static_cast<std::size_t>(it.src + (lo - it.offset)) * size_of(it.dtype);
+        }
         plan[member(s, "file", where).as_int()].push_back(std::move(r));
       }
       if (covered != it.length)
@@ -313,6 +339,15 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
         if (r.from == DType::e4m3 || (r.from != DType::f32 && r.from != DType::bf16 && r.from != DType::f16))
           throw Error(ErrorCode::InvalidArgument, "tensor '" + r.name + "' of '" + path + "' has dtype " + e->dtype +
                                                       ", not a master or moment dtype");
+        if (e->shape.size() != 1)
+          throw Error(ErrorCode::InvalidArgument, "tensor '" + r.name + "' of '" + path + "' has " +
+                                                      std::to_string(e->shape.size()) +
+                                                      " dimensions; it is not a 1-D slice, as every tensor of a "
+                                                      "shardopt checkpoint is: the checkpoint is corrupt");
+        if (r.f32_only && r.from != DType::f32)
+          throw Error(ErrorCode::InvalidArgument, "tensor '" + r.name + "' of '" + path + "' has dtype " + e->dtype +
+                                                      "; Muon's momentum is saved as F32 only (docs/checkpoints.md), "
+                                                      "the checkpoint is corrupt");
         if (e->bytes() % size_of(r.from) != 0 || e->bytes() / size_of(r.from) != r.slice_elems)
           throw Error(ErrorCode::InvalidArgument, "tensor '" + r.name + "' of '" + path + "' holds " +
                                                       std::to_string(e->bytes() / size_of(r.from)) +

@@ -41,8 +41,8 @@ SafetensorsWriter open_writer(const CheckpointTarget& t, const std::string& dir,
 }
 
 std::vector<Item> own_items(const CheckpointTarget& t) {
-  return rank_items(*t.layout, param_facts(t), t.engine->settings().adam.moment_dtype, t.shard_rank,
-                    /*with_params=*/true);
+  return rank_items(*t.layout, param_facts(t), muon_matrices_of(t), t.engine->settings().adam.moment_dtype,
+                    t.shard_rank, /*with_params=*/true);
 }
 
 // Removes a previous index first, so that a directory being overwritten is never taken

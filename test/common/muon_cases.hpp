@@ -12,8 +12,10 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <bit>
+#include <cmath>
+#include <cstring>
+#include <functional>
 #include <limits>
 
 #include "device_util.hpp"
@@ -97,6 +99,24 @@ inline std::vector<float> grad_values(int step, int i, std::int64_t n, bool mine
   if (mine)
     for (std::int64_t j = 0; j < n; ++j) g[static_cast<std::size_t>(j)] = value(step, i, j);
   return g;
+}
+
+/// A StepGraph iteration body for `opt`: enqueues the writing of the gradients of the
+/// device step counter's step (rank 0's values, zeros elsewhere), read when the (recorded)
+/// work runs, so a replay writes each step's own gradients.
+inline std::function<void(Stream, bool)> graph_microbatch(DistributedAdam& opt) {
+  return [&opt](Stream st, bool) {
+    const bool mine = opt.comm().rank() == 0;
+    std::vector<GradView> gs;
+    for (int i = 0; i < opt.num_params(); ++i) gs.push_back(opt.grad(i));
+    const StepScalars* sc = opt.device_scalars();
+    host_enqueue(st, [gs, sc, mine] {
+      for (std::size_t i = 0; i < gs.size(); ++i) {
+        const auto g = grad_values(static_cast<int>(sc->step), static_cast<int>(i), gs[i].numel(), mine);
+        std::memcpy(gs[i].data, g.data(), g.size() * sizeof(float));
+      }
+    });
+  };
 }
 
 /// One DistributedAdam step with the gradients of `step` (rank 0 only unless `every_rank`).

@@ -37,12 +37,14 @@ inline constexpr int kGptSteps = 60;
 inline constexpr double kGptTrainLoss = 2.9;
 inline constexpr double kGptValLoss = 3.25;
 
-inline void case_gpt_learns(shardopt::Backend b, const std::string& mode, const std::string& params, bool graph) {
+inline void case_gpt_learns(shardopt::Backend b, const std::string& mode, const std::string& params, bool graph,
+                            const std::string& optimizer = "adamw") {
   TrainOptions o = gpt_options(mode, params, 2, kGptSteps);
   o.graph = graph;
+  o.optimizer = optimizer;
   o.grad_dtype = mode == "fsdp" ? "bf16" : "fp32";
   Trainer t(o, make_comm(b));
-  const std::string what = mode + " --params " + params + (graph ? " graph" : " eager") + " on " +
+  const std::string what = mode + " --params " + params + " --optimizer " + optimizer + (graph ? " graph" : " eager") + " on " +
                            std::to_string(world_size()) + " rank(s)";
   EXPECT_EQ(t.spec().config().vocab, 68) << "the excerpt's vocabulary";
   const double val0 = t.evaluate();
@@ -78,9 +80,11 @@ inline void case_gpt_graph_equals_eager(shardopt::Backend b, const std::string& 
 /// parameter bytes): the batches of a step are a function of (seed, rank, step,
 /// microbatch), and the step comes back with the optimizer.
 inline void case_gpt_resume_equals_uninterrupted(shardopt::Backend b, const std::string& mode,
-                                                 const std::string& params, bool graph) {
+                                                 const std::string& params, bool graph,
+                                                 const std::string& optimizer = "adamw") {
   TrainOptions o = gpt_options(mode, params, 2, 20);
   o.graph = graph;
+  o.optimizer = optimizer;
   SharedTempDir tmp;
   ASSERT_FALSE(tmp.path().empty());
   const std::string dir = tmp / "step-00006";
@@ -92,8 +96,10 @@ inline void case_gpt_resume_equals_uninterrupted(shardopt::Backend b, const std:
   const shardopt::CheckpointInfo info = fresh.load(dir);
   EXPECT_EQ(info.user.at("trainer.model"), "gpt");
   EXPECT_EQ(info.user.at("trainer.task"), "shakespeare");
+  EXPECT_EQ(info.user.at("trainer.optimizer"), optimizer);
   expect_same_run(reference, train_more(fresh, 6), a,
-                  "gpt " + mode + " --params " + params + (graph ? " graph" : " eager") + ": resumed");
+                  "gpt " + mode + " --params " + params + " --optimizer " + optimizer + (graph ? " graph" : " eager") +
+                      ": resumed");
 }
 
 /// Evaluation touches nothing of training: a run that evaluates after every second step

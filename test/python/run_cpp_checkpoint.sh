@@ -4,10 +4,11 @@
 # verifies, lists and assembles every tensor and compares them with those arrays; the
 # same for an NVFP4 optimizer's checkpoint and its NVFP4 planes; and an Fsdp checkpoint of
 # MXFP8 parameters reads as the same tensors (every kind) as a DistributedAdam's of the
-# same state.
-# Usage: run_cpp_checkpoint.sh MPIEXEC CHECKPOINT_TEST PYTHON3 TEST_CKPT_TOOL_PY
+# same state. With MUON_CHECKPOINT_TEST, a checkpoint of an optimizer with Muon groups and
+# each matrix's momentum after one step, computed by the C++ test.
+# Usage: run_cpp_checkpoint.sh MPIEXEC CHECKPOINT_TEST PYTHON3 TEST_CKPT_TOOL_PY [MUON_CHECKPOINT_TEST]
 set -eu
-mpiexec="$1" exe="$2" python="$3" script="$4"
+mpiexec="$1" exe="$2" python="$3" script="$4" muon_exe="${5:-}"
 "$python" -c 'import numpy, safetensors' 2>/dev/null || { echo "numpy or safetensors missing: skipped"; exit 77; }
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -23,3 +24,10 @@ for d in ckpt_fsdp_mxfp8 ckpt_da_mxfp8; do
   [ -f "$out/$d/index.json" ] || { echo "the C++ test wrote no checkpoint into $out/$d"; exit 1; }
 done
 SHARDOPT_CKPT_DIR="$out/ckpt_fsdp_mxfp8" SHARDOPT_CKPT_SAME_AS="$out/ckpt_da_mxfp8" "$python" "$script"
+# Muon: verify (muon_momentum F32, whole per matrix, no Adam moments beside it) and values.
+if [ -n "$muon_exe" ]; then
+  SHARDOPT_CKPT_OUT="$out" "$mpiexec" -n 2 --oversubscribe --bind-to none -x SHARDOPT_CKPT_OUT \
+    "$muon_exe" --gtest_filter='*WriteMuonForPython*'
+  [ -f "$out/ckpt_muon/index.json" ] || { echo "the C++ test wrote no Muon checkpoint into $out/ckpt_muon"; exit 1; }
+  SHARDOPT_CKPT_DIR="$out/ckpt_muon" SHARDOPT_CKPT_EXPECT="$out/expect_muon" "$python" "$script"
+fi

@@ -5,7 +5,7 @@ A plain script: exit 0 pass, 1 fail, 77 skip (numpy or safetensors missing). It 
 own small checkpoint writer (its own CRC-32C, bf16 and safetensors code, none taken from
 the tool) and builds checkpoints of 1, 2 and 3 ranks with uneven shards: a bf16 native
 tensor, a grouped pair moe.experts.0 / moe.experts.1, an f16 tensor, bf16 moments and an
-MXFP8 tensor with data and scale kinds. It checks `list`, `verify` (good, then missing
+MXFP8 tensor with data and scale kinds; and a model with Muon tensors (muon_momentum). It checks `list`, `verify` (good, then missing
 index, missing file, truncated file, flipped data byte, a gap, an overlap, a wrong dtype,
 and the hostile copies of issue 30: rewritten headers, slices, file names, world size),
 `get` (equal to the arrays it sliced) and `export-hf` (loads back equal, index correct).
@@ -176,6 +176,26 @@ def make_nvfp4_model(seed=2):
     return model
 
 
+def make_muon_model(seed=3):
+    """An AdamW tensor beside Muon matrices (a plain one and two expert members): Muon
+    tensors hold master, param and muon_momentum (no Adam moments), as the C++ side saves."""
+    rng = np.random.default_rng(seed)
+    model = {}
+    for name, shape, algo in (("embed", [10, 6], "adamw"), ("attn.wq", [6, 8], "muon"),
+                              ("moe.experts.0", [4, 5], "muon"), ("moe.experts.1", [4, 5], "muon")):
+        n = prod(shape)
+        master = rng.standard_normal(n).astype(np.float32).reshape(shape)
+        kinds = {"master": ("F32", master), "param": ("BF16", bf16_round_ref(master.reshape(-1)).reshape(shape))}
+        if algo == "muon":
+            kinds["muon_momentum"] = ("F32", rng.standard_normal(n).astype(np.float32).reshape(shape))
+        else:
+            kinds["exp_avg"] = ("BF16", bf16_bits(rng, n).reshape(shape))
+            kinds["exp_avg_sq"] = ("BF16", bf16_bits(rng, n).reshape(shape))
+        model[name] = {"meta": {"shape": shape, "param_dtype": "bf16", "format": "native", "algorithm": algo},
+                       "kinds": kinds}
+    return model
+
+
 # 3 ranks: rank 0 owns embed[0:25], rank 1 embed[25:60], moe.experts.0, moe.experts.1[0:15],
 # rank 2 the rest (total 60 + 20 + 20 + 7 + 2800 elements).
 CUTS3 = [25, 95]
@@ -193,9 +213,12 @@ def plan_slices(model, world, cuts):
     assert len(cuts) == world + 1
     out = []
     base = 0
-    for name, t in model.items():
+    for home, (name, t) in enumerate(model.items()):
         n = prod(t["meta"]["shape"])
         for kind, (_, arr) in t["kinds"].items():
+            if kind == "muon_momentum":  # whole, written by the matrix's home rank
+                out.append((home % world, name, kind, 0, n))
+                continue
             if kind == "nvfp4_data":  # whole bytes: byte k by the rank owning element 2k
                 for r in range(world):
                     a, b = max(cuts[r], base) - base, min(cuts[r + 1], base + n) - base
@@ -459,6 +482,41 @@ def test_corruptions(good, model, tmp):
     m2["norm"]["kinds"]["master"] = ("BF16", bf16_round_ref(model["norm"]["kinds"]["master"][1]))
     write_checkpoint(d, m2, 3, CUTS3)
     expect_bad(d, "bf16 master", ["master must be F32"], only=True)
+
+
+def test_muon(tmp):
+    """Muon checkpoints: list / verify / get of muon_momentum at 1-3 ranks (the generic
+    checks), and verify flags a BF16 momentum, Adam moments beside the momentum, and a
+    momentum on a tensor that is not 2-D."""
+    model = make_muon_model()
+    for world, cuts in ((1, []), (2, [70]), (3, [30, 100])):
+        ck = os.path.join(tmp, f"muon-w{world}")
+        write_checkpoint(ck, model, world, cuts)
+        test_list_verify_get(ck, model, world)
+    c = tool.Checkpoint(os.path.join(tmp, "muon-w3"))
+    got = c.get("attn.wq", "muon_momentum")
+    check(got.dtype == np.float32 and got.shape == (6, 8) and
+          np.array_equal(got, model["attn.wq"]["kinds"]["muon_momentum"][1]), "get attn.wq muon_momentum")
+    res = run("list", os.path.join(tmp, "muon-w3"))
+    wq = [ln for ln in res[1].splitlines() if ln.strip().startswith("attn.wq ")]
+    check(len(wq) == 1 and "muon" in wq[0].split("kinds:")[0], f"list shows attn.wq as a Muon tensor: {wq}")
+
+    d = os.path.join(tmp, "muon-bf16")
+    write_checkpoint(d, model, 3, [30, 100], dtype_override={("attn.wq", "muon_momentum"): "F16"})
+    expect_bad(d, "f16 momentum", ["muon_momentum must be F32"])
+    both = {k: {"meta": dict(v["meta"]), "kinds": dict(v["kinds"])} for k, v in model.items()}
+    both["attn.wq"]["kinds"]["exp_avg"] = model["embed"]["kinds"]["exp_avg"][0], bf16_bits(np.random.default_rng(4), 48).reshape(6, 8)
+    d = os.path.join(tmp, "muon-both")
+    write_checkpoint(d, both, 3, [30, 100])
+    expect_bad(d, "adam beside muon", ["attn.wq: holds both Adam's moments and Muon's momentum",
+                                       "attn.wq/exp_avg: Adam's moment on a tensor whose algorithm is 'muon'"],
+               only=True)
+    flat = {k: {"meta": dict(v["meta"]), "kinds": dict(v["kinds"])} for k, v in model.items()}
+    flat["attn.wq"]["meta"]["shape"] = [48]
+    flat["attn.wq"]["kinds"] = {k: (dt, a.reshape(48)) for k, (dt, a) in flat["attn.wq"]["kinds"].items()}
+    d = os.path.join(tmp, "muon-1d")
+    write_checkpoint(d, flat, 3, [30, 100])
+    expect_bad(d, "1-D momentum", ["attn.wq/muon_momentum: Muon's momentum on a tensor of shape [48]"], only=True)
 
 
 def put_header(path, hlen, text):
@@ -758,6 +816,7 @@ def main():
         test_hostile(good, tmp)
         test_export(os.path.join(tmp, "ckpt-w2"), model, tmp)
         test_env()
+        test_muon(tmp)
         nv = make_nvfp4_model()
         for world, cuts in ((1, []), (2, [21]), (3, [9, 52])):  # odd cuts: shared bytes
             ck = os.path.join(tmp, f"nvfp4-w{world}")
