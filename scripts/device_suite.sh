@@ -436,6 +436,8 @@ phase_sanitize() {
   #   gpu_mxfp8_shard_batch shard_kernel over tables (mxfp8_shard.cu), both phases
   #   gpu_nvfp4             the tiled NVFP4 kernels (nvfp4.cu, nvfp4_shard.cu: warp shuffles;
   #                         one warp per tile), whole tensor, batch and sharded
+  #   gpu_adam_amax         adam_apply_kernel's NVFP4 amax-emitting variant (shared slots, atomics)
+  #   gpu_mpi_muon          the Muon kernels of muon.cu (block reductions), one rank as a singleton
   #   gpu_trainer_ops       block_sum / block_max users and k_embed_links, k_dispatch_assign,
   #                         k_sumsq_partial / k_sumsq_final (examples/trainer/cuda_ops.cu)
   # (test/gpu/test_comm_kernels.cu's spin_then_fill_kernel has a barrier but runs only in
@@ -446,6 +448,8 @@ phase_sanitize() {
     "test/gpu_mxfp8_batch Mxfp8BatchGpu.AFirstUseUnderCaptureWorks:Mxfp8BatchGpu.MixedListsKernelEqualsHostTwinAndOracle:Mxfp8BatchGpu.EagerSkipFlagWritesNothing"
     "test/gpu_mxfp8_shard_batch Mxfp8ShardBatchGpu.OwnedPassesMixedListsOverWorldsOf1To8KernelEqualsHostTwinAndOracle:Mxfp8ShardBatchGpu.OwnedPassesBoundariesMisalignmentSpecialsAndSmallTensorsKernelEqualsHostTwin:Mxfp8ShardBatchGpu.AFirstUseUnderCaptureWorks:Mxfp8ShardBatchGpu.MixedListsOverWorldsOf1To8KernelEqualsHostTwinAndOracle:Mxfp8ShardBatchGpu.ScaleLayoutsAndListOrdersKernelEqualsHostTwin:Mxfp8ShardBatchGpu.MisalignedMastersAndDataPlanesKernelEqualsHostTwin:Mxfp8ShardBatchGpu.SpecialValuesInMidBlockRangesKernelEqualsHostTwin"
     "test/gpu_nvfp4 Nvfp4Gpu.TiledShapes:Nvfp4Gpu.TiledUnalignedBuffers:Nvfp4Gpu.TiledBatchEqualsHostBatch:Nvfp4Gpu.TiledShardedProtocol:Nvfp4Gpu.TiledShardBatchEqualsPerTensorCallsAndOracle"
+    "test/gpu_adam_amax AdamAmaxGpu.EmitsThePartialAmaxesOfEveryRank"
+    "test/gpu_mpi_muon MuonGpu.Bf16GemmUpdateWithinTheDerivedBound:MuonGpu.BatchedEqualShapesEqualOneByOneBitwise:MuonGpu.FoundInfChangesNothing"
     "examples/trainer/gpu_trainer_ops OpsPair.ElementAndRowOps:OpsPair.EmbeddingForwardAndBackward:OpsPair.RouterDispatchCombine:OpsPair.CrossEntropyPackAndSumsq:OpsPair.F32NormWeightsAndF32InitAreBitwiseTheirBf16Twins"
   )
   local tool t bin filter
@@ -454,7 +458,7 @@ phase_sanitize() {
       read -r bin filter <<<"$t"
       [ -z "$SAN_ONLY" ] || [[ "$(basename "$bin")" =~ $SAN_ONLY ]] || continue
       if [ ! -x "$BUILD/$bin" ]; then log "FAIL sanitize $tool $(basename "$bin"): $BUILD/$bin not built"; SAN_FAILED=1; continue; fi
-      san_run "$tool" "$(basename "$bin")" "$SAN_CHECK_S" 1 env SHARDOPT_SANITIZER_CASES=1 "$CS" --tool "$tool" \
+      san_run "$tool" "$(basename "$bin")" "$SAN_CHECK_S" 1 env SHARDOPT_SANITIZER_CASES=1 SHARDOPT_BACKEND=cuda "$CS" --tool "$tool" \
         "${cs_args[@]}" "$BUILD/$bin" --gtest_filter="$filter"
     done
   done
