@@ -289,7 +289,8 @@ void launch_adam_apply(const AdamVariant& v, const AdamApplyParams& a, Stream st
 }  // namespace shardopt::kernels
 
 // Every kernel of this file, for load_step_kernels: the prologue and each compiled
-// variant of the main pass (every combination dispatch_adam_variant can pick).
+// variant of the main pass and of its amax-emitting twin (every combination
+// dispatch_adam_variant can pick).
 #include "kernels/kernel_files.hpp"
 
 namespace shardopt::kernels {
@@ -302,7 +303,11 @@ void adam_kernels_cuda(const KernelVisitor& visit) {
         for (bool decoupled : {true, false}) {
           const DType params[] = {DType::f32, DType::f32, DType::bf16, DType::f16};
           const AdamVariant v{grad, moment, params[out], out != 0, decoupled};
-          dispatch_adam_variant(v, [&]<class Tr>() { visit(kernel_symbol(adam_apply_kernel<Tr>)); });
+          dispatch_adam_variant(v, [&]<class Tr>() {
+            visit(kernel_symbol(adam_apply_kernel<Tr>));
+            // the NVFP4 amax-emitting variant of the buffers without parameter output
+            if constexpr (!Tr::write_params) visit(kernel_symbol(adam_apply_amax_kernel<Tr>));
+          });
         }
 }
 

@@ -3,6 +3,9 @@
 // mode), equal shapes batched equal to one by one bitwise, a skipped step, and the
 // distributed cases shared with the host suite (test/common/muon_cases.hpp) under mpirun:
 // DistributedAdam and Fsdp at 1 and 2 GPUs, graph replay equal to eager.
+#include <algorithm>
+#include <cmath>
+
 #include "common/muon_cases.hpp"
 #include "kernels/muon.hpp"
 
@@ -131,7 +134,10 @@ TEST(MuonGpu, Bf16GemmUpdateWithinTheDerivedBound) { kernel_bound_case(MuonGemm:
 TEST(MuonGpu, F32GemmUpdateWithinTheTightBound) { kernel_bound_case(MuonGemm::F32); }
 
 // Equal shapes in one strided batched GEMM per product equal each matrix alone (a batch
-// of one), bitwise: MoE experts of both orientations among other shapes, both GEMM modes.
+// of one): MoE experts of both orientations among other shapes. Bitwise with bf16 GEMMs
+// (the default); with fp32 GEMMs cuBLAS computes a batch and a lone matrix with different
+// kernels (seen on H100, 2026-11-27: differences of a few fp32 ulps), so there the two
+// agree to 1e-5 of the largest element, far inside the fp32 mode's bound.
 TEST(MuonGpu, BatchedEqualShapesEqualOneByOneBitwise) {
   const Shapes shapes = {{64, 256}, {256, 64}, {64, 256}, {128, 128}, {256, 64}, {64, 256},
                          {24, 16},  {256, 64}, {64, 256}, {256, 64}};
@@ -143,8 +149,19 @@ TEST(MuonGpu, BatchedEqualShapesEqualOneByOneBitwise) {
     const std::vector<Result> single = run_update(kB, shapes, s, false);
     for (std::size_t i = 0; i < shapes.size(); ++i) {
       SCOPED_TRACE(i);
-      EXPECT_EQ(batched[i].g, single[i].g);
-      EXPECT_EQ(batched[i].m, single[i].m);
+      if (gemm == MuonGemm::Bf16) {
+        EXPECT_EQ(batched[i].g, single[i].g);
+        EXPECT_EQ(batched[i].m, single[i].m);
+        continue;
+      }
+      EXPECT_EQ(batched[i].m, single[i].m);  // the momentum is elementwise: bitwise in both modes
+      ASSERT_EQ(batched[i].g.size(), single[i].g.size());
+      float largest = 0.0f, worst = 0.0f;
+      for (std::size_t k = 0; k < single[i].g.size(); ++k) {
+        largest = std::max(largest, std::fabs(single[i].g[k]));
+        worst = std::max(worst, std::fabs(batched[i].g[k] - single[i].g[k]));
+      }
+      EXPECT_LE(worst, 1e-5f * largest);
     }
   }
 }
@@ -181,10 +198,11 @@ TEST(MuonGpu, DistributedAdamWithinTheBf16Bound) { case_matches_oracle(kB, MuonG
 TEST(MuonGpu, DistributedAdamF32GemmsWithinTheTightBound) { case_matches_oracle(kB, MuonGemm::F32); }
 // Against a world of one: at 1 GPU the same homes (a check of the pack, exchange and
 // apply); at 2 GPUs other homes, so other GEMM batches: bitwise as long as batched equals
-// one by one (BatchedEqualShapesEqualOneByOneBitwise).
+// one by one (BatchedEqualShapesEqualOneByOneBitwise), which holds for the bf16 GEMMs only
+// (the fp32 mode's results stay within its bound at each world size:
+// DistributedAdamF32GemmsWithinTheTightBound).
 TEST(MuonGpu, BitwiseIndependentOfTheWorldSize) { case_world_size(kB, DType::f32); }
 TEST(MuonGpu, BitwiseIndependentOfTheWorldSizeWithBf16Gradients) { case_world_size(kB, DType::bf16); }
-TEST(MuonGpu, BitwiseIndependentOfTheWorldSizeF32Gemms) { case_world_size(kB, DType::f32, MuonGemm::F32); }
 TEST(MuonGpu, FsdpEqualsDistributedAdamBitwise) { case_fsdp(kB, 0); }
 TEST(MuonGpu, ANonFiniteGradientSkipsTheStepMomentumIncluded) { case_nonfinite_skips(kB); }
 
