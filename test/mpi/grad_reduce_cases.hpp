@@ -332,8 +332,12 @@ inline void store_random_data_is_the_oracle_every_run(Backend be) {
 /// bucket and as one range. The shared cases' 700-element buckets never reach the sizes
 /// at which the benchmarks hung on NCCL (docs/grad_reduce.md, "The benchmark hang"). A
 /// fresh group with a wait_timeout bounds the waits; an alarm ends the process if the
-/// construction's warm-up (which waits without a deadline) hangs.
-inline void store_large_buckets_are_the_oracle(Backend be, int buckets, std::int64_t bucket_numel) {
+/// construction's warm-up (which waits without a deadline) hangs. Without parameters
+/// (`with_params` false, as bench_comm built its store, and as stores whose quantized
+/// parameters stage their gathers through the gradient buffer run), the gradient buffer
+/// serves the all-to-all and also the warm-up's in-place all-gathers.
+inline void store_large_buckets_are_the_oracle(Backend be, int buckets, std::int64_t bucket_numel,
+                                               bool with_params = true) {
   const Watchdog alarm(150);  // below the suite's test timeout (device_suite.sh: 900 s x 0.25)
   Communicator comm = make_world(be);
   WatchdogOptions deadline;
@@ -355,6 +359,7 @@ inline void store_large_buckets_are_the_oracle(Backend be, int buckets, std::int
   o.grad_reduce = ReduceOp::Average;
   o.grad_reduce_precision = GradReducePrecision::F32Accumulate;
   o.nccl_registered = true;
+  o.with_params = with_params;
   BucketStore st(comm, L, o);
   const int nb = static_cast<int>(L.buckets().size());
   ASSERT_EQ(nb, buckets);
@@ -372,6 +377,62 @@ inline void store_large_buckets_are_the_oracle(Backend be, int buckets, std::int
     const std::int64_t bad = off_mean_oracle(L, images, download_grads(st, DType::bf16), me);
     EXPECT_EQ(bad, 0) << (range ? "range starts" : "single starts") << ", rank " << me << ", " << nb << " buckets";
   }
+}
+
+/// One registered buffer that first sends its pieces (an all-to-all into another
+/// registered buffer) and then serves collectives in place (an all-gather, then a
+/// reduce-scatter), as the gradient buffer of a parameterless F32Accumulate store does,
+/// all within the group's wait_timeout and every result exact. `count` bf16 elements per
+/// piece: on NCCL at 4 Mi (8 MiB pieces, far past the LL threshold) the send/recv take
+/// the registered zero-copy path; bench_comm's parameterless store stalled in its warm-up
+/// at that scale while the optimizers' stores (gradients in send/recv only) did not
+/// (docs/grad_reduce.md, "The bench_comm stall").
+inline void registered_buffer_serves_send_recv_then_collectives(Backend be, std::int64_t count) {
+  const Watchdog alarm(150);
+  Communicator comm = make_world(be);
+  WatchdogOptions deadline;
+  deadline.wait_timeout = std::chrono::seconds(60);
+  comm.set_watchdog(deadline);
+  const int n = comm.size(), me = comm.rank();
+  TestStream s(be);
+  const auto total = static_cast<std::size_t>(count) * static_cast<std::size_t>(n);
+  // Small integers (at most 7, sums at most 8 x 7): every value and sum is exact in bf16.
+  auto code = [](int sender, int piece, std::size_t i) {
+    return num::f32_to_bf16(static_cast<float>((sender + 3 * piece + static_cast<int>(i % 5)) % 8));
+  };
+  Bytes mine(total * 2);
+  for (std::size_t k = 0; k < total; ++k) {
+    const std::uint16_t c = code(me, static_cast<int>(k / static_cast<std::size_t>(count)), k % static_cast<std::size_t>(count));
+    std::memcpy(mine.data() + 2 * k, &c, 2);
+  }
+  DeviceBuffer x(be, mine.size(), MemoryKind::NcclDevice), y(be, mine.size(), MemoryKind::NcclDevice);
+  const BufferRegistration rx = comm.register_buffer(x.data(), mine.size());
+  const BufferRegistration ry = comm.register_buffer(y.data(), mine.size());
+  upload(be, x.data(), mine);
+  comm.all_to_all(x.data(), y.data(), count, DType::bf16, s.get());
+  comm.all_gather(x.data(), count, DType::bf16, s.get());  // slice r <- rank r's piece r
+  comm.synchronize(s.get());
+  const Bytes pieces = download(be, y.data(), mine.size());
+  const Bytes gathered = download(be, x.data(), mine.size());
+  comm.reduce_scatter(x.data(), count, DType::bf16, ReduceOp::Sum, s.get());  // every rank holds `gathered`
+  comm.synchronize(s.get());
+  const Bytes reduced = download(be, x.data(), mine.size());
+  std::int64_t bad_pieces = 0, bad_gathered = 0, bad_reduced = 0;
+  for (std::size_t k = 0; k < total; ++k) {
+    const int slot = static_cast<int>(k / static_cast<std::size_t>(count));
+    const std::size_t i = k % static_cast<std::size_t>(count);
+    std::uint16_t got = 0;
+    std::memcpy(&got, pieces.data() + 2 * k, 2);
+    bad_pieces += got != code(slot, me, i);  // slot p: rank p's piece for me
+    std::memcpy(&got, gathered.data() + 2 * k, 2);
+    bad_gathered += got != code(slot, slot, i);
+    if (slot != me) continue;
+    std::memcpy(&got, reduced.data() + 2 * k, 2);
+    bad_reduced += got != num::f32_to_bf16(static_cast<float>(n) * num::bf16_to_f32(code(me, me, i)));
+  }
+  EXPECT_EQ(bad_pieces, 0) << "all-to-all, rank " << me;
+  EXPECT_EQ(bad_gathered, 0) << "all-gather after the all-to-all, rank " << me;
+  EXPECT_EQ(bad_reduced, 0) << "reduce-scatter after both, rank " << me;
 }
 
 /// Ranks that pass different precisions are refused on every rank, naming it.
