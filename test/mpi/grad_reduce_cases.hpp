@@ -326,6 +326,16 @@ inline void store_random_data_is_the_oracle_every_run(Backend be) {
   }
 }
 
+/// A fresh group over all ranks whose waits give up after 60 s (Error(Timeout)), for the
+/// cases at benchmark scale: a stall fails the test instead of hanging it.
+inline Communicator world_with_deadline(Backend be) {
+  Communicator comm = make_world(be);
+  WatchdogOptions deadline;
+  deadline.wait_timeout = std::chrono::seconds(60);
+  comm.set_watchdog(deadline);
+  return comm;
+}
+
 /// Benchmark-scale buckets (issue 31): a registered F32Accumulate store of `buckets` bf16
 /// parameters of about `bucket_numel` elements, a bucket each (odd sizes: the buckets are
 /// padded), reduces random gradients to the rank-order fp32 oracle, bitwise, bucket by
@@ -339,10 +349,7 @@ inline void store_random_data_is_the_oracle_every_run(Backend be) {
 inline void store_large_buckets_are_the_oracle(Backend be, int buckets, std::int64_t bucket_numel,
                                                bool with_params = true) {
   const Watchdog alarm(150);  // below the suite's test timeout (device_suite.sh: 900 s x 0.25)
-  Communicator comm = make_world(be);
-  WatchdogOptions deadline;
-  deadline.wait_timeout = std::chrono::seconds(60);
-  comm.set_watchdog(deadline);
+  Communicator comm = world_with_deadline(be);
   const int n = comm.size(), me = comm.rank();
   TestStream s(be);
   LayoutOptions lo;
@@ -389,10 +396,7 @@ inline void store_large_buckets_are_the_oracle(Backend be, int buckets, std::int
 /// (docs/grad_reduce.md, "The bench_comm stall").
 inline void registered_buffer_serves_send_recv_then_collectives(Backend be, std::int64_t count) {
   const Watchdog alarm(150);
-  Communicator comm = make_world(be);
-  WatchdogOptions deadline;
-  deadline.wait_timeout = std::chrono::seconds(60);
-  comm.set_watchdog(deadline);
+  Communicator comm = world_with_deadline(be);
   const int n = comm.size(), me = comm.rank();
   TestStream s(be);
   const auto total = static_cast<std::size_t>(count) * static_cast<std::size_t>(n);
