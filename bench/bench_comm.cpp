@@ -323,9 +323,11 @@ void f32_accumulate_size(const Options& opt, const Communicator& comm, Stream st
     fill_zero_async(opt.backend, b->data(), b->bytes(), stream);
   void* grads = native.grad_buffer(0);
   auto ours = [&] {
-    comm.all_to_all(send.data(), pieces.data(), per_rank, DType::bf16, stream);
+    comm.all_to_all_peers(send.data(), pieces.data(), per_rank, DType::bf16, stream);  // as the store
     kernels::PieceSum sum;
     sum.pieces = pieces.data();
+    sum.own = send.as<char>() + static_cast<std::size_t>(rank * per_rank) * 2;  // read where it lies
+    sum.own_index = rank;
     sum.piece_dtype = DType::bf16;
     sum.n = n;
     sum.count = per_rank;

@@ -63,7 +63,60 @@ inline void all_to_all_delivers_every_piece(Backend be) {
   EXPECT_TRUE(contains(e->what(), "send and recv overlap")) << e->what();
 }
 
+/// all_to_all_peers delivers every other rank's piece as all_to_all does and leaves this
+/// rank's piece of the receive buffer as it was (on a one-rank group: all of it).
+inline void all_to_all_peers_leaves_the_own_piece(Backend be) {
+  Communicator& comm = world(be);
+  const int n = comm.size(), me = comm.rank();
+  TestStream s(be);
+  const std::int64_t count = 1031;  // bf16 elements per piece
+  const std::size_t piece = static_cast<std::size_t>(count) * 2;
+  Bytes send(piece * static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < send.size(); ++i)
+    send[i] = static_cast<std::uint8_t>(me * 53 + static_cast<int>(i / piece) * 7 + static_cast<int>(i % piece % 251));
+  const Bytes sentinel(send.size(), 0xAB);
+  DeviceBuffer dsend = to_device(be, send), drecv = to_device(be, sentinel);
+  comm.all_to_all_peers(dsend.data(), drecv.data(), count, DType::bf16, s.get());
+  s.sync();
+  const Bytes got = download(be, drecv.data(), send.size());
+  int bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const int sender = static_cast<int>(i / piece);
+    const auto want = sender == me ? std::uint8_t{0xAB}
+                                   : static_cast<std::uint8_t>(sender * 53 + me * 7 + static_cast<int>(i % piece % 251));
+    bad += got[i] != want;
+  }
+  EXPECT_EQ(bad, 0) << "rank " << me;
+  Communicator one = Communicator::self(be);
+  DeviceBuffer a = to_device(be, Bytes(8, 1)), c = to_device(be, Bytes(8, 2));
+  one.all_to_all_peers(a.data(), c.data(), 4, DType::bf16, s.get());
+  s.sync();
+  EXPECT_EQ(download(be, c.data(), 8), Bytes(8, 2));
+}
+
 // ------------------------------------------------------------------ the piece sum
+
+/// The arguments of a sum of `n` pieces of `count` `in` values at `pieces` into `out`.
+inline kernels::PieceSum sum_args(const void* pieces, DType in, int n, std::int64_t count, bool average, void* out,
+                                  DType out_dtype) {
+  kernels::PieceSum a;
+  a.pieces = pieces;
+  a.piece_dtype = in;
+  a.n = n;
+  a.count = count;
+  a.average = average;
+  a.out = out;
+  a.out_dtype = out_dtype;
+  return a;
+}
+
+/// The oracle: element i of the n pieces (host bytes) summed by the plain rank-order loop.
+inline float rank_order_element(DType in, const Bytes& pieces, int n, std::int64_t count, std::int64_t i,
+                                bool average) {
+  std::vector<float> x;
+  for (int r = 0; r < n; ++r) x.push_back(static_cast<float>(element(in, pieces, static_cast<std::size_t>(r * count + i))));
+  return rank_order_sum(x, average);
+}
 
 /// One length of piece_sum_equals_rank_order_loop.
 inline void piece_sum_case(Backend be, TestStream& s, std::int64_t count) {
@@ -75,24 +128,14 @@ inline void piece_sum_case(Backend be, TestStream& s, std::int64_t count) {
           const bool average = flags & 1, accumulate = flags & 2;
           const Bytes before = random_floats(out, static_cast<std::size_t>(count), seed_of(92, n, flags));
           DeviceBuffer dp = to_device(be, pieces), dout = to_device(be, before);
-          kernels::PieceSum a;
-          a.pieces = dp.data();
-          a.piece_dtype = in;
-          a.n = n;
-          a.count = count;
-          a.average = average;
-          a.out = dout.data();
-          a.out_dtype = out;
+          kernels::PieceSum a = sum_args(dp.data(), in, n, count, average, dout.data(), out);
           a.accumulate = accumulate;
           kernels::piece_sum(a, be, s.get());
           s.sync();
           const Bytes got = download(be, dout.data(), before.size());
           Bytes want(before.size());
           for (std::int64_t i = 0; i < count; ++i) {
-            std::vector<float> x;
-            for (int r = 0; r < n; ++r)
-              x.push_back(static_cast<float>(element(in, pieces, static_cast<std::size_t>(r * count + i))));
-            float v = rank_order_sum(x, average);
+            float v = rank_order_element(in, pieces, n, count, i, average);
             if (accumulate) v = static_cast<float>(element(out, before, static_cast<std::size_t>(i))) + v;
             set_element(out, want, static_cast<std::size_t>(i), v);
           }
@@ -102,6 +145,54 @@ inline void piece_sum_case(Backend be, TestStream& s, std::int64_t count) {
       }
     }
   }
+}
+
+/// The sum with piece `k` read from `own` (the store's use: this rank's piece where it
+/// lies, the output written over it) gives the bits of the rank-order loop over the true
+/// pieces; the receive buffer's slot k holds NaNs, which must not be read. In place
+/// (out = own, same dtype) and into a separate fp32 output (bench_comm's use); an odd
+/// length and a multiple of 8. An own_index outside [0, n) is refused.
+inline void piece_sum_reads_the_own_piece_where_it_lies(Backend be) {
+  TestStream s(be);
+  for (const std::int64_t count : {1031, 1024}) {
+    for (int n = 1; n <= 8; ++n) {
+      for (DType in : {DType::bf16, DType::f32}) {
+        const Bytes pieces = random_floats(in, static_cast<std::size_t>(count * n), seed_of(93, n, static_cast<int>(in)));
+        for (const int k : {0, n / 2, n - 1}) {
+          for (const bool in_place : {true, false}) {
+            const DType out = in_place ? in : DType::f32;
+            const std::size_t es = size_of(in), piece = static_cast<std::size_t>(count) * es;
+            Bytes received = pieces;  // the own slot poisoned
+            for (std::size_t i = 0; i < static_cast<std::size_t>(count); ++i)
+              set_element(in, received, static_cast<std::size_t>(k) * static_cast<std::size_t>(count) + i, NAN);
+            const Bytes own(pieces.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(k) * piece),
+                            pieces.begin() + static_cast<std::ptrdiff_t>((static_cast<std::size_t>(k) + 1) * piece));
+            DeviceBuffer dp = to_device(be, received), down = to_device(be, own);
+            DeviceBuffer dout(be, static_cast<std::size_t>(count) * size_of(out));
+            kernels::PieceSum a = sum_args(dp.data(), in, n, count, true, in_place ? down.data() : dout.data(), out);
+            a.own = down.data();
+            a.own_index = k;
+            kernels::piece_sum(a, be, s.get());
+            s.sync();
+            const Bytes got = download(be, a.out, static_cast<std::size_t>(count) * size_of(out));
+            Bytes want(got.size());
+            for (std::int64_t i = 0; i < count; ++i)
+              set_element(out, want, static_cast<std::size_t>(i), rank_order_element(in, pieces, n, count, i, true));
+            EXPECT_EQ(got, want) << "count=" << count << " n=" << n << " in=" << to_string(in) << " own=" << k
+                                 << (in_place ? " in place" : " into fp32");
+          }
+        }
+      }
+    }
+  }
+  DeviceBuffer p(be, 64), o(be, 16);
+  kernels::PieceSum bad = sum_args(p.data(), DType::bf16, 2, 8, false, o.data(), DType::bf16);
+  bad.own = o.data();
+  bad.own_index = 2;
+  const auto e = error_of([&] { kernels::piece_sum(bad, be, s.get()); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->code(), ErrorCode::InvalidArgument);
+  EXPECT_TRUE(contains(e->what(), "own_index 2")) << e->what();
 }
 
 /// The kernel (CUDA) and its host twin give the bits of the plain rank-order loop, for
@@ -456,6 +547,8 @@ inline void store_precision_disagreement(Backend be) {
 
 #define SHARDOPT_GRAD_REDUCE_CASES(Suite, backend)                                                            \
   TEST(Suite, AllToAllDeliversEveryPiece) { all_to_all_delivers_every_piece(backend); }                       \
+  TEST(Suite, AllToAllPeersLeavesTheOwnPiece) { all_to_all_peers_leaves_the_own_piece(backend); }             \
+  TEST(Suite, PieceSumReadsTheOwnPieceWhereItLies) { piece_sum_reads_the_own_piece_where_it_lies(backend); }  \
   TEST(Suite, PieceSumEqualsRankOrderLoop) { piece_sum_equals_rank_order_loop(backend); }                     \
   TEST(Suite, StoreBf16IsTheOracleAndBeatsNative) { store_f32_accumulate_is_the_oracle(backend, DType::bf16); } \
   TEST(Suite, StoreF32IsTheOracle) { store_f32_accumulate_is_the_oracle(backend, DType::f32); }               \
