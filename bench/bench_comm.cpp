@@ -12,16 +12,23 @@
 // ncclReduceScatter of the same bytes (busbw fraction = its time / ours) and (b) one fp32
 // ncclReduceScatter of the upcast buffer (the FSDP2 reduce_dtype / Megatron way; the
 // upcast itself is not timed); and the BucketStore's per-bucket F32Accumulate starts
-// against its Native ones. The all-to-all's buffers are both NCCL-registered (a
-// registered send paired with an unregistered receive is undefined in NCCL: issue 31),
-// and every kernel is loaded before any collective (kernels/kernel_files.hpp).
+// against its Native ones. Its buffers are used as the optimizers use theirs: the
+// F32Accumulate store has parameters (its gradients only ever go through send/recv), the
+// all-to-all sends from a buffer of its own, and each collective has its own buffer;
+// both sides of the all-to-all registered, or neither (--memory registered,cudamalloc,
+// as for the other rows). An earlier version built its F32Accumulate store without
+// parameters (its registered gradients then also served in-place all-gathers) and sent
+// from the Native store's gradients (also reduce-scattered): it stalled on 2 GPUs where
+// the optimizers did not (docs/grad_reduce.md, "The bench_comm stall").
 //
-// It cannot hang silently: rank 0 prints a progress line per size and measurement
-// (flushed); every wait for the device (the stores' construction warm-up included) goes
-// through Communicator::synchronize under the communicator's wait_timeout
-// (--wait-timeout-s, default 120; 0 turns it off), which aborts NCCL and throws
-// Error(Timeout) naming the wait; and SIGUSR1 makes a rank print
-// its main thread's stack (scripts/device_suite.sh sends it to a job past its deadline).
+// It cannot hang silently: every rank prints a progress line before each step that may
+// wait (building a store, each measurement's warm-up and timed loop) on stderr, which is
+// unbuffered, with its rank and the milliseconds since the start; every wait for the
+// device (the stores' construction warm-up included) goes through
+// Communicator::synchronize under the communicator's wait_timeout (--wait-timeout-s,
+// default 120; 0 turns it off), which aborts NCCL and throws Error(Timeout) naming the
+// wait; and SIGUSR1 makes a rank print its last progress line and its main thread's stack
+// (scripts/device_suite.sh sends it to a job past its deadline).
 //
 // busbw = bytes of the whole buffer / time * (n - 1) / n (nccl-tests' formula for both
 // collectives). Two ways of starting the buckets are measured: one start per bucket (as
@@ -47,6 +54,7 @@
 #include <vector>
 
 #include "core/check.hpp"
+#include "core/device_guard.hpp"
 #include "core/memory.hpp"
 #include "kernels/kernel_files.hpp"
 #include "kernels/piece_sum.hpp"
@@ -156,14 +164,18 @@ struct Times {
   std::vector<double> ours, peer;
 };
 
-// Every wait for the device is the communicator's (bounded by its wait_timeout).
+void progress(int rank, const std::string& what);
+
+// Every wait for the device is the communicator's (bounded by its wait_timeout). A
+// non-empty `label` prints a progress line before each wait.
 Times measure(const Communicator& comm, Stream stream, int iters, int warmup, const std::function<void()>& ours,
-              const std::function<void()>& peer) {
+              const std::function<void()>& peer, const std::string& label = "") {
   const Backend be = comm.backend();
   for (int w = 0; w < warmup; ++w) {
     ours();
     peer();
   }
+  if (!label.empty()) progress(comm.rank(), label + ": warm-up enqueued, waiting for it");
   comm.synchronize(stream);
   MPI_Barrier(MPI_COMM_WORLD);
   Times t;
@@ -183,6 +195,7 @@ Times measure(const Communicator& comm, Stream stream, int iters, int warmup, co
       t.ours[static_cast<std::size_t>(i)] = std::chrono::duration<double, std::milli>(b - a).count();
       t.peer[static_cast<std::size_t>(i)] = std::chrono::duration<double, std::milli>(d - c).count();
     }
+    if (!label.empty()) progress(comm.rank(), label + ": timed loop done");
   } else {
 #if SHARDOPT_HAVE_CUDA
     auto s = reinterpret_cast<cudaStream_t>(stream);
@@ -195,6 +208,7 @@ Times measure(const Communicator& comm, Stream stream, int iters, int warmup, co
       peer();
       SHARDOPT_CUDA_CHECK(cudaEventRecord(ev[static_cast<std::size_t>(2 * i + 2)], s));
     }
+    if (!label.empty()) progress(comm.rank(), label + ": timed loop enqueued, waiting for it");
     comm.synchronize(stream);
     for (int i = 0; i < iters; ++i) {
       float a = 0, b = 0;
@@ -217,14 +231,15 @@ Times measure(const Communicator& comm, Stream stream, int iters, int warmup, co
 // What this rank was doing last (progress()), for the SIGUSR1 stack dump.
 char g_doing[256] = "starting";
 int g_rank = -1;
+const auto g_start = std::chrono::steady_clock::now();
 
-// Records what this rank starts now; rank 0 also prints it, flushed, so a job that stops
-// shows where.
+// Records what this rank starts now and prints it on stderr (unbuffered: a line is out
+// before the next call), with the rank and the milliseconds since the start, so that a
+// job that stops shows where each rank is.
 void progress(int rank, const std::string& what) {
   std::snprintf(g_doing, sizeof g_doing, "%s", what.c_str());
-  if (rank != 0) return;
-  std::printf("bench_comm: %s\n", what.c_str());
-  std::fflush(stdout);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - g_start);
+  std::fprintf(stderr, "bench_comm: [rank %d +%lld ms] %s\n", rank, static_cast<long long>(ms.count()), what.c_str());
 }
 
 // SIGUSR1: this rank's last progress and its main thread's stack, on stderr (the kernel
@@ -269,87 +284,101 @@ void write_f32acc_row(const std::string& config, const Times& t, const std::stri
 }
 
 // GradReducePrecision::F32Accumulate against NCCL's bf16 and fp32 reduce-scatters, and
-// the store's bucketed F32Accumulate against its bucketed Native (see the top).
-void f32_accumulate_rows(const Options& opt, const Communicator& comm, Stream stream, const std::string& device,
-                         const std::string& command, const std::string& results) {
+// the store's bucketed F32Accumulate against its bucketed Native (see the top), for one
+// size and one kind of memory.
+void f32_accumulate_size(const Options& opt, const Communicator& comm, Stream stream, int mib, bool registered,
+                         const std::string& device, const std::string& command, const std::string& results) {
   const int n = comm.size();
   const int rank = comm.rank();
   const bool cuda = opt.backend == Backend::Cuda;
-  const std::string memory = cuda ? "registered" : "host";
-  kernels::load_step_kernels(opt.backend);  // before any collective (kernels/kernel_files.hpp)
-  for (int mib : opt.sizes_mib) {
-    const std::string at = std::to_string(mib) + " MiB, " + std::to_string(n) + " ranks: ";
-    progress(rank, at + "building the stores (Native, F32Accumulate)");
-    const Layout layout(specs_for(mib), n);
-    const std::int64_t numel = layout.buffers()[0].numel;
-    const std::int64_t per_rank = numel / n;
-    const double bytes = static_cast<double>(numel) * 2.0;
-    const int nb = static_cast<int>(layout.buckets().size());
-    BucketStoreOptions so;
-    so.grad_dtype = DType::bf16;
-    so.grad_reduce = ReduceOp::Average;
-    so.nccl_registered = cuda;
-    so.with_params = false;  // only gradients are reduced here
-    BucketStore native(comm, layout, so);
-    so.grad_reduce_precision = GradReducePrecision::F32Accumulate;
-    BucketStore f32(comm, layout, so);
-    void* grads = native.grad_buffer(0);
-    // The all-to-all sends from the store's registered gradients: its receive buffer is
-    // registered too (NCCL needs both or neither).
-    DeviceBuffer pieces(opt.backend, static_cast<std::size_t>(numel) * 2, cuda ? MemoryKind::NcclDevice : MemoryKind::Device);
-    const BufferRegistration pieces_registration = comm.register_buffer(pieces.data(), pieces.bytes());
-    DeviceBuffer sums(opt.backend, static_cast<std::size_t>(per_rank) * 4);
-    DeviceBuffer upcast(opt.backend, static_cast<std::size_t>(numel) * 4);
-    fill_zero_async(opt.backend, pieces.data(), pieces.bytes(), stream);
-    fill_zero_async(opt.backend, upcast.data(), upcast.bytes(), stream);
-    auto ours = [&] {
-      comm.all_to_all(grads, pieces.data(), per_rank, DType::bf16, stream);
-      kernels::PieceSum sum;
-      sum.pieces = pieces.data();
-      sum.piece_dtype = DType::bf16;
-      sum.n = n;
-      sum.count = per_rank;
-      sum.average = true;
-      sum.out = sums.data();
-      sum.out_dtype = DType::f32;
-      kernels::piece_sum(sum, opt.backend, stream);
-    };
-    const std::string nccl = cuda ? "nccl" : "MPI ";
-    const std::string base = std::to_string(mib) + "MiB/n" + std::to_string(n) + "/" + memory;
-    progress(rank, at + "all-to-all + fp32 sum vs one bf16 reduce-scatter");
-    const Times vs_bf16 = measure(comm, stream, opt.iters, opt.warmup, ours, [&] {
-      comm.reduce_scatter(grads, per_rank, DType::bf16, ReduceOp::Average, stream);
-    });
-    progress(rank, at + "all-to-all + fp32 sum vs one fp32 reduce-scatter of the upcast buffer");
-    const Times vs_f32 = measure(comm, stream, opt.iters, opt.warmup, ours, [&] {
-      comm.reduce_scatter(upcast.data(), per_rank, DType::f32, ReduceOp::Average, stream);
-    });
-    progress(rank, at + "the stores' per-bucket reduces (" + std::to_string(nb) + " buckets), F32Accumulate vs Native");
-    const Times stores = measure(
-        comm, stream, opt.iters, opt.warmup,
-        [&] {
-          for (int b = 0; b < nb; ++b) f32.start_grad_reduce(b, stream);
-          for (int b = 0; b < nb; ++b) f32.wait_grad_reduce(b, stream);
-        },
-        [&] {
-          for (int b = 0; b < nb; ++b) native.start_grad_reduce(b, stream);
-          for (int b = 0; b < nb; ++b) native.wait_grad_reduce(b, stream);
-        });
-    progress(rank, at + "done");
-    if (rank != 0) continue;
-    write_f32acc_row("reduce_scatter/f32acc-vs-bf16/" + base, vs_bf16,
-                     "one " + nccl + "ReduceScatter of the bf16 buffer (Average)",
-                     "peer_over_ours = F32Accumulate's fraction of the bf16 bus bandwidth: >= 0.9 at 256 MiB and up",
-                     bytes, n, device, command, results, 1);
-    write_f32acc_row("reduce_scatter/f32acc-vs-f32/" + base, vs_f32,
-                     "one " + nccl + "ReduceScatter of the fp32 upcast buffer (Average; upcast not timed)",
-                     "peer_over_ours = speedup over the fp32 reduce-scatter: >= 1.6", bytes, n, device, command,
-                     results, 1);
-    write_f32acc_row("bucket_store/f32acc-vs-native/" + base, stores,
-                     "the BucketStore's Native per-bucket reduce-scatters of the same buffer",
-                     "peer_over_ours within 5% of 1 makes F32Accumulate the default for bf16 grads (docs/grad_reduce.md)",
-                     bytes, n, device, command, results, nb);
+  const std::string memory = !cuda ? "host" : registered ? "registered" : "cudamalloc";
+  const std::string at = std::to_string(mib) + " MiB, " + std::to_string(n) + " ranks, " + memory + ": ";
+  const Layout layout(specs_for(mib), n);
+  const std::int64_t numel = layout.buffers()[0].numel;
+  const std::int64_t per_rank = numel / n;
+  const double bytes = static_cast<double>(numel) * 2.0;
+  const int nb = static_cast<int>(layout.buckets().size());
+  BucketStoreOptions so;
+  so.grad_dtype = DType::bf16;
+  so.grad_reduce = ReduceOp::Average;
+  so.nccl_registered = registered;
+  progress(rank, at + "building the Native store");
+  so.with_params = false;  // its gradients serve collectives only (the bf16 reduce-scatter)
+  BucketStore native(comm, layout, so);
+  progress(rank, at + "building the F32Accumulate store");
+  so.with_params = true;  // as the optimizers: its gradients serve send/recv only
+  so.grad_reduce_precision = GradReducePrecision::F32Accumulate;
+  BucketStore f32(comm, layout, so);
+  // The all-to-all's own buffers (used by nothing else), both registered or neither.
+  const MemoryKind kind = registered ? MemoryKind::NcclDevice : MemoryKind::Device;
+  DeviceBuffer send(opt.backend, static_cast<std::size_t>(numel) * 2, kind);
+  DeviceBuffer pieces(opt.backend, static_cast<std::size_t>(numel) * 2, kind);
+  BufferRegistration send_registration, pieces_registration;
+  if (registered) {
+    send_registration = comm.register_buffer(send.data(), send.bytes());
+    pieces_registration = comm.register_buffer(pieces.data(), pieces.bytes());
   }
+  DeviceBuffer sums(opt.backend, static_cast<std::size_t>(per_rank) * 4);
+  DeviceBuffer upcast(opt.backend, static_cast<std::size_t>(numel) * 4);
+  for (const DeviceBuffer* b : {&send, &pieces, &sums, &upcast})
+    fill_zero_async(opt.backend, b->data(), b->bytes(), stream);
+  void* grads = native.grad_buffer(0);
+  auto ours = [&] {
+    comm.all_to_all_peers(send.data(), pieces.data(), per_rank, DType::bf16, stream);  // as the store
+    kernels::PieceSum sum;
+    sum.pieces = pieces.data();
+    sum.own = send.as<char>() + static_cast<std::size_t>(rank * per_rank) * 2;  // read where it lies
+    sum.own_index = rank;
+    sum.piece_dtype = DType::bf16;
+    sum.n = n;
+    sum.count = per_rank;
+    sum.average = true;
+    sum.out = sums.data();
+    sum.out_dtype = DType::f32;
+    kernels::piece_sum(sum, opt.backend, stream);
+  };
+  const std::string nccl = cuda ? "nccl" : "MPI ";
+  const std::string base = std::to_string(mib) + "MiB/n" + std::to_string(n) + "/" + memory;
+  const Times vs_bf16 = measure(comm, stream, opt.iters, opt.warmup, ours, [&] {
+    comm.reduce_scatter(grads, per_rank, DType::bf16, ReduceOp::Average, stream);
+  }, at + "all-to-all + fp32 sum vs one bf16 reduce-scatter");
+  const Times vs_f32 = measure(comm, stream, opt.iters, opt.warmup, ours, [&] {
+    comm.reduce_scatter(upcast.data(), per_rank, DType::f32, ReduceOp::Average, stream);
+  }, at + "all-to-all + fp32 sum vs one fp32 reduce-scatter of the upcast buffer");
+  const Times stores = measure(
+      comm, stream, opt.iters, opt.warmup,
+      [&] {
+        for (int b = 0; b < nb; ++b) f32.start_grad_reduce(b, stream);
+        for (int b = 0; b < nb; ++b) f32.wait_grad_reduce(b, stream);
+      },
+      [&] {
+        for (int b = 0; b < nb; ++b) native.start_grad_reduce(b, stream);
+        for (int b = 0; b < nb; ++b) native.wait_grad_reduce(b, stream);
+      },
+      at + "the stores' per-bucket reduces (" + std::to_string(nb) + " buckets), F32Accumulate vs Native");
+  progress(rank, at + "done");
+  if (rank != 0) return;
+  write_f32acc_row("reduce_scatter/f32acc-vs-bf16/" + base, vs_bf16,
+                   "one " + nccl + "ReduceScatter of the bf16 buffer (Average)",
+                   "peer_over_ours = F32Accumulate's fraction of the bf16 bus bandwidth: >= 0.9 at 256 MiB and up",
+                   bytes, n, device, command, results, 1);
+  write_f32acc_row("reduce_scatter/f32acc-vs-f32/" + base, vs_f32,
+                   "one " + nccl + "ReduceScatter of the fp32 upcast buffer (Average; upcast not timed)",
+                   "peer_over_ours = speedup over the fp32 reduce-scatter: >= 1.6", bytes, n, device, command,
+                   results, 1);
+  write_f32acc_row("bucket_store/f32acc-vs-native/" + base, stores,
+                   "the BucketStore's Native per-bucket reduce-scatters of the same buffer",
+                   "peer_over_ours within 5% of 1 makes F32Accumulate the default for bf16 grads (docs/grad_reduce.md)",
+                   bytes, n, device, command, results, nb);
+}
+
+void f32_accumulate_rows(const Options& opt, const Communicator& comm, Stream stream, const std::string& device,
+                         const std::string& command, const std::string& results) {
+  detail::DeviceGuard guard(comm.device());  // the sum kernels load into this rank's device
+  kernels::load_step_kernels(opt.backend);  // before any collective (kernels/kernel_files.hpp)
+  for (int mib : opt.sizes_mib)
+    for (bool registered : opt.registered)
+      f32_accumulate_size(opt, comm, stream, mib, registered, device, command, results);
 }
 
 int run(int argc, char** argv) {
@@ -449,6 +478,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // result rows leave line by line, even into a pipe
   // Shared machines: never NVLink multicast (NVLS) in our runs.
   setenv("NCCL_NVLS_ENABLE", "0", 1);
   install_stack_dump();

@@ -11,7 +11,9 @@
 //
 // --grad-reduce-precision runs only the row "dist_adam_grad_reduce" (issue 31): the
 // captured bf16 step with GradReducePrecision::F32Accumulate against the same step with
-// Native, in this process.
+// Native, in this process, and the phase breakdown of both ("dist_adam_phases" rows
+// ".../native" and ".../f32acc", as --phases measures them; the F32Accumulate one also
+// gives the local HBM bytes of its reduce and their limit, reduce_local_*).
 //
 // Per run it measures, in the same process:
 //  * ours: the captured step graph, replayed (CUDA events, median), for bf16 params
@@ -545,6 +547,13 @@ void phase_rows(const Communicator& comm, Stream s, const Args& a, const std::st
   bytes["quantize"] = q_shard * (4.0 + data_bytes);   // the master read, the data written (MXFP8: the owned pass)
   bytes["landing"] = q_full * 2.0 * data_bytes;       // staging read, storage written
   bytes["zeroing"] = q_full * 2.0;                    // the bf16 gradient regions written
+  // F32Accumulate's local share of "reduce grads" (docs/grad_reduce.md, "Bytes"): per
+  // bucket of n pieces of c bf16 elements, the n - 1 pieces received (written), then the
+  // sum's n pieces read (the own one where it lies) and c outputs written over it.
+  const double n_ranks = static_cast<double>(comm.size());
+  const double f32acc_local = o.grad_reduce_precision == GradReducePrecision::F32Accumulate && comm.size() > 1
+                                  ? 2.0 * shard * ((n_ranks - 1) + n_ranks + 1.0)
+                                  : 0.0;
   bench::Result r;
   r.bench = "dist_adam_phases";
   r.config = config;
@@ -558,6 +567,12 @@ void phase_rows(const Communicator& comm, Stream s, const Args& a, const std::st
     r.numbers[label + "_ms"] = bench::median(v);
     auto b = bytes.find(label);
     if (b != bytes.end()) r.numbers[label + "_limit_ms"] = b->second / (copy_gbps * 1e6);
+  }
+  if (f32acc_local > 0) {
+    r.numbers["reduce_local_bytes"] = f32acc_local;
+    r.numbers["reduce_local_limit_ms"] = f32acc_local / (copy_gbps * 1e6);
+    r.notes["reduce_local"] = "F32Accumulate's HBM bytes inside reduce grads: the other ranks' pieces received, the "
+                              "sum's pieces read and outputs written (2 B each); at the device copy bandwidth";
   }
   r.notes["what"] = "median per phase of eager steps queued behind a host wait: CUDA events at the step's phase marks, "
                     "each phase's time from its marks to the next; *_limit_ms: its bytes at the device copy bandwidth";
@@ -624,6 +639,12 @@ void grad_reduce_step(const Communicator& comm, Stream s, const Args& a, const s
   DistributedAdamOptions f32 = step_options();
   f32.grad_reduce_precision = GradReducePrecision::F32Accumulate;
   const double ours = step_ms(comm, s, a, f32, &f32_memory);
+  // Where the difference goes: the phase breakdown of both steps in this process
+  // ("dist_adam_phases" rows .../native and .../f32acc).
+  const bench::CopyBandwidth copy = bench::measure_copy(std::size_t{1} << 30, s);
+  const std::string base = "bf16p-bf16g/1.5B/147/n" + std::to_string(comm.size());
+  phase_rows(comm, s, a, device, cmd, base + "/native", step_options(), native, copy.gbps);
+  phase_rows(comm, s, a, device, cmd, base + "/f32acc", f32, ours, copy.gbps);
   if (comm.rank() != 0) return;
   bench::Result r;
   r.bench = "dist_adam_grad_reduce";

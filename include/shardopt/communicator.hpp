@@ -136,6 +136,10 @@ class Communicator {
   /// buffers (register_buffer) or neither, on every rank; one registered and the other
   /// not is refused (Error(InvalidArgument)): NCCL leaves the mix undefined.
   void all_to_all(const void* send, void* recv, std::int64_t count_per_rank, DType dtype, Stream stream) const;
+  /// all_to_all without this rank's own piece: piece rank() of `recv` is left as it was
+  /// and piece rank() of `send` is not read, so a caller that uses its own piece where it
+  /// lies saves that copy. Same rules and order otherwise.
+  void all_to_all_peers(const void* send, void* recv, std::int64_t count_per_rank, DType dtype, Stream stream) const;
   /// In place over `count` elements: f32, bf16, f16 (Sum, Average, Max), u32 (Sum,
   /// Max: found-inf flags, ordered bit patterns of non-negative floats) or e8m0 (Max
   /// only: byte-wise unsigned maximum of MXFP8 scale bytes, scheme A of mxfp8.hpp).

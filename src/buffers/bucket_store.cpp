@@ -330,7 +330,9 @@ class BucketStoreImpl {
   }
 
   // The gradient reduce-scatter of one bucket on stream `s`: the backend's (Native), or
-  // an all-to-all into `pieces` and the rank-ordered fp32 sum into this rank's slice.
+  // an all-to-all of the other ranks' pieces into `pieces` and the rank-ordered fp32 sum
+  // into this rank's slice, which holds this rank's own piece: the sum reads it there
+  // (each element before it writes it), so no copy of it is made.
   void reduce_bucket(const Bucket& bk, Stream s) {
     const std::int64_t per_rank = bk.range.size() / comm.size();
     const DType gd = options.grad_dtype;
@@ -340,14 +342,17 @@ class BucketStoreImpl {
       return;
     }
     if (comm.size() == 1 || per_rank == 0) return;  // one rank: the sum of one piece is the piece
-    comm.all_to_all(data, pieces.data(), per_rank, gd, s);
+    comm.all_to_all_peers(data, pieces.data(), per_rank, gd, s);
+    char* mine = data + static_cast<std::size_t>(comm.rank() * per_rank) * size_of(gd);
     kernels::PieceSum sum;
     sum.pieces = pieces.data();
     sum.piece_dtype = gd;
     sum.n = comm.size();
     sum.count = per_rank;
     sum.average = options.grad_reduce == ReduceOp::Average;
-    sum.out = data + static_cast<std::size_t>(comm.rank() * per_rank) * size_of(gd);
+    sum.own = mine;
+    sum.own_index = comm.rank();
+    sum.out = mine;
     sum.out_dtype = gd;
     kernels::piece_sum(sum, backend, s);
   }

@@ -209,7 +209,8 @@ void CommImpl::all_gather(void* data, std::int64_t count_per_rank, DType dtype, 
   });
 }
 
-void CommImpl::all_to_all(const void* send, void* recv, std::int64_t count_per_rank, DType dtype, Stream stream) {
+void CommImpl::all_to_all(const void* send, void* recv, std::int64_t count_per_rank, DType dtype, Stream stream,
+                          bool own) {
   require_usable("all_to_all");
   guarded([&] {
     SHARDOPT_REQUIRE(known_dtype(dtype), ErrorCode::InvalidArgument, "all_to_all: unknown DType");
@@ -222,7 +223,7 @@ void CommImpl::all_to_all(const void* send, void* recv, std::int64_t count_per_r
     const auto r = reinterpret_cast<std::uintptr_t>(recv);
     SHARDOPT_REQUIRE(s + total <= r || r + total <= s, ErrorCode::InvalidArgument,
                      "all_to_all: send and recv overlap; an all-to-all is not in place, give it two buffers");
-    do_all_to_all(send, recv, count_per_rank, dtype, stream);
+    do_all_to_all(send, recv, count_per_rank, dtype, stream, own);
   });
 }
 

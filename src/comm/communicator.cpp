@@ -55,6 +55,11 @@ void Communicator::all_to_all(const void* send, void* recv, std::int64_t count_p
   usable(impl_).all_to_all(send, recv, count_per_rank, dtype, stream);
 }
 
+void Communicator::all_to_all_peers(const void* send, void* recv, std::int64_t count_per_rank, DType dtype,
+                                    Stream stream) const {
+  usable(impl_).all_to_all(send, recv, count_per_rank, dtype, stream, /*own=*/false);
+}
+
 void Communicator::all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) const {
   usable(impl_).all_reduce(data, count, dtype, op, stream);
 }

@@ -218,24 +218,52 @@ class MpiCommImpl final : public CommImpl {
     });
   }
 
-  void do_all_to_all(const void* send, void* recv, std::int64_t count, DType dtype, Stream stream) override {
-    enqueue(stream, "all_to_all", [send, recv, count, dtype](MpiCommImpl& self, const std::string& what) {
+  // Without the own piece: MPI_Ialltoallv of whole pieces (a contiguous datatype), none
+  // to or from this rank, and the deadline path's copy back skips that piece. The count
+  // and displacement arrays live in `arrays`, which an abandoned request keeps (wait).
+  void do_all_to_all(const void* send, void* recv, std::int64_t count, DType dtype, Stream stream,
+                     bool own) override {
+    enqueue(stream, "all_to_all", [send, recv, count, dtype, own](MpiCommImpl& self, const std::string& what) {
       const Deadline deadline = self.wait_deadline();
-      const std::size_t total = static_cast<std::size_t>(count) * size_of(dtype) * static_cast<std::size_t>(self.size());
+      const int n = self.size(), me = self.rank();
+      const std::size_t piece = static_cast<std::size_t>(count) * size_of(dtype);
+      const std::size_t total = piece * static_cast<std::size_t>(n);
       const auto* from = static_cast<const unsigned char*>(send);
       auto* to = static_cast<unsigned char*>(recv);
-      std::vector<unsigned char> in, out;
+      std::vector<unsigned char> in, out, arrays;
       if (deadline.armed()) {
         in.assign(from, from + total);
         out.resize(total);
       }
       MPI_Request req = MPI_REQUEST_NULL;
       const MPI_Datatype type = raw_type(size_of(dtype));
-      SHARDOPT_MPI_CHECK(MPI_Ialltoall(deadline.armed() ? in.data() : from, static_cast<int>(count), type,
-                                       deadline.armed() ? out.data() : to, static_cast<int>(count), type, self.comm_,
-                                       &req));
-      self.wait(req, what, deadline, {&in, &out});
-      if (deadline.armed()) std::memcpy(to, out.data(), total);
+      const void* sbuf = deadline.armed() ? static_cast<const void*>(in.data()) : send;
+      void* rbuf = deadline.armed() ? static_cast<void*>(out.data()) : recv;
+      if (own) {
+        SHARDOPT_MPI_CHECK(
+            MPI_Ialltoall(sbuf, static_cast<int>(count), type, rbuf, static_cast<int>(count), type, self.comm_, &req));
+      } else {
+        std::vector<int> cd(2 * static_cast<std::size_t>(n));  // counts, then displacements, in pieces
+        for (int r = 0; r < n; ++r) {
+          cd[static_cast<std::size_t>(r)] = r == me ? 0 : 1;
+          cd[static_cast<std::size_t>(n + r)] = r;
+        }
+        arrays.resize(cd.size() * sizeof(int));
+        std::memcpy(arrays.data(), cd.data(), arrays.size());
+        const auto* counts = reinterpret_cast<const int*>(arrays.data());
+        MPI_Datatype piece_type = MPI_DATATYPE_NULL;
+        SHARDOPT_MPI_CHECK(MPI_Type_contiguous(static_cast<int>(count), type, &piece_type));
+        SHARDOPT_MPI_CHECK(MPI_Type_commit(&piece_type));
+        const int started = MPI_Ialltoallv(sbuf, counts, counts + n, piece_type, rbuf, counts, counts + n, piece_type,
+                                           self.comm_, &req);
+        MPI_Type_free(&piece_type);  // a started operation keeps what it needs
+        SHARDOPT_MPI_CHECK(started);
+      }
+      self.wait(req, what, deadline, {&in, &out, &arrays});
+      if (!deadline.armed()) return;
+      for (int r = 0; r < n; ++r)
+        if (own || r != me)
+          std::memcpy(to + static_cast<std::size_t>(r) * piece, out.data() + static_cast<std::size_t>(r) * piece, piece);
     });
   }
 

@@ -131,9 +131,11 @@ class NcclCommImpl final : public CommImpl {
 
   // One NCCL group of a send and a receive per peer (a nested group when the caller
   // groups): piece r of `send` to rank r, rank r's piece into piece r of `recv`. The own
-  // piece goes through NCCL too (a self send/recv), so the call is one launch. Both
-  // buffers registered or neither (registered_ranges.hpp says why).
-  void do_all_to_all(const void* send, void* recv, std::int64_t count, DType dtype, Stream stream) override {
+  // piece goes through NCCL too (a self send/recv), so the call is one launch; without
+  // `own` the group has no self send/recv. Both buffers registered or neither
+  // (registered_ranges.hpp says why).
+  void do_all_to_all(const void* send, void* recv, std::int64_t count, DType dtype, Stream stream,
+                     bool own) override {
     const std::size_t bytes = static_cast<std::size_t>(count) * size_of(dtype);
     const std::size_t total = bytes * static_cast<std::size_t>(size());
     const bool send_registered = registered_.covers(send, total);
@@ -152,6 +154,7 @@ class NcclCommImpl final : public CommImpl {
     SHARDOPT_NCCL_CHECK(ncclGroupStart());
     ncclResult_t first = ncclSuccess;
     for (int r = 0; r < size() && first == ncclSuccess; ++r) {
+      if (r == rank() && !own) continue;
       const std::size_t at = static_cast<std::size_t>(r) * bytes;
       first = ncclSend(from + at, bytes, ncclUint8, r, use.get(), cuda(stream));
       if (first == ncclSuccess) first = ncclRecv(to + at, bytes, ncclUint8, r, use.get(), cuda(stream));

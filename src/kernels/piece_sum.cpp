@@ -10,7 +10,8 @@ namespace shardopt::kernels {
 
 void piece_sum_host(const PieceSum& a) {
   for (std::int64_t i = 0; i < a.count; ++i)
-    piece_sum_store(a.pieces, a.piece_dtype, a.n, a.count, a.average, a.out, a.out_dtype, a.accumulate, i);
+    piece_sum_store(a.pieces, a.own, a.own_index, a.piece_dtype, a.n, a.count, a.average, a.out, a.out_dtype,
+                    a.accumulate, i);
 }
 
 void piece_sum(const PieceSum& a, Backend backend, Stream stream) {
@@ -22,6 +23,9 @@ void piece_sum(const PieceSum& a, Backend backend, Stream stream) {
   if (a.count == 0) return;
   SHARDOPT_REQUIRE(a.pieces != nullptr && a.out != nullptr, ErrorCode::InvalidArgument,
                    "piece_sum: null pieces or output");
+  SHARDOPT_REQUIRE(a.own == nullptr || (a.own_index >= 0 && a.own_index < a.n), ErrorCode::InvalidArgument,
+                   "piece_sum: own_index " + std::to_string(a.own_index) + " is not a piece of " + std::to_string(a.n) +
+                       "; give the index in [0, n) of the piece `own` holds");
   if (backend == Backend::Host) {
     host_enqueue(stream, [a] { piece_sum_host(a); });
     return;

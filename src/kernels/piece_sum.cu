@@ -8,26 +8,28 @@ namespace shardopt::kernels {
 namespace {
 
 // One thread per element (grid-stride); the dtypes are template arguments so that the
-// element math's switches fold away.
+// element math's switches fold away. `own` (piece own_index, or null) may be `out`: a
+// thread reads its element of every piece before it writes it, and no other thread
+// touches that element (so `out` and `own` are not __restrict__).
 template <DType In, DType Out, bool Accumulate>
-__global__ void piece_sum_kernel(const void* __restrict__ pieces, int n, std::int64_t count, bool average,
-                                 void* __restrict__ out) {
+__global__ void piece_sum_kernel(const void* __restrict__ pieces, const void* own, int own_index, int n,
+                                 std::int64_t count, bool average, void* out) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
-    piece_sum_store(pieces, In, n, count, average, out, Out, Accumulate, i);
+    piece_sum_store(pieces, own, own_index, In, n, count, average, out, Out, Accumulate, i);
 }
 
 // bf16 pieces whose length and base allow 16-byte loads: each thread sums 8 adjacent
 // elements, one uint4 per piece, with the element math of piece_sum_at (0.0f, then the
 // pieces in rank order, then piece_sum_finish): the same bits as the scalar kernel.
 template <DType Out, bool Accumulate>
-__global__ void piece_sum_bf16x8_kernel(const uint4* __restrict__ pieces, int n, std::int64_t count8, bool average,
-                                        void* __restrict__ out) {
+__global__ void piece_sum_bf16x8_kernel(const uint4* __restrict__ pieces, const uint4* own, int own_index, int n,
+                                        std::int64_t count8, bool average, void* out) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < count8; v += stride) {
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     for (int r = 0; r < n; ++r) {
-      const uint4 word = pieces[static_cast<std::int64_t>(r) * count8 + v];
+      const uint4 word = r == own_index && own != nullptr ? own[v] : pieces[static_cast<std::int64_t>(r) * count8 + v];
       const std::uint32_t w[4] = {word.x, word.y, word.z, word.w};
 #pragma unroll
       for (int k = 0; k < 8; ++k)
@@ -41,23 +43,25 @@ __global__ void piece_sum_bf16x8_kernel(const uint4* __restrict__ pieces, int n,
 template <DType In, DType Out>
 void launch3(const PieceSum& a, cudaStream_t s, unsigned grid) {
   if constexpr (In == DType::bf16) {
-    if (a.count % 8 == 0 && reinterpret_cast<std::uintptr_t>(a.pieces) % 16 == 0) {
+    if (a.count % 8 == 0 && reinterpret_cast<std::uintptr_t>(a.pieces) % 16 == 0 &&
+        reinterpret_cast<std::uintptr_t>(a.own) % 16 == 0) {
     const std::int64_t count8 = a.count / 8;
     const std::int64_t blocks = (count8 + 255) / 256;
     const unsigned g = static_cast<unsigned>(blocks < 8192 ? blocks : 8192);
     const auto* p = static_cast<const uint4*>(a.pieces);
+    const auto* o = static_cast<const uint4*>(a.own);
     if (a.accumulate) {
-      piece_sum_bf16x8_kernel<Out, true><<<g, 256, 0, s>>>(p, a.n, count8, a.average, a.out);
+      piece_sum_bf16x8_kernel<Out, true><<<g, 256, 0, s>>>(p, o, a.own_index, a.n, count8, a.average, a.out);
     } else {
-      piece_sum_bf16x8_kernel<Out, false><<<g, 256, 0, s>>>(p, a.n, count8, a.average, a.out);
+      piece_sum_bf16x8_kernel<Out, false><<<g, 256, 0, s>>>(p, o, a.own_index, a.n, count8, a.average, a.out);
     }
     return;
     }
   }
   if (a.accumulate) {
-    piece_sum_kernel<In, Out, true><<<grid, 256, 0, s>>>(a.pieces, a.n, a.count, a.average, a.out);
+    piece_sum_kernel<In, Out, true><<<grid, 256, 0, s>>>(a.pieces, a.own, a.own_index, a.n, a.count, a.average, a.out);
   } else {
-    piece_sum_kernel<In, Out, false><<<grid, 256, 0, s>>>(a.pieces, a.n, a.count, a.average, a.out);
+    piece_sum_kernel<In, Out, false><<<grid, 256, 0, s>>>(a.pieces, a.own, a.own_index, a.n, a.count, a.average, a.out);
   }
 }
 

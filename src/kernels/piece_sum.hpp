@@ -21,12 +21,18 @@ struct PieceSum {
   void* out = nullptr;              ///< count elements, must not overlap the pieces
   DType out_dtype = DType::f32;     ///< f32, bf16 or f16: the sum rounded once to it
   bool accumulate = false;          ///< out[i] <- out[i] + sum (the add in fp32, rounded once)
+  /// Piece `own_index` read here (count elements) instead of at pieces + own_index * count,
+  /// e.g. this rank's piece where it already lies, so that no all-to-all copies it. It may
+  /// be `out` itself (each element is read before it is written), no other overlap.
+  /// Null: every piece in `pieces`.
+  const void* own = nullptr;
+  int own_index = -1;  ///< which piece `own` holds, in [0, n) when `own` is set
 };
 
 /// out[i] = sum_{r = 0..n-1} pieces[r][i] in fp32, left to right from 0.0f (then / n for
 /// average), rounded once to out_dtype (added to out[i] first when accumulate).
-/// Error(InvalidArgument) for a dtype outside f32/bf16/f16, n < 1, a negative count or a
-/// null pointer with count > 0.
+/// Error(InvalidArgument) for a dtype outside f32/bf16/f16, n < 1, a negative count, a
+/// null pointer with count > 0, or `own` set with own_index outside [0, n).
 void piece_sum(const PieceSum& args, Backend backend, Stream stream);
 
 void piece_sum_cuda(const PieceSum& args, Stream stream);

@@ -194,8 +194,19 @@ inline void case_fsdp_f32_accumulate_graph(Backend b, int shard_group, int itera
   fsdp_graph_vs_eager(b, m, 2, iterations);
 }
 
-/// HSDP's shard group size for this world: 2 when there are at least 2 groups of 2.
-inline int hsdp_group() { return world_size() >= 4 && world_size() % 2 == 0 ? 2 : 0; }
+/// HSDP's shard group size for the graph case: 2 when there are at least 2 groups of 2,
+/// else 1 (every rank a replica of its own).
+inline int hsdp_group() { return world_size() >= 4 && world_size() % 2 == 0 ? 2 : 1; }
+
+/// Every HSDP shape of this world: each shard group size S that divides it with at least
+/// two replicas (S = 1: the shard hop is one rank's piece and the replica hop does all the
+/// adding, e.g. 3 replicas of 1 at 3 ranks; at 8 ranks 8 x 1, 4 x 2 and 2 x 4).
+inline std::vector<int> hsdp_groups() {
+  std::vector<int> groups;
+  for (int s = 1; s < world_size(); ++s)
+    if (world_size() % s == 0) groups.push_back(s);
+  return groups;
+}
 
 #define SHARDOPT_GRAD_REDUCE_OPT_CASES(Suite, backend)                                                      \
   TEST(Suite, DistributedAdamIsTheOracle) { case_dist_adam_f32_accumulate(backend); }                       \
@@ -203,11 +214,14 @@ inline int hsdp_group() { return world_size() >= 4 && world_size() % 2 == 0 ? 2 
   TEST(Suite, FsdpIsTheOracleAndBeatsNative) { case_fsdp_f32_accumulate(backend, 0); }                       \
   TEST(Suite, FsdpGraphEqualsEager) { case_fsdp_f32_accumulate_graph(backend, 0, 3); }                       \
   TEST(Suite, HsdpIsTheOracleAndBeatsNative) {                                                                \
-    if (hsdp_group() == 0) GTEST_SKIP() << "HSDP needs 2 groups of 2 ranks";                                  \
-    case_fsdp_f32_accumulate(backend, hsdp_group());                                                          \
+    if (hsdp_groups().empty()) GTEST_SKIP() << "HSDP needs at least 2 ranks";                                 \
+    for (const int s : hsdp_groups()) {                                                                       \
+      SCOPED_TRACE("HSDP: " + std::to_string(world_size() / s) + " replicas of " + std::to_string(s));       \
+      case_fsdp_f32_accumulate(backend, s);                                                                   \
+    }                                                                                                         \
   }                                                                                                           \
   TEST(Suite, HsdpGraphEqualsEager) {                                                                         \
-    if (hsdp_group() == 0) GTEST_SKIP() << "HSDP needs 2 groups of 2 ranks";                                  \
+    if (world_size() < 2) GTEST_SKIP() << "HSDP needs at least 2 ranks";                                      \
     case_fsdp_f32_accumulate_graph(backend, hsdp_group(), 3);                                                 \
   }
 

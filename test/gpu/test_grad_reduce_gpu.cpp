@@ -18,6 +18,18 @@ using namespace shardopt::test;
 // hence its place before the shared cases, which launch every sum kernel.
 TEST(GradReduceGpu, StoreLargeBucketsAreTheOracle) { store_large_buckets_are_the_oracle(Backend::Cuda, 2, 1 << 24); }
 
+// The bench_comm stall (docs/grad_reduce.md): its F32Accumulate store had no parameters,
+// so its registered gradient buffer served the warm-up's all-to-alls and then in-place
+// all-gathers; the optimizers' stores (which completed) use it for send/recv only. The
+// store at that scale (16 MiB buckets, pieces of 8 MiB), and the same use of one
+// registered buffer through the Communicator alone; both under a 60 s wait_timeout.
+TEST(GradReduceGpu, StoreWithoutParamsLargeBucketsAreTheOracle) {
+  store_large_buckets_are_the_oracle(Backend::Cuda, 2, 1 << 23, /*with_params=*/false);
+}
+TEST(GradReduceGpu, RegisteredBufferServesSendRecvThenCollectives) {
+  registered_buffer_serves_send_recv_then_collectives(Backend::Cuda, 1 << 22);
+}
+
 SHARDOPT_GRAD_REDUCE_CASES(GradReduceGpu, Backend::Cuda)
 
 // Captured on CUDA: the all-to-all (an NCCL group of send / recv) and the sum kernel on

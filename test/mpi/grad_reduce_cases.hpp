@@ -63,7 +63,60 @@ inline void all_to_all_delivers_every_piece(Backend be) {
   EXPECT_TRUE(contains(e->what(), "send and recv overlap")) << e->what();
 }
 
+/// all_to_all_peers delivers every other rank's piece as all_to_all does and leaves this
+/// rank's piece of the receive buffer as it was (on a one-rank group: all of it).
+inline void all_to_all_peers_leaves_the_own_piece(Backend be) {
+  Communicator& comm = world(be);
+  const int n = comm.size(), me = comm.rank();
+  TestStream s(be);
+  const std::int64_t count = 1031;  // bf16 elements per piece
+  const std::size_t piece = static_cast<std::size_t>(count) * 2;
+  Bytes send(piece * static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < send.size(); ++i)
+    send[i] = static_cast<std::uint8_t>(me * 53 + static_cast<int>(i / piece) * 7 + static_cast<int>(i % piece % 251));
+  const Bytes sentinel(send.size(), 0xAB);
+  DeviceBuffer dsend = to_device(be, send), drecv = to_device(be, sentinel);
+  comm.all_to_all_peers(dsend.data(), drecv.data(), count, DType::bf16, s.get());
+  s.sync();
+  const Bytes got = download(be, drecv.data(), send.size());
+  int bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const int sender = static_cast<int>(i / piece);
+    const auto want = sender == me ? std::uint8_t{0xAB}
+                                   : static_cast<std::uint8_t>(sender * 53 + me * 7 + static_cast<int>(i % piece % 251));
+    bad += got[i] != want;
+  }
+  EXPECT_EQ(bad, 0) << "rank " << me;
+  Communicator one = Communicator::self(be);
+  DeviceBuffer a = to_device(be, Bytes(8, 1)), c = to_device(be, Bytes(8, 2));
+  one.all_to_all_peers(a.data(), c.data(), 4, DType::bf16, s.get());
+  s.sync();
+  EXPECT_EQ(download(be, c.data(), 8), Bytes(8, 2));
+}
+
 // ------------------------------------------------------------------ the piece sum
+
+/// The arguments of a sum of `n` pieces of `count` `in` values at `pieces` into `out`.
+inline kernels::PieceSum sum_args(const void* pieces, DType in, int n, std::int64_t count, bool average, void* out,
+                                  DType out_dtype) {
+  kernels::PieceSum a;
+  a.pieces = pieces;
+  a.piece_dtype = in;
+  a.n = n;
+  a.count = count;
+  a.average = average;
+  a.out = out;
+  a.out_dtype = out_dtype;
+  return a;
+}
+
+/// The oracle: element i of the n pieces (host bytes) summed by the plain rank-order loop.
+inline float rank_order_element(DType in, const Bytes& pieces, int n, std::int64_t count, std::int64_t i,
+                                bool average) {
+  std::vector<float> x;
+  for (int r = 0; r < n; ++r) x.push_back(static_cast<float>(element(in, pieces, static_cast<std::size_t>(r * count + i))));
+  return rank_order_sum(x, average);
+}
 
 /// One length of piece_sum_equals_rank_order_loop.
 inline void piece_sum_case(Backend be, TestStream& s, std::int64_t count) {
@@ -75,24 +128,14 @@ inline void piece_sum_case(Backend be, TestStream& s, std::int64_t count) {
           const bool average = flags & 1, accumulate = flags & 2;
           const Bytes before = random_floats(out, static_cast<std::size_t>(count), seed_of(92, n, flags));
           DeviceBuffer dp = to_device(be, pieces), dout = to_device(be, before);
-          kernels::PieceSum a;
-          a.pieces = dp.data();
-          a.piece_dtype = in;
-          a.n = n;
-          a.count = count;
-          a.average = average;
-          a.out = dout.data();
-          a.out_dtype = out;
+          kernels::PieceSum a = sum_args(dp.data(), in, n, count, average, dout.data(), out);
           a.accumulate = accumulate;
           kernels::piece_sum(a, be, s.get());
           s.sync();
           const Bytes got = download(be, dout.data(), before.size());
           Bytes want(before.size());
           for (std::int64_t i = 0; i < count; ++i) {
-            std::vector<float> x;
-            for (int r = 0; r < n; ++r)
-              x.push_back(static_cast<float>(element(in, pieces, static_cast<std::size_t>(r * count + i))));
-            float v = rank_order_sum(x, average);
+            float v = rank_order_element(in, pieces, n, count, i, average);
             if (accumulate) v = static_cast<float>(element(out, before, static_cast<std::size_t>(i))) + v;
             set_element(out, want, static_cast<std::size_t>(i), v);
           }
@@ -102,6 +145,54 @@ inline void piece_sum_case(Backend be, TestStream& s, std::int64_t count) {
       }
     }
   }
+}
+
+/// The sum with piece `k` read from `own` (the store's use: this rank's piece where it
+/// lies, the output written over it) gives the bits of the rank-order loop over the true
+/// pieces; the receive buffer's slot k holds NaNs, which must not be read. In place
+/// (out = own, same dtype) and into a separate fp32 output (bench_comm's use); an odd
+/// length and a multiple of 8. An own_index outside [0, n) is refused.
+inline void piece_sum_reads_the_own_piece_where_it_lies(Backend be) {
+  TestStream s(be);
+  for (const std::int64_t count : {1031, 1024}) {
+    for (int n = 1; n <= 8; ++n) {
+      for (DType in : {DType::bf16, DType::f32}) {
+        const Bytes pieces = random_floats(in, static_cast<std::size_t>(count * n), seed_of(93, n, static_cast<int>(in)));
+        for (const int k : {0, n / 2, n - 1}) {
+          for (const bool in_place : {true, false}) {
+            const DType out = in_place ? in : DType::f32;
+            const std::size_t es = size_of(in), piece = static_cast<std::size_t>(count) * es;
+            Bytes received = pieces;  // the own slot poisoned
+            for (std::size_t i = 0; i < static_cast<std::size_t>(count); ++i)
+              set_element(in, received, static_cast<std::size_t>(k) * static_cast<std::size_t>(count) + i, NAN);
+            const Bytes own(pieces.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(k) * piece),
+                            pieces.begin() + static_cast<std::ptrdiff_t>((static_cast<std::size_t>(k) + 1) * piece));
+            DeviceBuffer dp = to_device(be, received), down = to_device(be, own);
+            DeviceBuffer dout(be, static_cast<std::size_t>(count) * size_of(out));
+            kernels::PieceSum a = sum_args(dp.data(), in, n, count, true, in_place ? down.data() : dout.data(), out);
+            a.own = down.data();
+            a.own_index = k;
+            kernels::piece_sum(a, be, s.get());
+            s.sync();
+            const Bytes got = download(be, a.out, static_cast<std::size_t>(count) * size_of(out));
+            Bytes want(got.size());
+            for (std::int64_t i = 0; i < count; ++i)
+              set_element(out, want, static_cast<std::size_t>(i), rank_order_element(in, pieces, n, count, i, true));
+            EXPECT_EQ(got, want) << "count=" << count << " n=" << n << " in=" << to_string(in) << " own=" << k
+                                 << (in_place ? " in place" : " into fp32");
+          }
+        }
+      }
+    }
+  }
+  DeviceBuffer p(be, 64), o(be, 16);
+  kernels::PieceSum bad = sum_args(p.data(), DType::bf16, 2, 8, false, o.data(), DType::bf16);
+  bad.own = o.data();
+  bad.own_index = 2;
+  const auto e = error_of([&] { kernels::piece_sum(bad, be, s.get()); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->code(), ErrorCode::InvalidArgument);
+  EXPECT_TRUE(contains(e->what(), "own_index 2")) << e->what();
 }
 
 /// The kernel (CUDA) and its host twin give the bits of the plain rank-order loop, for
@@ -326,19 +417,30 @@ inline void store_random_data_is_the_oracle_every_run(Backend be) {
   }
 }
 
+/// A fresh group over all ranks whose waits give up after 60 s (Error(Timeout)), for the
+/// cases at benchmark scale: a stall fails the test instead of hanging it.
+inline Communicator world_with_deadline(Backend be) {
+  Communicator comm = make_world(be);
+  WatchdogOptions deadline;
+  deadline.wait_timeout = std::chrono::seconds(60);
+  comm.set_watchdog(deadline);
+  return comm;
+}
+
 /// Benchmark-scale buckets (issue 31): a registered F32Accumulate store of `buckets` bf16
 /// parameters of about `bucket_numel` elements, a bucket each (odd sizes: the buckets are
 /// padded), reduces random gradients to the rank-order fp32 oracle, bitwise, bucket by
 /// bucket and as one range. The shared cases' 700-element buckets never reach the sizes
 /// at which the benchmarks hung on NCCL (docs/grad_reduce.md, "The benchmark hang"). A
 /// fresh group with a wait_timeout bounds the waits; an alarm ends the process if the
-/// construction's warm-up (which waits without a deadline) hangs.
-inline void store_large_buckets_are_the_oracle(Backend be, int buckets, std::int64_t bucket_numel) {
+/// construction's warm-up (which waits without a deadline) hangs. Without parameters
+/// (`with_params` false, as bench_comm built its store, and as stores whose quantized
+/// parameters stage their gathers through the gradient buffer run), the gradient buffer
+/// serves the all-to-all and also the warm-up's in-place all-gathers.
+inline void store_large_buckets_are_the_oracle(Backend be, int buckets, std::int64_t bucket_numel,
+                                               bool with_params = true) {
   const Watchdog alarm(150);  // below the suite's test timeout (device_suite.sh: 900 s x 0.25)
-  Communicator comm = make_world(be);
-  WatchdogOptions deadline;
-  deadline.wait_timeout = std::chrono::seconds(60);
-  comm.set_watchdog(deadline);
+  Communicator comm = world_with_deadline(be);
   const int n = comm.size(), me = comm.rank();
   TestStream s(be);
   LayoutOptions lo;
@@ -355,6 +457,7 @@ inline void store_large_buckets_are_the_oracle(Backend be, int buckets, std::int
   o.grad_reduce = ReduceOp::Average;
   o.grad_reduce_precision = GradReducePrecision::F32Accumulate;
   o.nccl_registered = true;
+  o.with_params = with_params;
   BucketStore st(comm, L, o);
   const int nb = static_cast<int>(L.buckets().size());
   ASSERT_EQ(nb, buckets);
@@ -374,6 +477,59 @@ inline void store_large_buckets_are_the_oracle(Backend be, int buckets, std::int
   }
 }
 
+/// One registered buffer that first sends its pieces (an all-to-all into another
+/// registered buffer) and then serves collectives in place (an all-gather, then a
+/// reduce-scatter), as the gradient buffer of a parameterless F32Accumulate store does,
+/// all within the group's wait_timeout and every result exact. `count` bf16 elements per
+/// piece: on NCCL at 4 Mi (8 MiB pieces, far past the LL threshold) the send/recv take
+/// the registered zero-copy path; bench_comm's parameterless store stalled in its warm-up
+/// at that scale while the optimizers' stores (gradients in send/recv only) did not
+/// (docs/grad_reduce.md, "The bench_comm stall").
+inline void registered_buffer_serves_send_recv_then_collectives(Backend be, std::int64_t count) {
+  const Watchdog alarm(150);
+  Communicator comm = world_with_deadline(be);
+  const int n = comm.size(), me = comm.rank();
+  TestStream s(be);
+  const auto total = static_cast<std::size_t>(count) * static_cast<std::size_t>(n);
+  // Small integers (at most 7, sums at most 8 x 7): every value and sum is exact in bf16.
+  auto code = [](int sender, int piece, std::size_t i) {
+    return num::f32_to_bf16(static_cast<float>((sender + 3 * piece + static_cast<int>(i % 5)) % 8));
+  };
+  Bytes mine(total * 2);
+  for (std::size_t k = 0; k < total; ++k) {
+    const std::uint16_t c = code(me, static_cast<int>(k / static_cast<std::size_t>(count)), k % static_cast<std::size_t>(count));
+    std::memcpy(mine.data() + 2 * k, &c, 2);
+  }
+  DeviceBuffer x(be, mine.size(), MemoryKind::NcclDevice), y(be, mine.size(), MemoryKind::NcclDevice);
+  const BufferRegistration rx = comm.register_buffer(x.data(), mine.size());
+  const BufferRegistration ry = comm.register_buffer(y.data(), mine.size());
+  upload(be, x.data(), mine);
+  comm.all_to_all(x.data(), y.data(), count, DType::bf16, s.get());
+  comm.all_gather(x.data(), count, DType::bf16, s.get());  // slice r <- rank r's piece r
+  comm.synchronize(s.get());
+  const Bytes pieces = download(be, y.data(), mine.size());
+  const Bytes gathered = download(be, x.data(), mine.size());
+  comm.reduce_scatter(x.data(), count, DType::bf16, ReduceOp::Sum, s.get());  // every rank holds `gathered`
+  comm.synchronize(s.get());
+  const Bytes reduced = download(be, x.data(), mine.size());
+  std::int64_t bad_pieces = 0, bad_gathered = 0, bad_reduced = 0;
+  for (std::size_t k = 0; k < total; ++k) {
+    const int slot = static_cast<int>(k / static_cast<std::size_t>(count));
+    const std::size_t i = k % static_cast<std::size_t>(count);
+    std::uint16_t got = 0;
+    std::memcpy(&got, pieces.data() + 2 * k, 2);
+    bad_pieces += got != code(slot, me, i);  // slot p: rank p's piece for me
+    std::memcpy(&got, gathered.data() + 2 * k, 2);
+    bad_gathered += got != code(slot, slot, i);
+    if (slot != me) continue;
+    std::memcpy(&got, reduced.data() + 2 * k, 2);
+    bad_reduced += got != num::f32_to_bf16(static_cast<float>(n) * num::bf16_to_f32(code(me, me, i)));
+  }
+  EXPECT_EQ(bad_pieces, 0) << "all-to-all, rank " << me;
+  EXPECT_EQ(bad_gathered, 0) << "all-gather after the all-to-all, rank " << me;
+  EXPECT_EQ(bad_reduced, 0) << "reduce-scatter after both, rank " << me;
+}
+
 /// Ranks that pass different precisions are refused on every rank, naming it.
 inline void store_precision_disagreement(Backend be) {
   Communicator& comm = world(be);
@@ -391,6 +547,8 @@ inline void store_precision_disagreement(Backend be) {
 
 #define SHARDOPT_GRAD_REDUCE_CASES(Suite, backend)                                                            \
   TEST(Suite, AllToAllDeliversEveryPiece) { all_to_all_delivers_every_piece(backend); }                       \
+  TEST(Suite, AllToAllPeersLeavesTheOwnPiece) { all_to_all_peers_leaves_the_own_piece(backend); }             \
+  TEST(Suite, PieceSumReadsTheOwnPieceWhereItLies) { piece_sum_reads_the_own_piece_where_it_lies(backend); }  \
   TEST(Suite, PieceSumEqualsRankOrderLoop) { piece_sum_equals_rank_order_loop(backend); }                     \
   TEST(Suite, StoreBf16IsTheOracleAndBeatsNative) { store_f32_accumulate_is_the_oracle(backend, DType::bf16); } \
   TEST(Suite, StoreF32IsTheOracle) { store_f32_accumulate_is_the_oracle(backend, DType::f32); }               \

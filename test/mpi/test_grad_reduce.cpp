@@ -13,6 +13,12 @@ SHARDOPT_GRAD_REDUCE_CASES(GradReduceHost, Backend::Host)
 // The many-bucket case of the GPU suite at a host-friendly size (the hang it guards
 // against is NCCL's; here it checks the same promise through MPI).
 TEST(GradReduceHost, StoreLargeBucketsAreTheOracle) { store_large_buckets_are_the_oracle(Backend::Host, 4, 1 << 14); }
+TEST(GradReduceHost, StoreWithoutParamsLargeBucketsAreTheOracle) {
+  store_large_buckets_are_the_oracle(Backend::Host, 2, 1 << 14, /*with_params=*/false);
+}
+TEST(GradReduceHost, RegisteredBufferServesSendRecvThenCollectives) {
+  registered_buffer_serves_send_recv_then_collectives(Backend::Host, 1 << 12);
+}
 
 // The NCCL all-to-all refuses a registered buffer paired with an unregistered one by
 // asking these ranges (comm/registered_ranges.hpp): a range counts only when it lies
