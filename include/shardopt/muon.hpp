@@ -37,7 +37,7 @@ enum class MuonLrAdjust {
 /// mode's error bound). The host backend's twin is plain fp32 in either mode.
 enum class MuonGemm {
   Bf16,  ///< bf16 inputs and outputs, fp32 accumulation (torch.optim.Muon's arithmetic; the default)
-  F32,   ///< fp32 inputs, outputs and accumulation (no TF32): ~2^16 times tighter, slower
+  F32,   ///< fp32 inputs, outputs and accumulation (no TF32): a bound hundreds of times tighter, slower
 };
 
 /// Muon's hyper-parameters (defaults: torch.optim.Muon's). Doubles, like PyTorch's Python
