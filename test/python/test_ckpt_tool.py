@@ -12,7 +12,7 @@ and the hostile copies of issue 30: rewritten headers, slices, file names, world
 
 With SHARDOPT_CKPT_DIR (a checkpoint the C++ tests wrote) it also runs verify and list on
 it, and with SHARDOPT_CKPT_EXPECT (a directory of TENSOR__KIND.npy files) compares `get`
-against each of those arrays.
+against each of those arrays; SHARDOPT_CKPT_ENV_ONLY=1 runs only that part.
 """
 
 import json
@@ -803,6 +803,9 @@ def main():
     try:
         if same:  # only the comparison of two C++ checkpoints (the rest ran already)
             test_same_tensors(os.environ["SHARDOPT_CKPT_DIR"], same)
+            return finish()
+        if os.environ.get("SHARDOPT_CKPT_ENV_ONLY"):  # only the C++ checkpoint (the rest ran already)
+            test_env()
             return finish()
         test_crc()
         test_bf16()
