@@ -104,7 +104,7 @@ void Model::attention_backward(Layer& L, Stream s) {
 }
 
 void Model::forward_gpt(Weights& w, Stream s) {
-  const std::int64_t T = c_.tokens, H = c_.hidden, F = c_.mlp, S = c_.context;
+  const std::int64_t T = c_.tokens, H = c_.hidden, S = c_.context;
   const float eps = math::kNormEps;
   w.forward_unit(0, s);
   ops_.embed_forward(compute_weight(w, spec_.embed(), s, true), tokens_, h_[0], T, H, s);
@@ -124,29 +124,19 @@ void Model::forward_gpt(Weights& w, Stream s) {
     linear_forward(L.att_low, compute_weight(w, b.proj, s, true), L.h_mid, T, H, H, 1.0f, s);
     // MLP: h_out = h_mid + down(gelu(up(norm2(h_mid)))).
     ops_.rmsnorm_forward(L.h_mid, w.param(b.norm2), L.xm, L.rstd2, T, H, eps, s);
-    linear_forward(L.xm, compute_weight(w, b.up, s, true), L.u, T, H, F, 0.0f, s);
-    ops_.gelu_forward(L.u, L.a, T * F, s);
-    ops_.copy(h_[static_cast<std::size_t>(l) + 1], L.h_mid, s);
-    linear_forward(L.a, compute_weight(w, b.down, s, true), h_[static_cast<std::size_t>(l) + 1], T, F, H, 1.0f, s);
+    mlp_forward(w, b, L.xm, L.u, L.a, L.h_mid, h_[static_cast<std::size_t>(l) + 1], s);
   }
 }
 
 void Model::backward_gpt(Weights& w, Stream s) {
-  const std::int64_t T = c_.tokens, H = c_.hidden, F = c_.mlp, S = c_.context;
+  const std::int64_t T = c_.tokens, H = c_.hidden, S = c_.context;
   // dh_ holds the gradient of the last block's output (head_backward).
   for (int l = c_.layers - 1; l >= 0; --l) {
     const BlockParams& b = spec_.blocks()[static_cast<std::size_t>(l)];
     Layer& L = layers_[static_cast<std::size_t>(l)];
     w.backward_unit(l + 1, true, s);
     // MLP.
-    ops_.to_low(dh_, dy_low_, T * H, s);
-    linear_wgrad(dy_low_, L.a, w.grad(b.down), T, F, H, s);
-    linear_dgrad(dy_low_, compute_weight(w, b.down, s, false), dF_, T, F, H, 0.0f, s);
-    stats_and_ready(w, b.down, s);
-    ops_.gelu_backward(dF_, L.u, dF_low_, T * F, s);
-    linear_wgrad(dF_low_, L.xm, w.grad(b.up), T, H, F, s);
-    linear_dgrad(dF_low_, compute_weight(w, b.up, s, false), dx_, T, H, F, 0.0f, s);
-    stats_and_ready(w, b.up, s);
+    mlp_backward(w, b, L.xm, L.u, L.a, s);
     ops_.rmsnorm_backward(dx_, L.h_mid, w.param(b.norm2), L.rstd2, dh_, w.grad(b.norm2), partial_, T, H, s);
     stats_and_ready(w, b.norm2, s);
     // Attention (dh_ is now the gradient of h_mid).

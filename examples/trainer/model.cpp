@@ -394,6 +394,34 @@ void Model::linear_wgrad(const Tensor& dy, const Tensor& x, const Tensor& dW, st
   ops_.gemm(g, s);
 }
 
+void Model::mlp_forward(Weights& w, const BlockParams& b, const Tensor& x, const Tensor& u, const Tensor& a,
+                        const Tensor& residual, const Tensor& y, Stream s) {
+  const std::int64_t T = c_.tokens, H = c_.hidden, F = c_.mlp;
+  linear_forward(x, compute_weight(w, b.up, s, true), u, T, H, F, 0.0f, s);
+  if (c_.gpt)
+    ops_.gelu_forward(u, a, T * F, s);
+  else
+    ops_.silu_forward(u, a, T * F, s);
+  ops_.copy(y, residual, s);
+  linear_forward(a, compute_weight(w, b.down, s, true), y, T, F, H, 1.0f, s);
+}
+
+void Model::mlp_backward(Weights& w, const BlockParams& b, const Tensor& x, const Tensor& u, const Tensor& a,
+                         Stream s) {
+  const std::int64_t T = c_.tokens, H = c_.hidden, F = c_.mlp;
+  ops_.to_low(dh_, dy_low_, T * H, s);
+  linear_wgrad(dy_low_, a, w.grad(b.down), T, F, H, s);
+  linear_dgrad(dy_low_, compute_weight(w, b.down, s, false), dF_, T, F, H, 0.0f, s);
+  stats_and_ready(w, b.down, s);
+  if (c_.gpt)
+    ops_.gelu_backward(dF_, u, dF_low_, T * F, s);
+  else
+    ops_.silu_backward(dF_, u, dF_low_, T * F, s);
+  linear_wgrad(dF_low_, x, w.grad(b.up), T, H, F, s);
+  linear_dgrad(dF_low_, compute_weight(w, b.up, s, false), dx_, T, H, F, 0.0f, s);
+  stats_and_ready(w, b.up, s);
+}
+
 void Model::experts_forward(const Tensor& x, const Tensor& W, const Tensor& y, std::int64_t in, std::int64_t out,
                             Stream s) {
   GemmArgs g;
@@ -437,7 +465,7 @@ void Model::experts_wgrad(const Tensor& dy, const Tensor& x, const std::vector<T
 }
 
 void Model::forward_moe(Weights& w, Stream s) {
-  const std::int64_t T = c_.tokens, H = c_.hidden, F = c_.mlp, E = c_.expert_mlp;
+  const std::int64_t T = c_.tokens, H = c_.hidden, E = c_.expert_mlp;
   const int G = c_.experts, N = c_.layers;
   const float eps = math::kNormEps;
   w.forward_unit(0, s);
@@ -448,10 +476,7 @@ void Model::forward_moe(Weights& w, Stream s) {
     w.forward_unit(l + 1, s);
     // Dense branch: h_mid = h + down(silu(up(norm1(h)))).
     ops_.rmsnorm_forward(h_[static_cast<std::size_t>(l)], w.param(b.norm1), L.xn, L.rstd1, T, H, eps, s);
-    linear_forward(L.xn, compute_weight(w, b.up, s, true), L.u, T, H, F, 0.0f, s);
-    ops_.silu_forward(L.u, L.a, T * F, s);
-    ops_.copy(L.h_mid, h_[static_cast<std::size_t>(l)], s);
-    linear_forward(L.a, compute_weight(w, b.down, s, true), L.h_mid, T, F, H, 1.0f, s);
+    mlp_forward(w, b, L.xn, L.u, L.a, h_[static_cast<std::size_t>(l)], L.h_mid, s);
     // MoE branch: h_out = h_mid + gate * expert(norm2(h_mid)), top-1, fixed capacity.
     ops_.rmsnorm_forward(L.h_mid, w.param(b.norm2), L.xm, L.rstd2, T, H, eps, s);
     linear_forward(L.xm, compute_weight(w, b.router, s, true), L.rlogits, T, H, G, 0.0f, s);
@@ -468,7 +493,7 @@ void Model::forward_moe(Weights& w, Stream s) {
 }
 
 void Model::backward_moe(Weights& w, Stream s) {
-  const std::int64_t T = c_.tokens, H = c_.hidden, F = c_.mlp, E = c_.expert_mlp;
+  const std::int64_t T = c_.tokens, H = c_.hidden, E = c_.expert_mlp;
   const int G = c_.experts, N = c_.layers;
 
   for (int l = N - 1; l >= 0; --l) {
@@ -498,14 +523,7 @@ void Model::backward_moe(Weights& w, Stream s) {
     ops_.rmsnorm_backward(dx_, L.h_mid, w.param(b.norm2), L.rstd2, dh_, w.grad(b.norm2), partial_, T, H, s);
     stats_and_ready(w, b.norm2, s);
     // Dense branch.
-    ops_.to_low(dh_, dy_low_, T * H, s);
-    linear_wgrad(dy_low_, L.a, w.grad(b.down), T, F, H, s);
-    linear_dgrad(dy_low_, compute_weight(w, b.down, s, false), dF_, T, F, H, 0.0f, s);
-    stats_and_ready(w, b.down, s);
-    ops_.silu_backward(dF_, L.u, dF_low_, T * F, s);
-    linear_wgrad(dF_low_, L.xn, w.grad(b.up), T, H, F, s);
-    linear_dgrad(dF_low_, compute_weight(w, b.up, s, false), dx_, T, H, F, 0.0f, s);
-    stats_and_ready(w, b.up, s);
+    mlp_backward(w, b, L.xn, L.u, L.a, s);
     ops_.rmsnorm_backward(dx_, h_[static_cast<std::size_t>(l)], w.param(b.norm1), L.rstd1, dh_, w.grad(b.norm1),
                           partial_, T, H, s);
     stats_and_ready(w, b.norm1, s);

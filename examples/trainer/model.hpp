@@ -178,6 +178,14 @@ class Model {
                     std::int64_t out, float beta, Stream s);
   void linear_wgrad(const Tensor& dy, const Tensor& x, const Tensor& dW, std::int64_t rows, std::int64_t in,
                     std::int64_t out, Stream s);
+  /// The dense MLP of block b (GELU in the GPT, SiLU in the MoE model's dense branch):
+  /// y = residual + down(act(up(x))), with u = up(x) (act) and a = act(u) (low) kept for
+  /// the backward.
+  void mlp_forward(Weights& w, const BlockParams& b, const Tensor& x, const Tensor& u, const Tensor& a,
+                   const Tensor& residual, const Tensor& y, Stream s);
+  /// Its backward: dh_ (the gradient of y) -> dx_ (of x, overwritten); the weight
+  /// gradients of b.up and b.down accumulated and reported.
+  void mlp_backward(Weights& w, const BlockParams& b, const Tensor& x, const Tensor& u, const Tensor& a, Stream s);
   void experts_forward(const Tensor& x, const Tensor& W, const Tensor& y, std::int64_t in, std::int64_t out, Stream s);
   void experts_dgrad(const Tensor& dy, const Tensor& W, const Tensor& dx, std::int64_t in, std::int64_t out, Stream s);
   void experts_wgrad(const Tensor& dy, const Tensor& x, const std::vector<Tensor>& dW, std::int64_t in,

@@ -47,11 +47,6 @@ class Mxfp8Format final : public StoredFormat {
     int batch = -1;                               // its params' ranges in batches_ (phase 1 and 2)
   };
 
-  bool shard_storage_ = false;
-  // One rank (no shard storage): the all-gather moves nothing, so phase 2 writes each
-  // parameter's planes in the storage itself, the bytes landing would have copied there
-  // from the staging, and there are no landing copies (the region is still zeroed).
-  bool direct_ = false;
   std::vector<std::size_t> shard_row_, shard_col_;  // shard storage: per buffer, its data planes' offsets
   std::vector<ParamInfo> param_;
   std::vector<BucketInfo> bucket_;
@@ -60,7 +55,7 @@ class Mxfp8Format final : public StoredFormat {
 };
 
 Mxfp8Format::Mxfp8Format(const FormatContext& ctx)
-    : StoredFormat(ctx), shard_storage_(ctx.shard_storage), direct_(!ctx.shard_storage && ctx.layout->world_size() == 1) {
+    : StoredFormat(ctx) {
   const Layout& L = layout_;
   const std::vector<bool>& mx_buffer = *ctx.buffers;
   const int world = L.world_size(), rank = ctx.rank;
@@ -143,7 +138,7 @@ Mxfp8Format::Mxfp8Format(const FormatContext& ctx)
                          static_cast<std::uintptr_t>(piece.shard_offset) - static_cast<std::uintptr_t>(piece.param_offset);
         t.out.data_row = reinterpret_cast<std::uint8_t*>(row);
         t.out.data_col = reinterpret_cast<std::uint8_t*>(col);
-      } else if (piece.length > 0 && direct_) {
+      } else if (piece.length > 0 && direct_) {  // one rank: each parameter's planes in the storage
         t.master = piece.master;
         t.out.data_row = at(pi.data_row);
         t.out.data_col = at(pi.data_col);
@@ -165,7 +160,7 @@ Mxfp8Format::Mxfp8Format(const FormatContext& ctx)
 }
 
 void Mxfp8Format::landing(int bucket, std::vector<BytePiece>& table) const {
-  if (shard_storage_ || direct_) return;  // phase 2 wrote the storage itself
+  if (writes_storage()) return;  // phase 2 wrote the storage itself
   const Layout& L = layout_;
   const Bucket& bk = L.buckets()[static_cast<std::size_t>(bucket)];
   const std::int64_t S = bk.range.size() / L.world_size();

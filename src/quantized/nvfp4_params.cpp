@@ -87,14 +87,10 @@ class Nvfp4Format final : public StoredFormat {
   std::vector<ParamInfo> param_;
   std::vector<BucketInfo> bucket_;
   std::vector<Nvfp4ShardBatch> batches_;  // per NVFP4 bucket: every member of its params
-  // One rank: the all-gather moves nothing, so phase 2 writes each member's bytes in the
-  // storage itself (what landing would have copied there; no byte is shared with another
-  // rank) and there are no landing copies (the region is still zeroed).
-  bool direct_ = false;
 };
 
-Nvfp4Format::Nvfp4Format(const FormatContext& ctx) : StoredFormat(ctx), direct_(ctx.layout->world_size() == 1) {
-  if (ctx.shard_storage) throw_internal("NVFP4 has no shard storage (Fsdp refuses ParamFormat::Nvfp4)");
+Nvfp4Format::Nvfp4Format(const FormatContext& ctx) : StoredFormat(ctx) {
+  if (shard_storage_) throw_internal("NVFP4 has no shard storage (Fsdp refuses ParamFormat::Nvfp4)");
   const Layout& L = layout_;
   const std::vector<bool>& quantized = *ctx.buffers;
   param_.resize(L.params().size());
@@ -163,7 +159,8 @@ Nvfp4Format::Nvfp4Format(const FormatContext& ctx) : StoredFormat(ctx), direct_(
         std::uint8_t* const staged = t.out.data;  // this rank's bytes go to the staging (null: none)
         t.out = view(p).member(g);
         if (direct_ && staged != nullptr) {
-          t.out.data += nvfp4_shard_bytes(t.range).begin;  // the storage bytes of its range
+          // One rank: the storage bytes of its range (no byte is shared with another rank).
+          t.out.data += nvfp4_shard_bytes(t.range).begin;
         } else {
           t.out.data = staged;
         }
@@ -177,7 +174,7 @@ Nvfp4Format::Nvfp4Format(const FormatContext& ctx) : StoredFormat(ctx), direct_(
 }
 
 void Nvfp4Format::landing(int bucket, std::vector<BytePiece>& table) const {
-  if (direct_) return;  // phase 2 wrote the storage itself
+  if (writes_storage()) return;  // phase 2 wrote the storage itself
   const Layout& L = layout_;
   const Staging& st = staging_[static_cast<std::size_t>(bucket)];
   // The staged address of the last byte of the piece of (param, member) that ends at an

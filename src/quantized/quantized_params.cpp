@@ -91,6 +91,7 @@ void QuantizedParams::make_format(int rank, const std::vector<MasterPiece>& mast
   ctx.buffers = &quantized;
   ctx.staging = &staging_;
   ctx.shard_storage = shard_storage;
+  ctx.direct = !shard_storage && L.world_size() == 1;
   format_ = make(ctx);
 
   std::vector<BytePiece> table;
@@ -110,7 +111,7 @@ void QuantizedParams::make_format(int rank, const std::vector<MasterPiece>& mast
 QuantizedParams::QuantizedParams(Backend backend, const Layout& L, BucketStore& store,
                                  const std::vector<MasterPiece>& masters, const std::vector<bool>& quantized,
                                  MakeFormat make)
-    : backend_(backend), layout_(L), store_(&store) {
+    : backend_(backend), layout_(L), exchange_fn_(store_exchange(store)) {
   if (!mark(quantized)) return;
   const std::size_t gsize = size_of(store.options().grad_dtype);
   for (std::size_t b = 0; b < L.buckets().size(); ++b) {
@@ -164,18 +165,19 @@ void QuantizedParams::advance(int bucket, GatherState to) {
                  [&] { return std::string(name()) + " bucket " + std::to_string(bucket); });
 }
 
-void QuantizedParams::exchange(std::uint8_t* begin, std::uint8_t* end, Stream stream) {
-  if (end <= begin || layout_.world_size() == 1) return;
+QuantizedParams::ExchangeFn store_exchange(BucketStore& store) {
   // Through the store, behind the all-gathers already started on its communication
   // stream: every collective of the step runs in one order, and `stream` waits only for
   // this one.
+  return [&store](void* data, std::int64_t count, DType dt, Stream stream) {
+    store.all_reduce(data, count, dt, ReduceOp::Max, stream);
+  };
+}
+
+void QuantizedParams::exchange(std::uint8_t* begin, std::uint8_t* end, Stream stream) {
+  if (end <= begin || layout_.world_size() == 1) return;
   const DType dt = format_->exchange_dtype();
-  const auto count = static_cast<std::int64_t>(static_cast<std::size_t>(end - begin) / size_of(dt));
-  if (store_ == nullptr) {
-    exchange_fn_(begin, count, dt, stream);
-    return;
-  }
-  store_->all_reduce(begin, count, dt, ReduceOp::Max, stream);
+  exchange_fn_(begin, static_cast<std::int64_t>(static_cast<std::size_t>(end - begin) / size_of(dt)), dt, stream);
 }
 
 void QuantizedParams::quantize(int first, int last, Stream stream, bool partials_done) {

@@ -70,6 +70,10 @@ struct FormatContext {
   /// in place, nothing is staged and there are no landing copies. The scale tensors are
   /// whole either way (the exchange leaves every rank with all of them).
   bool shard_storage = false;
+  /// One rank and whole storage: the all-gather moves nothing, so phase 2 writes each
+  /// parameter's bytes in the storage itself (where landing would have copied them) and
+  /// there are no landing copies (the region is still zeroed). Set by QuantizedParams.
+  bool direct = false;
 };
 
 /// One quantized parameter format: its storage and the work of each phase.
@@ -129,16 +133,24 @@ class StoredFormat : public QuantizedFormat {
 
  protected:
   explicit StoredFormat(const FormatContext& ctx)
-      : backend_(ctx.backend), layout_(*ctx.layout), staging_(*ctx.staging) {}
+      : backend_(ctx.backend),
+        layout_(*ctx.layout),
+        staging_(*ctx.staging),
+        shard_storage_(ctx.shard_storage),
+        direct_(ctx.direct) {}
   /// Allocates `bytes` of storage and zeroes it on the null stream (QuantizedParams'
   /// constructor synchronizes before the first use).
   void allocate(std::size_t bytes);
   std::uint8_t* at(std::size_t offset) const { return storage_.as<std::uint8_t>() + offset; }
   static std::size_t align_up(std::size_t x) { return (x + 15) / 16 * 16; }
+  /// Phase 2 writes the storage itself (shard storage, or `direct`): no landing copies.
+  bool writes_storage() const { return shard_storage_ || direct_; }
 
   Backend backend_;
   const Layout& layout_;
   const std::vector<Staging>& staging_;
+  const bool shard_storage_;  // FormatContext::shard_storage
+  const bool direct_;         // FormatContext::direct
   DeviceBuffer storage_;
 };
 
@@ -152,18 +164,18 @@ const F& format_as(const QuantizedFormat& format, const char* call) {
 
 class QuantizedParams {
  public:
-  /// No buffer marked in `quantized`: no quantized parameters (every query says so, and
-  /// `make` is not called). Otherwise
-  /// `quantized[b]`: layout buffer b holds the format's parameters (the store has no
-  /// param buffer for it and stages its gathers through the gradient buffer). Its
-  /// collectives go through `store` (BucketStore::all_reduce), the one owner of the
-  /// step's collectives, which must outlive this object.
   using MakeFormat = std::unique_ptr<QuantizedFormat> (*)(const FormatContext&);
+  /// The exchange between the phases: an in-place Max all-reduce of `count` elements of
+  /// `dtype`, ordered after `stream`'s work (`stream` waits for it). Collective.
+  using ExchangeFn = std::function<void(void* data, std::int64_t count, DType dtype, Stream stream)>;
+  /// DistributedAdam's parameters. No buffer marked in `quantized`: no quantized
+  /// parameters (every query says so, and `make` is not called). Otherwise
+  /// `quantized[b]`: layout buffer b holds the format's parameters (the store has no
+  /// param buffer for it and stages its gathers through the gradient buffer). The
+  /// exchange is `store`'s all_reduce (store_exchange), so that the one owner of the
+  /// step's collectives orders it; `store` must outlive this object.
   QuantizedParams(Backend backend, const Layout& layout, BucketStore& store, const std::vector<MasterPiece>& masters,
                   const std::vector<bool>& quantized, MakeFormat make);
-  /// The exchange of a front end without a BucketStore: an in-place Max all-reduce of
-  /// `count` elements of `dtype`, ordered after `stream`'s work (`stream` waits for it).
-  using ExchangeFn = std::function<void(void* data, std::int64_t count, DType dtype, Stream stream)>;
   /// Fsdp's parameters (FormatContext::shard_storage): the format keeps this rank's
   /// shard of the data planes and phase 2 writes them in place, so quantize() is the
   /// whole publication; dispatched() and consume() are not used. `rank` within the
@@ -216,14 +228,17 @@ class QuantizedParams {
 
   Backend backend_;
   const Layout& layout_;
-  BucketStore* store_ = nullptr;  // DistributedAdam's collectives, or
-  ExchangeFn exchange_fn_;        // Fsdp's exchange
+  ExchangeFn exchange_fn_;  // the Max all-reduce between the phases (the one way to it)
   std::vector<bool> param_;
   std::vector<BucketInfo> bucket_;
   std::vector<Staging> staging_;
   std::unique_ptr<QuantizedFormat> format_;
   DeviceBuffer pieces_;  // BytePiece table of every quantized bucket's landing
 };
+
+/// The exchange through `store`: BucketStore::all_reduce with Max, behind the
+/// collectives already started on its communication stream (`store` must outlive it).
+QuantizedParams::ExchangeFn store_exchange(BucketStore& store);
 
 /// Bytes per rank of a quantized bucket's staged all-gather, as the store moves them.
 std::int64_t staged_rank_bytes(const BucketStoreOptions& options, const Layout& layout, int bucket);

@@ -11,38 +11,12 @@
 #include <random>
 #include <vector>
 
-#include "core/check.hpp"
+#include "common/device_copy.hpp"
 #include "core/memory.hpp"
 #include "quantized/byte_copies.hpp"
 #include "shardopt/backend.hpp"
-#include "shardopt_config.h"
-
-#if SHARDOPT_HAVE_CUDA
-#include <cuda_runtime.h>
-#endif
 
 namespace shardopt::test {
-
-inline void bytes_to_device(Backend b, void* dst, const void* src, std::size_t n) {
-  if (b == Backend::Host) {
-    std::memcpy(dst, src, n);
-    return;
-  }
-#if SHARDOPT_HAVE_CUDA
-  SHARDOPT_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
-  SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());  // a pageable copy may return before its DMA lands
-#endif
-}
-inline void bytes_to_host(Backend b, void* dst, const void* src, std::size_t n) {
-  if (b == Backend::Host) {
-    std::memcpy(dst, src, n);
-    return;
-  }
-#if SHARDOPT_HAVE_CUDA
-  SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());
-  SHARDOPT_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
-#endif
-}
 
 /// Runs `table` (uploaded to the backend) on `dst` (n bytes) and counts the bytes that
 /// then differ from `want`.

@@ -87,29 +87,31 @@ inline DistributedAdamOptions q_ckpt_options(DType grad_dtype, ParamFormat forma
   return o;
 }
 
-/// One iteration of distributed Adam: every rank adds rank 0's grid gradients.
-inline void da_iteration(DistributedAdam& opt, Stream s) {
+/// One iteration of distributed Adam: every rank adds rank 0's grid gradients (with
+/// `only_world_rank_zero`, world rank 0 alone: GradStreamParams::only_world_rank_zero).
+inline void da_iteration(DistributedAdam& opt, Stream s, bool only_world_rank_zero = false) {
   GradStreamParams p;
   p.kind = GradKind::Grid;
   p.rank = 0;
   p.scalars = opt.device_scalars();
   p.microbatch = opt.device_microbatch();
+  p.only_world_rank_zero = only_world_rank_zero;
   add_grads(opt.backend(), s, p, grad_targets(opt));
   report_all(opt, s);
   opt.advance_microbatch(s);
 }
 
-inline void da_train(DistributedAdam& opt, Stream s, int steps) {
+inline void da_train(DistributedAdam& opt, Stream s, int steps, bool only_world_rank_zero = false) {
   for (int t = 0; t < steps; ++t) {
-    da_iteration(opt, s);
+    da_iteration(opt, s, only_world_rank_zero);
     opt.step(s);
     opt.zero_grad(s);
   }
 }
 
-inline void fsdp_train(Fsdp& f, Stream s, int steps) {
+inline void fsdp_train(Fsdp& f, Stream s, int steps, bool only_world_rank_zero = false) {
   for (int t = 0; t < steps; ++t) {
-    fsdp_microbatch(f, s, /*rank=*/0, GradKind::Grid);
+    fsdp_microbatch(f, s, /*rank=*/0, GradKind::Grid, {}, {}, only_world_rank_zero);
     f.advance_microbatch(s);
     f.step(s);
     f.zero_grad(s);
@@ -117,10 +119,10 @@ inline void fsdp_train(Fsdp& f, Stream s, int steps) {
 }
 
 /// `steps` iterations of the MXFP8 FSDP trainer: every rank adds rank 0's grid
-/// gradients (`hook` sees every plane a pass reads).
-inline void fsdp_mx_train(Fsdp& f, Stream s, int steps, const PassHook& hook = {}) {
+/// gradients (`hook` sees every plane a pass reads; `only_world_rank_zero`: da_iteration's).
+inline void fsdp_mx_train(Fsdp& f, Stream s, int steps, const PassHook& hook = {}, bool only_world_rank_zero = false) {
   for (int t = 0; t < steps; ++t) {
-    fsdp_mx_microbatch(f, s, /*rank=*/0, GradKind::Grid, hook);
+    fsdp_mx_microbatch(f, s, /*rank=*/0, GradKind::Grid, hook, false, plain_targets, {}, only_world_rank_zero);
     f.advance_microbatch(s);
     f.step(s);
     f.zero_grad(s);
@@ -289,7 +291,8 @@ void expect_master_matches(Opt& opt, DistributedAdam& ref, const std::string& wh
 enum class Front { DistAdam, Fsdp };
 
 /// What a reshard case trains: the model, its options, and how each front end seeds and
-/// trains it (every rank adds rank 0's grid gradients).
+/// trains it (every rank adds rank 0's grid gradients; fsdp_train's last argument:
+/// world rank 0 alone adds, da_iteration's `only_world_rank_zero`).
 struct ReshardModel {
   std::vector<ParamSpec> specs;
   std::vector<FsdpUnit> units;
@@ -297,7 +300,7 @@ struct ReshardModel {
   std::function<FsdpOptions(const DistributedAdamOptions&)> fsdp_options;
   std::function<void(DistributedAdam&, Stream)> da_init;
   std::function<void(Fsdp&, Stream)> fsdp_init;
-  std::function<void(Fsdp&, Stream, int)> fsdp_train;
+  std::function<void(Fsdp&, Stream, int, bool)> fsdp_train;
 };
 
 /// Extra checks of a loaded-and-trained optimizer against the unsharded reference.
@@ -326,7 +329,6 @@ inline void reshard_run(Backend b, int from, Front a, int to, Front c, const Res
   const bool sum_of_one = !pow2(from) || !pow2(to);
   DistributedAdamOptions options = m.options;
   if (sum_of_one) options.grad_reduce = ReduceOp::Sum;
-  const OnlyRankZeroAddsGrads only_rank_zero(sum_of_one);
   {
     Communicator g = first_ranks(comm, from);
     if (comm.rank() < from) {
@@ -335,12 +337,12 @@ inline void reshard_run(Backend b, int from, Front a, int to, Front c, const Res
         if (a == Front::DistAdam) {
           DistributedAdam x(g, m.specs, options);
           m.da_init(x, s.get());
-          da_train(x, s.get(), t1);
+          da_train(x, s.get(), t1, sum_of_one);
           x.save(dir.sub("ckpt"), s.get());
         } else {
           Fsdp x(g, m.specs, m.units, m.fsdp_options(options));
           m.fsdp_init(x, s.get());
-          m.fsdp_train(x, s.get(), t1);
+          m.fsdp_train(x, s.get(), t1, sum_of_one);
           x.save(dir.sub("ckpt"), s.get());
         }
       } catch (const std::exception& e) {
@@ -358,7 +360,7 @@ inline void reshard_run(Backend b, int from, Front a, int to, Front c, const Res
   auto finish = [&](auto& y, auto train, const auto& check) {
     const CheckpointInfo info = y.load(dir.sub("ckpt"), s.get());
     EXPECT_EQ(info.saved_world_size, from);
-    train(y, s.get(), t2);
+    train(y, s.get(), t2, sum_of_one);
     EXPECT_EQ(y.read_scalars(s.get()).step, t1 + t2);
     expect_master_matches(y, ref, what);
     if (check) check(y, ref, s.get(), what);
@@ -376,7 +378,7 @@ inline void reshard_run(Backend b, int from, Front a, int to, Front c, const Res
 /// equals the reference's.
 inline void case_reshard(Backend b, int from, Front a, int to, Front c, int t1 = 6, int t2 = 5) {
   ReshardModel m{fsdp_model(), small_units(), ckpt_options(DType::f32), fsdp_options, init_params, init_fsdp,
-                 [](Fsdp& f, Stream s, int steps) { fsdp_train(f, s, steps); }};
+                 [](Fsdp& f, Stream s, int steps, bool only_rank_zero) { fsdp_train(f, s, steps, only_rank_zero); }};
   m.options.param_dtype = DType::bf16;  // one dtype, as FSDP keeps
   reshard_run(b, from, a, to, c, m, 170, t1, t2,
               [b](DistributedAdam& y, DistributedAdam& ref, Stream, const std::string&) {
@@ -1100,7 +1102,10 @@ inline void case_fsdp_mx_resume_bitwise(Backend b, bool graph) {
 /// the unsharded reference's master, bitwise.
 inline void case_mx_reshard(Backend b, int from, Front a, int to, Front c, int t1 = 4, int t2 = 3) {
   const ReshardModel m{mx_model(), mx_units(), q_ckpt_options(DType::f32, ParamFormat::Mxfp8), fsdp_mx_options,
-                       mx_init, fsdp_mx_init, [](Fsdp& f, Stream s, int steps) { fsdp_mx_train(f, s, steps); }};
+                       mx_init, fsdp_mx_init,
+                       [](Fsdp& f, Stream s, int steps, bool only_rank_zero) {
+                         fsdp_mx_train(f, s, steps, {}, only_rank_zero);
+                       }};
   auto check_da = [](DistributedAdam& y, DistributedAdam& ref, Stream, const std::string& what) {
     for (int i = 0; i < y.num_params(); ++i)
       if (y.is_mxfp8(i)) { EXPECT_EQ(differing_planes(read_mx(y, i), expected_mx(ref, i)), "") << "MXFP8 " << what; }

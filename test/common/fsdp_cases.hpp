@@ -52,14 +52,17 @@ inline void init_fsdp(Fsdp& f, Stream s) {
 }
 
 /// The gradient stream of a toy trainer: `kind` gradients of scale 0.2 for `rank`, the
-/// step and microbatch read from the optimizer's device state.
-inline GradStreamParams toy_grads(GradKind kind, int rank, const StepScalars* scalars, const MicrobatchState* microbatch) {
+/// step and microbatch read from the optimizer's device state (`only_world_rank_zero`:
+/// GradStreamParams::only_world_rank_zero).
+inline GradStreamParams toy_grads(GradKind kind, int rank, const StepScalars* scalars, const MicrobatchState* microbatch,
+                                  bool only_world_rank_zero = false) {
   GradStreamParams p;
   p.kind = kind;
   p.scale = 0.2f;
   p.rank = rank;
   p.scalars = scalars;
   p.microbatch = microbatch;
+  p.only_world_rank_zero = only_world_rank_zero;
   return p;
 }
 
@@ -68,9 +71,9 @@ using UnitHook = std::function<void(int position, int unit, const std::vector<Pa
 
 /// One microbatch of a toy trainer: forward gathers every unit in order, backward in
 /// reverse order; each unit's gradient slot receives the gradient stream and is
-/// reduce-scattered at once.
+/// reduce-scattered at once (`only_world_rank_zero`: toy_grads').
 inline void fsdp_microbatch(Fsdp& f, Stream s, int rank, GradKind kind, const UnitHook& hook = {},
-                            const std::function<void(Stream)>& before_wait = {}) {
+                            const std::function<void(Stream)>& before_wait = {}, bool only_world_rank_zero = false) {
   int position = 0;
   const int nu = f.num_units();
   auto wait = [&](int u) {
@@ -88,7 +91,8 @@ inline void fsdp_microbatch(Fsdp& f, Stream s, int rank, GradKind kind, const Un
     for (int k = 0; k < unit.count; ++k)
       targets.push_back(GradTarget{grads[static_cast<std::size_t>(k)].data, grads[static_cast<std::size_t>(k)].numel(),
                                    unit.first + k, grads[static_cast<std::size_t>(k)].dtype});
-    add_grads(f.backend(), s, toy_grads(kind, rank, f.device_scalars(), f.device_microbatch()), targets);
+    add_grads(f.backend(), s, toy_grads(kind, rank, f.device_scalars(), f.device_microbatch(), only_world_rank_zero),
+              targets);
     f.grad_ready(u, s);
   }
 }

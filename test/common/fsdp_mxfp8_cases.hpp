@@ -85,10 +85,12 @@ inline std::vector<GradTarget> plain_targets(Fsdp& f, int u, const std::vector<G
 
 /// One microbatch: forward gathers every unit (rowwise), backward in reverse order
 /// (columnwise), each unit's gradients accumulated into its slot and reduce-scattered.
-/// `forward_only`: an evaluation pass (end_forward_only, no gradients).
+/// `forward_only`: an evaluation pass (end_forward_only, no gradients);
+/// `only_world_rank_zero`: toy_grads'.
 inline void fsdp_mx_microbatch(Fsdp& f, Stream s, int rank, GradKind kind, const PassHook& hook = {},
                                bool forward_only = false, const TargetsFn& targets = plain_targets,
-                               const std::function<void(Stream)>& before_wait = {}) {
+                               const std::function<void(Stream)>& before_wait = {},
+                               bool only_world_rank_zero = false) {
   int position = 0;
   const int nu = f.num_units();
   auto wait = [&](int u, FsdpPass pass) {
@@ -105,7 +107,8 @@ inline void fsdp_mx_microbatch(Fsdp& f, Stream s, int rank, GradKind kind, const
   for (int u = nu - 1; u >= 0; --u) {
     wait(u, FsdpPass::Backward);
     const auto grads = f.grad_slot(u, s);
-    add_grads(f.backend(), s, toy_grads(kind, rank, f.device_scalars(), f.device_microbatch()), targets(f, u, grads));
+    add_grads(f.backend(), s, toy_grads(kind, rank, f.device_scalars(), f.device_microbatch(), only_world_rank_zero),
+              targets(f, u, grads));
     f.grad_ready(u, s);
   }
 }

@@ -67,26 +67,16 @@ struct GradStreamParams {
   std::int32_t poison_param = -1;
   std::int64_t poison_element = 0;
   std::int64_t poison_step = -1;
+  /// When true, add_grads adds nothing on the ranks other than world rank 0 (the reshard
+  /// cases at a group size that is not a power of two: NCCL's average pre-multiplies
+  /// every input by 1/size, so an average of equal gradients is not exact there; those
+  /// cases reduce with Sum and let rank 0 alone add).
+  bool only_world_rank_zero = false;
 };
 
 /// grad += value(...) for every target, stream-ordered (host_enqueue on the host
 /// backend, a kernel on CUDA; targets must stay alive until it ran).
 void add_grads(Backend backend, Stream stream, const GradStreamParams& p, const std::vector<GradTarget>& targets);
-
-/// While one lives, add_grads adds nothing on the ranks other than world rank 0 (the
-/// reshard cases at a group size that is not a power of two: NCCL's average pre-multiplies
-/// every input by 1/size, so an average of equal gradients is not exact there; those cases
-/// reduce with Sum and let rank 0 alone add). Not thread-safe; one at a time.
-class OnlyRankZeroAddsGrads {
- public:
-  explicit OnlyRankZeroAddsGrads(bool on);
-  ~OnlyRankZeroAddsGrads();
-  OnlyRankZeroAddsGrads(const OnlyRankZeroAddsGrads&) = delete;
-  OnlyRankZeroAddsGrads& operator=(const OnlyRankZeroAddsGrads&) = delete;
-
- private:
-  bool saved_;
-};
 
 /// Keeps `stream` busy for about `microseconds` (a sleeping kernel on CUDA; on the host
 /// backend a sleep enqueued on the stream: the host's gathers land only when waited, so

@@ -14,15 +14,8 @@ void delay_stream_cuda(Stream stream, int microseconds);
 void add_grads_cuda(Stream stream, const GradStreamParams& p, const std::vector<GradTarget>& targets);
 #endif
 
-namespace {
-bool only_rank_zero_adds = false;
-}  // namespace
-
-OnlyRankZeroAddsGrads::OnlyRankZeroAddsGrads(bool on) : saved_(only_rank_zero_adds) { only_rank_zero_adds = on; }
-OnlyRankZeroAddsGrads::~OnlyRankZeroAddsGrads() { only_rank_zero_adds = saved_; }
-
 void add_grads(Backend backend, Stream stream, const GradStreamParams& p, const std::vector<GradTarget>& targets) {
-  if (only_rank_zero_adds) {
+  if (p.only_world_rank_zero) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (rank != 0) return;

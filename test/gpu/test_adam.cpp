@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../unit/adam_test_util.hpp"
+#include "common/device_copy.hpp"
 #include "core/check.hpp"
 #include "core/memory.hpp"
 #include "shardopt/fused_adam.hpp"
@@ -22,13 +23,8 @@ namespace {
 using namespace shardopt;
 using namespace adamtest;
 
-void to_device(void* dst, const void* src, std::size_t bytes) {
-  SHARDOPT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-  SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());  // a pageable copy may return before its DMA lands
-}
-void to_host(void* dst, const void* src, std::size_t bytes) {
-  SHARDOPT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-}
+using test::bytes_to_device;
+using test::bytes_to_host;
 
 /// A device copy of a State; `shift` elements of offset on every base pointer (a shift
 /// of 1 makes them misaligned, so the kernels take their scalar paths).
@@ -46,7 +42,7 @@ struct DeviceState {
   DeviceState(const Problem& p, const State& h, int shift_elems)
       : shift(shift_elems), gt(h.grads.dtype), pt(h.params.dtype), mt(h.exp_avg.dtype) {
     chunks = DeviceBuffer(Backend::Cuda, p.chunks.size() * sizeof(ShardChunk));
-    to_device(chunks.data(), p.chunks.data(), p.chunks.size() * sizeof(ShardChunk));
+    bytes_to_device(Backend::Cuda, chunks.data(), p.chunks.data(), p.chunks.size() * sizeof(ShardChunk));
     gbytes = h.grads.nbytes();
     pbytes = h.params.nbytes();
     mbytes = h.exp_avg.nbytes();
@@ -64,25 +60,25 @@ struct DeviceState {
     ptrs.master = static_cast<float*>(at(master, shift, DType::f32));
     ptrs.exp_avg = at(m, shift, mt);
     ptrs.exp_avg_sq = at(v, shift, mt);
-    to_device(const_cast<void*>(ptrs.grads), h.grads.data(), gbytes);
-    to_device(ptrs.params, h.params.data(), pbytes);
-    to_device(ptrs.master, h.master.data(), h.master.size() * 4);
-    to_device(ptrs.exp_avg, h.exp_avg.data(), mbytes);
-    to_device(ptrs.exp_avg_sq, h.exp_avg_sq.data(), mbytes);
+    bytes_to_device(Backend::Cuda, const_cast<void*>(ptrs.grads), h.grads.data(), gbytes);
+    bytes_to_device(Backend::Cuda, ptrs.params, h.params.data(), pbytes);
+    bytes_to_device(Backend::Cuda, ptrs.master, h.master.data(), h.master.size() * 4);
+    bytes_to_device(Backend::Cuda, ptrs.exp_avg, h.exp_avg.data(), mbytes);
+    bytes_to_device(Backend::Cuda, ptrs.exp_avg_sq, h.exp_avg_sq.data(), mbytes);
   }
   StepScalars* sc() const { return scalars.as<StepScalars>(); }
-  void set_scalars(const StepScalars& s) { to_device(scalars.data(), &s, sizeof s); }
+  void set_scalars(const StepScalars& s) { bytes_to_device(Backend::Cuda, scalars.data(), &s, sizeof s); }
   StepScalars get_scalars() const {
     StepScalars s;
-    to_host(&s, scalars.data(), sizeof s);
+    bytes_to_host(Backend::Cuda, &s, scalars.data(), sizeof s);
     return s;
   }
-  void upload_grads(const State& h) { to_device(const_cast<void*>(ptrs.grads), h.grads.data(), gbytes); }
+  void upload_grads(const State& h) { bytes_to_device(Backend::Cuda, const_cast<void*>(ptrs.grads), h.grads.data(), gbytes); }
   void download(State& out) const {
-    to_host(out.params.data(), ptrs.params, pbytes);
-    to_host(out.master.data(), ptrs.master, out.master.size() * 4);
-    to_host(out.exp_avg.data(), ptrs.exp_avg, mbytes);
-    to_host(out.exp_avg_sq.data(), ptrs.exp_avg_sq, mbytes);
+    bytes_to_host(Backend::Cuda, out.params.data(), ptrs.params, pbytes);
+    bytes_to_host(Backend::Cuda, out.master.data(), ptrs.master, out.master.size() * 4);
+    bytes_to_host(Backend::Cuda, out.exp_avg.data(), ptrs.exp_avg, mbytes);
+    bytes_to_host(Backend::Cuda, out.exp_avg_sq.data(), ptrs.exp_avg_sq, mbytes);
   }
 };
 
@@ -292,7 +288,7 @@ TEST(FusedAdamGpu, ShardOfMoreThan2Pow31Elements) {
 
   const std::size_t un = static_cast<std::size_t>(n);
   DeviceBuffer chunks(Backend::Cuda, table.size() * sizeof(ShardChunk));
-  to_device(chunks.data(), table.data(), table.size() * sizeof(ShardChunk));
+  bytes_to_device(Backend::Cuda, chunks.data(), table.data(), table.size() * sizeof(ShardChunk));
   DeviceBuffer grads(Backend::Cuda, un * 2), params(Backend::Cuda, un * 2), master(Backend::Cuda, un * 4),
       m(Backend::Cuda, un * 2), v(Backend::Cuda, un * 2), scalars(Backend::Cuda, sizeof(StepScalars));
   // Every element starts equal: master 0x3F3F3F3F (0.747), grads bf16 0x3E3E (0.186),
@@ -305,7 +301,7 @@ TEST(FusedAdamGpu, ShardOfMoreThan2Pow31Elements) {
   SHARDOPT_CUDA_CHECK(cudaMemset(params.data(), 0, un * 2));
   StepScalars s;
   s.lr = 1e-2f;
-  to_device(scalars.data(), &s, sizeof s);
+  bytes_to_device(Backend::Cuda, scalars.data(), &s, sizeof s);
   ShardPointers sp;
   sp.chunks = chunks.as<ShardChunk>();
   sp.num_chunks = static_cast<std::int64_t>(table.size());
@@ -323,7 +319,7 @@ TEST(FusedAdamGpu, ShardOfMoreThan2Pow31Elements) {
   }
   SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());
   StepScalars got;
-  to_host(&got, scalars.data(), sizeof got);
+  bytes_to_host(Backend::Cuda, &got, scalars.data(), sizeof got);
   EXPECT_EQ(got.step, 2);
   const double g0 = num::bf16_to_f32(0x3E3E);
   // 129 blocks see chunks here; each lane adds 8192 equal squares in fp32 (systematic
@@ -367,10 +363,10 @@ TEST(FusedAdamGpu, ShardOfMoreThan2Pow31Elements) {
     const int g = c->group;
     float gm;
     std::uint16_t gp, gmm, gv;
-    to_host(&gm, master.as<float>() + i, 4);
-    to_host(&gp, static_cast<std::uint16_t*>(params.data()) + i, 2);
-    to_host(&gmm, static_cast<std::uint16_t*>(m.data()) + i, 2);
-    to_host(&gv, static_cast<std::uint16_t*>(v.data()) + i, 2);
+    bytes_to_host(Backend::Cuda, &gm, master.as<float>() + i, 4);
+    bytes_to_host(Backend::Cuda, &gp, static_cast<std::uint16_t*>(params.data()) + i, 2);
+    bytes_to_host(Backend::Cuda, &gmm, static_cast<std::uint16_t*>(m.data()) + i, 2);
+    bytes_to_host(Backend::Cuda, &gv, static_cast<std::uint16_t*>(v.data()) + i, 2);
     EXPECT_EQ(num::f32_bits(gm), num::f32_bits(rmaster[g])) << "master at " << i;
     EXPECT_EQ(gp, rp.bits(g)) << "param at " << i;
     EXPECT_EQ(gmm, rm.bits(g)) << "exp_avg at " << i;

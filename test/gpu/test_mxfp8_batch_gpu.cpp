@@ -23,12 +23,6 @@ using namespace mxfp8_test;
 
 constexpr Backend kCuda = Backend::Cuda;
 
-// Host -> device copy that is complete when it returns.
-void copy_to_device(void* dst, const void* src, std::size_t bytes) {
-  SHARDOPT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-  SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());
-}
-
 TensorList mixed(std::uint64_t seed, int small_tensors) {
   std::vector<ListItem> items = mixed_list();
   for (const ListItem& it : many_small_list(small_tensors, static_cast<std::uint32_t>(seed))) items.push_back(it);
@@ -121,7 +115,7 @@ TEST(Mxfp8BatchGpu, EagerSkipFlagWritesNothing) {
   const DeviceBuffer flag(kCuda, sizeof(std::int32_t));
   const Arenas oracle = list.oracle_arenas();
   for (std::int32_t f : {1, -1, 0}) {
-    copy_to_device(flag.data(), &f, sizeof f);
+    test::bytes_to_device(kCuda, flag.data(), &f, sizeof f);
     run.poison(list);
     quantize_mxfp8_batch(batch, flag.as<std::int32_t>(), kCuda, nullptr);
     const Arenas got = run.get(list);
@@ -140,7 +134,7 @@ TEST(Mxfp8BatchGpu, GraphReplayWritesOnlyWhileTheSkipFlagIsClear) {
   ListRun run(kCuda, list);
   const Mxfp8Batch batch(run.tensors(list), kCuda);
   const DeviceBuffer flag(kCuda, sizeof(std::int32_t));
-  auto set_flag = [&](std::int32_t v) { copy_to_device(flag.data(), &v, sizeof v); };
+  auto set_flag = [&](std::int32_t v) { test::bytes_to_device(kCuda, flag.data(), &v, sizeof v); };
   set_flag(1);  // the value at capture time must not matter
   cudaStream_t stream;
   SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "common/device_copy.hpp"
 #include "core/check.hpp"
 #include "kernels/mxfp8_device.cuh"
 #include "kernels/mxfp8_math.cuh"
@@ -73,7 +74,7 @@ std::int64_t encode_mismatches(std::string* report) {
   encode_all<<<(256u * 32768u + 255u) / 256u, 256>>>(dev);
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
   std::vector<std::uint8_t> got(n);
-  SHARDOPT_CUDA_CHECK(cudaMemcpy(got.data(), dev, n, cudaMemcpyDeviceToHost));
+  shardopt::test::bytes_to_host(shardopt::Backend::Cuda, got.data(), dev, n);
   SHARDOPT_CUDA_CHECK(cudaFree(dev));
   for (std::uint32_t s = 0; s < 256; ++s)
     for (std::uint32_t x = 0; x < 65536; ++x) {
@@ -97,12 +98,12 @@ std::int64_t encode_mismatches(std::string* report) {
   SHARDOPT_CUDA_CHECK(cudaMalloc(&dw, m * 4));
   SHARDOPT_CUDA_CHECK(cudaMalloc(&ds, m * 4));
   SHARDOPT_CUDA_CHECK(cudaMalloc(&dq, m * 2));
-  SHARDOPT_CUDA_CHECK(cudaMemcpy(dw, words.data(), m * 4, cudaMemcpyHostToDevice));
-  SHARDOPT_CUDA_CHECK(cudaMemcpy(ds, scales.data(), m * 4, cudaMemcpyHostToDevice));
+  shardopt::test::bytes_to_device(shardopt::Backend::Cuda, dw, words.data(), m * 4);
+  shardopt::test::bytes_to_device(shardopt::Backend::Cuda, ds, scales.data(), m * 4);
   encode_mixed<<<(m + 255) / 256, 256>>>(dw, ds, dq, m);
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
   std::vector<std::uint16_t> q(m);
-  SHARDOPT_CUDA_CHECK(cudaMemcpy(q.data(), dq, m * 2, cudaMemcpyDeviceToHost));
+  shardopt::test::bytes_to_host(shardopt::Backend::Cuda, q.data(), dq, m * 2);
   SHARDOPT_CUDA_CHECK(cudaFree(dw));
   SHARDOPT_CUDA_CHECK(cudaFree(ds));
   SHARDOPT_CUDA_CHECK(cudaFree(dq));
@@ -127,9 +128,9 @@ std::int64_t scale_and_decode_mismatches(std::string* report) {
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
   std::vector<std::uint8_t> scale(32768);
   std::vector<float> inverse(256), decoded(65536);
-  SHARDOPT_CUDA_CHECK(cudaMemcpy(scale.data(), ds, 32768, cudaMemcpyDeviceToHost));
-  SHARDOPT_CUDA_CHECK(cudaMemcpy(inverse.data(), di, 256 * 4, cudaMemcpyDeviceToHost));
-  SHARDOPT_CUDA_CHECK(cudaMemcpy(decoded.data(), dd, 65536 * 4, cudaMemcpyDeviceToHost));
+  shardopt::test::bytes_to_host(shardopt::Backend::Cuda, scale.data(), ds, 32768);
+  shardopt::test::bytes_to_host(shardopt::Backend::Cuda, inverse.data(), di, 256 * 4);
+  shardopt::test::bytes_to_host(shardopt::Backend::Cuda, decoded.data(), dd, 65536 * 4);
   SHARDOPT_CUDA_CHECK(cudaFree(ds));
   SHARDOPT_CUDA_CHECK(cudaFree(di));
   SHARDOPT_CUDA_CHECK(cudaFree(dd));

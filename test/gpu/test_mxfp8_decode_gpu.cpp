@@ -154,9 +154,8 @@ TEST(Mxfp8DecodeBf16Gpu, CapturedDecodeRunsAtLaunchOnLaunchTimeData) {
   SHARDOPT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   EXPECT_EQ(download<std::uint16_t>(kCuda, out, 1)[0], 0xDEAD) << "nothing runs at capture";
   const auto q = random_plane(s, Mxfp8Plane::Columnwise, 8);  // the next step's planes
-  SHARDOPT_CUDA_CHECK(cudaMemcpy(dd.data(), q.data.data(), q.data.size(), cudaMemcpyHostToDevice));
-  SHARDOPT_CUDA_CHECK(cudaMemcpy(ds.data(), q.scale.data(), q.scale.size(), cudaMemcpyHostToDevice));
-  SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());  // a pageable copy may return before its DMA lands
+  shardopt::test::from_host(kCuda, dd.data(), q.data);
+  shardopt::test::from_host(kCuda, ds.data(), q.scale);
   SHARDOPT_CUDA_CHECK(cudaGraphLaunch(exec, st));
   SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(st));
   expect_equal(download<std::uint16_t>(kCuda, out, q.data.size()), host_decode(s, Mxfp8Plane::Columnwise, q.data, q.scale),

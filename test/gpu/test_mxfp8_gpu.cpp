@@ -38,14 +38,7 @@ void expect_same(const ref::Quantized& got, const ref::Quantized& want, const st
   EXPECT_TRUE(got.scale_col == want.scale_col) << what << ": scale_col differs";
 }
 
-// Host -> device copy that is complete when it returns (a pageable cudaMemcpy may
-// return before its DMA lands, and the graphs below run on a non-blocking stream).
-void copy_to_device(void* dst, const void* src, std::size_t bytes) {
-  SHARDOPT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-  SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());
-}
-
-void set_flag(const DeviceBuffer& flag, std::int32_t value) { copy_to_device(flag.data(), &value, sizeof value); }
+void set_flag(const DeviceBuffer& flag, std::int32_t value) { test::bytes_to_device(kCuda, flag.data(), &value, sizeof value); }
 
 // ------------------------------------------------------------------ element math
 
@@ -261,8 +254,8 @@ TEST(Mxfp8Gpu, GraphReplayWritesOnlyWhileTheSkipFlagIsClear) {
   const auto first = reference(s, x), firstg = reference(sg, xg);
   x = fast_random_bf16(s.numel(), s.cols, 12, 0.001);  // new weights in the same buffers
   xg = fast_random_bf16(sg.numel(), sg.cols, 13, 0.001);
-  copy_to_device(src.data(), x.data(), x.size() * 2);
-  copy_to_device(srcg.data(), xg.data(), xg.size() * 2);
+  test::bytes_to_device(kCuda, src.data(), x.data(), x.size() * 2);
+  test::bytes_to_device(kCuda, srcg.data(), xg.data(), xg.size() * 2);
   set_flag(flag, 1);
   replay();  // a later microbatch: keep the old quantization
   expect_same(out.get(kCuda, s), first, "flag set again");
@@ -278,30 +271,12 @@ TEST(Mxfp8Gpu, GraphReplayWritesOnlyWhileTheSkipFlagIsClear) {
 
 // ------------------------------------------------------------------ the sharded protocol
 
-bool check_sharding(const Mxfp8Shape& s, const std::vector<float>& master, const ref::Quantized& want,
-                    const std::vector<std::int64_t>& bounds) {
-  for (Scheme scheme : {Scheme::ScaleMax, Scheme::AmaxMax}) {
-    std::string problems;
-    const ref::Quantized got = simulate(kCuda, scheme, s, master, bounds, &problems);
-    const bool ok = problems.empty() && got == want;
-    std::string b;
-    for (auto v : bounds) b += std::to_string(v) + " ";
-    EXPECT_TRUE(ok) << name_of(s) << " " << to_string(scheme) << " bounds " << b << ": " << problems
-                    << (got.data_row != want.data_row ? "data_row differs; " : "")
-                    << (got.data_col != want.data_col ? "data_col differs; " : "")
-                    << (got.scale_row != want.scale_row ? "scale_row differs; " : "")
-                    << (got.scale_col != want.scale_col ? "scale_col differs; " : "");
-    if (!ok) return false;
-  }
-  return true;
-}
-
 TEST(Mxfp8Gpu, ShardedTwoRanksBoundaryAtEveryElement) {
   const Mxfp8Shape s{2, 37, 45};
   const auto master = random_master(s.numel(), s.cols, 2, 0.05);
   const auto want = reference(s, to_bf16(master));
   for (std::int64_t b = 0; b <= s.numel(); ++b)
-    if (!check_sharding(s, master, want, {0, b, s.numel()})) return;
+    if (!check_sharding(kCuda, s, master, want, {0, b, s.numel()})) return;
 }
 
 TEST(Mxfp8Gpu, ShardedWorldSizes1To8) {
@@ -313,9 +288,9 @@ TEST(Mxfp8Gpu, ShardedWorldSizes1To8) {
     const auto want = reference(s, to_bf16(master));
     for (int world = 1; world <= 8; ++world) {
       for (std::int64_t shift = -33; shift <= 33; shift += 11)
-        if (!check_sharding(s, master, want, even_bounds(s.numel(), world, shift))) return;
+        if (!check_sharding(kCuda, s, master, want, even_bounds(s.numel(), world, shift))) return;
       for (int t = 0; t < 3; ++t)
-        if (!check_sharding(s, master, want, random_bounds(s.numel(), world, rng))) return;
+        if (!check_sharding(kCuda, s, master, want, random_bounds(s.numel(), world, rng))) return;
     }
   }
 }
@@ -370,7 +345,7 @@ TEST(Mxfp8Gpu, CapturedShardedPipelineEqualsEager) {
   SHARDOPT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (std::uint32_t step = 0; step < 3; ++step) {
     master = random_master(s.numel(), s.cols, 30 + step, 0.01);
-    copy_to_device(dmaster.data(), master.data(), master.size() * 4);
+    test::bytes_to_device(kCuda, dmaster.data(), master.data(), master.size() * 4);
     SHARDOPT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(stream));
     const auto want = reference(s, to_bf16(master));

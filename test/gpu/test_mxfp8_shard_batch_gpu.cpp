@@ -265,29 +265,41 @@ TEST(Mxfp8ShardBatchGpu, ThousandsOfSmallTensorsKernelEqualsHostTwinAndOracle) {
     }
 }
 
+/// The small list of the block-offset cases: tensors of fewer than 32 columns (whose
+/// rowwise blocks run into the next rows), odd widths, grouped ones.
+std::vector<Mxfp8Shape> offset_case_shapes() {
+  return {{1, 37, 45}, {3, 40, 72}, {1, 2, 3}, {1, 70, 33}, {2, 5, 130}, {1, 64, 256}};
+}
+
+/// Per tensor of `list`, `world` even ranges whose every inner cut is moved to offset k
+/// of its row's first block (kind 0), or to row offset k of its columnwise block, mid-row
+/// (kind 1); clamped to the tensor and sorted.
+std::vector<std::vector<std::int64_t>> cuts_at_block_offset(const ShardList& list, int world, std::int64_t k, int kind) {
+  std::vector<std::vector<std::int64_t>> bounds;
+  for (const Mxfp8Shape& s : list.shapes) {
+    const std::int64_t n = s.numel();
+    std::vector<std::int64_t> b = even_bounds(n, world, 0);
+    for (int r = 1; r < world; ++r) {
+      auto& cut = b[static_cast<std::size_t>(r)];
+      const std::int64_t row = cut / s.cols;
+      cut = std::clamp<std::int64_t>(kind == 0 ? row * s.cols + k : ((row / 32) * 32 + k) * s.cols + s.cols / 2, 0, n);
+    }
+    std::sort(b.begin(), b.end());
+    bounds.push_back(b);
+  }
+  return bounds;
+}
+
 TEST(Mxfp8ShardBatchGpu, BoundariesAtEveryOffsetWithinABlockKernelEqualsHostTwin) {
   // A small list; W = 1..8 ranks with every inner cut moved to offset k of its row's
   // first block, k = 0..32 (every rowwise position; tensors of fewer than 32 columns
   // run into the next rows), then to row offset k of a columnwise block, mid-row.
-  ShardList list({{1, 37, 45}, {3, 40, 72}, {1, 2, 3}, {1, 70, 33}, {2, 5, 130}, {1, 64, 256}});
+  ShardList list(offset_case_shapes());
   list.fill(4);
   for (int world = 1; world <= 8; ++world)
     for (std::int64_t k = 0; k <= 32; ++k)
       for (int kind = 0; kind < 2; ++kind) {
-        std::vector<std::vector<std::int64_t>> bounds;
-        for (const Mxfp8Shape& s : list.shapes) {
-          const std::int64_t n = s.numel();
-          std::vector<std::int64_t> b = even_bounds(n, world, 0);
-          for (int r = 1; r < world; ++r) {
-            auto& cut = b[static_cast<std::size_t>(r)];
-            const std::int64_t row = cut / s.cols;
-            cut = kind == 0 ? row * s.cols + k : ((row / 32) * 32 + k) * s.cols + s.cols / 2;
-            cut = std::clamp<std::int64_t>(cut, 0, n);
-          }
-          std::sort(b.begin(), b.end());
-          bounds.push_back(b);
-        }
-        const auto ranks = world_layouts(list, bounds, static_cast<int>(k % 4), k % 2 == 0);
+        const auto ranks = world_layouts(list, cuts_at_block_offset(list, world, k, kind), static_cast<int>(k % 4), k % 2 == 0);
         if (!check_kernel(list, ranks,
                           "world " + std::to_string(world) + (kind ? " column" : " row") + " offset " + std::to_string(k)))
           return;
@@ -447,24 +459,14 @@ TEST(Mxfp8ShardBatchGpu, OwnedPassesBoundariesMisalignmentSpecialsAndSmallTensor
   // Every inner cut at offset k of a rowwise block and at row k of a columnwise block
   // (worlds 2, 3, 8); misaligned masters and odd data offsets (the scalar paths of both
   // passes); special values with a rank inside one block; 2000 small tensors.
-  ShardList small({{1, 37, 45}, {3, 40, 72}, {1, 2, 3}, {1, 70, 33}, {2, 5, 130}, {1, 64, 256}});
+  ShardList small(offset_case_shapes());
   small.fill(104);
   for (int world : {2, 3, 8})
     for (std::int64_t k = 0; k <= 32; ++k)
       for (int kind = 0; kind < 2; ++kind) {
-        std::vector<std::vector<std::int64_t>> bounds;
-        for (const Mxfp8Shape& s : small.shapes) {
-          const std::int64_t n = s.numel();
-          std::vector<std::int64_t> b = even_bounds(n, world, 0);
-          for (int r = 1; r < world; ++r) {
-            auto& cut = b[static_cast<std::size_t>(r)];
-            const std::int64_t row = cut / s.cols;
-            cut = std::clamp<std::int64_t>(kind == 0 ? row * s.cols + k : ((row / 32) * 32 + k) * s.cols + s.cols / 2, 0, n);
-          }
-          std::sort(b.begin(), b.end());
-          bounds.push_back(b);
-        }
-        if (!check_kernel(small, world_layouts(small, bounds, static_cast<int>(k % 4), k % 2 == 0),
+        if (!check_kernel(small,
+                          world_layouts(small, cuts_at_block_offset(small, world, k, kind), static_cast<int>(k % 4),
+                                        k % 2 == 0),
                           "owned, world " + std::to_string(world) + (kind ? " column" : " row") + " offset " +
                               std::to_string(k),
                           true, Passes::Owned))

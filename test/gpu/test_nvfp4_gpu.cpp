@@ -369,10 +369,7 @@ TEST(Nvfp4Gpu, SkipFlagReadOnTheDevice) {
   const DeviceBuffer one_src = upload(kCuda, one_x);
   DevicePlanes one(kCuda, one_shape);
   const DeviceBuffer flag = upload(kCuda, std::vector<std::int32_t>{1});
-  auto set_flag = [&](std::int32_t v) {
-    SHARDOPT_CUDA_CHECK(cudaMemcpy(flag.data(), &v, sizeof v, cudaMemcpyHostToDevice));
-    SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());  // a pageable copy may return before its DMA lands
-  };
+  auto set_flag = [&](std::int32_t v) { shardopt::test::bytes_to_device(kCuda, flag.data(), &v, sizeof v); };
   auto untouched = [](const Nvfp4Shape& s) {
     return ref::Quantized{std::vector<std::uint8_t>(static_cast<std::size_t>(s.data_bytes()), kPoison),
                           std::vector<std::uint8_t>(static_cast<std::size_t>(s.scale_numel()), kPoison), kPoisonWord,
@@ -456,8 +453,7 @@ TEST(Nvfp4Gpu, Bf16DequantizeSkipFlagReadOnTheDevice) {
   g.replay();
   EXPECT_EQ(d.out(kCuda), d.untouched()) << "replay with the flag set";
   const std::int32_t clear = 0;
-  SHARDOPT_CUDA_CHECK(cudaMemcpy(flag.data(), &clear, sizeof clear, cudaMemcpyHostToDevice));
-  SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());  // a pageable copy may return before its DMA lands
+  shardopt::test::bytes_to_device(kCuda, flag.data(), &clear, sizeof clear);
   g.replay();
   EXPECT_EQ(d.out(kCuda), want) << "replay with the flag clear: the host twin's bf16";
 }

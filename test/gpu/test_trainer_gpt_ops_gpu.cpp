@@ -21,6 +21,7 @@
 #include "model_spec.hpp"
 #include "op_math.hpp"
 #include "ops.hpp"
+#include "trainer_ops_pair.hpp"
 #include "weights.hpp"
 
 namespace trainer {
@@ -29,43 +30,8 @@ namespace {
 using u16 = std::uint16_t;
 using i32 = std::int32_t;
 
-struct Pair {
-  Buffer g, c;
-};
-
-class GptOpsPair : public ::testing::Test {
- protected:
-  std::unique_ptr<Ops> gpu = make_cuda_ops();
-  std::unique_ptr<Ops> cpu = make_host_ops(Precision::Mixed);
-
-  Pair make(Elem e, std::int64_t n) { return {gpu->alloc(e, n), cpu->alloc(e, n)}; }
-  template <class V>
-  Pair from(Elem e, const std::vector<V>& v) {
-    Pair t = make(e, static_cast<std::int64_t>(v.size() * sizeof(V) / elem_size(e)));
-    gpu->upload(t.g, v.data());
-    cpu->upload(t.c, v.data());
-    return t;
-  }
-  template <class V>
-  std::vector<V> get(const Tensor& t, Ops& ops) {
-    std::vector<V> out(t.bytes() / sizeof(V));
-    ops.synchronize();
-    ops.download(out.data(), t);
-    return out;
-  }
-  template <class V>
-  std::vector<V> g(const Pair& t) { return get<V>(t.g, *gpu); }
-  template <class V>
-  std::vector<V> c(const Pair& t) { return get<V>(t.c, *cpu); }
-};
-
-std::vector<float> normal(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
+/// The CUDA and host ops of the GPT's tests (trainer_ops_pair.hpp).
+class GptOpsPair : public OpsPair {};
 
 void near_bf16(const std::vector<u16>& a, const std::vector<u16>& b, const char* what) {
   ASSERT_EQ(a.size(), b.size());
@@ -75,16 +41,10 @@ void near_bf16(const std::vector<u16>& a, const std::vector<u16>& b, const char*
   }
 }
 
-void near_f32(const std::vector<float>& a, const std::vector<float>& b, double rtol, double atol, const char* what) {
-  ASSERT_EQ(a.size(), b.size());
-  for (std::size_t i = 0; i < a.size(); ++i)
-    ASSERT_NEAR(a[i], b[i], atol + rtol * std::fabs(b[i])) << what << " element " << i;
-}
-
 TEST_F(GptOpsPair, TextWindowsAreBitwiseEqualAndReadTheDeviceStep) {
   std::vector<std::uint8_t> text(5000);
   for (std::size_t i = 0; i < text.size(); ++i) text[i] = static_cast<std::uint8_t>((i * 31 + i / 7) % 67);
-  Pair data = from(Elem::u8, text);
+  Twin data = from(Elem::u8, text);
   shardopt::StepScalars sc{};
   sc.step = 17;
   shardopt::MicrobatchState mb{};
@@ -92,9 +52,9 @@ TEST_F(GptOpsPair, TextWindowsAreBitwiseEqualAndReadTheDeviceStep) {
   std::vector<std::uint8_t> sbytes(sizeof sc), mbytes(sizeof mb);
   std::memcpy(sbytes.data(), &sc, sizeof sc);
   std::memcpy(mbytes.data(), &mb, sizeof mb);
-  Pair s = from(Elem::u8, sbytes), m = from(Elem::u8, mbytes);
+  Twin s = from(Elem::u8, sbytes), m = from(Elem::u8, mbytes);
   const std::int64_t seqs = 9, S = 100;
-  Pair tok = make(Elem::i32, seqs * S), tgt = make(Elem::i32, seqs * S);
+  Twin tok = make(Elem::i32, seqs * S), tgt = make(Elem::i32, seqs * S);
   TextBatchArgs a;
   a.seed = 5, a.rank = 1, a.seqs = seqs, a.context = S, a.data_tokens = 5000;
   a.data = data.g.as<std::uint8_t>();
@@ -105,58 +65,58 @@ TEST_F(GptOpsPair, TextWindowsAreBitwiseEqualAndReadTheDeviceStep) {
   a.scalars = s.c.as<shardopt::StepScalars>();
   a.microbatch = m.c.as<shardopt::MicrobatchState>();
   cpu->text_batch(a, tok.c, tgt.c, cpu->stream());
-  EXPECT_EQ(g<i32>(tok), c<i32>(tok));
-  EXPECT_EQ(g<i32>(tgt), c<i32>(tgt));
+  EXPECT_EQ(rg<i32>(tok), rc<i32>(tok));
+  EXPECT_EQ(rg<i32>(tgt), rc<i32>(tgt));
 }
 
 TEST_F(GptOpsPair, PositionEmbeddingIsBitwiseEqual) {
   const std::int64_t S = 37, B = 5, T = S * B, H = 48;
   std::vector<u16> table;
-  for (float x : normal(S * H, 1)) table.push_back(math::to_bf16(x));
-  Pair tab = from(Elem::bf16, table), h = from(Elem::f32, normal(T * H, 2)), dh = from(Elem::f32, normal(T * H, 3));
-  Pair dtab = from(Elem::f32, normal(S * H, 4)), dtab16 = from(Elem::bf16, table);
+  for (float x : randf(S * H, 1)) table.push_back(math::to_bf16(x));
+  Twin tab = from(Elem::bf16, table), h = from(Elem::f32, randf(T * H, 2)), dh = from(Elem::f32, randf(T * H, 3));
+  Twin dtab = from(Elem::f32, randf(S * H, 4)), dtab16 = from(Elem::bf16, table);
   gpu->pos_embed_forward(tab.g, h.g, T, S, H, gpu->stream());
   cpu->pos_embed_forward(tab.c, h.c, T, S, H, cpu->stream());
-  EXPECT_EQ(g<float>(h), c<float>(h));
+  EXPECT_EQ(rg<float>(h), rc<float>(h));
   gpu->pos_embed_backward(dh.g, dtab.g, T, S, H, gpu->stream());
   cpu->pos_embed_backward(dh.c, dtab.c, T, S, H, cpu->stream());
-  EXPECT_EQ(g<float>(dtab), c<float>(dtab));
+  EXPECT_EQ(rg<float>(dtab), rc<float>(dtab));
   gpu->pos_embed_backward(dh.g, dtab16.g, T, S, H, gpu->stream());
   cpu->pos_embed_backward(dh.c, dtab16.c, T, S, H, cpu->stream());
-  EXPECT_EQ(g<u16>(dtab16), c<u16>(dtab16));
+  EXPECT_EQ(rg<u16>(dtab16), rc<u16>(dtab16));
 }
 
 TEST_F(GptOpsPair, GeluWithinOneBf16Ulp) {
   const std::int64_t n = 10007;
-  Pair u = from(Elem::f32, normal(n, 5, 3.0f)), da = from(Elem::f32, normal(n, 6));
-  Pair a = make(Elem::bf16, n), du = make(Elem::bf16, n);
+  Twin u = from(Elem::f32, randf(n, 5, 3.0f)), da = from(Elem::f32, randf(n, 6));
+  Twin a = make(Elem::bf16, n), du = make(Elem::bf16, n);
   gpu->gelu_forward(u.g, a.g, n, gpu->stream());
   cpu->gelu_forward(u.c, a.c, n, cpu->stream());
-  near_bf16(g<u16>(a), c<u16>(a), "gelu");
+  near_bf16(rg<u16>(a), rc<u16>(a), "gelu");
   gpu->gelu_backward(da.g, u.g, du.g, n, gpu->stream());
   cpu->gelu_backward(da.c, u.c, du.c, n, cpu->stream());
-  near_bf16(g<u16>(du), c<u16>(du), "gelu backward");
+  near_bf16(rg<u16>(du), rc<u16>(du), "gelu backward");
 }
 
 TEST_F(GptOpsPair, CausalSoftmaxMatches) {
   for (std::int64_t S : {37, 300}) {  // under and over one block of threads per row
     const std::int64_t blocks = 6, n = blocks * S * S;
-    Pair x = from(Elem::f32, normal(n, 7, 4.0f)), dp = from(Elem::f32, normal(n, 8));
-    Pair p = make(Elem::f32, n), pl = make(Elem::bf16, n), ds = make(Elem::bf16, n);
+    Twin x = from(Elem::f32, randf(n, 7, 4.0f)), dp = from(Elem::f32, randf(n, 8));
+    Twin p = make(Elem::f32, n), pl = make(Elem::bf16, n), ds = make(Elem::bf16, n);
     gpu->causal_softmax_forward(x.g, p.g, pl.g, blocks, S, gpu->stream());
     cpu->causal_softmax_forward(x.c, p.c, pl.c, blocks, S, cpu->stream());
-    const auto pg = g<float>(p), pc = c<float>(p);
-    near_f32(pg, pc, 1e-5, 1e-7, "probs");
+    const auto pg = rg<float>(p), pc = rc<float>(p);
+    expect_close(pg, pc, 1e-5, 1e-7, "probs");
     for (std::int64_t r = 0; r < blocks * S; ++r)
       for (std::int64_t j = r % S + 1; j < S; ++j) ASSERT_EQ(pg[static_cast<std::size_t>(r * S + j)], 0.0f) << "masked";
-    near_bf16(g<u16>(pl), c<u16>(pl), "probs bf16");
+    near_bf16(rg<u16>(pl), rc<u16>(pl), "probs bf16");
     gpu->causal_softmax_backward(dp.g, p.g, ds.g, blocks, S, gpu->stream());
     cpu->causal_softmax_backward(dp.c, p.c, ds.c, blocks, S, cpu->stream());
-    const auto dg = g<u16>(ds), dc = c<u16>(ds);
+    const auto dg = rg<u16>(ds), dc = rc<u16>(ds);
     for (std::size_t i = 0; i < dg.size(); ++i) {
       const double a = math::from_bf16(dg[i]), b = math::from_bf16(dc[i]);
       // Another summation order of the row's dot: within a bf16 ulp plus 1e-5 of p's scale.
-      ASSERT_NEAR(a, b, std::ldexp(std::fabs(b), -7) + 1e-5 * std::fabs(math::from_bf16(c<u16>(pl)[i])) + 1e-7)
+      ASSERT_NEAR(a, b, std::ldexp(std::fabs(b), -7) + 1e-5 * std::fabs(math::from_bf16(rc<u16>(pl)[i])) + 1e-7)
           << "dscores element " << i << " (S = " << S << ")";
     }
   }

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -24,6 +25,7 @@
 #include "model_spec.hpp"
 #include "op_math.hpp"
 #include "ops.hpp"
+#include "trainer_ops_pair.hpp"
 #include "weights.hpp"
 
 namespace trainer {
@@ -32,58 +34,6 @@ namespace {
 using u16 = std::uint16_t;
 using i32 = std::int32_t;
 
-/// One tensor on each side.
-struct Twin {
-  Buffer g, c;
-};
-
-class OpsPair : public ::testing::Test {
- protected:
-  std::unique_ptr<Ops> gpu = make_cuda_ops();
-  std::unique_ptr<Ops> cpu = make_host_ops(Precision::Mixed);
-
-  Twin make(Elem e, std::int64_t n) { return {gpu->alloc(e, n), cpu->alloc(e, n)}; }
-  template <class V>
-  Twin from(Elem e, const std::vector<V>& v) {
-    Twin t = make(e, static_cast<std::int64_t>(v.size() * sizeof(V) / elem_size(e)));
-    gpu->upload(t.g, v.data());
-    cpu->upload(t.c, v.data());
-    return t;
-  }
-  template <class V>
-  std::vector<V> read(const Tensor& t, Ops& ops) {
-    std::vector<V> out(t.bytes() / sizeof(V));
-    ops.synchronize();
-    ops.download(out.data(), t);
-    return out;
-  }
-  template <class V>
-  std::vector<V> rg(const Twin& t) { return read<V>(t.g, *gpu); }
-  template <class V>
-  std::vector<V> rc(const Twin& t) { return read<V>(t.c, *cpu); }
-  Stream gs() { return gpu->stream(); }
-  Stream cs() { return cpu->stream(); }
-};
-
-std::vector<float> randf(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
-std::vector<u16> randb(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
-  std::vector<u16> v;
-  for (float x : randf(n, seed, scale)) v.push_back(math::to_bf16(x));
-  return v;
-}
-
-void expect_close(const std::vector<float>& a, const std::vector<float>& b, double rtol, double atol,
-                  const char* what) {
-  ASSERT_EQ(a.size(), b.size());
-  for (std::size_t i = 0; i < a.size(); ++i)
-    ASSERT_NEAR(a[i], b[i], atol + rtol * std::fabs(b[i])) << what << " element " << i;
-}
 /// bf16 outputs of the same value computed in different orders: within 1 bf16 ulp, plus
 /// half an ulp of |y| for an intermediate rounding (callers add the |beta C| part to atol).
 void expect_close_bf16(const std::vector<u16>& a, const std::vector<u16>& b, double atol, const char* what) {
@@ -520,6 +470,57 @@ TEST_F(OpsPair, DequantizeMxfp8ColumnwiseIsBitwiseTheHostOpAndTheLibrary) {
   EXPECT_GT(nan, 0) << "the case holds NaN elements (e4m3 NaN codes in the random data)";
 }
 
+/// One op captured into a CUDA graph on the ops' stream that reads the skip flag of a
+/// device MicrobatchState when the graph runs (seed 000): `replay` sets the flag and
+/// launches the graph.
+class SkipFlagGraph {
+ public:
+  explicit SkipFlagGraph(Ops& ops)
+      : ops_(ops), words_((sizeof(shardopt::MicrobatchState) + 3) / 4),
+        mb_(ops.alloc(Elem::i32, static_cast<std::int64_t>(words_.size()))) {}
+  ~SkipFlagGraph() {
+    if (exec_ != nullptr) (void)cudaGraphExecDestroy(exec_);
+    if (graph_ != nullptr) (void)cudaGraphDestroy(graph_);
+  }
+  SkipFlagGraph(const SkipFlagGraph&) = delete;
+  SkipFlagGraph& operator=(const SkipFlagGraph&) = delete;
+
+  /// The device state the op reads.
+  const shardopt::MicrobatchState* flag() const { return mb_.as<shardopt::MicrobatchState>(); }
+  /// Captures what `op` enqueues on the ops' stream (the flag clear meanwhile).
+  void capture(const std::function<void()>& op) {
+    set_skip(0);
+    ASSERT_EQ(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    op();
+    ASSERT_EQ(cudaStreamEndCapture(stream(), &graph_), cudaSuccess);
+    ASSERT_EQ(cudaGraphInstantiate(&exec_, graph_, 0), cudaSuccess);
+  }
+  /// Sets the flag to `skip`, runs the graph, and returns `dst` (bf16) after it.
+  std::vector<u16> replay(int skip, const Tensor& dst) {
+    set_skip(skip);
+    EXPECT_EQ(cudaGraphLaunch(exec_, stream()), cudaSuccess);
+    std::vector<u16> out(static_cast<std::size_t>(dst.numel));
+    ops_.synchronize();
+    ops_.download(out.data(), dst);
+    return out;
+  }
+
+ private:
+  cudaStream_t stream() const { return reinterpret_cast<cudaStream_t>(ops_.stream()); }
+  void set_skip(int skip) {
+    shardopt::MicrobatchState state{};
+    state.skip_weight_update = skip;
+    std::memcpy(words_.data(), &state, sizeof state);
+    ops_.upload(mb_, words_.data());
+  }
+
+  Ops& ops_;
+  std::vector<i32> words_;
+  Buffer mb_;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 TEST(GpuDequantizeUnderReplay, SkipFlagIsReadWhenTheGraphRuns) {
   // Seed 000 for the MXFP8 compute buffers: one captured decode serves every microbatch; it
   // decodes when the device flag says the weights changed and keeps this step's copy otherwise.
@@ -530,40 +531,19 @@ TEST(GpuDequantizeUnderReplay, SkipFlagIsReadWhenTheGraphRuns) {
          dst = ops->alloc(Elem::bf16, n);
   const std::vector<std::uint8_t> unit(static_cast<std::size_t>(shape.scale_row_numel()), 0x7F);  // 2^0
   ops->upload(scale, unit.data());
-  shardopt::MicrobatchState state{};
-  std::vector<i32> sv((sizeof state + 3) / 4);
-  Buffer mb = ops->alloc(Elem::i32, static_cast<std::int64_t>(sv.size()));
-  auto set_skip = [&](int skip) {
-    state.skip_weight_update = skip;
-    std::memcpy(sv.data(), &state, sizeof state);
-    ops->upload(mb, sv.data());
-  };
-  const cudaStream_t s = reinterpret_cast<cudaStream_t>(ops->stream());
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  set_skip(0);
+  SkipFlagGraph g(*ops);
   const Mxfp8Source src{shape, data.as<std::uint8_t>(), scale.as<std::uint8_t>(), nullptr};
-  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  ops->dequantize_mxfp8({src}, dst, mb.as<shardopt::MicrobatchState>(), ops->stream());
-  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_NO_FATAL_FAILURE(g.capture([&] { ops->dequantize_mxfp8({src}, dst, g.flag(), ops->stream()); }));
   auto replay_with = [&](std::uint8_t byte, int skip) {
     const std::vector<std::uint8_t> bytes(static_cast<std::size_t>(n), byte);
     ops->upload(data, bytes.data());
-    set_skip(skip);
-    EXPECT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
-    std::vector<u16> out(static_cast<std::size_t>(n));
-    ops->synchronize();
-    ops->download(out.data(), dst);
-    return out;
+    return g.replay(skip, dst);
   };
   const std::vector<u16> one(static_cast<std::size_t>(n), math::to_bf16(1.0f)),
       two(static_cast<std::size_t>(n), math::to_bf16(2.0f));
   EXPECT_EQ(replay_with(0x38, 0), one) << "first microbatch: decoded (e4m3 0x38 = 1.0)";
   EXPECT_EQ(replay_with(0x40, 1), one) << "later microbatch: this step's copy is kept";
   EXPECT_EQ(replay_with(0x40, 0), two) << "next step's first microbatch: decoded again (0x40 = 2.0)";
-  (void)cudaGraphExecDestroy(exec);
-  (void)cudaGraphDestroy(graph);
 }
 
 TEST_F(OpsPair, F32NormWeightsAndF32InitAreBitwiseTheirBf16Twins) {
@@ -723,36 +703,15 @@ TEST(GpuPackUnderReplay, SkipFlagIsReadWhenTheGraphRuns) {
   const std::int64_t n = 64;
   std::vector<u16> v0(n, math::to_bf16(1.0f)), v1(n, math::to_bf16(2.0f));
   Buffer src = ops->alloc(Elem::bf16, n), dst = ops->alloc(Elem::bf16, n);
-  shardopt::MicrobatchState state{};
-  std::vector<i32> sv((sizeof state + 3) / 4);
-  Buffer mb = ops->alloc(Elem::i32, static_cast<std::int64_t>(sv.size()));
-  auto set_skip = [&](int skip) {
-    state.skip_weight_update = skip;
-    std::memcpy(sv.data(), &state, sizeof state);
-    ops->upload(mb, sv.data());
-  };
-  const cudaStream_t s = reinterpret_cast<cudaStream_t>(ops->stream());
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  set_skip(0);
-  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  ops->pack({src}, dst, mb.as<shardopt::MicrobatchState>(), ops->stream());
-  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  SkipFlagGraph g(*ops);
+  ASSERT_NO_FATAL_FAILURE(g.capture([&] { ops->pack({src}, dst, g.flag(), ops->stream()); }));
   auto replay_with = [&](const std::vector<u16>& weights, int skip) {
     ops->upload(src, weights.data());
-    set_skip(skip);
-    EXPECT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
-    std::vector<u16> out(n);
-    ops->synchronize();
-    ops->download(out.data(), dst);
-    return out;
+    return g.replay(skip, dst);
   };
   EXPECT_EQ(replay_with(v0, 0), v0) << "first microbatch: packed";
   EXPECT_EQ(replay_with(v1, 1), v0) << "later microbatch: the copy of this step is kept";
   EXPECT_EQ(replay_with(v1, 0), v1) << "next step's first microbatch: packed again";
-  (void)cudaGraphExecDestroy(exec);
-  (void)cudaGraphDestroy(graph);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "comm/comm_impl.hpp"
+#include "common/device_copy.hpp"
 #include "common/error_of.hpp"
 #include "core/memory.hpp"
 #include "shardopt/backend.hpp"
@@ -207,10 +208,7 @@ class TestStream {
 
 // ------------------------------------------------------------------ memory
 
-inline void upload(Backend be, void* dst, const Bytes& src) {
-  copy_async(be, dst, src.data(), src.size(), nullptr);
-  synchronize(be, nullptr);
-}
+inline void upload(Backend be, void* dst, const Bytes& src) { from_host(be, dst, src); }
 
 inline DeviceBuffer to_device(Backend be, const Bytes& src) {
   DeviceBuffer d(be, src.size());
@@ -218,12 +216,7 @@ inline DeviceBuffer to_device(Backend be, const Bytes& src) {
   return d;
 }
 
-inline Bytes download(Backend be, const void* src, std::size_t bytes) {
-  Bytes out(bytes);
-  copy_async(be, out.data(), src, bytes, nullptr);
-  synchronize(be, nullptr);
-  return out;
-}
+inline Bytes download(Backend be, const void* src, std::size_t bytes) { return to_host<std::uint8_t>(be, src, bytes); }
 
 // ------------------------------------------------------------------ element encodings
 

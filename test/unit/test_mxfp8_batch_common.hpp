@@ -271,8 +271,7 @@ struct ListRun {
   }
   template <class T>
   void put(const shardopt::DeviceBuffer& dst, const std::vector<T>& v) const {
-    shardopt::copy_async(backend, dst.data(), v.data(), v.size() * sizeof(T), nullptr);
-    shardopt::synchronize(backend, nullptr);
+    shardopt::test::from_host(backend, dst.data(), v);
   }
   std::vector<shardopt::Mxfp8Tensor> tensors(const TensorList& list) const {
     return list.tensors(src.as<std::uint16_t>(), data_row.as<std::uint8_t>(), data_col.as<std::uint8_t>(),

@@ -3,6 +3,8 @@
 // The expected bytes always come from the oracle in test_mxfp8_reference.hpp.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -188,6 +190,7 @@ std::vector<T> all_reduce_max(const std::vector<std::vector<T>>& per_rank) {
 // ---------------------------------------------------------------------------------
 // Running on either backend (Backend::Host: host memory; Backend::Cuda: device memory).
 
+#include "common/device_copy.hpp"
 #include "core/memory.hpp"
 
 namespace mxfp8_test {
@@ -195,17 +198,13 @@ namespace mxfp8_test {
 template <class T>
 shardopt::DeviceBuffer upload(shardopt::Backend b, const std::vector<T>& v) {
   shardopt::DeviceBuffer d(b, v.size() * sizeof(T));
-  shardopt::copy_async(b, d.data(), v.data(), v.size() * sizeof(T), nullptr);
-  shardopt::synchronize(b, nullptr);
+  shardopt::test::from_host(b, d.data(), v);
   return d;
 }
 
 template <class T>
 std::vector<T> download(shardopt::Backend b, const shardopt::DeviceBuffer& d, std::size_t n) {
-  std::vector<T> v(n);
-  shardopt::copy_async(b, v.data(), d.data(), n * sizeof(T), nullptr);
-  shardopt::synchronize(b, nullptr);
-  return v;
+  return shardopt::test::to_host<T>(b, d.data(), n);
 }
 
 /// Device copies of the four outputs of a shape, poisoned.
@@ -324,6 +323,25 @@ inline mxfp8_ref::Quantized simulate(shardopt::Backend b, Scheme scheme, const s
     }
   }
   return out;
+}
+
+/// Runs both schemes (simulate on backend `b`) and compares with the oracle's `want`;
+/// returns false after the first failure (reported with the shape and the bounds).
+inline bool check_sharding(shardopt::Backend b, const shardopt::Mxfp8Shape& s, const std::vector<float>& master,
+                           const mxfp8_ref::Quantized& want, const std::vector<std::int64_t>& bounds) {
+  for (Scheme scheme : {Scheme::ScaleMax, Scheme::AmaxMax}) {
+    std::string problems;
+    const mxfp8_ref::Quantized got = simulate(b, scheme, s, master, bounds, &problems);
+    const bool ok = problems.empty() && got == want;
+    EXPECT_TRUE(ok) << s.members << "x" << s.rows << "x" << s.cols << " " << to_string(scheme) << " bounds "
+                    << bounds_str(bounds) << ": " << problems
+                    << (got.data_row != want.data_row ? "data_row differs; " : "")
+                    << (got.data_col != want.data_col ? "data_col differs; " : "")
+                    << (got.scale_row != want.scale_row ? "scale_row differs; " : "")
+                    << (got.scale_col != want.scale_col ? "scale_col differs; " : "");
+    if (!ok) return false;
+  }
+  return true;
 }
 
 }  // namespace mxfp8_test

@@ -215,10 +215,15 @@ TEST(Mxfp8ShardBatch, OwnedSchemeEqualsTheSplitSchemeBytewise) {
       }
 }
 
-TEST(Mxfp8ShardBatch, CapturedOwnedAndRestPassesReplayWithTheCurrentMaster) {
-  // Two ranks record the owned pass, the Max exchange and the rest pass on a capturing
-  // HostStream; nothing runs at capture; each replay after the masters change in place
-  // gives the oracle's bytes of the new master.
+/// One phase of a sharded quantize batch on the host backend.
+using ShardPhase = void (*)(const Mxfp8ShardBatch&, Backend, Stream);
+
+/// Two ranks (boundaries mid-block) record `first`, the Max exchange and `second` on a
+/// capturing HostStream; nothing runs at capture. Each of three replays, after the
+/// masters change in place (as Adam writes them) and every arena is poisoned again,
+/// gives the oracle's bytes of the new master: the zero-fill, the master reads and the
+/// scale reads happen at replay. `rest_tiles`: the batch has boundary tiles for `second`.
+void expect_captured_phases_replay_with_the_current_master(ShardPhase first, ShardPhase second, bool rest_tiles) {
   ShardList list({{1, 37, 45}, {3, 40, 72}, {1, 2, 3}, {1, 96, 129}});
   list.fill(14);
   const std::vector<std::vector<std::int64_t>> bounds = {{0, 700, 1665}, {0, 4000, 8640}, {0, 0, 6}, {0, 6000, 12384}};
@@ -228,25 +233,27 @@ TEST(Mxfp8ShardBatch, CapturedOwnedAndRestPassesReplayWithTheCurrentMaster) {
   const RankRun r0(kHost, list, ranks[0], drow.as<std::uint8_t>(), dcol.as<std::uint8_t>());
   const RankRun r1(kHost, list, ranks[1], drow.as<std::uint8_t>(), dcol.as<std::uint8_t>());
   const Mxfp8ShardBatch b0(r0.tensors(list, ranks[0]), kHost), b1(r1.tensors(list, ranks[1]), kHost);
-  EXPECT_GT(b0.rest_tiles(), 0);
+  if (rest_tiles) {
+    EXPECT_GT(b0.rest_tiles(), 0);
+  }
   HostStream stream;
   stream.begin_capture();
-  quantize_mxfp8_shard_owned_batch(b0, kHost, stream.handle());
-  quantize_mxfp8_shard_owned_batch(b1, kHost, stream.handle());
+  first(b0, kHost, stream.handle());
+  first(b1, kHost, stream.handle());
   std::uint8_t* s0 = r0.scales.as<std::uint8_t>();
   std::uint8_t* s1 = r1.scales.as<std::uint8_t>();
   const std::size_t bytes = static_cast<std::size_t>(list.scale_bytes);
-  host_enqueue(stream.handle(), [s0, s1, bytes] {
+  host_enqueue(stream.handle(), [s0, s1, bytes] {  // the Max all-reduce: both ranks end with the same bytes
     for (std::size_t i = 0; i < bytes; ++i) s0[i] = s1[i] = std::max(s0[i], s1[i]);
   });
-  quantize_mxfp8_shard_rest_batch(b0, kHost, stream.handle());
-  quantize_mxfp8_shard_rest_batch(b1, kHost, stream.handle());
+  second(b0, kHost, stream.handle());
+  second(b1, kHost, stream.handle());
   const HostGraph graph = stream.end_capture();
-  EXPECT_EQ(r0.get_scales(), list.poisoned_scales()) << "the owned pass ran at capture";
-  EXPECT_EQ(r0.get_data().row, poison) << "a pass ran at capture";
+  EXPECT_EQ(r0.get_scales(), list.poisoned_scales()) << "the first phase ran at capture";
+  EXPECT_EQ(r0.get_data().row, poison) << "a phase ran at capture";
   std::vector<std::uint8_t> previous;
   for (std::uint32_t step = 0; step < 3; ++step) {
-    list.fill(40 + 10 * step);
+    list.fill(40 + 10 * step);  // Adam writes the masters in place
     ranks = world_layouts(list, bounds);
     r0.put_master(ranks[0].master_arena);
     r1.put_master(ranks[1].master_arena);
@@ -261,6 +268,12 @@ TEST(Mxfp8ShardBatch, CapturedOwnedAndRestPassesReplayWithTheCurrentMaster) {
     EXPECT_NE(r0.get_scales(), previous) << "the masters did not change";
     previous = r0.get_scales();
   }
+}
+
+TEST(Mxfp8ShardBatch, CapturedOwnedAndRestPassesReplayWithTheCurrentMaster) {
+  // The owned pass, the exchange and the rest pass (expect_captured_phases_...).
+  expect_captured_phases_replay_with_the_current_master(quantize_mxfp8_shard_owned_batch,
+                                                        quantize_mxfp8_shard_rest_batch, /*rest_tiles=*/true);
 }
 
 // ------------------------------------------------------------------ batch == per-tensor calls
@@ -673,51 +686,9 @@ TEST(Mxfp8ShardBatch, BadListsAreRejectedNamingTheTensor) {
 // ------------------------------------------------------------------ capture
 
 TEST(Mxfp8ShardBatch, CapturedPhasesReplayWithTheCurrentMaster) {
-  // Two ranks (boundaries mid-block) record phase 1, the Max exchange and phase 2 on a
-  // capturing HostStream; nothing runs at capture. Each replay, after the masters
-  // change in place and every arena is poisoned again, gives the oracle's bytes of the
-  // new master: the zero-fill, the master reads and the scale reads happen at replay.
-  ShardList list({{1, 37, 45}, {3, 40, 72}, {1, 2, 3}, {1, 96, 129}});
-  list.fill(14);
-  const std::vector<std::vector<std::int64_t>> bounds = {{0, 700, 1665}, {0, 4000, 8640}, {0, 0, 6}, {0, 6000, 12384}};
-  std::vector<RankLayout> ranks = world_layouts(list, bounds);
-  const std::vector<std::uint8_t> poison(static_cast<std::size_t>(list.data_bytes), kPoison);
-  const DeviceBuffer drow = upload(kHost, poison), dcol = upload(kHost, poison);
-  const RankRun r0(kHost, list, ranks[0], drow.as<std::uint8_t>(), dcol.as<std::uint8_t>());
-  const RankRun r1(kHost, list, ranks[1], drow.as<std::uint8_t>(), dcol.as<std::uint8_t>());
-  const Mxfp8ShardBatch b0(r0.tensors(list, ranks[0]), kHost), b1(r1.tensors(list, ranks[1]), kHost);
-  HostStream stream;
-  stream.begin_capture();
-  mxfp8_partial_scales_batch(b0, kHost, stream.handle());
-  mxfp8_partial_scales_batch(b1, kHost, stream.handle());
-  std::uint8_t* s0 = r0.scales.as<std::uint8_t>();
-  std::uint8_t* s1 = r1.scales.as<std::uint8_t>();
-  const std::size_t bytes = static_cast<std::size_t>(list.scale_bytes);
-  host_enqueue(stream.handle(), [s0, s1, bytes] {  // the Max all-reduce: both ranks end with the same bytes
-    for (std::size_t i = 0; i < bytes; ++i) s0[i] = s1[i] = std::max(s0[i], s1[i]);
-  });
-  quantize_mxfp8_shard_data_batch(b0, kHost, stream.handle());
-  quantize_mxfp8_shard_data_batch(b1, kHost, stream.handle());
-  const HostGraph graph = stream.end_capture();
-  EXPECT_EQ(r0.get_scales(), list.poisoned_scales()) << "phase 1 ran at capture";
-  EXPECT_EQ(r0.get_data().row, poison) << "phase 2 ran at capture";
-  std::vector<std::uint8_t> previous;
-  for (std::uint32_t step = 0; step < 3; ++step) {
-    list.fill(40 + 10 * step);  // Adam writes the masters in place
-    ranks = world_layouts(list, bounds);
-    r0.put_master(ranks[0].master_arena);
-    r1.put_master(ranks[1].master_arena);
-    r0.put_scales(list.poisoned_scales());
-    r1.put_scales(list.poisoned_scales());
-    r0.poison_data();
-    graph.replay();
-    const std::string d = byte_diff("rank 0 scales", r0.get_scales(), list.expected_scales()) +
-                          byte_diff("rank 1 scales", r1.get_scales(), list.expected_scales()) +
-                          data_diff(r0.get_data(), whole_data(list));
-    EXPECT_TRUE(d.empty()) << "replay " << step << ": " << d;
-    EXPECT_NE(r0.get_scales(), previous) << "the masters did not change";
-    previous = r0.get_scales();
-  }
+  // Phase 1, the exchange and phase 2 (expect_captured_phases_...).
+  expect_captured_phases_replay_with_the_current_master(mxfp8_partial_scales_batch, quantize_mxfp8_shard_data_batch,
+                                                        /*rest_tiles=*/false);
 }
 
 // ------------------------------------------------------------------ a real layout

@@ -420,9 +420,8 @@ struct RankRun {
   DataArenas get_data() const {
     DataArenas a{std::vector<std::uint8_t>(static_cast<std::size_t>(data_bytes)),
                  std::vector<std::uint8_t>(static_cast<std::size_t>(data_bytes))};
-    shardopt::copy_async(backend, a.row.data(), row_base, a.row.size(), nullptr);
-    shardopt::copy_async(backend, a.col.data(), col_base, a.col.size(), nullptr);
-    shardopt::synchronize(backend, nullptr);
+    shardopt::test::bytes_to_host(backend, a.row.data(), row_base, a.row.size());
+    shardopt::test::bytes_to_host(backend, a.col.data(), col_base, a.col.size());
     return a;
   }
   void poison_data() const {
@@ -432,8 +431,7 @@ struct RankRun {
   }
   template <class T>
   void put(void* dst, const std::vector<T>& v) const {
-    shardopt::copy_async(backend, dst, v.data(), v.size() * sizeof(T), nullptr);
-    shardopt::synchronize(backend, nullptr);
+    shardopt::test::from_host(backend, dst, v);
   }
 };
 

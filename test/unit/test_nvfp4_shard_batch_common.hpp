@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/device_copy.hpp"
 #include "core/memory.hpp"
 #include "shardopt/nvfp4.hpp"
 #include "unit/test_nvfp4_common.hpp"
@@ -86,10 +87,9 @@ inline std::vector<nvfp4_ref::Quantized> simulate_batch(shardopt::Backend b, con
     const std::size_t bytes = combined.size() * sizeof(std::uint32_t);
     for (int r = 0; r < world; ++r) {
       const RankTensor& m = *ranks[static_cast<std::size_t>(r)][t];
-      copy_async(b, m.amax.data(), combined.data(), bytes, nullptr);
-      copy_async(b, m.call_amax.data(), combined.data(), bytes, nullptr);
+      shardopt::test::bytes_to_device(b, m.amax.data(), combined.data(), bytes);
+      shardopt::test::bytes_to_device(b, m.call_amax.data(), combined.data(), bytes);
     }
-    synchronize(b, nullptr);
     out[t].data.assign(static_cast<std::size_t>(cases[t].shape.data_bytes()), 0);
   }
   for (int r = 0; r < world; ++r) {

@@ -23,38 +23,13 @@
 #include "model.hpp"
 #include "model_spec.hpp"
 #include "text_data.hpp"
+#include "trainer_check_util.hpp"
 #include "weights.hpp"
 
 namespace trainer {
 namespace {
 
-std::vector<double> random_vector(std::size_t n, std::uint32_t seed, double scale = 1.0) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<double> u(-scale, scale);
-  std::vector<double> v(n);
-  for (auto& x : v) x = u(gen);
-  return v;
-}
-
-double central(std::vector<double>& x, std::size_t i, const std::function<double()>& f, double eps = 1e-6) {
-  const double keep = x[i];
-  x[i] = keep + eps;
-  const double up = f();
-  x[i] = keep - eps;
-  const double down = f();
-  x[i] = keep;
-  return (up - down) / (2.0 * eps);
-}
-
-double dot(const std::vector<double>& a, const std::vector<double>& b) {
-  double s = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
-
-void expect_grad(double analytic, double numeric, const std::string& what) {
-  EXPECT_NEAR(analytic, numeric, 1e-7 * std::max(1.0, std::fabs(numeric))) << what;
-}
+using namespace check;
 
 TEST(GptOps, GeluMatchesTheErfFormulaAndItsBackwardFiniteDifferences) {
   // Oracle: 0.5 x (1 + erf(x / sqrt 2)) written here.
@@ -126,7 +101,6 @@ ModelConfig gpt_check_config() {
 }
 std::vector<std::int32_t> gpt_tokens() { return {4, 10, 4, 0, 7, 3, 4, 3, 10, 9}; }
 std::vector<std::int32_t> gpt_targets() { return {1, 5, 1, 10, 3, 0, 2, 8, 5, 6}; }
-double* dptr(const Tensor& t) { return t.as<double>(); }
 
 /// Sets every parameter to a random value of the size the trained model has (the init of
 /// 0.02 makes attention almost uniform, which would check little).
@@ -146,36 +120,7 @@ TEST(GptModel, GradientsMatchFiniteDifferences) {
   ASSERT_EQ(spec.num_params(), 2 + 6 * 2 + 2);
   ArrayWeights w(*ops, spec);
   randomize(w, spec, 0.6);
-  ModelOptions mo;
-  mo.generate_batch = false;
-  Model model(spec, *ops, mo);
-  model.set_batch(gpt_tokens(), gpt_targets());
-  model.microbatch(w, ops->stream());
-  const double loss0 = dptr(model.loss_slots())[0];
-  EXPECT_GT(loss0, 0.5);
-  auto loss = [&] {
-    model.forward(w, ops->stream());
-    return dptr(model.loss_slots())[0];
-  };
-  int checked = 0;
-  for (int i = 0; i < spec.num_params(); ++i) {
-    const Tensor p = w.param(i), g = w.grad(i);
-    std::vector<double> vals(dptr(p), dptr(p) + p.numel);
-    const std::int64_t step = std::max<std::int64_t>(1, p.numel / 9);
-    for (std::int64_t j = 0; j < p.numel; j += step) {
-      auto f = [&] {
-        std::copy(vals.begin(), vals.end(), dptr(p));
-        return loss();
-      };
-      const double numeric = central(vals, static_cast<std::size_t>(j), f, 1e-6);
-      std::copy(vals.begin(), vals.end(), dptr(p));
-      EXPECT_NEAR(dptr(g)[j], numeric, 2e-7 * std::max(1e-2, std::fabs(numeric)))
-          << spec.params()[static_cast<std::size_t>(i)].name << " element " << j;
-      ++checked;
-    }
-  }
-  EXPECT_GT(checked, 120);
-  EXPECT_NEAR(loss(), loss0, 1e-14);
+  expect_model_gradients_match_finite_differences(spec, *ops, w, gpt_tokens(), gpt_targets(), 9, 120);
 }
 
 TEST(GptModel, AttentionIsCausalAndSequencesAreIndependent) {
@@ -223,25 +168,7 @@ TEST(GptModel, MixedPrecisionHostModelTracksTheDoubleModel) {
       dptr(d)[j] = math::from_bf16(m.as<std::uint16_t>()[j]);
     }
   }
-  ModelOptions mo;
-  mo.generate_batch = false;
-  Model md(spec, *dops, mo), mm(spec, *mops, mo);
-  md.set_batch(gpt_tokens(), gpt_targets());
-  mm.set_batch(gpt_tokens(), gpt_targets());
-  md.microbatch(wd, dops->stream());
-  mm.microbatch(wm, mops->stream());
-  const double ld = dptr(md.loss_slots())[0], lm = mm.loss_slots().as<float>()[0];
-  EXPECT_NEAR(lm, ld, 2e-2 * ld);
-  for (int i = 0; i < spec.num_params(); ++i) {
-    const Tensor gd = wd.grad(i), gm = wm.grad(i);
-    double num = 0, den = 0;
-    for (std::int64_t j = 0; j < gd.numel; ++j) {
-      const double diff = dptr(gd)[j] - gm.as<float>()[j];
-      num += diff * diff;
-      den += dptr(gd)[j] * dptr(gd)[j];
-    }
-    EXPECT_LT(std::sqrt(num), 0.05 * std::sqrt(den) + 1e-6) << spec.params()[static_cast<std::size_t>(i)].name;
-  }
+  expect_mixed_tracks_double(spec, *dops, wd, *mops, wm, gpt_tokens(), gpt_targets());
 }
 
 TEST(GptModel, EvalForwardWritesItsOwnSlotAndNoGradient) {

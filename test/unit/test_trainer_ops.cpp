@@ -19,39 +19,13 @@
 #include "host_ops.hpp"
 #include "model.hpp"
 #include "model_spec.hpp"
+#include "trainer_check_util.hpp"
 #include "weights.hpp"
 
 namespace trainer {
 namespace {
 
-std::vector<double> random_vector(std::size_t n, std::uint32_t seed, double scale = 1.0) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<double> u(-scale, scale);
-  std::vector<double> v(n);
-  for (auto& x : v) x = u(gen);
-  return v;
-}
-
-/// Central difference of f at x[i].
-double central(std::vector<double>& x, std::size_t i, const std::function<double()>& f, double eps = 1e-6) {
-  const double keep = x[i];
-  x[i] = keep + eps;
-  const double up = f();
-  x[i] = keep - eps;
-  const double down = f();
-  x[i] = keep;
-  return (up - down) / (2.0 * eps);
-}
-
-void expect_grad(double analytic, double numeric, const std::string& what) {
-  EXPECT_NEAR(analytic, numeric, 1e-7 * std::max(1.0, std::fabs(numeric))) << what;
-}
-
-double dot(const std::vector<double>& a, const std::vector<double>& b) {
-  double s = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
+using namespace check;
 
 TEST(TrainerOps, RmsNormBackwardMatchesFiniteDifferences) {
   const std::int64_t T = 3, H = 7;
@@ -189,50 +163,14 @@ ModelConfig check_config() {
 std::vector<std::int32_t> check_tokens() { return {4, 11, 4, 0, 7, 12, 4, 3, 11, 9}; }
 std::vector<std::int32_t> check_targets() { return {1, 5, 1, 12, 3, 0, 2, 8, 5, 6}; }
 
-/// Reads tensor t of a double-precision host model as a vector (host memory: a view).
-double* dptr(const Tensor& t) { return t.as<double>(); }
-
 class WholeModel : public ::testing::TestWithParam<bool> {};
 
 TEST_P(WholeModel, GradientsMatchFiniteDifferences) {
-  const bool discrete = GetParam();
-  auto ops = make_host_ops(Precision::Double);
-  ModelSpec spec(check_config(), discrete);
-  ArrayWeights w(*ops, spec);
-  ModelOptions mo;
-  mo.generate_batch = false;
-  Model model(spec, *ops, mo);
-  model.set_batch(check_tokens(), check_targets());
-  model.microbatch(w, ops->stream());
   // The routing must exercise dropping: at least one token without a slot in some layer.
-  const double loss0 = dptr(model.loss_slots())[0];
-  EXPECT_GT(loss0, 0.5);
-  auto loss = [&] {
-    model.forward(w, ops->stream());
-    return dptr(model.loss_slots())[0];
-  };
-  int checked = 0;
-  for (int i = 0; i < spec.num_params(); ++i) {
-    const Tensor p = w.param(i), g = w.grad(i);
-    std::vector<double> vals(dptr(p), dptr(p) + p.numel);
-    // Up to 7 elements per parameter, spread over it.
-    const std::int64_t step = std::max<std::int64_t>(1, p.numel / 7);
-    for (std::int64_t j = 0; j < p.numel; j += step) {
-      auto f = [&] {
-        std::copy(vals.begin(), vals.end(), dptr(p));
-        return loss();
-      };
-      const double numeric = central(vals, static_cast<std::size_t>(j), f, 1e-6);
-      std::copy(vals.begin(), vals.end(), dptr(p));
-      const double analytic = dptr(g)[j];
-      EXPECT_NEAR(analytic, numeric, 2e-7 * std::max(1e-2, std::fabs(numeric)))
-          << spec.params()[static_cast<std::size_t>(i)].name << " element " << j;
-      ++checked;
-    }
-  }
-  EXPECT_GT(checked, 100);
-  // The loss of the last forward (unperturbed) equals the first.
-  EXPECT_NEAR(loss(), loss0, 1e-14);
+  auto ops = make_host_ops(Precision::Double);
+  ModelSpec spec(check_config(), GetParam());
+  ArrayWeights w(*ops, spec);
+  expect_model_gradients_match_finite_differences(spec, *ops, w, check_tokens(), check_targets(), 7, 100);
 }
 
 TEST_P(WholeModel, PerParameterSumOfSquaresIsTheGradientNorm) {
@@ -318,25 +256,7 @@ TEST(TrainerModel, MixedPrecisionHostModelTracksTheDoubleModel) {
     const Tensor d = wd.param(i), m = wm.param(i);
     for (std::int64_t j = 0; j < d.numel; ++j) dptr(d)[j] = math::from_bf16(m.as<std::uint16_t>()[j]);
   }
-  ModelOptions mo;
-  mo.generate_batch = false;
-  Model md(spec, *dops, mo), mm(spec, *mops, mo);
-  md.set_batch(check_tokens(), check_targets());
-  mm.set_batch(check_tokens(), check_targets());
-  md.microbatch(wd, dops->stream());
-  mm.microbatch(wm, mops->stream());
-  const double ld = dptr(md.loss_slots())[0], lm = mm.loss_slots().as<float>()[0];
-  EXPECT_NEAR(lm, ld, 2e-2 * ld);
-  for (int i = 0; i < spec.num_params(); ++i) {
-    const Tensor gd = wd.grad(i), gm = wm.grad(i);
-    double num = 0, den = 0;
-    for (std::int64_t j = 0; j < gd.numel; ++j) {
-      const double diff = dptr(gd)[j] - gm.as<float>()[j];
-      num += diff * diff;
-      den += dptr(gd)[j] * dptr(gd)[j];
-    }
-    EXPECT_LT(std::sqrt(num), 0.05 * std::sqrt(den) + 1e-6) << spec.params()[static_cast<std::size_t>(i)].name;
-  }
+  expect_mixed_tracks_double(spec, *dops, wd, *mops, wm, check_tokens(), check_targets());
 }
 
 // ---------------------------------------------------------------- MXFP8 weights for compute
