@@ -11,7 +11,7 @@
 #
 #   bash scripts/device_suite.sh [phase ...]
 # Phases (default: all that the machine's GPU count allows):
-#   build         configure and build (build-gpu/, sm_90)
+#   build         configure and build (build-gpu/, sm_90, warnings are errors: see phase_build)
 #   tests1        single-GPU suites (+ one-rank MPI suites)
 #   testsN        multi-GPU suites (mpirun, one rank per GPU)
 #   adam          bench_adam + PyTorch peer + the 100-step torch comparison
@@ -56,12 +56,23 @@ phase_build() {
   { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nvcc --version | tail -1;
     meson --version; mpirun --version 2>&1 | head -1; python3 -c 'import torch; print("torch", torch.__version__)'; } 2>&1 | tee -a "$SUMMARY"
   log "== build ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $GPUS GPUs)"
-  # nvcc's warnings are errors here (-Werror=all-warnings covers the device front end's
-  # diagnostics such as #128-D and #177-D); the host compiler's -Werror is the host CI
-  # build's (meson -Dwerror=true), added here once the tests build clean under it.
+  # Warnings are errors, as in CI's build: -Dwerror=true gives the host compiler's -Werror
+  # and nvcc's -Werror=all-warnings (meson.build; it covers the device front end's
+  # diagnostics such as #128-D and #177-D). A build that fails only under -Werror (the
+  # device's compiler may warn where CI's does not) is built again without it, so that the
+  # tests and benchmarks still run: summary.txt then says BUILD WARNINGS with the first
+  # warnings, and the script exits non-zero.
   { [ -f "$BUILD/build.ninja" ] ||
-      meson setup "$BUILD" -Dcuda-arch=90 -Dbuildtype=release -Dcuda_args=-Werror=all-warnings; } >>"$OUT/build.log" 2>&1
-  if ninja -C "$BUILD" >>"$OUT/build.log" 2>&1; then log "build ok"; else log "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; fi
+      meson setup "$BUILD" -Dcuda-arch=90 -Dbuildtype=release -Dwerror=true; } >>"$OUT/build.log" 2>&1
+  if ninja -C "$BUILD" >>"$OUT/build.log" 2>&1; then
+    log "build ok (warnings are errors)"
+  elif meson configure "$BUILD" -Dwerror=false >>"$OUT/build.log" 2>&1 && ninja -C "$BUILD" >>"$OUT/build.log" 2>&1; then
+    log "BUILD WARNINGS: the build fails with warnings as errors; built without -Werror (build.log has them all):"
+    grep -E '(warning|error)( #[0-9]+-D)?:' "$OUT/build.log" | head -20 | tee -a "$SUMMARY"
+    status=1
+  else
+    log "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1
+  fi
 }
 
 run_suite() {  # name, meson test args...
@@ -488,4 +499,4 @@ fi
 for p in "${phases[@]}"; do "phase_$p"; done
 tar czf "$OUT/results.tgz" bench/results 2>/dev/null
 log "done in ${SECONDS}s"
-exit "${status:-0}"  # non-zero when the sanitize phase found anything
+exit "${status:-0}"  # non-zero when the sanitize phase found anything, or the build warned

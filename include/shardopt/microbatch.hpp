@@ -1,4 +1,4 @@
-// shardopt/microbatch.hpp - per-microbatch state that lives on the device (seeds 000, 002).
+// shardopt/microbatch.hpp - per-microbatch state that lives on the device.
 //
 // One captured microbatch graph serves every microbatch of a step only if nothing in it
 // depends on a host value frozen at capture. So the microbatch counter and the flags a

@@ -1,3 +1,7 @@
+// Fsdp: construction (the units, the layout, the shards and slots), the gradient slot
+// and its reduce-scatters, step and zero_grad, checkpoints and the accessors. The
+// iteration plan is in fsdp_plan.cpp, the staging in fsdp_staging.cpp; the Impl they
+// share in fsdp_impl.hpp.
 #include "shardopt/fsdp.hpp"
 
 #include <algorithm>
@@ -9,26 +13,21 @@
 #include "comm/comm_impl.hpp"
 #include "comm/deadline.hpp"
 #include "core/check.hpp"
-#include "core/live.hpp"
 #include "core/memory.hpp"
 #include "core/trace.hpp"
 #include "core/streams.hpp"
 #include "kernels/convert.hpp"
 #include "kernels/piece_sum.hpp"
 #include "optimizer/checkpoint.hpp"
+#include "optimizer/fsdp_impl.hpp"
 #include "optimizer/kernel_preload.hpp"
 #include "optimizer/options_agreement.hpp"
 #include "optimizer/shard_engine.hpp"
-#include "optimizer/step_target.hpp"
 #include "quantized/mxfp8_params.hpp"
 #include "quantized/quantized_params.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt {
-namespace {
-// Named by the errors of the calls that need an initialized master.
-constexpr const char* kInitCalls = "init_master(stream) (after writing the shard_param(i) pieces)";
-}  // namespace
 namespace {
 
 int shard_size_of(const Communicator& comm, const FsdpOptions& o) {
@@ -65,481 +64,194 @@ std::vector<int> unit_ids(const std::vector<FsdpUnit>& units, std::size_t params
 
 }  // namespace
 
-class Fsdp::Impl final : public detail::StepTarget {
- public:
-  // One layout buffer's part of a unit: its element range there, and where the part
-  // starts in the unit's gradient slot (`grad_at`) and in its parameter place (`at`:
-  // the native param slot, or an MXFP8 plane place; elements).
-  struct Part {
-    std::int64_t begin = 0, end = 0;
-    std::int64_t grad_at = 0, at = 0;
-  };
-  struct UnitInfo {
-    std::vector<int> buckets;  // every bucket of the unit, in layout order
-    std::vector<Part> parts;   // per layout buffer (empty range: none there)
-    std::int64_t numel = 0;    // elements of every part (the gradient slot's extent)
-    std::int64_t native = 0;   // elements of the native parts (param slot extent)
-    std::int64_t mx = 0;       // elements of the MXFP8 parts (bytes of one plane)
-  };
-
-  Impl(Communicator c, std::vector<ParamSpec> specs, std::vector<FsdpUnit> u, FsdpOptions o)
-      : world(std::move(c)),
-        opt(std::move(o)),
-        backend(world.backend()),
-        units(std::move(u)),
-        shard_size(shard_size_of(world, opt)),
-        shard_comm(shard_size == world.size() ? world : world.split(world.rank() / shard_size, world.rank())),
-        replica_comm(shard_size == world.size() ? Communicator::self(backend)
-                                                : world.split(world.rank() % shard_size, world.rank())),
-        layout(make_layout(std::move(specs))),
-        psize(size_of(opt.param_dtype)),
-        gsize(size_of(opt.grad_dtype)),
-        slot_gsize(size_of(opt.slot_grad_dtype)),
-        state(backend, layout, shard_comm.rank(), detail::EngineSettings{opt, opt.grad_dtype, /*shard_addressed=*/true,
-                                                               opt.persistent_grad_copies, "FsdpOptions"}),
-        gather_stream(backend),
-        reduce_stream(backend),
-        slot_ready{Event(backend), Event(backend)},
-        stage_ready{Event(backend), Event(backend)},
-        grad_free(backend),
-        gather_go(backend),
-        reduce_go(backend) {
-    SHARDOPT_REQUIRE(opt.grad_reduce == ReduceOp::Sum || opt.grad_reduce == ReduceOp::Average,
-                     ErrorCode::InvalidArgument, "grad_reduce must be Sum or Average");
-    SHARDOPT_REQUIRE(is_float_storage(opt.slot_grad_dtype), ErrorCode::InvalidArgument,
-                     "slot_grad_dtype must be f32, bf16 or f16");
-    // Every rank must agree: the shard group names the first differing parameter; with
-    // replicas, the groups must also agree with each other.
-    check_layout(shard_comm, layout);
-    if (replica_comm.size() > 1) {
-      const auto prints = world.all_gather_value(layout.fingerprint());
-      for (std::size_t r = 0; r < prints.size(); ++r)
-        SHARDOPT_REQUIRE(prints[r] == prints[0], ErrorCode::LayoutMismatch,
-                         "rank " + std::to_string(r) + " computed a different FSDP layout than rank 0 (its shard "
-                         "group agrees within itself); give every rank the same specs, units and options");
-    }
-    const auto& L = layout;
-    const std::size_t nbuf = L.buffers().size();
-    quantized = opt.param_format == ParamFormat::Mxfp8 ? detail::quantized_buffers(L) : std::vector<bool>(nbuf, false);
-    info.resize(units.size());
-    for (auto& ui : info) ui.parts.resize(nbuf);
-    for (std::size_t b = 0; b < L.buckets().size(); ++b) {
-      UnitInfo& ui = info[static_cast<std::size_t>(L.bucket_units()[b])];
-      const Bucket& bk = L.buckets()[b];
-      Part& part = ui.parts[static_cast<std::size_t>(bk.buffer)];
-      if (part.begin == part.end) part.begin = bk.range.begin;
-      part.end = bk.range.end;
-      ui.buckets.push_back(static_cast<int>(b));
-    }
-    std::int64_t max_native = 0;
-    for (auto& ui : info) {
-      for (std::size_t b = 0; b < nbuf; ++b) {
-        Part& part = ui.parts[b];
-        std::int64_t& kind = quantized[b] ? ui.mx : ui.native;
-        part.grad_at = ui.numel;
-        part.at = kind;
-        ui.numel += part.end - part.begin;
-        kind += part.end - part.begin;
-      }
-      max_numel = std::max(max_numel, ui.numel);
-      max_native = std::max(max_native, ui.native);
-      max_mx = std::max(max_mx, ui.mx);
-    }
-    param_shards.resize(nbuf);
-    grad_shards.resize(nbuf);
+Fsdp::Impl::Impl(Communicator c, std::vector<ParamSpec> specs, std::vector<FsdpUnit> u, FsdpOptions o)
+    : world(std::move(c)),
+      opt(std::move(o)),
+      backend(world.backend()),
+      units(std::move(u)),
+      shard_size(shard_size_of(world, opt)),
+      shard_comm(shard_size == world.size() ? world : world.split(world.rank() / shard_size, world.rank())),
+      replica_comm(shard_size == world.size() ? Communicator::self(backend)
+                                              : world.split(world.rank() % shard_size, world.rank())),
+      layout(make_layout(std::move(specs))),
+      psize(size_of(opt.param_dtype)),
+      gsize(size_of(opt.grad_dtype)),
+      slot_gsize(size_of(opt.slot_grad_dtype)),
+      state(backend, layout, shard_comm.rank(), detail::EngineSettings{opt, opt.grad_dtype, /*shard_addressed=*/true,
+                                                             opt.persistent_grad_copies, "FsdpOptions"}),
+      gather_stream(backend),
+      reduce_stream(backend),
+      slot_ready{Event(backend), Event(backend)},
+      stage_ready{Event(backend), Event(backend)},
+      grad_free(backend),
+      gather_go(backend),
+      reduce_go(backend) {
+  SHARDOPT_REQUIRE(opt.grad_reduce == ReduceOp::Sum || opt.grad_reduce == ReduceOp::Average,
+                   ErrorCode::InvalidArgument, "grad_reduce must be Sum or Average");
+  SHARDOPT_REQUIRE(is_float_storage(opt.slot_grad_dtype), ErrorCode::InvalidArgument,
+                   "slot_grad_dtype must be f32, bf16 or f16");
+  // Every rank must agree: the shard group names the first differing parameter; with
+  // replicas, the groups must also agree with each other.
+  check_layout(shard_comm, layout);
+  if (replica_comm.size() > 1) {
+    const auto prints = world.all_gather_value(layout.fingerprint());
+    for (std::size_t r = 0; r < prints.size(); ++r)
+      SHARDOPT_REQUIRE(prints[r] == prints[0], ErrorCode::LayoutMismatch,
+                       "rank " + std::to_string(r) + " computed a different FSDP layout than rank 0 (its shard "
+                       "group agrees within itself); give every rank the same specs, units and options");
+  }
+  const auto& L = layout;
+  const std::size_t nbuf = L.buffers().size();
+  quantized = opt.param_format == ParamFormat::Mxfp8 ? detail::quantized_buffers(L) : std::vector<bool>(nbuf, false);
+  info.resize(units.size());
+  for (auto& ui : info) ui.parts.resize(nbuf);
+  for (std::size_t b = 0; b < L.buckets().size(); ++b) {
+    UnitInfo& ui = info[static_cast<std::size_t>(L.bucket_units()[b])];
+    const Bucket& bk = L.buckets()[b];
+    Part& part = ui.parts[static_cast<std::size_t>(bk.buffer)];
+    if (part.begin == part.end) part.begin = bk.range.begin;
+    part.end = bk.range.end;
+    ui.buckets.push_back(static_cast<int>(b));
+  }
+  std::int64_t max_native = 0;
+  for (auto& ui : info) {
     for (std::size_t b = 0; b < nbuf; ++b) {
-      const auto shard = static_cast<std::size_t>(L.buffers()[b].shard_numel);
-      if (!quantized[b]) param_shards[b] = DeviceBuffer(backend, shard * psize);
-      grad_shards[b] = DeviceBuffer(backend, shard * gsize);
-      fill_zero_async(backend, param_shards[b].data(), param_shards[b].bytes(), nullptr);
-      fill_zero_async(backend, grad_shards[b].data(), grad_shards[b].bytes(), nullptr);
+      Part& part = ui.parts[b];
+      std::int64_t& kind = quantized[b] ? ui.mx : ui.native;
+      part.grad_at = ui.numel;
+      part.at = kind;
+      ui.numel += part.end - part.begin;
+      kind += part.end - part.begin;
     }
-    for (auto& s : param_slots) s = DeviceBuffer(backend, static_cast<std::size_t>(max_native) * psize);
-    grad_slot = DeviceBuffer(backend, static_cast<std::size_t>(max_numel) * slot_gsize);
-    // MXFP8: the two staging halves of max_mx bytes fit the gradient slot (2 or more
-    // bytes per element); the columnwise slot receives the backward planes.
-    col_slot = DeviceBuffer(backend, static_cast<std::size_t>(max_mx));
-    if (backend == Backend::Host) {
-      // The host backend's landing places (see Landing): a gather lands when waited.
-      for (auto& l : slot_landing) l.place = DeviceBuffer(backend, static_cast<std::size_t>(max_native) * psize);
-      for (auto& l : half_landing) l.place = DeviceBuffer(backend, static_cast<std::size_t>(max_mx));
-      for (auto* l : {&slot_landing[0], &slot_landing[1], &half_landing[0], &half_landing[1]})
-        fill_zero_async(backend, l->place.data(), l->place.bytes(), nullptr);
-    }
-    fill_zero_async(backend, grad_slot.data(), grad_slot.bytes(), nullptr);
-    allocate_reduce_scratch();
-    shardopt::synchronize(backend, nullptr);
-    for (std::size_t b = 0; b < nbuf; ++b)
-      state.bind(static_cast<int>(b), grad_shards[b].data(), quantized[b] ? nullptr : param_shards[b].data());
-    state.check_muon_agreement(shard_comm);  // Muon groups: the same matrices and homes in the shard group
-    if (opt.param_format == ParamFormat::Mxfp8) {
-      // The sharded quantize of distributed Adam (scheme A), with the data planes kept as
-      // this rank's shard; the scale exchange runs on the shard group.
-      auto exchange = [this](void* data, std::int64_t count, DType dt, Stream s) {
-        std::optional<detail::OperationLabel> label;  // names it if a host-backend wait times out
-        if (backend == Backend::Host) label.emplace("MXFP8 scale Max all-reduce");
-        shard_comm.all_reduce(data, count, dt, ReduceOp::Max, s);
-      };
-      mx = std::make_unique<detail::QuantizedParams>(backend, layout, shard_comm.rank(), exchange,
-                                                     detail::master_pieces(state, layout), quantized,
-                                                     detail::make_mxfp8_format);
-    }
+    max_numel = std::max(max_numel, ui.numel);
+    max_native = std::max(max_native, ui.native);
+    max_mx = std::max(max_mx, ui.mx);
   }
-
-  Layout make_layout(std::vector<ParamSpec> specs) {
-    unit_of_param = unit_ids(units, specs.size());
-    SHARDOPT_REQUIRE(is_float_storage(opt.param_dtype), ErrorCode::InvalidArgument,
-                     "param_dtype must be f32, bf16 or f16");
-    SHARDOPT_REQUIRE(opt.param_format != ParamFormat::Nvfp4, ErrorCode::Unsupported,
-                     "FsdpOptions::param_format Nvfp4: NVFP4 parameters exist only in DistributedAdam; use Mxfp8 or "
-                     "Native with Fsdp");
-    for (auto& s : specs) s.dtype = opt.param_dtype;  // native slots hold one dtype
-    LayoutOptions lo;
-    lo.bucket_numel = opt.bucket_numel;
-    lo.param_units = unit_of_param;
-    // MXFP8: the quantized parameters form a buffer of their own (a unit then has a part
-    // in each buffer).
-    if (opt.param_format == ParamFormat::Mxfp8) lo.param_storage = detail::quantized_storage(specs);
-    return Layout(std::move(specs), shard_size, lo);
+  param_shards.resize(nbuf);
+  grad_shards.resize(nbuf);
+  for (std::size_t b = 0; b < nbuf; ++b) {
+    const auto shard = static_cast<std::size_t>(L.buffers()[b].shard_numel);
+    if (!quantized[b]) param_shards[b] = DeviceBuffer(backend, shard * psize);
+    grad_shards[b] = DeviceBuffer(backend, shard * gsize);
+    fill_zero_async(backend, param_shards[b].data(), param_shards[b].bytes(), nullptr);
+    fill_zero_async(backend, grad_shards[b].data(), grad_shards[b].bytes(), nullptr);
   }
-
-  bool mx_mode() const { return mx != nullptr; }
-  const std::string& unit_name(int u) const { return units[static_cast<std::size_t>(u)].name; }
-
-  void check_unit(int u) const {
-    SHARDOPT_REQUIRE(u >= 0 && u < static_cast<int>(units.size()), ErrorCode::OutOfRange,
-                     "unit " + std::to_string(u) + " is out of range [0, " + std::to_string(units.size()) + ")");
+  for (auto& s : param_slots) s = DeviceBuffer(backend, static_cast<std::size_t>(max_native) * psize);
+  grad_slot = DeviceBuffer(backend, static_cast<std::size_t>(max_numel) * slot_gsize);
+  // MXFP8: the two staging halves of max_mx bytes fit the gradient slot (2 or more
+  // bytes per element); the columnwise slot receives the backward planes.
+  col_slot = DeviceBuffer(backend, static_cast<std::size_t>(max_mx));
+  if (backend == Backend::Host) {
+    // The host backend's landing places (see Landing): a gather lands when waited.
+    for (auto& l : slot_landing) l.place = DeviceBuffer(backend, static_cast<std::size_t>(max_native) * psize);
+    for (auto& l : half_landing) l.place = DeviceBuffer(backend, static_cast<std::size_t>(max_mx));
+    for (auto* l : {&slot_landing[0], &slot_landing[1], &half_landing[0], &half_landing[1]})
+      fill_zero_async(backend, l->place.data(), l->place.bytes(), nullptr);
   }
-
-  // The gather stream, forked from the work queued on `stream` so far.
-  Stream fork_gather(Stream stream) {
-    const Stream gs = gather_stream.on(stream);
-    if (gs != stream) {
-      gather_go.record(stream);
-      gather_go.wait(gs);
-    }
-    return gs;
+  fill_zero_async(backend, grad_slot.data(), grad_slot.bytes(), nullptr);
+  allocate_reduce_scratch();
+  shardopt::synchronize(backend, nullptr);
+  for (std::size_t b = 0; b < nbuf; ++b)
+    state.bind(static_cast<int>(b), grad_shards[b].data(), quantized[b] ? nullptr : param_shards[b].data());
+  state.check_muon_agreement(shard_comm);  // Muon groups: the same matrices and homes in the shard group
+  if (opt.param_format == ParamFormat::Mxfp8) {
+    // The sharded quantize of distributed Adam (scheme A), with the data planes kept as
+    // this rank's shard; the scale exchange runs on the shard group.
+    auto exchange = [this](void* data, std::int64_t count, DType dt, Stream s) {
+      std::optional<detail::OperationLabel> label;  // names it if a host-backend wait times out
+      if (backend == Backend::Host) label.emplace("MXFP8 scale Max all-reduce");
+      shard_comm.all_reduce(data, count, dt, ReduceOp::Max, s);
+    };
+    mx = std::make_unique<detail::QuantizedParams>(backend, layout, shard_comm.rank(), exchange,
+                                                   detail::master_pieces(state, layout), quantized,
+                                                   detail::make_mxfp8_format);
   }
-
-  // In-place all-gathers of unit u's buckets of the buffers `pick` selects into `base`
-  // (the part of buffer b at part.at elements of `esize` bytes), after copying this
-  // rank's shard piece (from `shard(b)`) into its slice. Counts the bytes for `pass`.
-  template <class Pick, class Shard>
-  void gather_parts(int u, char* base, std::size_t esize, DType dt, FsdpPass pass, bool mxfp8, Pick pick,
-                    Shard shard, Stream gs) {
-    const UnitInfo& ui = info[static_cast<std::size_t>(u)];
-    const int r = shard_comm.rank();
-    for (int b : ui.buckets) {
-      const Bucket& bk = layout.buckets()[static_cast<std::size_t>(b)];
-      if (!pick(bk.buffer)) continue;
-      const Part& part = ui.parts[static_cast<std::size_t>(bk.buffer)];
-      const std::int64_t count = bk.range.size() / shard_size;
-      char* at = base + static_cast<std::size_t>(bk.range.begin - part.begin + part.at) * esize;
-      copy_async(backend, at + static_cast<std::size_t>(r * count) * esize,
-                 static_cast<const char*>(static_cast<const void*>(shard(bk.buffer))) +
-                     static_cast<std::size_t>(bk.shard_offset) * esize,
-                 static_cast<std::size_t>(count) * esize, gs);
-      std::optional<detail::OperationLabel> label;  // names the unit if a host-backend wait times out
-      if (backend == Backend::Host) label.emplace("unit '" + unit_name(u) + "' parameter all-gather");
-      shard_comm.all_gather(at, count, dt, gs);
-      const auto bytes = static_cast<std::int64_t>(count * shard_size) * static_cast<std::int64_t>(esize);
-      ++stats.calls;
-      (pass == FsdpPass::Forward ? stats.forward_bytes : stats.backward_bytes) += bytes;
-      if (mxfp8) stats.mxfp8_bytes += bytes;
-    }
-  }
-
-  // Position k's native parts into its parameter slot.
-  void gather_native(std::size_t k, Stream stream) {
-    SHARDOPT_TRACE_INDEXED("shardopt/all_gather unit", order[k]);
-    const Stream gs = fork_gather(stream);
-    const int slot = slot_of[k];
-    char* base = slot_landing[static_cast<std::size_t>(slot)].receive(
-        static_cast<char*>(param_slots[static_cast<std::size_t>(slot)].data()),
-        static_cast<std::size_t>(info[static_cast<std::size_t>(order[k])].native) * psize);
-    gather_parts(
-        order[k], base, psize, opt.param_dtype,
-        pass_of[k], false, [this](int b) { return !quantized[static_cast<std::size_t>(b)]; },
-        [this](int b) { return param_shards[static_cast<std::size_t>(b)].data(); }, gs);
-    slot_ready[static_cast<std::size_t>(slot)].record(gs);
-  }
-
-  // Position k's MXFP8 plane (rowwise for a Forward position, columnwise for a
-  // Backward one) into its staging half of the gradient slot.
-  void gather_mx(std::size_t k, Stream stream) {
-    const int u = order[k];
-    SHARDOPT_TRACE_INDEXED("shardopt/all_gather mxfp8 unit", u);
-    SHARDOPT_REQUIRE(grad_unit < 0, ErrorCode::InvalidState,
-                     "wait_param('" + unit_name(u) + "') gathers its MXFP8 plane through the gradient slot, which unit '" +
-                         (grad_unit >= 0 ? unit_name(grad_unit) : std::string()) +
-                         "' holds; call grad_ready for that unit first");
-    const int h = half_of[k];
-    // The half's earlier bytes were read by work queued on `stream` before now (a pass
-    // of an earlier position), which the gather follows: they are dead.
-    retire_half(h);
-    const Stream gs = fork_gather(stream);
-    if (reduce_pending && gs != stream) grad_free.wait(gs);  // the slot's last reduce-scatter read it
-    const Mxfp8Plane plane = pass_of[k] == FsdpPass::Forward ? Mxfp8Plane::Rowwise : Mxfp8Plane::Columnwise;
-    char* base = half_landing[static_cast<std::size_t>(h)].receive(
-        half_base(h), static_cast<std::size_t>(info[static_cast<std::size_t>(u)].mx));
-    gather_parts(
-        u, base, 1, DType::e4m3, pass_of[k], true, [this](int b) { return quantized[static_cast<std::size_t>(b)]; },
-        [this, plane](int b) { return detail::mxfp8_shard_plane(*mx->format(), b, plane); }, gs);
-    stage_ready[static_cast<std::size_t>(h)].record(gs);
-    advance_half(h, GatherState::InFlight);
-    staged_end[static_cast<std::size_t>(h)] =
-        static_cast<std::size_t>(h) * static_cast<std::size_t>(max_mx) + static_cast<std::size_t>(info[static_cast<std::size_t>(u)].mx);
-  }
-
-  // `stream` waits for the gather into native slot `slot` (and, on the host, it lands).
-  void wait_slot(int slot, Stream stream) {
-    slot_ready[static_cast<std::size_t>(slot)].wait(stream);
-    slot_landing[static_cast<std::size_t>(slot)].land(backend, stream);
-  }
-  // `stream` waits for the gather into staging half h (and, on the host, it lands).
-  void wait_half(int h, Stream stream) {
-    stage_ready[static_cast<std::size_t>(h)].wait(stream);
-    half_landing[static_cast<std::size_t>(h)].land(backend, stream);
-  }
-
-  char* half_base(int h) const { return static_cast<char*>(grad_slot.data()) + static_cast<std::size_t>(h * max_mx); }
-  // One checked transition of staging half h (the message is built only on failure).
-  void advance_half(int h, GatherState to) {
-    detail::advance_gather(staging[static_cast<std::size_t>(h)], to,
-                           [h] { return "FSDP gradient-slot staging half " + std::to_string(h); });
-  }
-  // Staging half h's bytes are dead (every reader was queued before): Landed or Consumed
-  // becomes Idle through the checked transitions.
-  void retire_half(int h) {
-    if (staging[static_cast<std::size_t>(h)] == GatherState::Landed) advance_half(h, GatherState::Consumed);
-    if (staging[static_cast<std::size_t>(h)] == GatherState::Consumed) advance_half(h, GatherState::Idle);
-  }
-  bool has_mx(std::size_t k) const { return half_of[k] >= 0; }
-
-  // `stream` waits for position k's staged plane; a Backward plane is copied into the
-  // columnwise slot (the gradient slot is about to hold the unit's gradients).
-  void land_mx(std::size_t k, Stream stream) {
-    const int h = half_of[k];
-    wait_half(h, stream);
-    advance_half(h, GatherState::Landed);
-    const int u = order[k];
-    if (pass_of[k] == FsdpPass::Backward) {
-      copy_async(backend, col_slot.data(), half_base(h), static_cast<std::size_t>(info[static_cast<std::size_t>(u)].mx),
-                 stream);
-      advance_half(h, GatherState::Consumed);
-      place_of[static_cast<std::size_t>(u)] = 2;
-    } else {
-      place_of[static_cast<std::size_t>(u)] = h;
-    }
-    pass_now[static_cast<std::size_t>(u)] = pass_of[k];
-  }
-
-  // The next position after k that gathers its MXFP8 plane (or order.size()).
-  std::size_t next_mx(std::size_t k) const {
-    std::size_t n = k + 1;
-    while (n < order.size() && !has_mx(n)) ++n;
-    return n;
-  }
-
-  template <class View>
-  std::vector<View> unit_views(int u, void* base, DType dtype, bool grads) const {
-    std::vector<View> out;
-    const FsdpUnit& unit = units[static_cast<std::size_t>(u)];
-    const UnitInfo& ui = info[static_cast<std::size_t>(u)];
-    for (int p = unit.first; p < unit.first + unit.count; ++p) {
-      const auto& pl = layout.params()[static_cast<std::size_t>(p)];
-      const Part& part = ui.parts[static_cast<std::size_t>(pl.buffer)];
-      const Shape& shape = layout.specs()[static_cast<std::size_t>(p)].shape;
-      if (!grads && quantized[static_cast<std::size_t>(pl.buffer)]) {
-        out.push_back(View{contiguous_view(nullptr, shape, DType::e4m3)});  // read it with mxfp8_param
-        continue;
-      }
-      const std::int64_t at = pl.offset - part.begin + (grads ? part.grad_at : part.at);
-      out.push_back(View{contiguous_view(static_cast<char*>(base) + static_cast<std::size_t>(at) * size_of(dtype), shape, dtype)});
-    }
-    return out;
-  }
-
-  ~Impl() override { detail::orphan_save(last_save); }
-
-  detail::CheckpointTarget checkpoint_target() {
-    detail::CheckpointTarget t;
-    t.backend = backend;
-    t.layout = &layout;
-    t.engine = &state;
-    t.all = &world;
-    t.shard_rank = shard_comm.rank();
-    t.writes_file = world.rank() < shard_size;  // the first replica writes the files
-    if (mx_mode())
-      t.mxfp8 = [this](int p) -> std::optional<detail::Mxfp8CheckpointSource> {
-        const detail::ParamPiece& piece = state.piece(p);
-        if (!quantized[static_cast<std::size_t>(piece.buffer)]) return std::nullopt;
-        const Mxfp8View v = detail::mxfp8_view(*mx->format(), p);  // whole scales, no data planes
-        detail::Mxfp8CheckpointSource src{v.shape, nullptr, nullptr, v.planes.scale_row, v.planes.scale_col};
-        if (piece.length > 0) {  // shard planes, indexed like the master shard
-          src.row_piece = detail::mxfp8_shard_plane(*mx->format(), piece.buffer, Mxfp8Plane::Rowwise) + piece.shard_offset;
-          src.col_piece = detail::mxfp8_shard_plane(*mx->format(), piece.buffer, Mxfp8Plane::Columnwise) + piece.shard_offset;
-        }
-        return src;
-      };
-    return t;
-  }
-
-  // The parameters from the master (init_from_master, load): the native parameter shard
-  // converted, the MXFP8 shard planes and whole scales quantized (the sharded quantize of
-  // step(), so the planes equal those of a run that never stopped).
-  void publish_master(Stream stream) {
-    state.publish_master(stream);
-    if (mx) mx->quantize(0, static_cast<int>(layout.buckets().size()), stream);
-  }
-
-  // StepGraph's interface: FSDP captures only as one whole iteration (its gathers differ
-  // per position in the learned order).
-  Backend step_backend() const override { return backend; }
-  const Communicator& step_comm() const override { return world; }
-  int iteration_microbatches() const override { return opt.microbatches; }
-  bool separate_last_microbatch() const override { return true; }
-  bool whole_iteration_only() const override { return true; }
-  void set_iteration_grad_sync(bool) override {}
-  void advance_iteration_microbatch(Stream s) override { state.advance_microbatch(s); }
-  void step_and_zero_grad(Stream s) override {
-    step(s);
-    zero_grad(s);
-  }
-  void check_step_capturable() const override;
-  void finish_pending(Stream) override {}
-  void join_reductions(Stream) override {}
-  // The bodies of the public calls of the same names.
-  std::vector<ParamView> wait_param(int unit, std::optional<FsdpPass> pass, Stream stream);
-  void step(Stream stream);
-  void zero_grad(Stream stream);
-  // A new iteration's position 0: the per-iteration counts start again.
-  void restart_iteration() {
-    pos = 0;
-    std::fill(seen.begin(), seen.end(), 0);
-    pending_mx = npos;
-  }
-
-  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
-
-  Communicator world;
-  FsdpOptions opt;
-  Backend backend;
-  std::vector<FsdpUnit> units;
-  int shard_size;
-  Communicator shard_comm, replica_comm;
-  std::vector<int> unit_of_param;
-  Layout layout;
-  std::size_t psize, gsize, slot_gsize;
-  detail::ShardEngine state;
-  std::vector<bool> quantized;  // per layout buffer: MXFP8
-  std::unique_ptr<detail::QuantizedParams> mx;  // MXFP8 parameters (null when Native)
-  std::vector<UnitInfo> info;
-  std::int64_t max_numel = 0, max_mx = 0;
-  std::vector<DeviceBuffer> param_shards, grad_shards;  // per layout buffer (no param shard for MXFP8)
-  DeviceBuffer grad_slot, col_slot;
-  std::array<DeviceBuffer, 2> param_slots;
-  // The host backend runs a gather at once, on the caller's stream; to behave like a
-  // CUDA gather still in flight, it writes into a landing place, and its bytes reach the
-  // slot (or staging half) only when a stream waits for it: an operation enqueued on
-  // that stream (recorded like any other when capturing). A read without the wait finds
-  // the slot's earlier bytes, as it may on a GPU. CUDA gathers write the slot directly.
-  struct Landing {
-    DeviceBuffer place;    // host backend only (empty on CUDA)
-    char* target = nullptr;  // where the pending bytes go; null: nothing pending
-    std::size_t bytes = 0;
-    // Where a gather into `to` (`n` bytes) writes: the landing place on the host.
-    char* receive(char* to, std::size_t n) {
-      if (place.data() == nullptr) return to;
-      target = to;
-      bytes = n;
-      return static_cast<char*>(place.data());
-    }
-    // The pending bytes land into their target on `stream` (no-op without any).
-    void land(Backend b, Stream stream) {
-      if (target == nullptr) return;
-      copy_async(b, target, place.data(), bytes, stream);
-      target = nullptr;
-    }
-  };
-  std::array<Landing, 2> slot_landing, half_landing;
-  SideStream gather_stream, reduce_stream;
-  std::array<Event, 2> slot_ready, stage_ready;
-  Event grad_free;
-  Event gather_go, reduce_go;  // the side streams start after the caller's queued work
-  // The gradient slot's two MXFP8 staging halves (bytes [h * max_mx, ...)).
-  std::array<GatherState, 2> staging{GatherState::Idle, GatherState::Idle};
-  std::array<std::size_t, 2> staged_end{0, 0};  // byte end of what each half received
-  FsdpGatherStats stats;
-
-  // The learned order of wait_param calls and its gather plan.
-  bool learned = false;
-  std::vector<int> order;
-  std::vector<int> slot_of, half_of;  // native slot; MXFP8 staging half (-1: no MXFP8 part)
-  std::vector<FsdpPass> pass_of;
-  std::vector<char> needs_gather, prefetched, mx_prefetched;
-  std::size_t pos = 0;
-  std::vector<int> seen = std::vector<int>(units.size(), 0);  // wait_param calls per unit this iteration
-  std::vector<int> place_of = std::vector<int>(units.size(), -1);  // MXFP8 plane: half 0/1, or 2 (columnwise slot)
-  std::vector<FsdpPass> pass_now = std::vector<FsdpPass>(units.size(), FsdpPass::Forward);
-  std::size_t pending_mx = npos;  // a Backward position's MXFP8 gather waits for grad_ready
-  std::shared_ptr<detail::SaveJob> last_save;  // the last save_async (a later save waits for it)
-  std::shared_ptr<DeviceBuffer> snapshot_pool;  // save_async's pinned snapshot, kept between saves
-  int next_slot = 0, next_half = 0;
-  int grad_unit = -1;
-  bool reduce_pending = false;
-  // F32Accumulate: the shard hop's all-to-all receive buffer (one bucket in
-  // slot_grad_dtype) and the replica hop's fp32 gather (replicas x a bucket's shard).
-  DeviceBuffer reduce_pieces, replica_sums;
-
-  void allocate_reduce_scratch() {
-    if (opt.grad_reduce_precision != GradReducePrecision::F32Accumulate) return;
-    std::int64_t largest = 0;
-    for (const Bucket& bk : layout.buckets()) largest = std::max(largest, bk.range.size());
-    if (shard_size > 1) reduce_pieces = DeviceBuffer(backend, static_cast<std::size_t>(largest) * slot_gsize);
-    if (replica_comm.size() > 1)
-      replica_sums = DeviceBuffer(backend, static_cast<std::size_t>(largest / shard_size * replica_comm.size()) *
-                                               sizeof(float));
-  }
-
-  // F32Accumulate's reduce of one bucket of the slot (`at`, count per shard rank) into
-  // the gradient shard at `shard_at`, on the reduce stream `rs`.
-  void reduce_f32(char* at, std::int64_t count, void* shard_at, Stream rs) {
-    const bool average = opt.grad_reduce == ReduceOp::Average;
-    kernels::PieceSum sum;
-    sum.pieces = at;  // one shard rank: its slot is the only piece
-    sum.piece_dtype = opt.slot_grad_dtype;
-    sum.n = shard_size;
-    sum.count = count;
-    sum.average = average;
-    if (shard_size > 1) {
-      shard_comm.all_to_all(at, reduce_pieces.data(), count, opt.slot_grad_dtype, rs);
-      sum.pieces = reduce_pieces.data();
-    }
-    if (replica_comm.size() > 1) {
-      // The shard hop's fp32 sum into this replica's slice; every replica gathers all of
-      // them and sums in replica order, so every replica holds the same bits.
-      const int replicas = replica_comm.size();
-      sum.out = replica_sums.as<float>() + static_cast<std::size_t>(replica_comm.rank()) * static_cast<std::size_t>(count);
-      sum.out_dtype = DType::f32;
-      kernels::piece_sum(sum, backend, rs);
-      replica_comm.all_gather(replica_sums.data(), count, DType::f32, rs);
-      sum.pieces = replica_sums.data();
-      sum.piece_dtype = DType::f32;
-      sum.n = replicas;
-    }
-    sum.out = shard_at;
-    sum.out_dtype = opt.grad_dtype;
-    sum.accumulate = true;
-    kernels::piece_sum(sum, backend, rs);
-  }
-};
-
-namespace {
-Fsdp::Impl& live(const std::unique_ptr<Fsdp::Impl>& impl) {
-  return detail::live(impl, "Fsdp");
 }
-}  // namespace
+
+Layout Fsdp::Impl::make_layout(std::vector<ParamSpec> specs) {
+  unit_of_param = unit_ids(units, specs.size());
+  SHARDOPT_REQUIRE(is_float_storage(opt.param_dtype), ErrorCode::InvalidArgument,
+                   "param_dtype must be f32, bf16 or f16");
+  SHARDOPT_REQUIRE(opt.param_format != ParamFormat::Nvfp4, ErrorCode::Unsupported,
+                   "FsdpOptions::param_format Nvfp4: NVFP4 parameters exist only in DistributedAdam; use Mxfp8 or "
+                   "Native with Fsdp");
+  for (auto& s : specs) s.dtype = opt.param_dtype;  // native slots hold one dtype
+  LayoutOptions lo;
+  lo.bucket_numel = opt.bucket_numel;
+  lo.param_units = unit_of_param;
+  // MXFP8: the quantized parameters form a buffer of their own (a unit then has a part
+  // in each buffer).
+  if (opt.param_format == ParamFormat::Mxfp8) lo.param_storage = detail::quantized_storage(specs);
+  return Layout(std::move(specs), shard_size, lo);
+}
+
+detail::CheckpointTarget Fsdp::Impl::checkpoint_target() {
+  detail::CheckpointTarget t;
+  t.backend = backend;
+  t.layout = &layout;
+  t.engine = &state;
+  t.all = &world;
+  t.shard_rank = shard_comm.rank();
+  t.writes_file = world.rank() < shard_size;  // the first replica writes the files
+  if (mx_mode())
+    t.mxfp8 = [this](int p) -> std::optional<detail::Mxfp8CheckpointSource> {
+      const detail::ParamPiece& piece = state.piece(p);
+      if (!quantized[static_cast<std::size_t>(piece.buffer)]) return std::nullopt;
+      const Mxfp8View v = detail::mxfp8_view(*mx->format(), p);  // whole scales, no data planes
+      detail::Mxfp8CheckpointSource src{v.shape, nullptr, nullptr, v.planes.scale_row, v.planes.scale_col};
+      if (piece.length > 0) {  // shard planes, indexed like the master shard
+        src.row_piece = detail::mxfp8_shard_plane(*mx->format(), piece.buffer, Mxfp8Plane::Rowwise) + piece.shard_offset;
+        src.col_piece = detail::mxfp8_shard_plane(*mx->format(), piece.buffer, Mxfp8Plane::Columnwise) + piece.shard_offset;
+      }
+      return src;
+    };
+  return t;
+}
+
+void Fsdp::Impl::publish_master(Stream stream) {
+  state.publish_master(stream);
+  if (mx) mx->quantize(0, static_cast<int>(layout.buckets().size()), stream);
+}
+
+void Fsdp::Impl::allocate_reduce_scratch() {
+  if (opt.grad_reduce_precision != GradReducePrecision::F32Accumulate) return;
+  std::int64_t largest = 0;
+  for (const Bucket& bk : layout.buckets()) largest = std::max(largest, bk.range.size());
+  if (shard_size > 1) reduce_pieces = DeviceBuffer(backend, static_cast<std::size_t>(largest) * slot_gsize);
+  if (replica_comm.size() > 1)
+    replica_sums = DeviceBuffer(backend, static_cast<std::size_t>(largest / shard_size * replica_comm.size()) *
+                                             sizeof(float));
+}
+
+void Fsdp::Impl::reduce_f32(char* at, std::int64_t count, void* shard_at, Stream rs) {
+  const bool average = opt.grad_reduce == ReduceOp::Average;
+  kernels::PieceSum sum;
+  sum.pieces = at;  // one shard rank: its slot is the only piece
+  sum.piece_dtype = opt.slot_grad_dtype;
+  sum.n = shard_size;
+  sum.count = count;
+  sum.average = average;
+  if (shard_size > 1) {
+    shard_comm.all_to_all(at, reduce_pieces.data(), count, opt.slot_grad_dtype, rs);
+    sum.pieces = reduce_pieces.data();
+  }
+  if (replica_comm.size() > 1) {
+    // The shard hop's fp32 sum into this replica's slice; every replica gathers all of
+    // them and sums in replica order, so every replica holds the same bits.
+    const int replicas = replica_comm.size();
+    sum.out = replica_sums.as<float>() + static_cast<std::size_t>(replica_comm.rank()) * static_cast<std::size_t>(count);
+    sum.out_dtype = DType::f32;
+    kernels::piece_sum(sum, backend, rs);
+    replica_comm.all_gather(replica_sums.data(), count, DType::f32, rs);
+    sum.pieces = replica_sums.data();
+    sum.piece_dtype = DType::f32;
+    sum.n = replicas;
+  }
+  sum.out = shard_at;
+  sum.out_dtype = opt.grad_dtype;
+  sum.accumulate = true;
+  kernels::piece_sum(sum, backend, rs);
+}
 
 detail::StepTarget& Fsdp::step_target() { return live(impl_); }
 
@@ -605,190 +317,11 @@ int Fsdp::unit_of(int param) const {
   return live(impl_).unit_of_param[static_cast<std::size_t>(param)];
 }
 
-std::vector<ParamView> Fsdp::wait_param(int unit, Stream stream) {
-  Impl& m = live(impl_);
-  SHARDOPT_REQUIRE(!m.mx_mode(), ErrorCode::InvalidArgument,
-                   "wait_param(unit, stream) with MXFP8 parameters: name the pass, wait_param(unit, "
-                   "FsdpPass::Forward or FsdpPass::Backward, stream); each pass gathers only its plane");
-  return m.wait_param(unit, std::nullopt, stream);
-}
-
-std::vector<ParamView> Fsdp::wait_param(int unit, FsdpPass pass, Stream stream) {
-  return live(impl_).wait_param(unit, pass, stream);
-}
-
-namespace {
-const char* pass_name(FsdpPass p) { return p == FsdpPass::Forward ? "Forward" : "Backward"; }
-const char* plane_name(FsdpPass p) { return p == FsdpPass::Forward ? "rowwise" : "columnwise"; }
-}  // namespace
-
-std::vector<ParamView> Fsdp::Impl::wait_param(int unit, std::optional<FsdpPass> pass, Stream stream) {
-  Impl& m = *this;
-  m.check_unit(unit);
-  if (!m.state.initialized())
-    m.state.require_initialized("wait_param('" + m.unit_name(unit) + "')", kInitCalls);
-  const std::size_t k = m.pos;
-  const int seen = m.seen[static_cast<std::size_t>(unit)];
-  if (m.learned)
-    SHARDOPT_REQUIRE(k < m.order.size() && m.order[k] == unit, ErrorCode::InvalidState,
-                     "the unit order changed: wait_param #" + std::to_string(k) + " of this iteration asks for unit '" +
-                         m.unit_name(unit) + "', but the order learned on the first iteration has " +
-                         (k < m.order.size() ? "'" + m.unit_name(m.order[k]) + "'" : std::string("no more units")) +
-                         " there; call wait_param in the same order every iteration");
-  // The learning iteration records the pass the trainer names (a backward that needs no
-  // weights, e.g. the embedding's, makes no call); without a name (native parameters),
-  // a unit's calls alternate forward, backward. Later iterations check it.
-  const FsdpPass expected = m.learned ? m.pass_of[k]
-                            : pass    ? *pass
-                                      : (seen % 2 == 0 ? FsdpPass::Forward : FsdpPass::Backward);
-  if (!m.learned && pass == FsdpPass::Backward && seen == 0)
-    throw Error(ErrorCode::InvalidArgument,
-                "wait_param('" + m.unit_name(unit) + "', Backward) before the unit's forward in this iteration; "
-                "a unit's first call of an iteration is its Forward (rowwise plane)");
-  if (pass && *pass != expected)
-    throw Error(ErrorCode::InvalidArgument,
-                "wait_param('" + m.unit_name(unit) + "', " + pass_name(*pass) + "): position " + std::to_string(k) +
-                    " of the iteration is this unit's call #" + std::to_string(seen + 1) + ", its " +
-                    pass_name(expected) + " pass, which gathers the " + plane_name(expected) + " plane only; ask for " +
-                    pass_name(expected) + " (a unit's calls alternate: forward, then backward, each microbatch)");
-  if (!m.learned) {
-    // First iteration: learn the order and plan a slot (and a staging half) per position.
-    const bool keep = m.opt.keep_last_unit && !m.order.empty() && m.order.back() == unit;
-    m.order.push_back(unit);
-    m.pass_of.push_back(expected);
-    m.needs_gather.push_back(keep || m.info[static_cast<std::size_t>(unit)].native == 0 ? 0 : 1);
-    m.prefetched.push_back(0);
-    m.mx_prefetched.push_back(0);
-    if (keep) {
-      m.slot_of.push_back(m.slot_of.back());
-    } else {
-      m.slot_of.push_back(m.next_slot);
-      m.next_slot ^= 1;
-    }
-    if (m.mx_mode() && m.info[static_cast<std::size_t>(unit)].mx > 0) {
-      m.half_of.push_back(m.next_half);
-      m.next_half ^= 1;
-    } else {
-      m.half_of.push_back(-1);
-    }
-  }
-  ++m.seen[static_cast<std::size_t>(unit)];
-  ++m.pos;
-  const int slot = m.slot_of[k];
-  if (m.needs_gather[k]) {
-    if (!m.prefetched[k]) m.gather_native(k, stream);
-    m.prefetched[k] = 0;
-    m.wait_slot(slot, stream);
-  }
-  if (m.has_mx(k)) {
-    if (!m.mx_prefetched[k]) m.gather_mx(k, stream);
-    m.mx_prefetched[k] = 0;
-    if (m.pending_mx == k) m.pending_mx = npos;
-    m.land_mx(k, stream);
-  }
-  if (m.learned && m.opt.prefetch) {
-    // Prefetch the next gather of the iteration into the other slot, whose last user
-    // is the work queued on `stream` before this call.
-    for (std::size_t n = k + 1; n < m.order.size(); ++n) {
-      if (!m.needs_gather[n]) continue;
-      if (m.prefetched[n]) break;  // already on its way (we are at a kept position)
-      m.gather_native(n, stream);
-      m.prefetched[n] = 1;
-      break;
-    }
-    // The next MXFP8 plane goes through the gradient slot: now during forward (the slot
-    // is free), after this unit's grad_ready during backward (the slot then holds its
-    // gradients until their reduce-scatter). A Forward position after a Backward one
-    // (the next microbatch) is gathered by its own wait_param: gradient-only units (an
-    // embedding's backward takes no weights) may still take the slot in between.
-    const std::size_t n = m.next_mx(k);
-    if (n < m.order.size() && !m.mx_prefetched[n]) {
-      if (m.pass_of[k] == FsdpPass::Forward) {
-        m.gather_mx(n, stream);
-        m.mx_prefetched[n] = 1;
-      } else if (m.pass_of[n] == FsdpPass::Backward) {
-        m.pending_mx = n;
-      }
-    }
-  }
-  return m.unit_views<ParamView>(unit, m.param_slots[static_cast<std::size_t>(slot)].data(), m.opt.param_dtype, false);
-}
-
-Mxfp8PassView Fsdp::mxfp8_param(int i, FsdpPass pass) const {
-  const Impl& m = live(impl_);
-  (void)m.state.piece(i);
-  const auto& pl = m.layout.params()[static_cast<std::size_t>(i)];
-  const std::string& name = m.layout.specs()[static_cast<std::size_t>(i)].name;
-  SHARDOPT_REQUIRE(m.mx_mode() && m.quantized[static_cast<std::size_t>(pl.buffer)], ErrorCode::InvalidArgument,
-                   "mxfp8_param('" + name + "'): not an MXFP8 parameter (" +
-                       (m.mx_mode() ? "1-D parameters stay native" : "param_format is Native") +
-                       "); read it from wait_param's views");
-  const int u = m.unit_of_param[static_cast<std::size_t>(i)];
-  const int place = m.place_of[static_cast<std::size_t>(u)];
-  SHARDOPT_REQUIRE(place >= 0, ErrorCode::InvalidState,
-                   "mxfp8_param('" + name + "') before wait_param gathered its unit '" + m.unit_name(u) + "'");
-  const FsdpPass has = m.pass_now[static_cast<std::size_t>(u)];
-  SHARDOPT_REQUIRE(has == pass, ErrorCode::InvalidArgument,
-                   std::string("mxfp8_param('") + name + "', " + pass_name(pass) + ") asks for the " + plane_name(pass) +
-                       " plane, but unit '" + m.unit_name(u) + "' was last gathered for its " + pass_name(has) +
-                       " pass, which moves the " + plane_name(has) + " plane only (the forward GEMM reads rowwise, "
-                       "the data-gradient GEMM columnwise)");
-  const Impl::Part& part = m.info[static_cast<std::size_t>(u)].parts[static_cast<std::size_t>(pl.buffer)];
-  const char* base = place == 2 ? static_cast<const char*>(m.col_slot.data()) : m.half_base(place);
-  const Mxfp8View whole = detail::mxfp8_view(*m.mx->format(), i);
-  Mxfp8PassView v;
-  v.shape = whole.shape;
-  v.pass = pass;
-  v.plane = pass == FsdpPass::Forward ? Mxfp8Plane::Rowwise : Mxfp8Plane::Columnwise;
-  v.data = reinterpret_cast<const std::uint8_t*>(base) + (pl.offset - part.begin + part.at);
-  v.scales = pass == FsdpPass::Forward ? whole.planes.scale_row : whole.planes.scale_col;
-  v.members = whole.members;
-  return v;
-}
-
 bool Fsdp::is_mxfp8(int i) const {
   const Impl& m = live(impl_);
   (void)m.state.piece(i);
   return m.mx_mode() && m.quantized[static_cast<std::size_t>(m.layout.params()[static_cast<std::size_t>(i)].buffer)];
 }
-
-void Fsdp::end_forward_only(Stream stream) {
-  Impl& m = live(impl_);
-  SHARDOPT_REQUIRE(m.grad_unit < 0, ErrorCode::InvalidState,
-                   "end_forward_only while unit '" + (m.grad_unit >= 0 ? m.unit_name(m.grad_unit) : std::string()) +
-                       "' holds the gradient slot; a forward-only pass takes no gradient slot");
-  for (std::size_t k = 0; k < m.pos; ++k)
-    SHARDOPT_REQUIRE(m.pass_of[k] == FsdpPass::Forward, ErrorCode::InvalidState,
-                     "end_forward_only after a Backward wait_param (unit '" + m.unit_name(m.order[k]) +
-                         "'): finish the iteration with grad_ready and step() instead");
-  // Gathers prefetched for positions the pass did not reach: `stream` waits for them,
-  // so that nothing still writes a slot or a staging half.
-  for (std::size_t n = 0; n < m.order.size(); ++n) {
-    if (m.prefetched[n]) m.wait_slot(m.slot_of[n], stream);
-    if (m.mx_prefetched[n]) {
-      const int h = m.half_of[n];
-      m.wait_half(h, stream);
-      m.advance_half(h, GatherState::Landed);
-    }
-    m.prefetched[n] = m.mx_prefetched[n] = 0;
-  }
-  if (!m.learned) {  // the order is learned on a training iteration
-    for (auto* v : {&m.order, &m.slot_of, &m.half_of}) v->clear();
-    m.pass_of.clear();
-    m.needs_gather.clear();
-    m.prefetched.clear();
-    m.mx_prefetched.clear();
-    m.next_slot = m.next_half = 0;
-  }
-  m.restart_iteration();
-}
-
-GatherState Fsdp::staging_state(int half) const {
-  SHARDOPT_REQUIRE(half == 0 || half == 1, ErrorCode::OutOfRange, "staging_state: half must be 0 or 1");
-  return live(impl_).staging[static_cast<std::size_t>(half)];
-}
-
-FsdpGatherStats Fsdp::gather_stats() const { return live(impl_).stats; }
 
 std::vector<GradView> Fsdp::grad_slot(int unit, Stream stream) {
   Impl& m = live(impl_);
@@ -803,7 +336,7 @@ std::vector<GradView> Fsdp::grad_slot(int unit, Stream stream) {
                      "gradient slot (a prefetched position); call wait_param for the next unit of the learned order "
                      "first, so that its plane lands before gradients are written there");
   if (m.reduce_pending) m.grad_free.wait(stream);
-  // Seed 001: the staging bytes a pass left in the slot are zeroed together with the
+  // The staging bytes a pass left in the slot are zeroed together with the
   // unit's gradient range, before any gradient is written.
   std::size_t bytes = static_cast<std::size_t>(m.info[static_cast<std::size_t>(unit)].numel) * m.slot_gsize;
   for (int h = 0; h < 2; ++h) {
@@ -821,7 +354,7 @@ void Fsdp::grad_ready(int unit, Stream stream) {
   SHARDOPT_TRACE_INDEXED("shardopt/reduce_scatter unit", unit);
   m.check_unit(unit);
   if (!m.state.initialized())
-    m.state.require_initialized("grad_ready('" + m.unit_name(unit) + "')", kInitCalls);
+    m.state.require_initialized("grad_ready('" + m.unit_name(unit) + "')", Impl::kInitCalls);
   SHARDOPT_REQUIRE(m.grad_unit == unit, ErrorCode::InvalidState,
                    "grad_ready('" + m.unit_name(unit) +
                        "') without grad_slot for it; take the unit's gradient views with grad_slot first");
@@ -941,11 +474,8 @@ void Fsdp::synchronize(Stream stream) const {
 }
 MicrobatchState* Fsdp::device_microbatch() const { return live(impl_).state.microbatch(); }
 void Fsdp::advance_microbatch(Stream stream) { live(impl_).state.advance_microbatch(stream); }
+
 Stream Fsdp::gather_stream() const { return live(impl_).gather_stream.get(); }
-const std::vector<int>& Fsdp::unit_order() const {
-  static const std::vector<int> none;
-  return live(impl_).learned ? live(impl_).order : none;
-}
 
 MemoryReport Fsdp::memory() const {
   const Impl& m = live(impl_);
@@ -966,13 +496,6 @@ MemoryReport Fsdp::memory() const {
     r.padding += (m.layout.buffers()[b].shard_numel - real[b]) * static_cast<std::int64_t>(param_size + m.gsize);
   }
   return r;
-}
-
-void Fsdp::Impl::check_step_capturable() const {
-  SHARDOPT_REQUIRE(learned, ErrorCode::CaptureRefused,
-                   "the unit order is learned on the first iteration, which must run eagerly before capture (StepGraph "
-                   "runs it as warm-up: keep StepGraphOptions::warmup_iterations >= 1)");
-  state.check_capturable();
 }
 
 void Fsdp::save(const std::string& dir, Stream stream, const CheckpointUserData& user) {
