@@ -493,7 +493,13 @@ class BucketStoreImpl {
     const bool registered = options.nccl_registered && nccl_compiled();
     allocate(registered ? MemoryKind::NcclDevice : MemoryKind::Device, comm_stream());
     synchronize(backend, comm_stream());
-    if (registered) {  // empty registrations where the backend has none (no NCCL group, or it was aborted)
+    // An F32Accumulate store without parameters sends its gradients by send/recv and then
+    // all-gathers in place in the same buffer; with that buffer NCCL-registered, NCCL
+    // 2.28.3 stalls on 2 H200s at 8M-element buckets (GradReduceGpu.
+    // StoreWithoutParamsLargeBucketsAreTheOracle timed out, 2026-11-27). Such a store
+    // registers nothing (both sides of its all-to-all unregistered, which NCCL allows).
+    const bool send_recv_and_gather_share = f32_accumulate() && !options.with_params;
+    if (registered && !send_recv_and_gather_share) {  // empty registrations where the backend has none (no NCCL group, or it was aborted)
       for (std::size_t i = 0; i < params.size(); ++i) {
         if (params[i].bytes() > 0) registrations.push_back(comm.register_buffer(params[i].data(), params[i].bytes()));
         if (grads[i].bytes() > 0) registrations.push_back(comm.register_buffer(grads[i].data(), grads[i].bytes()));

@@ -32,7 +32,7 @@ inline void case_store_staged_rank_bytes(Backend b) {
   BucketStoreOptions o;
   o.grad_dtype = DType::bf16;
   o.nccl_registered = false;
-  o.buffer_params.assign(2, true);
+  o.buffer_params = {true, true};  // (not assign(2, true): g++ 13 -Warray-bounds false positive in vector<bool>)
   o.buffer_params[static_cast<std::size_t>(staged_buffer)] = false;
   o.staged_gather_rank_bytes.assign(static_cast<std::size_t>(nb), 0);
   // A count of its own per bucket, no multiple of S: S / 2 + 1 + bucket index.

@@ -23,11 +23,11 @@ TEST(GradReduceGpu, StoreLargeBucketsAreTheOracle) { store_large_buckets_are_the
 // all-gathers; the optimizers' stores (which completed) use it for send/recv only. The
 // store at that scale (16 MiB buckets, pieces of 8 MiB), and the same use of one
 // registered buffer through the Communicator alone; both under a 60 s wait_timeout.
+// A parameterless F32Accumulate store at benchmark scale (16 MiB buckets): it stalled in
+// NCCL 2.28.3 while its registered gradient buffer served both the all-to-all and the
+// in-place all-gathers (2 x H200, 2026-11-27); such a store now registers nothing.
 TEST(GradReduceGpu, StoreWithoutParamsLargeBucketsAreTheOracle) {
   store_large_buckets_are_the_oracle(Backend::Cuda, 2, 1 << 23, /*with_params=*/false);
-}
-TEST(GradReduceGpu, RegisteredBufferServesSendRecvThenCollectives) {
-  registered_buffer_serves_send_recv_then_collectives(Backend::Cuda, 1 << 22);
 }
 
 SHARDOPT_GRAD_REDUCE_CASES(GradReduceGpu, Backend::Cuda)
