@@ -151,7 +151,8 @@ TEST(Trace, QuantizedStepShowsQuantize) {
   // The NVFP4 parameter "w" is registered first, so it is the layout's last bucket.
   const int b = static_cast<int>(a.opt.layout().buckets().size()) - 1;
   const std::string idx = std::to_string(b) + " #" + std::to_string(b);
-  EXPECT_TRUE(has(paths, "shardopt/step>shardopt/amax bucket " + idx)) << dump(paths);
+  // No amax pass: the Adam pass emits NVFP4's partial amaxes (docs/nvfp4.md, issue 29).
+  EXPECT_FALSE(has(paths, "shardopt/step>shardopt/amax bucket " + idx)) << dump(paths);
   EXPECT_TRUE(has(paths, "shardopt/step>shardopt/landing bucket " + idx)) << dump(paths);
   EXPECT_TRUE(has(paths, "shardopt/step>shardopt/adam")) << dump(paths);
 #endif
