@@ -273,6 +273,24 @@ inline Communicator first_ranks(const Communicator& comm, int n) {
   return comm.split(comm.rank() < n ? 0 : 1, comm.rank());
 }
 
+/// The save half of a reshard case: `save(group)` runs on the first `from` ranks of
+/// `comm` (a throw fails the test, and the ranks still meet: the load then fails on all),
+/// then every rank meets at a barrier. Collective over `comm`.
+template <class Save>
+void save_on_first_ranks(const Communicator& comm, int from, Save&& save) {
+  {
+    Communicator g = first_ranks(comm, from);
+    if (comm.rank() < from) {
+      try {
+        save(g);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "the save failed: " << e.what();
+      }
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 /// This rank's master pieces equal the matching elements of an unsharded reference.
 template <class Opt>
 void expect_master_matches(Opt& opt, DistributedAdam& ref, const std::string& what) {
@@ -329,28 +347,20 @@ inline void reshard_run(Backend b, int from, Front a, int to, Front c, const Res
   const bool sum_of_one = !pow2(from) || !pow2(to);
   DistributedAdamOptions options = m.options;
   if (sum_of_one) options.grad_reduce = ReduceOp::Sum;
-  {
-    Communicator g = first_ranks(comm, from);
-    if (comm.rank() < from) {
-      TestStream s(b);
-      try {  // a failed save fails the test; the ranks still meet below (the load then fails on all)
-        if (a == Front::DistAdam) {
-          DistributedAdam x(g, m.specs, options);
-          m.da_init(x, s.get());
-          da_train(x, s.get(), t1, sum_of_one);
-          x.save(dir.sub("ckpt"), s.get());
-        } else {
-          Fsdp x(g, m.specs, m.units, m.fsdp_options(options));
-          m.fsdp_init(x, s.get());
-          m.fsdp_train(x, s.get(), t1, sum_of_one);
-          x.save(dir.sub("ckpt"), s.get());
-        }
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "the save failed: " << e.what();
-      }
+  save_on_first_ranks(comm, from, [&](const Communicator& g) {
+    TestStream s(b);
+    if (a == Front::DistAdam) {
+      DistributedAdam x(g, m.specs, options);
+      m.da_init(x, s.get());
+      da_train(x, s.get(), t1, sum_of_one);
+      x.save(dir.sub("ckpt"), s.get());
+    } else {
+      Fsdp x(g, m.specs, m.units, m.fsdp_options(options));
+      m.fsdp_init(x, s.get());
+      m.fsdp_train(x, s.get(), t1, sum_of_one);
+      x.save(dir.sub("ckpt"), s.get());
     }
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
+  });
   Communicator g = first_ranks(comm, to);
   if (comm.rank() >= to) return;
   TestStream s(b);
