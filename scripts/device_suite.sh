@@ -386,19 +386,24 @@ san_collect() {
   done
 }
 
-# The single-GPU suites (meson suite "gpu"), from the build's own test list:
-# "name exe ranks" per line; ranks 0 = a plain process, 1 = run_mpi.sh's one-rank mpirun.
+# The single-GPU suites (meson suite "gpu"), from the build's own test list, one line each:
+# "name exe ranks ENV :: ARGS" -- ranks 0 = a plain process, 1 = run_mpi.sh's one-rank
+# mpirun; ENV the test's own environment (K=V words, shell-quoted: a suite that meson gives
+# its data directory needs it under the sanitizer too) and ARGS its arguments after the
+# executable (a --gtest_filter that keeps one case per process), both for eval.
 gpu_suites() {  # suite name
   meson introspect "$BUILD" --tests | python3 -c '
-import json, os, sys
+import json, os, shlex, sys
 for t in json.load(sys.stdin):
     if "shardopt:" + sys.argv[1] not in t["suite"]:
         continue
     c = t["cmd"]
-    if len(c) >= 5 and c[1].endswith("run_mpi.sh"):  # sh run_mpi.sh MPIEXEC N EXE (EXE relative to the build)
-        print(t["name"], os.path.join(t.get("workdir") or sys.argv[2], c[4]), c[3])
+    if len(c) >= 5 and c[1].endswith("run_mpi.sh"):  # sh run_mpi.sh MPIEXEC N EXE ARGS (EXE relative to the build)
+        exe, ranks, args = os.path.join(t.get("workdir") or sys.argv[2], c[4]), c[3], c[5:]
     else:
-        print(t["name"], c[0], 0)
+        exe, ranks, args = c[0], 0, c[1:]
+    env = " ".join(shlex.quote(k + "=" + v) for k, v in sorted((t.get("env") or {}).items()))
+    print(t["name"], exe, ranks, env, "::", " ".join(shlex.quote(a) for a in args))
 ' "$1" "$(cd "$BUILD" && pwd)"
 }
 
@@ -424,16 +429,18 @@ phase_sanitize() {
   # 2026-11-25 on an H100, none from shardopt's own calls. Every CUDA call shardopt makes
   # is checked and throws, so an API error of ours fails the suite itself; memory-access
   # checking stays on for all suites, and API errors are reported for every other suite.
-  local api_args
-  while read -r name exe ranks; do
+  local api_args rest test_env test_args
+  while read -r name exe ranks rest; do
     [ -z "$SAN_ONLY" ] || [[ "$name" =~ $SAN_ONLY ]] || continue
+    eval "test_env=(${rest%%::*})"; eval "test_args=(${rest#*::})"
     api_args=()
     case "$name" in gpu_mpi_* | gpu_comm_self) api_args=(--report-api-errors no) ;; esac
     if [ "$ranks" -eq 0 ]; then
-      san_run memcheck "$name" "$SAN_MEMCHECK_S" 1 "$CS" --tool memcheck "${cs_args[@]}" "${api_args[@]}" "$exe"
+      san_run memcheck "$name" "$SAN_MEMCHECK_S" 1 env "${test_env[@]}" \
+        "$CS" --tool memcheck "${cs_args[@]}" "${api_args[@]}" "$exe" "${test_args[@]}"
     else
-      san_run memcheck "$name" "$SAN_MEMCHECK_S" "$ranks" env SHARDOPT_TEST_NEEDS_GPU=1 SHARDOPT_BACKEND=cuda \
-        $MPIRUN -n "$ranks" "$CS" --tool memcheck "${cs_args[@]}" "${api_args[@]}" "$exe"
+      san_run memcheck "$name" "$SAN_MEMCHECK_S" "$ranks" env "${test_env[@]}" SHARDOPT_TEST_NEEDS_GPU=1 SHARDOPT_BACKEND=cuda \
+        $MPIRUN -n "$ranks" "$CS" --tool memcheck "${cs_args[@]}" "${api_args[@]}" "$exe" "${test_args[@]}"
     fi
   done <<<"$suites"
 
