@@ -50,6 +50,9 @@ if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then GPUS=$(tr ',' '\n' <<<"$CUDA_VISIBLE
 SUMMARY="$OUT/summary.txt"
 log() { echo "$*" | tee -a "$SUMMARY"; }
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --bind-to none"
+# Scratch files of this run (logs, peers' timings): its own folder, so that runs on
+# separate GPUs of one machine (CUDA_VISIBLE_DEVICES lanes) do not share them.
+T=$(mktemp -d "${TMPDIR:-/tmp}/shardopt-suite-XXXXXX")
 TORCHRUN="python3 -m torch.distributed.run --standalone"
 
 phase_build() {
@@ -95,27 +98,27 @@ bench_line() { grep -hE '^\{"bench"' "$@" | tee -a "$SUMMARY"; }
 
 phase_adam() {
   log "== adam"
-  python3 bench/peers/adam_peer.py --out /tmp/peer_adam.json >>"$OUT/bench.log" 2>&1 || log "adam peer failed"
-  "$BUILD/bench/bench_adam" --peer-json /tmp/peer_adam.json --results bench/results >/tmp/b.log 2>&1
-  cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
-  mkdir -p /tmp/adam_check
-  "$BUILD/bench/bench_adam" --torch-check-dir /tmp/adam_check >>"$OUT/bench.log" 2>&1 &&
-    python3 bench/peers/adam_torch_check.py --dir /tmp/adam_check 2>&1 | tee -a "$OUT/bench.log" | grep -E "PASS|FAIL" | tee -a "$SUMMARY"
+  python3 bench/peers/adam_peer.py --out $T/peer_adam.json >>"$OUT/bench.log" 2>&1 || log "adam peer failed"
+  "$BUILD/bench/bench_adam" --peer-json $T/peer_adam.json --results bench/results >$T/b.log 2>&1
+  cat $T/b.log >>"$OUT/bench.log"; bench_line $T/b.log
+  mkdir -p $T/adam_check
+  "$BUILD/bench/bench_adam" --torch-check-dir $T/adam_check >>"$OUT/bench.log" 2>&1 &&
+    python3 bench/peers/adam_torch_check.py --dir $T/adam_check 2>&1 | tee -a "$OUT/bench.log" | grep -E "PASS|FAIL" | tee -a "$SUMMARY"
 }
 
 phase_mxfp8() {
   log "== mxfp8"
-  timeout 180 "$BUILD/bench/bench_mxfp8" --results bench/results >/tmp/b.log 2>&1; cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+  timeout 180 "$BUILD/bench/bench_mxfp8" --results bench/results >$T/b.log 2>&1; cat $T/b.log >>"$OUT/bench.log"; bench_line $T/b.log
 }
 
 phase_nvfp4() {
   log "== nvfp4"
-  timeout 180 "$BUILD/bench/bench_nvfp4" --results bench/results >/tmp/b.log 2>&1; cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+  timeout 180 "$BUILD/bench/bench_nvfp4" --results bench/results >$T/b.log 2>&1; cat $T/b.log >>"$OUT/bench.log"; bench_line $T/b.log
 }
 
 phase_comm() {
   log "== comm ($GPUS ranks)"
-  $MPIRUN -n "$GPUS" "$BUILD/bench/bench_comm" --results bench/results >/tmp/b.log 2>&1; cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+  $MPIRUN -n "$GPUS" "$BUILD/bench/bench_comm" --results bench/results >$T/b.log 2>&1; cat $T/b.log >>"$OUT/bench.log"; bench_line $T/b.log
 }
 
 # The processes under PID (children, grandchildren, ...), one per line.
@@ -170,14 +173,14 @@ phase_reduce() {
   for n in $(printf '%s\n' 2 "$GPUS" | awk '!seen[$0]++'); do  # each count once
     [ "$n" -le "$GPUS" ] || continue
     log "== reduce: F32Accumulate vs NCCL bf16 / fp32 reduce-scatter ($n ranks)"
-    (export NCCL_DEBUG=WARN; run_watched 300 /tmp/b.log "$n" "$BUILD/bench/bench_comm" --f32-accumulate \
+    (export NCCL_DEBUG=WARN; run_watched 300 $T/b.log "$n" "$BUILD/bench/bench_comm" --f32-accumulate \
       --sizes-mib 16,64,256,1024 --iters 20 --wait-timeout-s 60 --results bench/results)
-    rc=$?; cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
-    [ "$rc" -eq 0 ] || log "bench_comm --f32-accumulate ($n ranks) exit $rc$([ "$rc" -eq 124 ] && echo ': hung, see hang.log'); last: $(grep '^bench_comm:' /tmp/b.log | tail -1)"
+    rc=$?; cat $T/b.log >>"$OUT/bench.log"; bench_line $T/b.log
+    [ "$rc" -eq 0 ] || log "bench_comm --f32-accumulate ($n ranks) exit $rc$([ "$rc" -eq 124 ] && echo ': hung, see hang.log'); last: $(grep '^bench_comm:' $T/b.log | tail -1)"
     log "== reduce: distributed-Adam step, F32Accumulate vs Native ($n ranks)"
-    (export NCCL_DEBUG=WARN; run_watched 200 /tmp/b.log "$n" "$BUILD/bench/bench_dist_adam" --grad-reduce-precision \
+    (export NCCL_DEBUG=WARN; run_watched 200 $T/b.log "$n" "$BUILD/bench/bench_dist_adam" --grad-reduce-precision \
       --results bench/results)
-    rc=$?; cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+    rc=$?; cat $T/b.log >>"$OUT/bench.log"; bench_line $T/b.log
     [ "$rc" -eq 0 ] || log "bench_dist_adam --grad-reduce-precision ($n ranks) exit $rc$([ "$rc" -eq 124 ] && echo ': hung, see hang.log')"
   done
 }
@@ -186,18 +189,18 @@ phase_dist() {
   for n in $(printf '%s\n' "$GPUS" 2 1 | awk '!seen[$0]++'); do  # each count once
     [ "$n" -le "$GPUS" ] || continue
     log "== dist-adam ($n ranks)"
-    timeout 150 $TORCHRUN --nproc_per_node "$n" bench/peers/dist_adam_peer.py --out /tmp/peer_dist.tsv >>"$OUT/bench.log" 2>&1 || log "dist peer failed"
-    timeout 150 $MPIRUN -n "$n" "$BUILD/bench/bench_dist_adam" --peer /tmp/peer_dist.tsv --results bench/results >/tmp/b.log 2>&1
-    cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+    timeout 150 $TORCHRUN --nproc_per_node "$n" bench/peers/dist_adam_peer.py --out $T/peer_dist.tsv >>"$OUT/bench.log" 2>&1 || log "dist peer failed"
+    timeout 150 $MPIRUN -n "$n" "$BUILD/bench/bench_dist_adam" --peer $T/peer_dist.tsv --results bench/results >$T/b.log 2>&1
+    cat $T/b.log >>"$OUT/bench.log"; bench_line $T/b.log
   done
 }
 
-phase_phases() {
-  for n in 1 2; do
+phase_phases() {  # PHASE_RANKS: the rank counts (default "1 2")
+  for n in ${PHASE_RANKS:-1 2}; do
     [ "$n" -le "$GPUS" ] || continue
     log "== dist-adam phases ($n ranks)"
-    timeout 200 $MPIRUN -n "$n" "$BUILD/bench/bench_dist_adam" --phases --results bench/results >/tmp/b.log 2>&1
-    cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+    timeout 200 $MPIRUN -n "$n" "$BUILD/bench/bench_dist_adam" --phases --results bench/results >$T/b.log 2>&1
+    cat $T/b.log >>"$OUT/bench.log"; bench_line $T/b.log
   done
 }
 
@@ -208,8 +211,8 @@ phase_hostcpu() {
       [ "$n" -gt 1 ] || [ "$mixing" = default ] || continue
       log "== host CPU per step ($n ranks, NCCL_GRAPH_MIXING_SUPPORT $mixing)"
       if [ "$mixing" = 0 ]; then env=(NCCL_GRAPH_MIXING_SUPPORT=0); else env=(); fi
-      timeout 120 env "${env[@]}" $MPIRUN -n "$n" "$BUILD/bench/bench_dist_adam" --host-cpu-only --results bench/results >/tmp/b.log 2>&1
-      cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+      timeout 120 env "${env[@]}" $MPIRUN -n "$n" "$BUILD/bench/bench_dist_adam" --host-cpu-only --results bench/results >$T/b.log 2>&1
+      cat $T/b.log >>"$OUT/bench.log"; bench_line $T/b.log
     done
   done
 }
@@ -222,7 +225,7 @@ phase_fsdp() {  # bf16 params (with the FSDP2 and Megatron-FSDP peers) and MXFP8
   #     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
   local megatron=() why
   if why=$(python3 -c 'import megatron_fsdp; print(megatron_fsdp.__version__)' 2>&1); then
-    megatron=(--peer-megatron /tmp/peer_megatron.tsv)
+    megatron=(--peer-megatron $T/peer_megatron.tsv)
     log "megatron-fsdp $(tail -1 <<<"$why"): the second FSDP peer (bf16)"
     python3 bench/peers/megatron_fsdp_peer.py --mxfp8-support 2>>"$OUT/bench.log" | tee -a "$SUMMARY"
   else
@@ -232,54 +235,54 @@ phase_fsdp() {  # bf16 params (with the FSDP2 and Megatron-FSDP peers) and MXFP8
     [ "$n" -le "$GPUS" ] || continue
     [ "$n" -eq "$GPUS" ] || [ "${FSDP_ONE:-1}" = 1 ] || continue
     log "== fsdp ($n ranks)"
-    timeout 150 $TORCHRUN --nproc_per_node "$n" bench/peers/fsdp_peer.py --out /tmp/peer_fsdp.tsv >>"$OUT/bench.log" 2>&1 || log "fsdp peer failed"
+    timeout 150 $TORCHRUN --nproc_per_node "$n" bench/peers/fsdp_peer.py --out $T/peer_fsdp.tsv >>"$OUT/bench.log" 2>&1 || log "fsdp peer failed"
     if [ ${#megatron[@]} -gt 0 ]; then
-      rm -f /tmp/peer_megatron.tsv  # no stale timing stands in for a failed run
-      timeout 200 $TORCHRUN --nproc_per_node "$n" bench/peers/megatron_fsdp_peer.py --out /tmp/peer_megatron.tsv \
+      rm -f $T/peer_megatron.tsv  # no stale timing stands in for a failed run
+      timeout 200 $TORCHRUN --nproc_per_node "$n" bench/peers/megatron_fsdp_peer.py --out $T/peer_megatron.tsv \
         >>"$OUT/bench.log" 2>&1 || log "megatron-fsdp peer failed ($n ranks; its traceback is in bench.log)"
     fi
-    timeout 150 $MPIRUN -n "$n" "$BUILD/bench/bench_fsdp" --peer /tmp/peer_fsdp.tsv "${megatron[@]}" --results bench/results >/tmp/b.log 2>&1
-    timeout 150 $MPIRUN -n "$n" "$BUILD/bench/bench_fsdp" --params mxfp8 --results bench/results >>/tmp/b.log 2>&1
-    cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+    timeout 150 $MPIRUN -n "$n" "$BUILD/bench/bench_fsdp" --peer $T/peer_fsdp.tsv "${megatron[@]}" --results bench/results >$T/b.log 2>&1
+    timeout 150 $MPIRUN -n "$n" "$BUILD/bench/bench_fsdp" --params mxfp8 --results bench/results >>$T/b.log 2>&1
+    cat $T/b.log >>"$OUT/bench.log"; bench_line $T/b.log
   done
 }
 
 phase_trainer() {
   [ -x "$BUILD/examples/trainer/bench_trainer" ] || return 0
   log "== trainer ($GPUS ranks)"
-  timeout 240 $MPIRUN -n "$GPUS" "$BUILD/examples/trainer/bench_trainer" --results bench/results >/tmp/b.log 2>&1
-  timeout 240 $MPIRUN -n "$GPUS" "$BUILD/examples/trainer/bench_trainer" --params mxfp8 --graphs on --results bench/results >>/tmp/b.log 2>&1
-  cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+  timeout 240 $MPIRUN -n "$GPUS" "$BUILD/examples/trainer/bench_trainer" --results bench/results >$T/b.log 2>&1
+  timeout 240 $MPIRUN -n "$GPUS" "$BUILD/examples/trainer/bench_trainer" --params mxfp8 --graphs on --results bench/results >>$T/b.log 2>&1
+  cat $T/b.log >>"$OUT/bench.log"; bench_line $T/b.log
 }
 
 phase_muon() {
   for n in $(printf '%s\n' 1 2 "$GPUS" | awk '!seen[$0]++'); do  # each count once
     [ "$n" -le "$GPUS" ] || continue
     log "== muon ($n ranks)"
-    rm -f /tmp/peer_muon.tsv
+    rm -f $T/peer_muon.tsv
     if [ "$n" -eq 1 ]; then
-      timeout 300 python3 bench/peers/muon_peer.py --out /tmp/peer_muon.tsv >>"$OUT/bench.log" 2>&1 || log "muon peer failed"
+      timeout 300 python3 bench/peers/muon_peer.py --out $T/peer_muon.tsv >>"$OUT/bench.log" 2>&1 || log "muon peer failed"
     else
-      timeout 300 $TORCHRUN --nproc_per_node "$n" bench/peers/muon_peer.py --out /tmp/peer_muon.tsv >>"$OUT/bench.log" 2>&1 ||
+      timeout 300 $TORCHRUN --nproc_per_node "$n" bench/peers/muon_peer.py --out $T/peer_muon.tsv >>"$OUT/bench.log" 2>&1 ||
         log "muon peer failed"
     fi
-    timeout 300 $MPIRUN -n "$n" "$BUILD/bench/bench_muon" --peer /tmp/peer_muon.tsv --results bench/results >/tmp/b.log 2>&1 ||
+    timeout 300 $MPIRUN -n "$n" "$BUILD/bench/bench_muon" --peer $T/peer_muon.tsv --results bench/results >$T/b.log 2>&1 ||
       log "bench_muon ($n ranks) exit $?"
-    cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+    cat $T/b.log >>"$OUT/bench.log"; bench_line $T/b.log
   done
 }
 
 phase_checkpoint() {
   log "== checkpoint (1 rank; disk: $(df -h /tmp | awk 'NR == 2 { print $2 " " $1 }'))"
   timeout 500 $MPIRUN -n 1 "$BUILD/bench/bench_checkpoint" --reps "${CKPT_REPS:-3}" --results bench/results --dir /tmp/shardopt-bench-ckpt \
-    >/tmp/b.log 2>&1 || log "checkpoint bench failed (exit $?)"
-  cat /tmp/b.log >>"$OUT/bench.log"; bench_line /tmp/b.log
+    >$T/b.log 2>&1 || log "checkpoint bench failed (exit $?)"
+  cat $T/b.log >>"$OUT/bench.log"; bench_line $T/b.log
 }
 
 phase_main() {
   log "== README main command on GPUs (2 ranks)"
-  BUILD_DIR="$BUILD" timeout 120 bash scripts/run_main.sh >/tmp/b.log 2>&1
-  cat /tmp/b.log >>"$OUT/bench.log"; grep -E "step|loss" /tmp/b.log | tail -4 | tee -a "$SUMMARY"
+  BUILD_DIR="$BUILD" timeout 120 bash scripts/run_main.sh >$T/b.log 2>&1
+  cat $T/b.log >>"$OUT/bench.log"; grep -E "step|loss" $T/b.log | tail -4 | tee -a "$SUMMARY"
 }
 
 # gpt: the example trainer's character-level GPT (--model gpt --size baby) on Shakespeare
@@ -300,19 +303,19 @@ phase_gpt() {
   for n in 1 2; do
     [ "$n" -le "$GPUS" ] || continue
     log "== gpt baby ($n ranks, $steps steps)"
-    tok=$((16384 / n)); init="/tmp/gpt_init_n$n"; rm -rf "$init"
+    tok=$((16384 / n)); init="$T/gpt_init_n$n"; rm -rf "$init"
     local common=(--data "$data" --tokens "$tok" --steps "$steps" --microbatches 1 --eval-every 50 --eval-batches 4
                   --lr 1e-3 --weight-decay 0.1)
     timeout 500 $MPIRUN -n "$n" "$trainer" --model gpt --size baby --task shakespeare "${common[@]}" --save-init "$init" \
-      --metrics "/tmp/gpt_ours_n$n.jsonl" --sample 300 --log-every 50 >/tmp/b.log 2>&1 || log "FAIL gpt trainer ($n ranks)"
-    cat /tmp/b.log >>"$OUT/bench.log"; grep -E "val loss" /tmp/b.log | tail -1 | tee -a "$SUMMARY"
+      --metrics "$T/gpt_ours_n$n.jsonl" --sample 300 --log-every 50 >$T/b.log 2>&1 || log "FAIL gpt trainer ($n ranks)"
+    cat $T/b.log >>"$OUT/bench.log"; grep -E "val loss" $T/b.log | tail -1 | tee -a "$SUMMARY"
     for c in eager compiled; do
       timeout 500 $TORCHRUN --nproc_per_node "$n" bench/peers/gpt_peer.py --init "$init" "${common[@]}" \
-        --metrics "/tmp/gpt_peer_${c}_n$n.jsonl" $([ "$c" = compiled ] && echo --compile) >>"$OUT/bench.log" 2>&1 ||
+        --metrics "$T/gpt_peer_${c}_n$n.jsonl" $([ "$c" = compiled ] && echo --compile) >>"$OUT/bench.log" 2>&1 ||
         log "FAIL gpt peer $c ($n ranks)"
     done
-    python3 bench/peers/gpt_peer.py --compare "/tmp/gpt_ours_n$n.jsonl" "/tmp/gpt_peer_eager_n$n.jsonl" \
-      "/tmp/gpt_peer_compiled_n$n.jsonl" --config "baby/n$n" --results bench/results --plot "$OUT/gpt_curves_n$n.png" \
+    python3 bench/peers/gpt_peer.py --compare "$T/gpt_ours_n$n.jsonl" "$T/gpt_peer_eager_n$n.jsonl" \
+      "$T/gpt_peer_compiled_n$n.jsonl" --config "baby/n$n" --results bench/results --plot "$OUT/gpt_curves_n$n.png" \
       --command "GPT_STEPS=$steps bash scripts/device_suite.sh gpt ($n ranks: trainer --model gpt --size baby --task shakespeare ${common[*]}; gpt_peer.py eager and --compile)" \
       2>&1 | tee -a "$SUMMARY"
   done

@@ -7,6 +7,11 @@ gpus=0
 if command -v nvidia-smi >/dev/null 2>&1; then
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 fi
+# Only the GPUs this run may use count (a CUDA_VISIBLE_DEVICES lane of a larger machine).
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+  visible=$(printf '%s\n' "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
+  [ "$visible" -lt "$gpus" ] && gpus=$visible
+fi
 if [ "$gpus" -lt "$n" ]; then
   echo "needs $n GPUs, found $gpus: skipping"
   exit 77

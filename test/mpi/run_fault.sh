@@ -10,6 +10,10 @@ mpiexec="$1"; n="$2"; exe="$3"; scenario="$4"; ms="$5"
 if [ "${SHARDOPT_BACKEND:-}" = cuda ]; then
   gpus=0
   if command -v nvidia-smi >/dev/null 2>&1; then gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); fi
+  if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then  # a lane of a larger machine: only its GPUs count
+    visible=$(printf '%s\n' "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
+    [ "$visible" -lt "$gpus" ] && gpus=$visible
+  fi
   if [ "$gpus" -lt "$n" ]; then echo "needs $n GPUs, found $gpus: skipping"; exit 77; fi
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 fi
