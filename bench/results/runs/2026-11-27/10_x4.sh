@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Call 10 (nvidia-h100-x4: four H100s; the sanitize gate of issue 29 asks for an H100), on the
+# merged tree of this session. Lanes on separate GPUs run at once (CUDA_VISIBLE_DEVICES; each
+# device_suite run has its own OUT and scratch folder):
+#   PART=1: build, then
+#     lane A (GPUs 0,1): the gpu-multi suite at 2 ranks (the 4-rank cases skip: 2 GPUs visible);
+#     lane B (GPU 2):    the sanitize gate (memcheck runs every single-GPU suite whole: it is also
+#                        the gpu suite's proof), racecheck + synccheck;
+#     lane C (GPU 3):    the one-GPU benches: step phases at 1 rank, mxfp8, nvfp4, muon.
+#   PART=2: lane A (GPUs 0,1) the 2-rank benches (phases, reduce, muon), then the gpu-multi
+#     suite on all four GPUs (its 4-rank cases).
+#   bash bench/results/runs/2026-11-27/10_x4.sh    (carry: .dev_data, .whl)
+set -u
+OUT="${OUT:-/tmp/shardopt-out}"; mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
+L="$OUT/lanes.log"; say() { echo "[$SECONDS s] $*" | tee -a "$L"; }
+lane() {  # name, gpus, time limit, phases... (device_suite with its own OUT)
+  local name="$1" gpus="$2" limit="$3"; shift 3
+  mkdir -p "$OUT/$name"
+  CUDA_VISIBLE_DEVICES="$gpus" OUT="$OUT/$name" timeout "$limit" bash scripts/device_suite.sh "$@" >/dev/null 2>&1
+  say "lane $name ($gpus: $*) exit $?"
+}
+nvidia-smi -L | tee -a "$L"; git log --oneline -1 2>/dev/null | tee -a "$L"
+if [ "${PART:-1}" = 1 ]; then
+  OUT="$OUT/build" bash scripts/device_suite.sh build >/dev/null 2>&1 || { say "build failed"; tail -40 "$OUT/build/build.log" | tee -a "$L"; }
+  say "build done: $(grep -h 'build ok\|BUILD' "$OUT/build/summary.txt")"
+  lane A 0,1 $((585 - SECONDS)) testsN &
+  SAN_JOBS=8 lane B 2 $((585 - SECONDS)) sanitize &
+  PHASE_RANKS=1 lane C 3 $((585 - SECONDS)) phases mxfp8 nvfp4 muon &
+  wait
+else
+  PHASE_RANKS=2 lane A2 0,1 330 phases reduce muon
+  lane N4 0,1,2,3 $((585 - SECONDS)) testsN
+fi
+for d in "$OUT"/*/; do
+  [ -f "$d/summary.txt" ] || continue
+  { echo "=== $(basename "$d")"; grep -vhE '^\{"bench"' "$d/summary.txt" | grep -E "FAIL|TIMEOUT|gpu tests|sanitize:|exit|failed|build|PASS" | head -40; } >>"$L"
+  grep -hE '^\{"bench"' "$d/summary.txt" | cut -c1-700 >>"$L"
+done
+tar czf "$OUT/results.tgz" bench/results "$OUT"/*/*.log "$OUT"/*/*.txt 2>/dev/null
+find "$OUT" -mindepth 1 -maxdepth 1 ! -name results.tgz ! -name lanes.log -exec rm -rf {} +
+say "all done"
