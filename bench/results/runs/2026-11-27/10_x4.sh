@@ -30,7 +30,14 @@ if [ "${PART:-1}" = 1 ]; then
   PHASE_RANKS=1 lane C 3 $((585 - SECONDS)) phases mxfp8 nvfp4 muon &
   wait
 else
+  # GPU 3 meanwhile: bench_trace with the NVTX ranges compiled in (build-gpu) and out (a
+  # second build of the library and bench_trace only): the replay host time, issue 32.
+  ( CUDA_VISIBLE_DEVICES=3 bash -c 'meson setup build-nonvtx -Dcuda-arch=90 -Dbuildtype=release -Dnvtx=disabled \
+      -Dtests=false -Dexamples=false && ninja -C build-nonvtx bench/bench_trace &&
+      for i in 1 2; do build-gpu/bench/bench_trace --results bench/results; build-nonvtx/bench/bench_trace --results bench/results; done' \
+      >"$OUT/trace.txt" 2>&1; say "bench_trace with and without NVTX exit $?"; grep -E '^\{"bench"' "$OUT/trace.txt" | cut -c1-400 >>"$L" ) &
   PHASE_RANKS=2 lane A2 0,1 330 phases reduce muon
+  wait
   lane N4 0,1,2,3 $((585 - SECONDS)) testsN
 fi
 for d in "$OUT"/*/; do
@@ -38,6 +45,6 @@ for d in "$OUT"/*/; do
   { echo "=== $(basename "$d")"; grep -vhE '^\{"bench"' "$d/summary.txt" | grep -E "FAIL|TIMEOUT|gpu tests|sanitize:|exit|failed|build|PASS" | head -40; } >>"$L"
   grep -hE '^\{"bench"' "$d/summary.txt" | cut -c1-700 >>"$L"
 done
-tar czf "$OUT/results.tgz" bench/results "$OUT"/*/*.log "$OUT"/*/*.txt 2>/dev/null
+tar czf "$OUT/results.tgz" bench/results "$OUT"/*/*.log "$OUT"/*/*.txt "$OUT"/*.txt 2>/dev/null
 find "$OUT" -mindepth 1 -maxdepth 1 ! -name results.tgz ! -name lanes.log -exec rm -rf {} +
 say "all done"
