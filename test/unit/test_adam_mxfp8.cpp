@@ -11,6 +11,7 @@ using shardopt::DType;
 TEST(AdamMxfp8, FusedEqualsTodaysCompositionOnEveryRank) {
   for (int world : {1, 3, 8}) adam_mxfp8_test::run_case(Backend::Host, world, DType::bf16, DType::f32, true, 11u + world);
   adam_mxfp8_test::run_case(Backend::Host, 2, DType::f32, DType::bf16, false, 5u);
+  adam_mxfp8_test::run_case(Backend::Host, 1, DType::f16, DType::bf16, false, 3u);  // Adam (L2) against double
 }
 
 TEST(AdamMxfp8, RefusesBadTables) { adam_mxfp8_test::case_refusals(Backend::Host); }
