@@ -16,6 +16,7 @@
 namespace shardopt {
 namespace {
 
+using kernels::AdamApplyLaunch;
 using kernels::AdamApplyParams;
 using kernels::AdamPrologueParams;
 using kernels::AdamVariant;
@@ -58,12 +59,6 @@ AdamPrologueParams prologue_params(const AdamConfig& c) {
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
-
-/// Validated kernel arguments of one main pass.
-struct AdamApplyLaunch {
-  AdamVariant variant;
-  AdamApplyParams params;
-};
 
 AdamApplyLaunch prepare_apply(const AdamConfig& config, const ShardPointers& shard, StepScalars* scalars,
                               Backend backend, const kernels::AdamAmaxChunk* amax = nullptr) {
@@ -175,6 +170,11 @@ void adam_step_apply(const AdamConfig& config, const ShardPointers& shard, StepS
 }
 
 namespace kernels {
+AdamApplyLaunch prepare_adam_apply(const AdamConfig& config, const ShardPointers& shard, StepScalars* scalars,
+                                   Backend backend) {
+  return prepare_apply(config, shard, scalars, backend);
+}
+
 void adam_step_apply_emitting(const AdamConfig& config, const ShardPointers& shard, const AdamAmaxChunk* amax,
                               StepScalars* scalars, Backend backend, Stream stream) {
   SHARDOPT_REQUIRE(amax != nullptr && !config.write_params, ErrorCode::InvalidArgument,

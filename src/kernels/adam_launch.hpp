@@ -4,8 +4,21 @@
 
 #include "kernels/adam_math.cuh"
 #include "shardopt/backend.hpp"
+#include "shardopt/fused_adam.hpp"
 
 namespace shardopt::kernels {
+
+/// Validated kernel arguments of one main pass.
+struct AdamApplyLaunch {
+  AdamVariant variant;
+  AdamApplyParams params;
+};
+
+/// The checks and kernel arguments of adam_step_apply (config, pointers; with the Host
+/// backend also every chunk of the host table `shard.chunks`), without enqueueing.
+/// Throws Error(InvalidArgument) as adam_step_apply does.
+AdamApplyLaunch prepare_adam_apply(const AdamConfig& config, const ShardPointers& shard, StepScalars* scalars,
+                                   Backend backend);
 
 /// CUDA: the one-thread prologue kernel.
 void launch_adam_prologue(const AdamPrologueParams& p, StepScalars* scalars, Stream stream);

@@ -37,6 +37,8 @@
 #include <algorithm>
 
 #include "core/check.hpp"
+#include "kernels/adam_mxfp8.hpp"
+#include "kernels/adam_vec.cuh"
 #include "kernels/mxfp8_launch.hpp"
 #include "kernels/mxfp8_math.cuh"
 #include "kernels/mxfp8_tile.cuh"
@@ -160,22 +162,25 @@ struct Masters {
   float4 v[4];  // chunk h at v[2h], v[2h + 1]
 };
 
-template <bool kFull>
+// kReadOnly: through the non-coherent path (not in the fused Adam pass, which writes
+// masters in the same cache lines).
+template <bool kFull, bool kReadOnly = true>
 __device__ __forceinline__ void load_masters(const ShardEntry& en, const Spot& s, const Room& room, Masters& m) {
   const float* base = in_global(en.master) + (s.elem - en.range.begin);
   if constexpr (kFull) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float4* p = reinterpret_cast<const float4*>(base + 64 * h);
-      m.v[2 * h] = __ldg(p);
-      m.v[2 * h + 1] = __ldg(p + 1);
+      m.v[2 * h] = kReadOnly ? __ldg(p) : p[0];
+      m.v[2 * h + 1] = kReadOnly ? __ldg(p + 1) : p[1];
     }
   } else {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float f[8];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) f[k] = (k >= room.lo[h] && k < room.hi[h]) ? __ldg(base + 64 * h + k) : 0.0f;
+      for (int k = 0; k < 8; ++k)
+        f[k] = (k >= room.lo[h] && k < room.hi[h]) ? (kReadOnly ? __ldg(base + 64 * h + k) : base[64 * h + k]) : 0.0f;
       m.v[2 * h] = make_float4(f[0], f[1], f[2], f[3]);
       m.v[2 * h + 1] = make_float4(f[4], f[5], f[6], f[7]);
     }
@@ -472,6 +477,115 @@ void launch(const Table& table, std::int64_t tiles, Stream stream) {
   SHARDOPT_CUDA_CHECK(cudaGetLastError());
 }
 
+// ------------------------------------------------ the fused Adam pass (adam_mxfp8.hpp)
+
+using kernels::AdamMxfp8Place;
+
+// A batch's entries with each one's Adam place (parallel arrays).
+struct AdamOwnedList : ShardList {
+  const AdamMxfp8Place* places;
+};
+
+// Adam over the thread's two chunks of a tile of an owned row (every element of the
+// tile that lies in the tensor lies in the range): gradient, master and moments loaded,
+// updated by adam_element (adam_math.cuh, the plain pass's math) and stored (nothing on
+// a skipped step: the master as it is), and the new masters left in w as bf16 pairs,
+// as to_words<Mode::Owned> makes them from the master the owned pass would read.
+// kVec: 16-byte accesses (a whole tile whose Adam arrays are aligned), else element by
+// element inside the room (zeros outside, as load_masters gives).
+template <class Tr, bool kVec>
+__device__ __forceinline__ void adam_tile(const ShardEntry& en, const AdamMxfp8Place& pl,
+                                          const kernels::AdamApplyParams& a, const kernels::AdamStepValues& sv,
+                                          bool skipped, const Spot& s, std::uint32_t (&w)[8]) {
+  const Room room = room_of<kVec>(en, s);
+  const std::int64_t local = s.elem - en.range.begin;
+  const std::int64_t si = pl.shard_offset + local, bi = pl.buffer_offset + local;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float p[8];
+    if constexpr (kVec) {
+      kernels::load_vec<DType::f32, 8, false>(a.master, si + 64 * h, p);
+      if (!skipped) {
+        float g[8], m[8], v[8];
+        kernels::load_vec<Tr::grad, 8, true>(a.grads, bi + 64 * h, g);
+        kernels::load_vec<Tr::moment, 8, false>(a.exp_avg, si + 64 * h, m);
+        kernels::load_vec<Tr::moment, 8, false>(a.exp_avg_sq, si + 64 * h, v);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) kernels::adam_element<Tr::decoupled>(a.consts, sv, g[k], p[k], m[k], v[k]);
+        kernels::store_vec<DType::f32, 8>(a.master, si + 64 * h, p);
+        kernels::store_vec<Tr::moment, 8>(a.exp_avg, si + 64 * h, m);
+        kernels::store_vec<Tr::moment, 8>(a.exp_avg_sq, si + 64 * h, v);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        p[k] = 0.0f;
+        if (k >= room.lo[h] && k < room.hi[h]) {
+          const std::int64_t i = 64 * h + k;
+          p[k] = skipped ? a.master[si + i] : kernels::adam_scalar<Tr>(a, sv, si + i, bi + i);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) w[4 * h + j] = bf16_pair<true>(p[2 * j], p[2 * j + 1]);
+  }
+}
+
+// The fused pass: the owned pass's walk over the batch's tiles, where a tile of an owned
+// row first runs Adam (adam_tile) and quantizes the new masters from registers
+// (owned_tile), and any other tile (a boundary row, whose elements plain Adam updated
+// before this launch) writes its partial scales from the master, as the owned pass
+// does. No loads ahead of the current tile (the Adam arrays of a tile would not fit the
+// 64 registers); resident blocks hide the latency.
+template <class Tr>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+    adam_owned_kernel(const AdamOwnedList table, const std::int64_t tiles, const int run,
+                      const kernels::AdamApplyParams a) {
+  __shared__ __align__(16) std::uint32_t col_partial[2][kWarps][kTileCols / 2];
+  __shared__ __align__(16) std::uint8_t col_scales[kTileCols];
+  __shared__ __align__(16) float col_inverse[kTileCols];
+  const Walk<AdamOwnedList::kMaxRun> walk(run);
+  std::int64_t t = walk.first;
+  if (t >= tiles) return;
+  const bool skipped = a.scalars->found_inf != 0;  // a skipped step writes no Adam state
+  Cursor c = cursor_at(table, t, 0);
+  Spot spot = spot_of<Mode::Owned>(table[c.e], c);
+  int buf = 0;
+  for (;;) {
+    const ShardEntry& en = table[c.e];
+    std::uint32_t w[8];
+    if (owned_row(en, c)) {  // block-uniform
+      const AdamMxfp8Place pl = table.places[c.e];
+      const kernels::AdamStepValues sv = kernels::adam_step_values(a, pl.group);
+      if (spot.full && pl.vec_ok != 0) {
+        adam_tile<Tr, true>(en, pl, a, sv, skipped, spot, w);
+      } else {
+        adam_tile<Tr, false>(en, pl, a, sv, skipped, spot, w);
+      }
+      if (spot.full) {
+        owned_tile<true>(en, spot, w, col_partial[buf], col_scales, col_inverse);
+      } else {
+        owned_tile<false>(en, spot, w, col_partial[buf], col_scales, col_inverse);
+      }
+    } else {
+      Masters m;
+      if (spot.full) {
+        load_masters<true, false>(en, spot, room_of<true>(en, spot), m);
+      } else {
+        load_masters<false, false>(en, spot, room_of<false>(en, spot), m);
+      }
+      to_words<Mode::Owned>(m, w);
+      partial_tile<Mode::Scales, false>(en, spot, w, col_partial[buf]);
+    }
+    buf ^= 1;
+    const bool run_ends = walk.ends_run(t);
+    const std::int64_t next = run_ends ? t + walk.gap : t + 1;
+    if (next >= tiles) return;  // the same for the whole block
+    step<Mode::Owned>(table, c, spot, next, run_ends);
+    t = next;
+  }
+}
+
 }  // namespace
 
 void launch_partial_scales(const Mxfp8Shape& shape, Range range, const float* master, std::uint8_t* scale_row,
@@ -518,8 +632,27 @@ void launch_owned_batch(const ShardEntry* entries, int count, std::int64_t tiles
 
 }  // namespace shardopt::mxfp8
 
+namespace shardopt::kernels {
+
+void launch_adam_mxfp8_owned(const AdamVariant& v, const AdamApplyParams& a, const mxfp8::ShardEntry* entries,
+                             const AdamMxfp8Place* places, int count, std::int64_t tiles, Stream stream) {
+  if (tiles <= 0) return;
+  const mxfp8::WalkPlan walk = mxfp8::plan_walk(tiles, mxfp8::AdamOwnedList::kMaxRun);
+  const mxfp8::AdamOwnedList table{{entries, count}, places};
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  dispatch_adam_variant(v, [&]<class Tr>() {
+    if constexpr (!Tr::write_params)  // MXFP8 shards keep no parameter copy (checked when built)
+      mxfp8::adam_owned_kernel<Tr><<<static_cast<unsigned>(walk.grid), mxfp8::tile::kThreads, 0, s>>>(table, tiles,
+                                                                                                walk.run, a);
+  });
+  SHARDOPT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace shardopt::kernels
+
 // Every kernel of this file, for load_step_kernels: shard_kernel in each mode with each
-// entry table the launches above pass.
+// entry table the launches above pass, and the fused Adam pass in each variant without
+// parameter output (the ones launch_adam_mxfp8_owned can pick).
 #include "kernels/kernel_files.hpp"
 
 namespace shardopt::kernels {
@@ -532,6 +665,14 @@ void mxfp8_shard_kernels_cuda(const KernelVisitor& visit) {
   visit(kernel_symbol(mxfp8::shard_kernel<Mode::Scales, mxfp8::ShardList>));
   visit(kernel_symbol(mxfp8::shard_kernel<Mode::Data, mxfp8::ShardList>));
   visit(kernel_symbol(mxfp8::shard_kernel<Mode::Owned, mxfp8::ShardList>));
+  for (DType grad : {DType::f32, DType::bf16, DType::f16})
+    for (DType moment : {DType::f32, DType::bf16})
+      for (bool decoupled : {true, false}) {
+        const AdamVariant v{grad, moment, DType::f32, false, decoupled};
+        dispatch_adam_variant(v, [&]<class Tr>() {
+          if constexpr (!Tr::write_params) visit(kernel_symbol(mxfp8::adam_owned_kernel<Tr>));
+        });
+      }
 }
 
 }  // namespace shardopt::kernels

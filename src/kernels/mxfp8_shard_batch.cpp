@@ -5,6 +5,7 @@
 // work (quantize_mxfp8_shard_owned_batch, quantize_mxfp8_shard_rest_batch).
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "core/memory.hpp"
 #include "kernels/entry_table.hpp"
 #include "kernels/mxfp8_launch.hpp"
+#include "kernels/mxfp8_shard_spans.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/host_stream.hpp"
 #include "shardopt/mxfp8.hpp"
@@ -101,6 +103,23 @@ std::int64_t append_rest_entries(const ShardEntry& e, std::int64_t first_tile, s
   return first_tile;
 }
 
+std::vector<std::pair<std::uint8_t*, std::size_t>> merged_scale_spans(const std::vector<ShardEntry>& entries) {
+  std::vector<std::pair<std::uint8_t*, std::size_t>> scales, spans;
+  for (const ShardEntry& e : entries) {
+    scales.emplace_back(e.out.scale_row, static_cast<std::size_t>(e.shape.scale_row_numel()));
+    scales.emplace_back(e.out.scale_col, static_cast<std::size_t>(e.shape.scale_col_numel()));
+  }
+  std::sort(scales.begin(), scales.end(), [](const auto& a, const auto& b) { return std::less<>{}(a.first, b.first); });
+  for (const auto& [p, n] : scales) {
+    if (!spans.empty() && spans.back().first + spans.back().second == p) {
+      spans.back().second += n;
+    } else {
+      spans.emplace_back(p, n);
+    }
+  }
+  return spans;
+}
+
 }  // namespace mxfp8
 
 struct Mxfp8ShardBatch::Impl {
@@ -184,15 +203,7 @@ Mxfp8ShardBatch::Mxfp8ShardBatch(const std::vector<Mxfp8ShardTensor>& tensors, B
   detail::require_disjoint(written, kType);
 
   Impl& im = *impl_;
-  // Scale memory as few contiguous spans as the layout allows (one memset each).
-  std::sort(scales.begin(), scales.end(), [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
-  for (const Extent& x : scales) {
-    if (!im.spans.empty() && reinterpret_cast<std::uintptr_t>(im.spans.back().first) + im.spans.back().second == x.begin) {
-      im.spans.back().second += x.end - x.begin;
-    } else {
-      im.spans.emplace_back(reinterpret_cast<std::uint8_t*>(x.begin), x.end - x.begin);
-    }
-  }
+  im.spans = mxfp8::merged_scale_spans(entries);
   im.numel = numel;
   im.tiles = tiles;
   im.table = detail::EntryTable(backend, entries);

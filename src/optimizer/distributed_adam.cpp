@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -16,6 +17,7 @@
 #include "shardopt/bucket_store.hpp"
 #include "quantized/mxfp8_params.hpp"
 #include "quantized/nvfp4_params.hpp"
+#include "quantized/phase_probe.hpp"
 #include "quantized/quantized_params.hpp"
 #include "optimizer/checkpoint.hpp"
 #include "optimizer/kernel_preload.hpp"
@@ -133,6 +135,39 @@ class DistributedAdam::Impl final : public detail::StepTarget {
                                         [&](int p) { return detail::nvfp4_adam_amax(*mx.format(), p); }) &&
                       adam_amax;
     }
+    // MXFP8 (issue 29): Adam quantizes the owned tile rows while their new masters are in
+    // registers (kernels/adam_mxfp8.hpp); those rows leave Adam's chunks.
+    if (opt.param_format == ParamFormat::Mxfp8 && mx.format() != nullptr) adam_mx8 = fuse_mxfp8();
+  }
+
+  // Per MXFP8 bucket its fused pass; false (nothing changed) when a piece of an MXFP8
+  // parameter is not wholly in Adam's chunks.
+  bool fuse_mxfp8() {
+    const Layout& L = store.layout();
+    std::vector<std::vector<kernels::AdamMxfp8Place>> places(L.buckets().size());
+    for (std::size_t b = 0; b < L.buckets().size(); ++b) {
+      if (!mx.is_bucket(static_cast<int>(b))) continue;
+      for (int p : L.buckets()[b].params) {
+        const std::optional<kernels::AdamMxfp8Place> at = state.adam_place(p);
+        if (!at && state.piece(p).length > 0) return false;
+        places[b].push_back(at.value_or(kernels::AdamMxfp8Place{}));
+      }
+    }
+    std::vector<std::vector<ShardChunk>> bands(L.buffers().size());
+    for (std::size_t b = 0; b < L.buckets().size(); ++b) {
+      if (!mx.is_bucket(static_cast<int>(b))) continue;
+      const int buffer = L.buckets()[b].buffer;
+      const std::vector<ShardChunk> mine =
+          detail::mxfp8_fuse_adam(*mx.format(), static_cast<int>(b), state.adam_config(buffer),
+                                  state.adam_pointers(buffer), state.scalars(), places[b]);
+      bands[static_cast<std::size_t>(buffer)].insert(bands[static_cast<std::size_t>(buffer)].end(), mine.begin(), mine.end());
+    }
+    for (std::size_t f = 0; f < bands.size(); ++f) {
+      std::sort(bands[f].begin(), bands[f].end(),
+                [](const ShardChunk& x, const ShardChunk& y) { return x.shard_offset < y.shard_offset; });
+      state.exclude_from_adam(static_cast<int>(f), bands[f]);
+    }
+    return true;
   }
 
   int num_buckets() const { return static_cast<int>(store.layout().buckets().size()); }
@@ -261,6 +296,7 @@ class DistributedAdam::Impl final : public detail::StepTarget {
   detail::QuantizedParams mx;  // MXFP8 or NVFP4 parameters (none when Native)
   bool grad_sync = true;
   bool adam_amax = false;      // NVFP4: the step's Adam emits the partial amaxes (no amax pass)
+  bool adam_mx8 = false;       // MXFP8: the fused pass quantizes the owned tile rows (no owned pass)
   bool grads_reduced = false;  // reduce_grads() ran since the last step / zero_grad
   bool grads_live = false;     // grad_ready / reduce_grads since the last step / zero_grad
   std::shared_ptr<detail::SaveJob> last_save;  // the last save_async (a later save waits for it)
@@ -472,7 +508,12 @@ void DistributedAdam::Impl::step(Stream stream) {
       const auto [c0, c1] = m.state.bucket_chunks(b);
       m.state.apply(store.layout().buckets()[static_cast<std::size_t>(b)].buffer, c0, c1, stream);
     }
-    m.dispatch(first, last, stream, m.adam_amax);
+    if (m.adam_mx8) {
+      detail::phase_mark("quantize", stream);
+      for (int b = first; b < last; ++b)
+        if (m.mx.is_bucket(b)) detail::mxfp8_adam_pass(*m.mx.format(), b, stream);
+    }
+    m.dispatch(first, last, stream, m.adam_amax || m.adam_mx8);
   }
   m.grads_live = false;  // consumed by Adam; MXFP8 regions now hold the staging
   const bool defer = m.opt.overlap_param_gather && !is_capturing(m.backend, stream);

@@ -263,6 +263,57 @@ bool ShardEngine::emit_amaxes(int buffer,
   return true;
 }
 
+const AdamConfig& ShardEngine::adam_config(int buffer) const {
+  return shards_.at(static_cast<std::size_t>(buffer)).config;
+}
+
+ShardPointers ShardEngine::adam_pointers(int buffer) const {
+  ShardPointers p = shards_.at(static_cast<std::size_t>(buffer)).ptrs;
+  p.chunks = nullptr;
+  p.num_chunks = 0;
+  return p;
+}
+
+std::optional<kernels::AdamMxfp8Place> ShardEngine::adam_place(int param) const {
+  const ParamPiece& ps = pieces_.at(static_cast<std::size_t>(param));
+  if (ps.length == 0) return std::nullopt;
+  const auto& chunks = shards_[static_cast<std::size_t>(ps.buffer)].chunks;
+  // The chunks of the piece: they must cover it, in one group, at one buffer distance.
+  auto it = std::lower_bound(chunks.begin(), chunks.end(), ps.shard_offset,
+                             [](const ShardChunk& c, std::int64_t v) { return c.shard_offset < v; });
+  if (it == chunks.end() || it->shard_offset != ps.shard_offset) return std::nullopt;
+  kernels::AdamMxfp8Place place;
+  place.shard_offset = ps.shard_offset;
+  place.buffer_offset = it->buffer_offset;
+  place.group = it->group;
+  std::int64_t at = ps.shard_offset;
+  for (; it != chunks.end() && at < ps.shard_offset + ps.length; ++it) {
+    if (it->shard_offset != at || it->group != place.group ||
+        it->buffer_offset - it->shard_offset != place.buffer_offset - place.shard_offset)
+      return std::nullopt;
+    at += it->length;
+  }
+  if (at != ps.shard_offset + ps.length) return std::nullopt;
+  return place;
+}
+
+void ShardEngine::exclude_from_adam(int buffer, const std::vector<ShardChunk>& bands) {
+  BufferShard& sh = shards_.at(static_cast<std::size_t>(buffer));
+  if (bands.empty()) return;
+  if (!sh.norm_chunks_dev) {  // the norm keeps every chunk
+    sh.num_norm_chunks = static_cast<std::int64_t>(sh.chunks.size());
+    sh.norm_chunks_dev = DeviceBuffer(backend_, sh.chunks.size() * sizeof(ShardChunk));
+    copy_async(backend_, sh.norm_chunks_dev.data(), sh.chunks.data(), sh.chunks.size() * sizeof(ShardChunk), nullptr);
+  }
+  sh.chunks = kernels::adam_mxfp8_plain_chunks(sh.chunks, bands);
+  sh.chunks_dev = DeviceBuffer(backend_, std::max<std::size_t>(1, sh.chunks.size()) * sizeof(ShardChunk));
+  if (!sh.chunks.empty())
+    copy_async(backend_, sh.chunks_dev.data(), sh.chunks.data(), sh.chunks.size() * sizeof(ShardChunk), nullptr);
+  sh.ptrs.chunks = sh.chunks_dev.as<ShardChunk>();
+  sh.ptrs.num_chunks = static_cast<std::int64_t>(sh.chunks.size());
+  synchronize(backend_, nullptr);
+}
+
 std::pair<std::size_t, std::size_t> ShardEngine::bucket_chunks(int bucket) const {
   const Bucket& bk = layout_.buckets()[static_cast<std::size_t>(bucket)];
   const auto& chunks = shards_[static_cast<std::size_t>(bk.buffer)].chunks;

@@ -19,6 +19,7 @@
 
 #include "core/memory.hpp"
 #include "kernels/adam_math.cuh"
+#include "kernels/adam_mxfp8.hpp"
 #include "optimizer/muon_pass.hpp"
 #include "quantized/quantized_params.hpp"
 #include "shardopt/adam_options.hpp"
@@ -101,6 +102,16 @@ class ShardEngine {
   /// false, and changes nothing, when a named parameter's piece is not wholly in Adam's
   /// chunks (its master is not written by Adam: a Muon matrix).
   bool emit_amaxes(int buffer, const std::function<std::optional<kernels::AdamAmaxChunk>(int param)>& target);
+  /// MXFP8 buffers (issue 29): the Adam state of buffer `buffer` (its config and
+  /// pointers; chunks left out) and each parameter's place in it (nullopt: no piece here,
+  /// or a piece not wholly in Adam's chunks), for the fused pass that quantizes the owned
+  /// tile rows (kernels/adam_mxfp8.hpp).
+  const AdamConfig& adam_config(int buffer) const;
+  ShardPointers adam_pointers(int buffer) const;
+  std::optional<kernels::AdamMxfp8Place> adam_place(int param) const;
+  /// Leaves `bands` (chunks of buffer `buffer` in shard order, which the fused pass now
+  /// updates) out of Adam's chunk table; the gradient norm still covers them.
+  void exclude_from_adam(int buffer, const std::vector<ShardChunk>& bands);
   /// The chunk range [first, last) of bucket `bucket` in its buffer's chunk table.
   std::pair<std::size_t, std::size_t> bucket_chunks(int bucket) const;
 

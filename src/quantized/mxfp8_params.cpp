@@ -32,6 +32,10 @@ class Mxfp8Format final : public StoredFormat {
   }
   void landing(int b, std::vector<BytePiece>& table) const override;
 
+  std::vector<ShardChunk> fuse_adam(int b, const AdamConfig& config, const ShardPointers& shard, StepScalars* scalars,
+                                    const std::vector<kernels::AdamMxfp8Place>& places) const;
+  void adam_pass(int b, Stream stream) const;
+
   Mxfp8View view(int param) const;
   std::uint8_t* shard_plane(int buffer, Mxfp8Plane plane) const;
 
@@ -45,6 +49,7 @@ class Mxfp8Format final : public StoredFormat {
   struct BucketInfo {
     std::size_t scale_begin = 0, scale_end = 0;  // byte span of its scales in storage_
     int batch = -1;                               // its params' ranges in batches_ (phase 1 and 2)
+    std::vector<Mxfp8ShardTensor> tensors;        // the same ranges, for the fused Adam pass
   };
 
   std::vector<std::size_t> shard_row_, shard_col_;  // shard storage: per buffer, its data planes' offsets
@@ -52,6 +57,10 @@ class Mxfp8Format final : public StoredFormat {
   std::vector<BucketInfo> bucket_;
   DeviceBuffer members_;  // Mxfp8Member tables of every MXFP8 param
   std::vector<Mxfp8ShardBatch> batches_;  // per MXFP8 bucket: this rank's ranges of its params
+  // Per fused bucket, Adam over its owned tile rows + their quantization (built at the
+  // optimizer's construction, after the format: hence mutable).
+  mutable std::vector<kernels::AdamMxfp8Pass> fused_;
+  mutable std::vector<int> fused_of_;  // per bucket, its pass in fused_ (-1: none)
 };
 
 Mxfp8Format::Mxfp8Format(const FormatContext& ctx)
@@ -155,6 +164,7 @@ Mxfp8Format::Mxfp8Format(const FormatContext& ctx)
     }
     bucket_[b].batch = static_cast<int>(batches_.size());
     batches_.emplace_back(tensors, backend_);
+    bucket_[b].tensors = std::move(tensors);
   }
   synchronize(backend_, nullptr);
 }
@@ -174,6 +184,24 @@ void Mxfp8Format::landing(int bucket, std::vector<BytePiece>& table) const {
       split_copy(table, src, at(pi.data_row) + seg.param_offset, seg.length);
       split_copy(table, src + S, at(pi.data_col) + seg.param_offset, seg.length);
     }
+}
+
+std::vector<ShardChunk> Mxfp8Format::fuse_adam(int b, const AdamConfig& config, const ShardPointers& shard,
+                                               StepScalars* scalars,
+                                               const std::vector<kernels::AdamMxfp8Place>& places) const {
+  const BucketInfo& bi = bucket_.at(static_cast<std::size_t>(b));
+  if (bi.batch < 0) throw_internal("mxfp8_fuse_adam of a bucket that is not MXFP8");
+  fused_of_.resize(bucket_.size(), -1);
+  if (fused_of_[static_cast<std::size_t>(b)] >= 0) throw_internal("mxfp8_fuse_adam twice for one bucket");
+  fused_.emplace_back(bi.tensors, places, config, shard, scalars, backend_);
+  fused_of_[static_cast<std::size_t>(b)] = static_cast<int>(fused_.size()) - 1;
+  return fused_.back().bands();
+}
+
+void Mxfp8Format::adam_pass(int b, Stream stream) const {
+  const int k = static_cast<std::size_t>(b) < fused_of_.size() ? fused_of_[static_cast<std::size_t>(b)] : -1;
+  if (k < 0) throw_internal("mxfp8_adam_pass of a bucket without a fused pass");
+  fused_[static_cast<std::size_t>(k)].run(stream);
 }
 
 Mxfp8View Mxfp8Format::view(int param) const {
@@ -202,6 +230,16 @@ std::unique_ptr<QuantizedFormat> make_mxfp8_format(const FormatContext& ctx) {
 
 Mxfp8View mxfp8_view(const QuantizedFormat& format, int param) {
   return format_as<Mxfp8Format>(format, "mxfp8_view").view(param);
+}
+
+std::vector<ShardChunk> mxfp8_fuse_adam(const QuantizedFormat& format, int bucket, const AdamConfig& config,
+                                        const ShardPointers& shard, StepScalars* scalars,
+                                        const std::vector<kernels::AdamMxfp8Place>& places) {
+  return format_as<Mxfp8Format>(format, "mxfp8_fuse_adam").fuse_adam(bucket, config, shard, scalars, places);
+}
+
+void mxfp8_adam_pass(const QuantizedFormat& format, int bucket, Stream stream) {
+  format_as<Mxfp8Format>(format, "mxfp8_adam_pass").adam_pass(bucket, stream);
 }
 
 std::uint8_t* mxfp8_shard_plane(const QuantizedFormat& format, int buffer, Mxfp8Plane plane) {

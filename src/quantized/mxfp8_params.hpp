@@ -25,6 +25,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/adam_mxfp8.hpp"
 #include "quantized/quantized_params.hpp"
 #include "shardopt/mxfp8.hpp"
 #include "shardopt/mxfp8_param.hpp"
@@ -44,5 +45,20 @@ Mxfp8View mxfp8_view(const QuantizedFormat& format, int param);
 /// Shard storage (FormatContext::shard_storage, Fsdp): this rank's shard of layout
 /// buffer `buffer`'s data plane (shard_numel bytes; element k of the shard at byte k).
 std::uint8_t* mxfp8_shard_plane(const QuantizedFormat& format, int buffer, Mxfp8Plane plane);
+
+/// Issue 29, "Adam quantizes the owned tiles": builds the fused Adam pass of MXFP8 bucket
+/// `bucket` (kernels/adam_mxfp8.hpp) over its parameters' pieces on this rank, bound to
+/// the buffer's Adam state (`config`, `shard`: chunks unused, `scalars`) and to `places`
+/// (one per parameter of the bucket, in bucket order; a parameter without a piece here
+/// takes a default one). Returns the owned bands, which the caller leaves out of Adam's
+/// chunks. Construction only (uploads and waits).
+std::vector<ShardChunk> mxfp8_fuse_adam(const QuantizedFormat& format, int bucket, const AdamConfig& config,
+                                        const ShardPointers& shard, StepScalars* scalars,
+                                        const std::vector<kernels::AdamMxfp8Place>& places);
+
+/// The fused pass of `bucket` (mxfp8_fuse_adam ran for it): Adam over its owned bands and
+/// phase 1 of the bucket (everything the owned pass writes). Run it after Adam over the
+/// bucket's plain chunks, then QuantizedParams::quantize(..., partials_done = true).
+void mxfp8_adam_pass(const QuantizedFormat& format, int bucket, Stream stream);
 
 }  // namespace shardopt::detail
