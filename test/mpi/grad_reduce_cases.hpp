@@ -480,9 +480,10 @@ inline Communicator world_with_deadline(Backend be) {
 /// construction's warm-up (which waits without a deadline) hangs. Without parameters
 /// (`with_params` false, as bench_comm built its store, and as stores whose quantized
 /// parameters stage their gathers through the gradient buffer run), the gradient buffer
-/// serves the all-to-all and also the warm-up's in-place all-gathers.
+/// serves the all-to-all and also the warm-up's in-place all-gathers. `chunks`:
+/// BucketStoreOptions::grad_reduce_chunks (0: automatic, 4 for 16 MiB pieces).
 inline void store_large_buckets_are_the_oracle(Backend be, int buckets, std::int64_t bucket_numel,
-                                               bool with_params = true) {
+                                               bool with_params = true, int chunks = 0) {
   const Watchdog alarm(150);  // below the suite's test timeout (device_suite.sh: 900 s x 0.25)
   Communicator comm = world_with_deadline(be);
   const int n = comm.size(), me = comm.rank();
@@ -502,6 +503,7 @@ inline void store_large_buckets_are_the_oracle(Backend be, int buckets, std::int
   o.grad_reduce_precision = GradReducePrecision::F32Accumulate;
   o.nccl_registered = true;
   o.with_params = with_params;
+  o.grad_reduce_chunks = chunks;
   BucketStore st(comm, L, o);
   const int nb = static_cast<int>(L.buckets().size());
   ASSERT_EQ(nb, buckets);

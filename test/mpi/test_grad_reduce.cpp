@@ -15,6 +15,9 @@ SHARDOPT_GRAD_REDUCE_CASES(GradReduceHost, Backend::Host)
 // The many-bucket case of the GPU suite at a host-friendly size (the hang it guards
 // against is NCCL's; here it checks the same promise through MPI).
 TEST(GradReduceHost, StoreLargeBucketsAreTheOracle) { store_large_buckets_are_the_oracle(Backend::Host, 4, 1 << 14); }
+TEST(GradReduceHost, StoreLargeBucketsInThreeChunksAreTheOracle) {
+  store_large_buckets_are_the_oracle(Backend::Host, 2, (1 << 14) + 512, /*with_params=*/true, /*chunks=*/3);
+}
 TEST(GradReduceHost, StoreWithoutParamsLargeBucketsAreTheOracle) {
   store_large_buckets_are_the_oracle(Backend::Host, 2, 1 << 14, /*with_params=*/false);
 }
