@@ -54,9 +54,9 @@ enum class GradReducePrecision {
   /// An all-to-all of the gradient pieces in their dtype (the same bytes as a
   /// reduce-scatter), then one fp32 sum per element in rank order (0, 1, ..., n-1) and
   /// one division by n for Average: deterministic, equal on both backends.
-  /// Its benchmarks hung on GPUs (2026-11-26) in the first sum's launch (a lazy kernel
-  /// load behind the all-to-all); fixed, device proof and the numbers that decide the
-  /// default pending (docs/grad_reduce.md).
+  /// A bucket's all-to-all and sum run in chunks, each chunk's sum beside the next
+  /// chunk's all-to-all (BucketStoreOptions::grad_reduce_chunks); the bits do not depend
+  /// on the chunks. The numbers that decide the default: docs/grad_reduce.md.
   F32Accumulate,
 };
 
