@@ -5,6 +5,7 @@
 //   mpirun -n 4 bench_comm --results bench/results            (CUDA + NCCL, one GPU per rank)
 //   mpiexec -n 2 bench_comm --backend host --sizes-mib 1       (host backend smoke run)
 //   mpirun -n 2 bench_comm --f32-accumulate --sizes-mib 16,64,256,1024 --results bench/results
+//   mpirun -n 2 bench_comm --f32-accumulate --f32acc-chunks 1,2,4,0 --sizes-mib 256,1024
 //
 // --f32-accumulate measures only GradReducePrecision::F32Accumulate (issue 31), rows
 // "comm_f32acc": the reduce-scatter of one whole bf16 buffer as an all-to-all of bf16
@@ -12,8 +13,11 @@
 // ncclReduceScatter of the same bytes (busbw fraction = its time / ours) and (b) one fp32
 // ncclReduceScatter of the upcast buffer (the FSDP2 reduce_dtype / Megatron way; the
 // upcast itself is not timed); and the BucketStore's per-bucket F32Accumulate starts
-// against its Native ones. Its buffers are used as the optimizers use theirs: the
-// F32Accumulate store has parameters (its gradients only ever go through send/recv), the
+// against its Native ones, each in every chunk count of --f32acc-chunks (default 1,0: one
+// chunk, then the store's automatic choice; config suffix /k<K>, "auto" when chosen;
+// docs/grad_reduce.md), after two phase rows that say where the time goes (the
+// all-to-all alone, the sum alone, each against the bf16 reduce-scatter). Its buffers
+// are used as the optimizers use theirs: the F32Accumulate store has parameters (its gradients only ever go through send/recv), the
 // all-to-all sends from a buffer of its own, and each collective has its own buffer;
 // both sides of the all-to-all registered, or neither (--memory registered,cudamalloc,
 // as for the other rows). An earlier version built its F32Accumulate store without
@@ -56,6 +60,7 @@
 #include "core/check.hpp"
 #include "core/device_guard.hpp"
 #include "core/memory.hpp"
+#include "buffers/piece_reduce.hpp"
 #include "kernels/kernel_files.hpp"
 #include "kernels/piece_sum.hpp"
 #include "mpi_bench.hpp"
@@ -76,6 +81,7 @@ struct Options {
   int warmup = 5;
   std::vector<bool> registered = {true, false};
   bool f32_accumulate = false;  // --f32-accumulate: only the F32Accumulate rows
+  std::vector<int> f32acc_chunks = {1, 0};  // --f32acc-chunks: the chunk counts measured (0: automatic)
   int wait_timeout_s = 120;      // --wait-timeout-s: the communicator's wait_timeout (0: off)
 };
 
@@ -84,7 +90,8 @@ struct Options {
                "bench_comm: %s\n"
                "usage: bench_comm [--results DIR] [--backend cuda|host] [--sizes-mib 64,256,1024]\n"
                "                  [--iters N>=1] [--warmup N] [--memory registered,cudamalloc]\n"
-               "                  [--f32-accumulate] [--wait-timeout-s N (0: none)]\n",
+               "                  [--f32-accumulate] [--f32acc-chunks 1,0 (0: automatic, up to 16)]\n"
+               "                  [--wait-timeout-s N (0: none)]\n",
                why);
   MPI_Abort(MPI_COMM_WORLD, 2);
   std::exit(2);
@@ -125,6 +132,12 @@ Options parse(int argc, char** argv) {
       o.warmup = std::max(0, std::atoi(r.value().c_str()));
     } else if (a == "--f32-accumulate") {
       o.f32_accumulate = true;
+    } else if (a == "--f32acc-chunks") {
+      o.f32acc_chunks.clear();
+      for (const auto& c : split_list(r.value())) o.f32acc_chunks.push_back(std::atoi(c.c_str()));
+      if (o.f32acc_chunks.empty()) usage("--f32acc-chunks needs at least one count");
+      for (int c : o.f32acc_chunks)
+        if (c < 0 || c > 16) usage("--f32acc-chunks takes counts from 0 (automatic) to 16");
     } else if (a == "--wait-timeout-s") {
       o.wait_timeout_s = std::atoi(r.value().c_str());
       if (o.wait_timeout_s < 0) usage("--wait-timeout-s must be >= 0");
@@ -262,9 +275,10 @@ void install_stack_dump() {
 // ---------------------------------------------------------------- F32Accumulate
 
 // One row of the F32Accumulate comparisons; `goal` says what peer_over_ours should reach.
+// `chunks` (0: not chunked, a phase row) and `chunks_asked` (0: the automatic choice).
 void write_f32acc_row(const std::string& config, const Times& t, const std::string& peer, const std::string& goal,
                       double bytes, int n, const std::string& device, const std::string& command,
-                      const std::string& results, int nb) {
+                      const std::string& results, int nb, int chunks, int chunks_asked) {
   bench::Result r;
   r.bench = "comm_f32acc";
   r.config = config;
@@ -278,6 +292,10 @@ void write_f32acc_row(const std::string& config, const Times& t, const std::stri
   r.numbers["peer_over_ours"] = *r.peer_ms / *r.ours_ms;  // busbw fraction vs bf16; speedup vs f32
   r.numbers["bf16_bytes"] = bytes;
   r.numbers["buckets"] = nb;
+  if (chunks > 0) {
+    r.numbers["chunks"] = chunks;
+    r.notes["chunks_asked"] = chunks_asked > 0 ? std::to_string(chunks_asked) : "auto";
+  }
   r.notes["goal"] = goal;
   r.command = command;
   bench::write(r, results);
@@ -285,7 +303,9 @@ void write_f32acc_row(const std::string& config, const Times& t, const std::stri
 
 // GradReducePrecision::F32Accumulate against NCCL's bf16 and fp32 reduce-scatters, and
 // the store's bucketed F32Accumulate against its bucketed Native (see the top), for one
-// size and one kind of memory.
+// size and one kind of memory: first where the time goes (the all-to-all alone and the
+// sum alone, each against the bf16 reduce-scatter), then the whole reduce in each chunk
+// count of --f32acc-chunks (0: the store's automatic choice for that piece size).
 void f32_accumulate_size(const Options& opt, const Communicator& comm, Stream stream, int mib, bool registered,
                          const std::string& device, const std::string& command, const std::string& results) {
   const int n = comm.size();
@@ -305,10 +325,6 @@ void f32_accumulate_size(const Options& opt, const Communicator& comm, Stream st
   progress(rank, at + "building the Native store");
   so.with_params = false;  // its gradients serve collectives only (the bf16 reduce-scatter)
   BucketStore native(comm, layout, so);
-  progress(rank, at + "building the F32Accumulate store");
-  so.with_params = true;  // as the optimizers: its gradients serve send/recv only
-  so.grad_reduce_precision = GradReducePrecision::F32Accumulate;
-  BucketStore f32(comm, layout, so);
   // The all-to-all's own buffers (used by nothing else), both registered or neither.
   const MemoryKind kind = registered ? MemoryKind::NcclDevice : MemoryKind::Device;
   DeviceBuffer send(opt.backend, static_cast<std::size_t>(numel) * 2, kind);
@@ -323,53 +339,90 @@ void f32_accumulate_size(const Options& opt, const Communicator& comm, Stream st
   for (const DeviceBuffer* b : {&send, &pieces, &sums, &upcast})
     fill_zero_async(opt.backend, b->data(), b->bytes(), stream);
   void* grads = native.grad_buffer(0);
-  auto ours = [&] {
-    comm.all_to_all_peers(send.data(), pieces.data(), per_rank, DType::bf16, stream);  // as the store
-    kernels::PieceSum sum;
-    sum.pieces = pieces.data();
-    sum.own = send.as<char>() + static_cast<std::size_t>(rank * per_rank) * 2;  // read where it lies
-    sum.own_index = rank;
-    sum.piece_dtype = DType::bf16;
-    sum.n = n;
-    sum.count = per_rank;
-    sum.average = true;
-    sum.out = sums.data();
-    sum.out_dtype = DType::f32;
-    kernels::piece_sum(sum, opt.backend, stream);
-  };
+  detail::PieceReduce whole;  // the whole buffer as one bucket, the sum into fp32 (as Fsdp's f32 grads)
+  whole.data = send.data();
+  whole.pieces = pieces.data();
+  whole.count = per_rank;
+  whole.dtype = DType::bf16;
+  whole.average = true;
+  whole.out = sums.data();
+  whole.out_dtype = DType::f32;
+  const auto bf16_rs = [&] { comm.reduce_scatter(grads, per_rank, DType::bf16, ReduceOp::Average, stream); };
   const std::string nccl = cuda ? "nccl" : "MPI ";
   const std::string base = std::to_string(mib) + "MiB/n" + std::to_string(n) + "/" + memory;
-  const Times vs_bf16 = measure(comm, stream, opt.iters, opt.warmup, ours, [&] {
-    comm.reduce_scatter(grads, per_rank, DType::bf16, ReduceOp::Average, stream);
-  }, at + "all-to-all + fp32 sum vs one bf16 reduce-scatter");
-  const Times vs_f32 = measure(comm, stream, opt.iters, opt.warmup, ours, [&] {
-    comm.reduce_scatter(upcast.data(), per_rank, DType::f32, ReduceOp::Average, stream);
-  }, at + "all-to-all + fp32 sum vs one fp32 reduce-scatter of the upcast buffer");
-  const Times stores = measure(
-      comm, stream, opt.iters, opt.warmup,
-      [&] {
-        for (int b = 0; b < nb; ++b) f32.start_grad_reduce(b, stream);
-        for (int b = 0; b < nb; ++b) f32.wait_grad_reduce(b, stream);
-      },
-      [&] {
-        for (int b = 0; b < nb; ++b) native.start_grad_reduce(b, stream);
-        for (int b = 0; b < nb; ++b) native.wait_grad_reduce(b, stream);
-      },
-      at + "the stores' per-bucket reduces (" + std::to_string(nb) + " buckets), F32Accumulate vs Native");
+  const std::string vs_bf16_peer = "one " + nccl + "ReduceScatter of the bf16 buffer (Average)";
+
+  // Where the time goes: each phase alone, against the bf16 reduce-scatter.
+  const Times move = measure(comm, stream, opt.iters, opt.warmup, [&] {
+    comm.all_to_all_peers(send.data(), pieces.data(), per_rank, DType::bf16, stream);
+  }, bf16_rs, at + "the all-to-all alone vs one bf16 reduce-scatter");
+  kernels::PieceSum sum_all;  // the unchunked sum of the whole buffer
+  sum_all.pieces = pieces.data();
+  sum_all.own = send.as<char>() + static_cast<std::size_t>(rank * per_rank) * 2;
+  sum_all.own_index = rank;
+  sum_all.piece_dtype = DType::bf16;
+  sum_all.n = n;
+  sum_all.count = per_rank;
+  sum_all.average = true;
+  sum_all.out = sums.data();
+  sum_all.out_dtype = DType::f32;
+  const Times add = measure(comm, stream, opt.iters, opt.warmup, [&] {
+    kernels::piece_sum(sum_all, opt.backend, stream);
+  }, bf16_rs, at + "the fp32 sum alone vs one bf16 reduce-scatter");
+  if (rank == 0) {
+    write_f32acc_row("phase/alltoall-vs-bf16/" + base, move, vs_bf16_peer,
+                     "the all-to-all alone (same network bytes as the reduce-scatter); peer_over_ours near 1 "
+                     "means the network part is at the bf16 reduce-scatter's speed",
+                     bytes, n, device, command, results, 1, 0, 0);
+    write_f32acc_row("phase/sum-vs-bf16/" + base, add, vs_bf16_peer,
+                     "the fp32 sum alone (reads n bf16 pieces, writes the fp32 shard: (2n + 4) * count bytes); "
+                     "its time is what chunking hides, all but 1/K of it",
+                     bytes, n, device, command, results, 1, 0, 0);
+  }
+
+  for (const int asked : opt.f32acc_chunks) {
+    const int k = asked > 0 ? asked : detail::auto_piece_chunks(static_cast<std::size_t>(per_rank) * 2);
+    const std::string tag = base + "/k" + std::to_string(k) + (asked > 0 ? "" : "auto");
+    detail::PieceReducer reducer(opt.backend, k);
+    const auto ours = [&] { reducer.run(comm, whole, k, stream); };
+    const Times vs_bf16 = measure(comm, stream, opt.iters, opt.warmup, ours, bf16_rs,
+                                  at + std::to_string(k) + " chunks: all-to-all + fp32 sum vs one bf16 reduce-scatter");
+    const Times vs_f32 = measure(comm, stream, opt.iters, opt.warmup, ours, [&] {
+      comm.reduce_scatter(upcast.data(), per_rank, DType::f32, ReduceOp::Average, stream);
+    }, at + std::to_string(k) + " chunks: all-to-all + fp32 sum vs one fp32 reduce-scatter of the upcast buffer");
+    progress(rank, at + "building the F32Accumulate store, grad_reduce_chunks " + std::to_string(asked));
+    BucketStoreOptions fo = so;
+    fo.with_params = true;  // as the optimizers: its gradients serve send/recv only
+    fo.grad_reduce_precision = GradReducePrecision::F32Accumulate;
+    fo.grad_reduce_chunks = asked;
+    BucketStore f32(comm, layout, fo);
+    const Times stores = measure(
+        comm, stream, opt.iters, opt.warmup,
+        [&] {
+          for (int b = 0; b < nb; ++b) f32.start_grad_reduce(b, stream);
+          for (int b = 0; b < nb; ++b) f32.wait_grad_reduce(b, stream);
+        },
+        [&] {
+          for (int b = 0; b < nb; ++b) native.start_grad_reduce(b, stream);
+          for (int b = 0; b < nb; ++b) native.wait_grad_reduce(b, stream);
+        },
+        at + "the stores' per-bucket reduces (" + std::to_string(nb) + " buckets), F32Accumulate vs Native");
+    if (rank != 0) continue;
+    write_f32acc_row("reduce_scatter/f32acc-vs-bf16/" + tag, vs_bf16, vs_bf16_peer,
+                     "peer_over_ours = F32Accumulate's fraction of the bf16 bus bandwidth: >= 0.9 at 256 MiB and up",
+                     bytes, n, device, command, results, 1, k, asked);
+    write_f32acc_row("reduce_scatter/f32acc-vs-f32/" + tag, vs_f32,
+                     "one " + nccl + "ReduceScatter of the fp32 upcast buffer (Average; upcast not timed)",
+                     "peer_over_ours = speedup over the fp32 reduce-scatter: >= 1.6", bytes, n, device, command,
+                     results, 1, k, asked);
+    const int bucket_chunks = nb > 0 ? f32.grad_reduce_chunks(0) : 1;
+    write_f32acc_row("bucket_store/f32acc-vs-native/" + base + "/k" + std::to_string(bucket_chunks) +
+                         (asked > 0 ? "" : "auto"),
+                     stores, "the BucketStore's Native per-bucket reduce-scatters of the same buffer",
+                     "peer_over_ours within 5% of 1 makes F32Accumulate the default for bf16 grads (docs/grad_reduce.md)",
+                     bytes, n, device, command, results, nb, bucket_chunks, asked);
+  }
   progress(rank, at + "done");
-  if (rank != 0) return;
-  write_f32acc_row("reduce_scatter/f32acc-vs-bf16/" + base, vs_bf16,
-                   "one " + nccl + "ReduceScatter of the bf16 buffer (Average)",
-                   "peer_over_ours = F32Accumulate's fraction of the bf16 bus bandwidth: >= 0.9 at 256 MiB and up",
-                   bytes, n, device, command, results, 1);
-  write_f32acc_row("reduce_scatter/f32acc-vs-f32/" + base, vs_f32,
-                   "one " + nccl + "ReduceScatter of the fp32 upcast buffer (Average; upcast not timed)",
-                   "peer_over_ours = speedup over the fp32 reduce-scatter: >= 1.6", bytes, n, device, command,
-                   results, 1);
-  write_f32acc_row("bucket_store/f32acc-vs-native/" + base, stores,
-                   "the BucketStore's Native per-bucket reduce-scatters of the same buffer",
-                   "peer_over_ours within 5% of 1 makes F32Accumulate the default for bf16 grads (docs/grad_reduce.md)",
-                   bytes, n, device, command, results, nb);
 }
 
 void f32_accumulate_rows(const Options& opt, const Communicator& comm, Stream stream, const std::string& device,

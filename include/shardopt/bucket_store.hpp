@@ -54,6 +54,12 @@ struct BucketStoreOptions {
   /// start_grad_reduces then starts the buckets one after another (an all-to-all and a
   /// sum each) instead of as one NCCL group.
   GradReducePrecision grad_reduce_precision = GradReducePrecision::Native;
+  /// F32Accumulate only: each bucket's all-to-all and sum run in this many chunks, the
+  /// sum of one chunk beside the all-to-all of the next (docs/grad_reduce.md); the bits
+  /// do not depend on it. 0 (the default) chooses per bucket from its size: one chunk
+  /// per 4 MiB of a rank's piece, 1 to 4. 1 to 16: that many (fewer where a piece is
+  /// shorter than that many 256-element chunks). Else Error(InvalidArgument).
+  int grad_reduce_chunks = 0;
   /// Per layout buffer (one entry per buffer, or empty): false gives that buffer no
   /// parameter buffer (its params are in another format, e.g. MXFP8). A buffer has
   /// parameters when with_params is true and its entry, if any, is true.
@@ -111,6 +117,9 @@ class BucketStore {
   /// Bytes of the F32Accumulate receive buffer (the largest bucket in grad_dtype; 0 with
   /// Native or on one rank).
   std::size_t reduce_scratch_bytes() const noexcept;
+  /// The chunks of bucket `bucket`'s F32Accumulate reduce (grad_reduce_chunks, or the
+  /// automatic choice, cut to the piece's length); 1 with Native or on one rank.
+  int grad_reduce_chunks(int bucket) const;
   std::size_t allocator_overhead_bytes() const noexcept;
 
   /// Starts the reduce-scatter of bucket `bucket`'s gradients after the work queued so

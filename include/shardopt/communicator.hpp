@@ -54,9 +54,9 @@ enum class GradReducePrecision {
   /// An all-to-all of the gradient pieces in their dtype (the same bytes as a
   /// reduce-scatter), then one fp32 sum per element in rank order (0, 1, ..., n-1) and
   /// one division by n for Average: deterministic, equal on both backends.
-  /// Its benchmarks hung on GPUs (2026-11-26) in the first sum's launch (a lazy kernel
-  /// load behind the all-to-all); fixed, device proof and the numbers that decide the
-  /// default pending (docs/grad_reduce.md).
+  /// A bucket's all-to-all and sum run in chunks, each chunk's sum beside the next
+  /// chunk's all-to-all (BucketStoreOptions::grad_reduce_chunks); the bits do not depend
+  /// on the chunks. The numbers that decide the default: docs/grad_reduce.md.
   F32Accumulate,
 };
 
@@ -96,6 +96,20 @@ class BufferRegistration {
   void reset() noexcept;
   std::shared_ptr<detail::CommImpl> comm_;
   void* handle_ = nullptr;
+};
+
+/// What a buffer given to Communicator::register_buffers will be used for.
+enum class BufferUse {
+  Collectives,  ///< reduce-scatter, all-gather, all-reduce (in place or not)
+  SendRecv,     ///< all_to_all / all_to_all_peers only
+  Both,         ///< both kinds of call
+};
+
+/// One buffer for Communicator::register_buffers.
+struct BufferToRegister {
+  void* data = nullptr;     ///< device memory (best from ncclMemAlloc)
+  std::size_t bytes = 0;    ///< 0: nothing to register (an empty registration)
+  BufferUse use = BufferUse::Collectives;
 };
 
 /// A group of ranks and its collectives.
@@ -140,6 +154,12 @@ class Communicator {
   /// and piece rank() of `send` is not read, so a caller that uses its own piece where it
   /// lies saves that copy. Same rules and order otherwise.
   void all_to_all_peers(const void* send, void* recv, std::int64_t count_per_rank, DType dtype, Stream stream) const;
+  /// all_to_all_peers over pieces spaced apart: piece r of `send` starts at element
+  /// r * send_stride, piece r of `recv` at element r * recv_stride (each stride at least
+  /// count_per_rank; 0 means count_per_rank). One slice of every piece at a time, e.g.
+  /// a chunk of each rank's piece of a bucket (a pipelined F32Accumulate reduce).
+  void all_to_all_peers(const void* send, std::int64_t send_stride, void* recv, std::int64_t recv_stride,
+                        std::int64_t count_per_rank, DType dtype, Stream stream) const;
   /// In place over `count` elements: f32, bf16, f16 (Sum, Average, Max), u32 (Sum,
   /// Max: found-inf flags, ordered bit patterns of non-negative floats) or e8m0 (Max
   /// only: byte-wise unsigned maximum of MXFP8 scale bytes, scheme A of mxfp8.hpp).
@@ -173,6 +193,14 @@ class Communicator {
   /// group's device. An empty registration where the backend has none (host backend,
   /// a one-rank group, no NCCL) or once an NCCL group was aborted after a failure.
   BufferRegistration register_buffer(void* data, std::size_t bytes) const;
+  /// Registers buffers that work together, each with what it will serve, by this
+  /// communicator's rules (docs/decisions.md, issue 31): a buffer used by both send/recv
+  /// and collectives is never registered (NCCL 2.28.3 stalled on one); and the buffers
+  /// that serve send/recv are the partners of one another (any may send to any), so they
+  /// are registered all or none: none once one of them cannot be. Buffers that serve
+  /// collectives only are registered. Returns one registration per buffer, in order
+  /// (empty where not registered, or where the backend has none).
+  std::vector<BufferRegistration> register_buffers(const std::vector<BufferToRegister>& buffers) const;
 
   /// Sets this group's deadlines (shardopt/watchdog.hpp; shared by every copy of the
   /// handle and inherited by later split()s). An optimizer whose AdamOptions::watchdog

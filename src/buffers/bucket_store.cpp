@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "buffers/piece_reduce.hpp"
 #include "comm/deadline.hpp"
 #include "core/device_guard.hpp"
 #include "core/fnv.hpp"
@@ -26,7 +27,6 @@
 #include "core/streams.hpp"
 #include "core/trace.hpp"
 #include "kernels/kernel_files.hpp"
-#include "kernels/piece_sum.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt {
@@ -51,7 +51,10 @@ std::uint64_t encode(const BucketStoreOptions& o, bool valid) {
          (entries << 24) | (mask << 32);
 }
 
-std::string describe_options(std::uint64_t v) {
+// BucketStoreOptions::grad_reduce_chunks at most.
+constexpr int kMaxGradReduceChunks = 16;
+
+std::string describe_options(std::uint64_t v, std::uint64_t chunks) {
   const auto dtype = static_cast<DType>(v & 0xFF);
   std::string params;
   const auto entries = static_cast<int>((v >> 24) & 0xFF);
@@ -61,7 +64,8 @@ std::string describe_options(std::uint64_t v) {
          " grad_reduce=" + to_string(static_cast<ReduceOp>((v >> 10) & 3)) + " grad_reduce_precision=" +
          ((v >> 12) & 1 ? "F32Accumulate" : "Native") +
          " staged_gather_bytes=" + std::to_string((v >> 17) & 15) +
-         " staged_gather_rank_bytes=" + ((v >> 21) & 1 ? "per bucket" : "unset") + " buffer_params=[" + params + "]";
+         " staged_gather_rank_bytes=" + ((v >> 21) & 1 ? "per bucket" : "unset") + " buffer_params=[" + params + "]" +
+         " grad_reduce_chunks=" + std::to_string(chunks);
 }
 
 // FNV-1a of the per-bucket staged byte counts, for the ranks' agreement.
@@ -90,6 +94,7 @@ class BucketStoreImpl {
     ready_count.assign(nbuckets, 0);
     ready_stream.assign(nbuckets, nullptr);
     reported.assign(layout.params().size(), 0);
+    chunks.assign(nbuckets, 1);
     // A rank whose allocation fails tells the others, which would otherwise wait for
     // it in the warm-up collectives.
     std::exception_ptr error;
@@ -128,6 +133,8 @@ class BucketStoreImpl {
   std::vector<DeviceBuffer> params;  // per layout buffer (empty buffers without params)
   std::vector<DeviceBuffer> grads;
   DeviceBuffer pieces;  // F32Accumulate: the all-to-all's receive buffer, one bucket's size
+  std::vector<int> chunks;  // F32Accumulate: per bucket, the chunks of its pipelined reduce
+  std::unique_ptr<detail::PieceReducer> reducer;  // F32Accumulate on 2+ ranks
   std::size_t scratch_bytes = 0;  // pieces
   std::size_t param_bytes = 0;
   std::size_t grad_bytes = 0;
@@ -332,7 +339,8 @@ class BucketStoreImpl {
   // The gradient reduce-scatter of one bucket on stream `s`: the backend's (Native), or
   // an all-to-all of the other ranks' pieces into `pieces` and the rank-ordered fp32 sum
   // into this rank's slice, which holds this rank's own piece: the sum reads it there
-  // (each element before it writes it), so no copy of it is made.
+  // (each element before it writes it), so no copy of it is made. In the bucket's chunks,
+  // each sum beside the next chunk's all-to-all (piece_reduce.hpp).
   void reduce_bucket(const Bucket& bk, Stream s) {
     const std::int64_t per_rank = bk.range.size() / comm.size();
     const DType gd = options.grad_dtype;
@@ -342,19 +350,15 @@ class BucketStoreImpl {
       return;
     }
     if (comm.size() == 1 || per_rank == 0) return;  // one rank: the sum of one piece is the piece
-    comm.all_to_all_peers(data, pieces.data(), per_rank, gd, s);
-    char* mine = data + static_cast<std::size_t>(comm.rank() * per_rank) * size_of(gd);
-    kernels::PieceSum sum;
-    sum.pieces = pieces.data();
-    sum.piece_dtype = gd;
-    sum.n = comm.size();
-    sum.count = per_rank;
-    sum.average = options.grad_reduce == ReduceOp::Average;
-    sum.own = mine;
-    sum.own_index = comm.rank();
-    sum.out = mine;
-    sum.out_dtype = gd;
-    kernels::piece_sum(sum, backend, s);
+    PieceReduce r;
+    r.data = data;
+    r.pieces = pieces.data();
+    r.count = per_rank;
+    r.dtype = gd;
+    r.average = options.grad_reduce == ReduceOp::Average;
+    r.out = data + static_cast<std::size_t>(comm.rank() * per_rank) * size_of(gd);
+    r.out_dtype = gd;
+    reducer->run(comm, r, chunks[static_cast<std::size_t>(&bk - layout.buckets().data())], s);
   }
 
   void grad_ready(int p, Stream caller) {
@@ -400,20 +404,25 @@ class BucketStoreImpl {
                 " bytes per element (grad_dtype " + to_string(options.grad_dtype) +
                 "); use a wider grad_dtype or fewer staged bytes (0 to " +
                 std::to_string(size_of(options.grad_dtype)) + ")";
+    else if (options.grad_reduce_chunks < 0 || options.grad_reduce_chunks > kMaxGradReduceChunks)
+      problem = "grad_reduce_chunks " + std::to_string(options.grad_reduce_chunks) + " is outside [0, " +
+                std::to_string(kMaxGradReduceChunks) + "]; use 0 (chosen from the bucket size) or a chunk count";
     else if (!options.staged_gather_rank_bytes.empty())
       problem = check_rank_bytes();
-    const std::vector<std::uint64_t> all = comm.all_gather_value(encode(options, problem.empty()));
+    // Per rank: the encoded options, then grad_reduce_chunks (one all-gather).
+    const std::vector<std::uint64_t> all = comm.all_gather_values(
+        {encode(options, problem.empty()), static_cast<std::uint64_t>(static_cast<std::uint32_t>(options.grad_reduce_chunks))});
     SHARDOPT_REQUIRE(problem.empty(), ErrorCode::InvalidArgument, "BucketStoreOptions: " + problem);
     bool equal = true, valid = true;
-    for (std::uint64_t v : all) {
-      equal = equal && v == all.front();
-      valid = valid && ((v >> 16) & 1);
+    for (std::size_t r = 0; r < all.size(); r += 2) {
+      equal = equal && all[r] == all[0] && all[r + 1] == all[1];
+      valid = valid && ((all[r] >> 16) & 1);
     }
     SHARDOPT_REQUIRE(valid, ErrorCode::InvalidArgument, "BucketStoreOptions are invalid on another rank (see its error)");
     if (!equal) {
       std::string s;
-      for (std::size_t r = 0; r < all.size(); ++r)
-        s += (r ? "; rank " : "rank ") + std::to_string(r) + ": " + describe_options(all[r]);
+      for (std::size_t r = 0; 2 * r < all.size(); ++r)
+        s += (r ? "; rank " : "rank ") + std::to_string(r) + ": " + describe_options(all[2 * r], all[2 * r + 1]);
       throw Error(ErrorCode::LayoutMismatch, "ranks pass different BucketStoreOptions (" + s + "); pass the same options on every rank");
     }
     if (options.staged_gather_rank_bytes.empty()) return;
@@ -474,6 +483,16 @@ class BucketStoreImpl {
       fill_zero_async(backend, pieces.data(), bytes, zero_stream);
       scratch_bytes = bytes;
       overhead_bytes += allocation_extent(pieces, bytes) - bytes;
+      int most = 1;
+      for (const Bucket& bk : layout.buckets()) {
+        const std::int64_t per_rank = bk.range.size() / comm.size();
+        const int asked = options.grad_reduce_chunks > 0
+                              ? options.grad_reduce_chunks
+                              : auto_piece_chunks(static_cast<std::size_t>(per_rank) * size_of(options.grad_dtype));
+        chunks[static_cast<std::size_t>(&bk - layout.buckets().data())] = std::max(1, piece_chunks(per_rank, asked).number);
+        most = std::max(most, asked);
+      }
+      reducer = std::make_unique<PieceReducer>(backend, most);
     }
   }
 
@@ -493,20 +512,22 @@ class BucketStoreImpl {
     const bool registered = options.nccl_registered && nccl_compiled();
     allocate(registered ? MemoryKind::NcclDevice : MemoryKind::Device, comm_stream());
     synchronize(backend, comm_stream());
-    // An F32Accumulate store without parameters sends its gradients by send/recv and then
-    // all-gathers in place in the same buffer; with that buffer NCCL-registered, NCCL
-    // 2.28.3 stalls on 2 H200s at 8M-element buckets (GradReduceGpu.
-    // StoreWithoutParamsLargeBucketsAreTheOracle timed out, 2026-11-27). Such a store
-    // registers nothing (both sides of its all-to-all unregistered, which NCCL allows).
-    const bool send_recv_and_gather_share = f32_accumulate() && !options.with_params;
-    if (registered && !send_recv_and_gather_share) {  // empty registrations where the backend has none (no NCCL group, or it was aborted)
+    // The communicator decides what it registers (Communicator::register_buffers): the
+    // store says what each buffer serves. Parameters: in-place all-gathers. Gradients:
+    // Native reduce-scatters; with F32Accumulate the all-to-all's sends, and where the
+    // layout buffer has no parameters also in-place all-gathers (staged, or the warm-up's).
+    // The receive buffer: the all-to-all's receives. (A buffer serving both is never
+    // registered, nor then its send/recv partners: NCCL 2.28.3 stalled on one, issue 31.)
+    if (registered) {  // empty registrations where the backend has none (no NCCL group, or it was aborted)
+      std::vector<BufferToRegister> list;
       for (std::size_t i = 0; i < params.size(); ++i) {
-        if (params[i].bytes() > 0) registrations.push_back(comm.register_buffer(params[i].data(), params[i].bytes()));
-        if (grads[i].bytes() > 0) registrations.push_back(comm.register_buffer(grads[i].data(), grads[i].bytes()));
+        list.push_back({params[i].data(), params[i].bytes(), BufferUse::Collectives});
+        const bool gathers = !buffer_has_params(static_cast<int>(i));
+        const BufferUse g = !f32_accumulate() ? BufferUse::Collectives : gathers ? BufferUse::Both : BufferUse::SendRecv;
+        list.push_back({grads[i].data(), grads[i].bytes(), g});
       }
-      // F32Accumulate's receive buffer too: NCCL leaves a send/recv undefined whose send
-      // buffer is registered and whose receive buffer is not (issue 31).
-      if (pieces.bytes() > 0) registrations.push_back(comm.register_buffer(pieces.data(), pieces.bytes()));
+      list.push_back({pieces.data(), pieces.bytes(), BufferUse::SendRecv});
+      registrations = comm.register_buffers(list);
     }
   }
 
@@ -598,6 +619,11 @@ bool BucketStore::has_params(int buffer) const {
 }
 std::size_t BucketStore::grad_bytes() const noexcept { return impl_ ? impl_->grad_bytes : 0; }
 std::size_t BucketStore::reduce_scratch_bytes() const noexcept { return impl_ ? impl_->scratch_bytes : 0; }
+int BucketStore::grad_reduce_chunks(int bucket) const {
+  auto& m = live(impl_);
+  (void)m.bucket(bucket, "grad_reduce_chunks");
+  return m.chunks[static_cast<std::size_t>(bucket)];
+}
 std::size_t BucketStore::allocator_overhead_bytes() const noexcept { return impl_ ? impl_->overhead_bytes : 0; }
 
 void BucketStore::start_grad_reduce(int bucket, Stream stream) { live(impl_).start(bucket, stream, true); }

@@ -210,20 +210,31 @@ void CommImpl::all_gather(void* data, std::int64_t count_per_rank, DType dtype, 
 }
 
 void CommImpl::all_to_all(const void* send, void* recv, std::int64_t count_per_rank, DType dtype, Stream stream,
-                          bool own) {
+                          bool own, std::int64_t send_stride, std::int64_t recv_stride) {
   require_usable("all_to_all");
   guarded([&] {
     SHARDOPT_REQUIRE(known_dtype(dtype), ErrorCode::InvalidArgument, "all_to_all: unknown DType");
     check_count(count_per_rank, send, "all_to_all");
     check_count(count_per_rank, recv, "all_to_all");
     check_stream_device(backend_, device_, stream);
+    const std::int64_t ss = send_stride == 0 ? count_per_rank : send_stride;
+    const std::int64_t rs = recv_stride == 0 ? count_per_rank : recv_stride;
+    SHARDOPT_REQUIRE(ss >= count_per_rank && rs >= count_per_rank, ErrorCode::InvalidArgument,
+                     "all_to_all: piece strides " + std::to_string(ss) + " (send) and " + std::to_string(rs) +
+                         " (receive) must be at least the piece's " + std::to_string(count_per_rank) +
+                         " elements (0: the pieces back to back); pieces must not overlap");
     if (count_per_rank == 0) return;
-    const std::size_t total = static_cast<std::size_t>(count_per_rank) * size_of(dtype) * static_cast<std::size_t>(size_);
+    // The bytes from the first piece's start to the last piece's end.
+    auto extent = [&](std::int64_t stride) {
+      return (static_cast<std::size_t>(stride) * static_cast<std::size_t>(size_ - 1) +
+              static_cast<std::size_t>(count_per_rank)) *
+             size_of(dtype);
+    };
     const auto s = reinterpret_cast<std::uintptr_t>(send);
     const auto r = reinterpret_cast<std::uintptr_t>(recv);
-    SHARDOPT_REQUIRE(s + total <= r || r + total <= s, ErrorCode::InvalidArgument,
+    SHARDOPT_REQUIRE(s + extent(ss) <= r || r + extent(rs) <= s, ErrorCode::InvalidArgument,
                      "all_to_all: send and recv overlap; an all-to-all is not in place, give it two buffers");
-    do_all_to_all(send, recv, count_per_rank, dtype, stream, own);
+    do_all_to_all(send, recv, count_per_rank, dtype, stream, own, ss, rs);
   });
 }
 

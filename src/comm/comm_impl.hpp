@@ -60,8 +60,10 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
   void all_gather(void* data, std::int64_t count_per_rank, DType dtype, Stream stream);
   void all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream);
   /// `own` false: piece rank() of `recv` is left untouched (Communicator::all_to_all_peers).
+  /// Piece r of `send` starts at element r * send_stride, piece r of `recv` at r *
+  /// recv_stride (0: count_per_rank, the pieces back to back; else at least count_per_rank).
   void all_to_all(const void* send, void* recv, std::int64_t count_per_rank, DType dtype, Stream stream,
-                  bool own = true);
+                  bool own = true, std::int64_t send_stride = 0, std::int64_t recv_stride = 0);
   void barrier();
   std::shared_ptr<CommImpl> split(int color, int key);
   /// Runs `calls` (collectives of this group, possibly on several buffers) as one
@@ -161,10 +163,12 @@ class CommImpl : public std::enable_shared_from_this<CommImpl> {
                                  Stream stream) = 0;
   virtual void do_all_gather(void* data, std::int64_t count_per_rank, DType dtype, Stream stream) = 0;
   virtual void do_all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) = 0;
-  /// Pieces of count_per_rank elements of dtype; send and recv do not overlap. `own`
-  /// false: this rank's piece is neither sent nor received (recv's piece rank() untouched).
+  /// Pieces of count_per_rank elements of dtype, piece r at element r * send_stride of
+  /// `send` and r * recv_stride of `recv` (strides >= count_per_rank, resolved: never 0);
+  /// send and recv do not overlap. `own` false: this rank's piece is neither sent nor
+  /// received (recv's piece rank() untouched).
   virtual void do_all_to_all(const void* send, void* recv, std::int64_t count_per_rank, DType dtype, Stream stream,
-                             bool own) = 0;
+                             bool own, std::int64_t send_stride, std::int64_t recv_stride) = 0;
   virtual void do_barrier() = 0;
   virtual std::shared_ptr<CommImpl> do_split(int color, int key) = 0;
   virtual std::vector<std::uint64_t> do_all_gather_u64(const std::vector<std::uint64_t>& mine) = 0;

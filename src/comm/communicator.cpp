@@ -2,9 +2,11 @@
 #include "shardopt/communicator.hpp"
 
 #include <utility>
+#include <vector>
 
 #include "comm/comm_impl.hpp"
 #include "comm/nccl_comm.hpp"
+#include "comm/registration_rule.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt {
@@ -60,6 +62,11 @@ void Communicator::all_to_all_peers(const void* send, void* recv, std::int64_t c
   usable(impl_).all_to_all(send, recv, count_per_rank, dtype, stream, /*own=*/false);
 }
 
+void Communicator::all_to_all_peers(const void* send, std::int64_t send_stride, void* recv, std::int64_t recv_stride,
+                                    std::int64_t count_per_rank, DType dtype, Stream stream) const {
+  usable(impl_).all_to_all(send, recv, count_per_rank, dtype, stream, /*own=*/false, send_stride, recv_stride);
+}
+
 void Communicator::all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op, Stream stream) const {
   usable(impl_).all_reduce(data, count, dtype, op, stream);
 }
@@ -83,6 +90,19 @@ BufferRegistration Communicator::register_buffer(void* data, std::size_t bytes) 
   r.handle_ = usable(impl_).register_buffer(data, bytes);
   if (r.handle_ != nullptr) r.comm_ = impl_;
   return r;
+}
+
+std::vector<BufferRegistration> Communicator::register_buffers(const std::vector<BufferToRegister>& buffers) const {
+  std::vector<BufferUse> uses;
+  for (const BufferToRegister& b : buffers) uses.push_back(b.use);
+  const std::vector<bool> plan = detail::registration_plan(uses);
+  std::vector<BufferRegistration> out;
+  out.reserve(buffers.size());
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    const bool wanted = plan[i] && buffers[i].bytes > 0;
+    out.push_back(wanted ? register_buffer(buffers[i].data, buffers[i].bytes) : BufferRegistration{});
+  }
+  return out;
 }
 
 void Communicator::set_watchdog(const WatchdogOptions& options) const { usable(impl_).set_watchdog(options); }

@@ -18,9 +18,11 @@
 //  * Max of bf16/f16 returns NaN if either operand is NaN, else the larger one (bits kept).
 #include "comm/mpi_comm.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <initializer_list>
 #include <mutex>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -218,52 +220,67 @@ class MpiCommImpl final : public CommImpl {
     });
   }
 
-  // Without the own piece: MPI_Ialltoallv of whole pieces (a contiguous datatype), none
-  // to or from this rank, and the deadline path's copy back skips that piece. The count
-  // and displacement arrays live in `arrays`, which an abandoned request keeps (wait).
-  void do_all_to_all(const void* send, void* recv, std::int64_t count, DType dtype, Stream stream,
-                     bool own) override {
-    enqueue(stream, "all_to_all", [send, recv, count, dtype, own](MpiCommImpl& self, const std::string& what) {
+  // Back-to-back pieces with the own piece: MPI_Ialltoall. Otherwise MPI_Ialltoallv in
+  // units of g elements (g = gcd of the count and both strides, a contiguous datatype, so
+  // that the int displacements reach far), with no piece to or from this rank without
+  // `own`; the deadline path's copy back skips that piece. The count and displacement
+  // arrays live in `arrays`, which an abandoned request keeps (wait).
+  void do_all_to_all(const void* send, void* recv, std::int64_t count, DType dtype, Stream stream, bool own,
+                     std::int64_t send_stride, std::int64_t recv_stride) override {
+    const std::int64_t unit = std::gcd(count, std::gcd(send_stride, recv_stride));
+    SHARDOPT_REQUIRE(std::max(send_stride, recv_stride) / unit * (size() - 1) <= kMaxMpiCount, ErrorCode::InvalidArgument,
+                     "all_to_all: piece strides " + std::to_string(send_stride) + " / " + std::to_string(recv_stride) +
+                         " put the last piece beyond what one host-backend (MPI) call addresses; use smaller pieces "
+                         "or strides that share a larger factor with the count");
+    enqueue(stream, "all_to_all", [send, recv, count, dtype, own, send_stride, recv_stride, unit](
+                                      MpiCommImpl& self, const std::string& what) {
       const Deadline deadline = self.wait_deadline();
       const int n = self.size(), me = self.rank();
-      const std::size_t piece = static_cast<std::size_t>(count) * size_of(dtype);
-      const std::size_t total = piece * static_cast<std::size_t>(n);
+      const std::size_t esize = size_of(dtype);
+      const std::size_t piece = static_cast<std::size_t>(count) * esize;
+      const auto last = static_cast<std::size_t>(n - 1);
+      const std::size_t send_bytes = last * static_cast<std::size_t>(send_stride) * esize + piece;
+      const std::size_t recv_bytes = last * static_cast<std::size_t>(recv_stride) * esize + piece;
       const auto* from = static_cast<const unsigned char*>(send);
       auto* to = static_cast<unsigned char*>(recv);
       std::vector<unsigned char> in, out, arrays;
       if (deadline.armed()) {
-        in.assign(from, from + total);
-        out.resize(total);
+        in.assign(from, from + send_bytes);
+        out.resize(recv_bytes);
       }
       MPI_Request req = MPI_REQUEST_NULL;
-      const MPI_Datatype type = raw_type(size_of(dtype));
+      const MPI_Datatype type = raw_type(esize);
       const void* sbuf = deadline.armed() ? static_cast<const void*>(in.data()) : send;
       void* rbuf = deadline.armed() ? static_cast<void*>(out.data()) : recv;
-      if (own) {
+      if (own && send_stride == count && recv_stride == count) {
         SHARDOPT_MPI_CHECK(
             MPI_Ialltoall(sbuf, static_cast<int>(count), type, rbuf, static_cast<int>(count), type, self.comm_, &req));
       } else {
-        std::vector<int> cd(2 * static_cast<std::size_t>(n));  // counts, then displacements, in pieces
+        // counts, send displacements, receive displacements, in units
+        std::vector<int> cd(3 * static_cast<std::size_t>(n));
         for (int r = 0; r < n; ++r) {
-          cd[static_cast<std::size_t>(r)] = r == me ? 0 : 1;
-          cd[static_cast<std::size_t>(n + r)] = r;
+          cd[static_cast<std::size_t>(r)] = own || r != me ? static_cast<int>(count / unit) : 0;
+          cd[static_cast<std::size_t>(n + r)] = static_cast<int>(r * (send_stride / unit));
+          cd[static_cast<std::size_t>(2 * n + r)] = static_cast<int>(r * (recv_stride / unit));
         }
         arrays.resize(cd.size() * sizeof(int));
         std::memcpy(arrays.data(), cd.data(), arrays.size());
         const auto* counts = reinterpret_cast<const int*>(arrays.data());
-        MPI_Datatype piece_type = MPI_DATATYPE_NULL;
-        SHARDOPT_MPI_CHECK(MPI_Type_contiguous(static_cast<int>(count), type, &piece_type));
-        SHARDOPT_MPI_CHECK(MPI_Type_commit(&piece_type));
-        const int started = MPI_Ialltoallv(sbuf, counts, counts + n, piece_type, rbuf, counts, counts + n, piece_type,
-                                           self.comm_, &req);
-        MPI_Type_free(&piece_type);  // a started operation keeps what it needs
+        MPI_Datatype unit_type = MPI_DATATYPE_NULL;
+        SHARDOPT_MPI_CHECK(MPI_Type_contiguous(static_cast<int>(unit), type, &unit_type));
+        SHARDOPT_MPI_CHECK(MPI_Type_commit(&unit_type));
+        const int started = MPI_Ialltoallv(sbuf, counts, counts + n, unit_type, rbuf, counts, counts + 2 * n,
+                                           unit_type, self.comm_, &req);
+        MPI_Type_free(&unit_type);  // a started operation keeps what it needs
         SHARDOPT_MPI_CHECK(started);
       }
       self.wait(req, what, deadline, {&in, &out, &arrays});
       if (!deadline.armed()) return;
-      for (int r = 0; r < n; ++r)
-        if (own || r != me)
-          std::memcpy(to + static_cast<std::size_t>(r) * piece, out.data() + static_cast<std::size_t>(r) * piece, piece);
+      for (int r = 0; r < n; ++r) {
+        if (!own && r == me) continue;
+        const std::size_t at = static_cast<std::size_t>(r) * static_cast<std::size_t>(recv_stride) * esize;
+        std::memcpy(to + at, out.data() + at, piece);
+      }
     });
   }
 

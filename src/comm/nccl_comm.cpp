@@ -130,16 +130,17 @@ class NcclCommImpl final : public CommImpl {
   }
 
   // One NCCL group of a send and a receive per peer (a nested group when the caller
-  // groups): piece r of `send` to rank r, rank r's piece into piece r of `recv`. The own
-  // piece goes through NCCL too (a self send/recv), so the call is one launch; without
-  // `own` the group has no self send/recv. Both buffers registered or neither
-  // (registered_ranges.hpp says why).
-  void do_all_to_all(const void* send, void* recv, std::int64_t count, DType dtype, Stream stream,
-                     bool own) override {
-    const std::size_t bytes = static_cast<std::size_t>(count) * size_of(dtype);
-    const std::size_t total = bytes * static_cast<std::size_t>(size());
-    const bool send_registered = registered_.covers(send, total);
-    const bool recv_registered = registered_.covers(recv, total);
+  // groups): piece r of `send` to rank r, rank r's piece into piece r of `recv` (pieces
+  // at their strides). The own piece goes through NCCL too (a self send/recv), so the
+  // call is one launch; without `own` the group has no self send/recv. Both buffers
+  // registered or neither (registered_ranges.hpp says why).
+  void do_all_to_all(const void* send, void* recv, std::int64_t count, DType dtype, Stream stream, bool own,
+                     std::int64_t send_stride, std::int64_t recv_stride) override {
+    const std::size_t esize = size_of(dtype);
+    const std::size_t bytes = static_cast<std::size_t>(count) * esize;
+    const auto last = static_cast<std::size_t>(size() - 1);
+    const bool send_registered = registered_.covers(send, last * static_cast<std::size_t>(send_stride) * esize + bytes);
+    const bool recv_registered = registered_.covers(recv, last * static_cast<std::size_t>(recv_stride) * esize + bytes);
     SHARDOPT_REQUIRE(send_registered == recv_registered, ErrorCode::InvalidArgument,
                      std::string("all_to_all: the ") + (send_registered ? "send" : "receive") +
                          " buffer is registered with this communicator (Communicator::register_buffer) but the " +
@@ -155,9 +156,10 @@ class NcclCommImpl final : public CommImpl {
     ncclResult_t first = ncclSuccess;
     for (int r = 0; r < size() && first == ncclSuccess; ++r) {
       if (r == rank() && !own) continue;
-      const std::size_t at = static_cast<std::size_t>(r) * bytes;
-      first = ncclSend(from + at, bytes, ncclUint8, r, use.get(), cuda(stream));
-      if (first == ncclSuccess) first = ncclRecv(to + at, bytes, ncclUint8, r, use.get(), cuda(stream));
+      const auto at = static_cast<std::size_t>(r) * esize;
+      first = ncclSend(from + at * static_cast<std::size_t>(send_stride), bytes, ncclUint8, r, use.get(), cuda(stream));
+      if (first == ncclSuccess)
+        first = ncclRecv(to + at * static_cast<std::size_t>(recv_stride), bytes, ncclUint8, r, use.get(), cuda(stream));
     }
     const ncclResult_t end = ncclGroupEnd();  // the group is closed whatever happened inside
     SHARDOPT_NCCL_CHECK(first);

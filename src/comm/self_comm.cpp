@@ -21,7 +21,8 @@ class SelfCommImpl final : public CommImpl {
   void do_all_gather(void*, std::int64_t, DType, Stream) override {}
   void do_all_reduce(void*, std::int64_t, DType, ReduceOp, Stream) override {}
   // One rank: its one piece goes to itself (or nowhere, without the own piece).
-  void do_all_to_all(const void* send, void* recv, std::int64_t count, DType dtype, Stream stream, bool own) override {
+  void do_all_to_all(const void* send, void* recv, std::int64_t count, DType dtype, Stream stream, bool own,
+                     std::int64_t, std::int64_t) override {
     if (!own) return;
     DeviceGuard guard(device());
     copy_async(backend(), recv, send, static_cast<std::size_t>(count) * size_of(dtype), stream);

@@ -40,14 +40,19 @@ __global__ void piece_sum_bf16x8_kernel(const uint4* __restrict__ pieces, const 
   }
 }
 
+// Blocks for `items` threads' work (256 a block), at most `cap`.
+unsigned grid_for(std::int64_t items, unsigned cap) {
+  const std::int64_t blocks = (items + 255) / 256;
+  return static_cast<unsigned>(blocks < static_cast<std::int64_t>(cap) ? blocks : cap);
+}
+
 template <DType In, DType Out>
-void launch3(const PieceSum& a, cudaStream_t s, unsigned grid) {
+void launch3(const PieceSum& a, cudaStream_t s, unsigned cap) {
   if constexpr (In == DType::bf16) {
     if (a.count % 8 == 0 && reinterpret_cast<std::uintptr_t>(a.pieces) % 16 == 0 &&
         reinterpret_cast<std::uintptr_t>(a.own) % 16 == 0) {
     const std::int64_t count8 = a.count / 8;
-    const std::int64_t blocks = (count8 + 255) / 256;
-    const unsigned g = static_cast<unsigned>(blocks < 8192 ? blocks : 8192);
+    const unsigned g = grid_for(count8, cap);
     const auto* p = static_cast<const uint4*>(a.pieces);
     const auto* o = static_cast<const uint4*>(a.own);
     if (a.accumulate) {
@@ -58,6 +63,7 @@ void launch3(const PieceSum& a, cudaStream_t s, unsigned grid) {
     return;
     }
   }
+  const unsigned grid = grid_for(a.count, cap);
   if (a.accumulate) {
     piece_sum_kernel<In, Out, true><<<grid, 256, 0, s>>>(a.pieces, a.own, a.own_index, a.n, a.count, a.average, a.out);
   } else {
@@ -66,11 +72,11 @@ void launch3(const PieceSum& a, cudaStream_t s, unsigned grid) {
 }
 
 template <DType In>
-void launch2(const PieceSum& a, cudaStream_t s, unsigned grid) {
+void launch2(const PieceSum& a, cudaStream_t s, unsigned cap) {
   switch (a.out_dtype) {
-    case DType::f32: launch3<In, DType::f32>(a, s, grid); break;
-    case DType::bf16: launch3<In, DType::bf16>(a, s, grid); break;
-    case DType::f16: launch3<In, DType::f16>(a, s, grid); break;
+    case DType::f32: launch3<In, DType::f32>(a, s, cap); break;
+    case DType::bf16: launch3<In, DType::bf16>(a, s, cap); break;
+    case DType::f16: launch3<In, DType::f16>(a, s, cap); break;
     default: break;
   }
 }
@@ -79,12 +85,17 @@ void launch2(const PieceSum& a, cudaStream_t s, unsigned grid) {
 
 void piece_sum_cuda(const PieceSum& a, Stream stream) {
   const auto s = reinterpret_cast<cudaStream_t>(stream);
-  const std::int64_t blocks = (a.count + 255) / 256;
-  const unsigned grid = static_cast<unsigned>(blocks < 8192 ? blocks : 8192);
+  unsigned cap = 8192;
+  if (a.share_sms) {  // device queries, not stream work: fine under capture
+    int device = 0, sms = 0;
+    SHARDOPT_CUDA_CHECK(cudaGetDevice(&device));
+    SHARDOPT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    cap = static_cast<unsigned>(sms > 0 ? sms * kShareSmsBlocksPerSm : 8192);
+  }
   switch (a.piece_dtype) {
-    case DType::f32: launch2<DType::f32>(a, s, grid); break;
-    case DType::bf16: launch2<DType::bf16>(a, s, grid); break;
-    case DType::f16: launch2<DType::f16>(a, s, grid); break;
+    case DType::f32: launch2<DType::f32>(a, s, cap); break;
+    case DType::bf16: launch2<DType::bf16>(a, s, cap); break;
+    case DType::f16: launch2<DType::f16>(a, s, cap); break;
     default: break;
   }
   SHARDOPT_CUDA_CHECK(cudaGetLastError());

@@ -27,7 +27,15 @@ struct PieceSum {
   /// Null: every piece in `pieces`.
   const void* own = nullptr;
   int own_index = -1;  ///< which piece `own` holds, in [0, n) when `own` is set
+  /// CUDA: at most kShareSmsBlocksPerSm blocks per SM, leaving room on every SM for a
+  /// kernel that runs beside the sum (the next chunk's all-to-all, docs/grad_reduce.md);
+  /// false: as many blocks as the elements need (up to 8192). The bits are the same.
+  bool share_sms = false;
 };
+
+/// Blocks per SM of a sum launched with PieceSum::share_sms (256 threads each: half an
+/// SM's threads, enough loads in flight for HBM's bandwidth).
+inline constexpr int kShareSmsBlocksPerSm = 4;
 
 /// out[i] = sum_{r = 0..n-1} pieces[r][i] in fp32, left to right from 0.0f (then / n for
 /// average), rounded once to out_dtype (added to out[i] first when accumulate).

@@ -30,6 +30,13 @@ TEST(GradReduceGpu, StoreWithoutParamsLargeBucketsAreTheOracle) {
   store_large_buckets_are_the_oracle(Backend::Cuda, 2, 1 << 23, /*with_params=*/false);
 }
 
+// The pipelined reduce at scale: 3 chunks of pieces of about 2 Mi elements (the last
+// chunk shorter), each sum beside the next chunk's all-to-all on another stream.
+// (StoreLargeBucketsAreTheOracle above runs the automatic 4 chunks of 16 MiB pieces.)
+TEST(GradReduceGpu, StoreLargeBucketsInThreeChunksAreTheOracle) {
+  store_large_buckets_are_the_oracle(Backend::Cuda, 2, (1 << 22) + 4096, /*with_params=*/true, /*chunks=*/3);
+}
+
 SHARDOPT_GRAD_REDUCE_CASES(GradReduceGpu, Backend::Cuda)
 
 // Captured on CUDA: the all-to-all (an NCCL group of send / recv) and the sum kernel on

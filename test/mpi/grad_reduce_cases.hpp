@@ -8,6 +8,7 @@
 // (common/known_grads.hpp).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "buffers/piece_reduce.hpp"
 #include "common/known_grads.hpp"
 #include "kernels/piece_sum.hpp"
 #include "mpi/bucket_store_cases.hpp"
@@ -92,6 +94,47 @@ inline void all_to_all_peers_leaves_the_own_piece(Backend be) {
   one.all_to_all_peers(a.data(), c.data(), 4, DType::bf16, s.get());
   s.sync();
   EXPECT_EQ(download(be, c.data(), 8), Bytes(8, 2));
+}
+
+/// all_to_all_peers with strides: piece r of the send buffer at r * send_stride (the gaps
+/// between are not sent), piece r of the receive buffer at r * recv_stride; the gaps and
+/// this rank's own piece keep their bytes. A stride shorter than a piece is refused (on
+/// a one-rank group).
+inline void all_to_all_peers_with_strides(Backend be) {
+  Communicator& comm = world(be);
+  const int n = comm.size(), me = comm.rank();
+  TestStream s(be);
+  const std::int64_t count = 301, ss = 301 + 13, rs = 301 + 7;  // bf16 elements
+  Bytes send(static_cast<std::size_t>(ss * n) * 2);
+  for (std::size_t i = 0; i < send.size(); ++i) {
+    const auto e = static_cast<std::int64_t>(i / 2);
+    send[i] = e % ss >= count ? std::uint8_t{0xEE}  // a gap: must not arrive anywhere
+                              : static_cast<std::uint8_t>(me * 53 + static_cast<int>(e / ss) * 7 +
+                                                          static_cast<int>((e % ss) * 2 + static_cast<std::int64_t>(i % 2)) % 251);
+  }
+  const Bytes sentinel(static_cast<std::size_t>(rs * n) * 2, 0xAB);
+  DeviceBuffer dsend = to_device(be, send), drecv = to_device(be, sentinel);
+  comm.all_to_all_peers(dsend.data(), ss, drecv.data(), rs, count, DType::bf16, s.get());
+  s.sync();
+  const Bytes got = download(be, drecv.data(), sentinel.size());
+  int bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const auto e = static_cast<std::int64_t>(i / 2);
+    const int sender = static_cast<int>(e / rs);
+    const std::int64_t at = e % rs;
+    const auto want = sender == me || at >= count
+                          ? std::uint8_t{0xAB}
+                          : static_cast<std::uint8_t>(sender * 53 + me * 7 +
+                                                      static_cast<int>(at * 2 + static_cast<std::int64_t>(i % 2)) % 251);
+    bad += got[i] != want;
+  }
+  EXPECT_EQ(bad, 0) << "rank " << me;
+  Communicator one = Communicator::self(be);
+  DeviceBuffer a = to_device(be, Bytes(64, 1)), c = to_device(be, Bytes(64, 2));
+  const auto e = error_of([&] { one.all_to_all_peers(a.data(), 8, c.data(), 4, 8, DType::bf16, s.get()); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->code(), ErrorCode::InvalidArgument);
+  EXPECT_TRUE(contains(e->what(), "must be at least")) << e->what();
 }
 
 // ------------------------------------------------------------------ the piece sum
@@ -208,11 +251,12 @@ inline void piece_sum_equals_rank_order_loop(Backend be) {
 
 /// A store over the bucket-store test layout with F32Accumulate or Native.
 inline BucketStore precision_store(const Communicator& comm, DType t, GradReducePrecision p,
-                                   ReduceOp op = ReduceOp::Average) {
+                                   ReduceOp op = ReduceOp::Average, int chunks = 0) {
   BucketStoreOptions o;
   o.grad_dtype = t;
   o.grad_reduce = op;
   o.grad_reduce_precision = p;
+  o.grad_reduce_chunks = chunks;
   return BucketStore(comm, store_layout(comm.size()), o);
 }
 
@@ -337,11 +381,11 @@ inline void store_f32_accumulate_sum(Backend be) {
 
 /// A captured step (grad_ready starts each bucket; waits; gathers) replays with the
 /// bytes of the eager step, which is the oracle's.
-inline void store_f32_accumulate_graph_equals_eager(Backend be) {
+inline void store_f32_accumulate_graph_equals_eager(Backend be, int chunks = 0) {
   Communicator& comm = world(be);
   const int me = comm.rank();
   TestStream s(be);
-  BucketStore st = precision_store(comm, DType::bf16, GradReducePrecision::F32Accumulate);
+  BucketStore st = precision_store(comm, DType::bf16, GradReducePrecision::F32Accumulate, ReduceOp::Average, chunks);
   const Layout& L = st.layout();
   const int nb = static_cast<int>(L.buckets().size());
   const int np = static_cast<int>(L.params().size());
@@ -436,9 +480,10 @@ inline Communicator world_with_deadline(Backend be) {
 /// construction's warm-up (which waits without a deadline) hangs. Without parameters
 /// (`with_params` false, as bench_comm built its store, and as stores whose quantized
 /// parameters stage their gathers through the gradient buffer run), the gradient buffer
-/// serves the all-to-all and also the warm-up's in-place all-gathers.
+/// serves the all-to-all and also the warm-up's in-place all-gathers. `chunks`:
+/// BucketStoreOptions::grad_reduce_chunks (0: automatic, 4 for 16 MiB pieces).
 inline void store_large_buckets_are_the_oracle(Backend be, int buckets, std::int64_t bucket_numel,
-                                               bool with_params = true) {
+                                               bool with_params = true, int chunks = 0) {
   const Watchdog alarm(150);  // below the suite's test timeout (device_suite.sh: 900 s x 0.25)
   Communicator comm = world_with_deadline(be);
   const int n = comm.size(), me = comm.rank();
@@ -458,6 +503,7 @@ inline void store_large_buckets_are_the_oracle(Backend be, int buckets, std::int
   o.grad_reduce_precision = GradReducePrecision::F32Accumulate;
   o.nccl_registered = true;
   o.with_params = with_params;
+  o.grad_reduce_chunks = chunks;
   BucketStore st(comm, L, o);
   const int nb = static_cast<int>(L.buckets().size());
   ASSERT_EQ(nb, buckets);
@@ -530,6 +576,165 @@ inline void registered_buffer_serves_send_recv_then_collectives(Backend be, std:
   EXPECT_EQ(bad_reduced, 0) << "reduce-scatter after both, rank " << me;
 }
 
+// ------------------------------------------------------------------ chunks
+
+/// The chunks a piece of `count` elements is cut into when `asked` are asked for, by the
+/// documented rule (written here from the words, not from the code): chunks of
+/// ceil(count / asked) elements rounded up to a multiple of 256, the last one shorter.
+inline int expected_chunks(std::int64_t count, int asked) {
+  const std::int64_t even = (count + asked - 1) / asked;
+  const std::int64_t size = (even + 255) / 256 * 256;
+  return static_cast<int>((count + size - 1) / size);
+}
+
+/// A layout whose buckets' pieces are long and not a multiple of 256 or of any chunk count
+/// asked below (the last chunk is short), a bucket whose piece is shorter than one chunk
+/// (tiny), and one in between.
+inline Layout chunk_layout(int n) {
+  LayoutOptions lo;
+  lo.bucket_numel = 600;
+  std::vector<ParamSpec> specs;
+  specs.push_back(ParamSpec::tensor("long", {1300 * n + 5}));
+  specs.push_back(ParamSpec::tensor("tiny", {3}));
+  specs.push_back(ParamSpec::tensor("middle", {517 * n}));
+  return Layout(specs, n, lo);
+}
+
+/// F32Accumulate in chunks (BucketStoreOptions::grad_reduce_chunks: 1, 2, 3, 16): every
+/// bucket's reduce equals the rank-order fp32 oracle bitwise, for known gradients (bf16
+/// and f32, also within one rounding of the exact mean) and random bf16 gradients, single
+/// and range starts; each bucket is cut as documented (fewer chunks where its piece is
+/// short: the tiny bucket has one).
+inline void store_chunks_are_the_oracle(Backend be) {
+  Communicator& comm = world(be);
+  const int n = comm.size(), me = comm.rank();
+  TestStream s(be);
+  const Layout L = chunk_layout(n);
+  const int nb = static_cast<int>(L.buckets().size());
+  std::vector<std::vector<Bytes>> images;
+  for (int r = 0; r < n; ++r) images.push_back(grad_images(L, DType::bf16, r, false, 37));
+  for (const int k : {1, 2, 3, 16}) {
+    for (const DType t : {DType::bf16, DType::f32}) {
+      SCOPED_TRACE(std::to_string(k) + " chunks, " + to_string(t));
+      BucketStoreOptions o;
+      o.grad_dtype = t;
+      o.grad_reduce_precision = GradReducePrecision::F32Accumulate;
+      o.grad_reduce_chunks = k;
+      BucketStore st(comm, L, o);
+      int most = 0, least = 1 << 30;
+      for (int b = 0; b < nb; ++b) {
+        const std::int64_t per_rank = L.buckets()[static_cast<std::size_t>(b)].range.size() / n;
+        const int want = n == 1 ? 1 : expected_chunks(per_rank, k);
+        EXPECT_EQ(st.grad_reduce_chunks(b), want) << "bucket " << b << " of " << per_rank << " per rank";
+        most = std::max(most, want);
+        least = std::min(least, want);
+      }
+      if (n > 1 && k > 1) {
+        EXPECT_GT(most, 1) << "no bucket was cut";
+      }
+      EXPECT_EQ(least, 1) << "the tiny bucket has one chunk";
+      for (const bool range : {false, true}) {
+        const ReduceCheck c = reduce_known(st, s, range);
+        EXPECT_EQ(c.not_oracle, 0) << "rank " << me << (range ? " range" : " single");
+        EXPECT_EQ(c.beyond_one_rounding, 0) << "rank " << me;
+        EXPECT_EQ(c.other_slices_changed, 0) << "rank " << me;
+      }
+      if (t != DType::bf16) continue;
+      upload_all(be, images[static_cast<std::size_t>(me)], [&](int b) { return st.grad_buffer(b); });
+      st.start_grad_reduces(0, nb, s.get());
+      for (int b = 0; b < nb; ++b) st.wait_grad_reduce(b, s.get());
+      s.sync();
+      EXPECT_EQ(off_mean_oracle(L, images, download_grads(st, DType::bf16), me), 0) << "random data, rank " << me;
+    }
+  }
+}
+
+/// The pipelined reduce (detail::PieceReducer) gives every chunk its own receive region
+/// (chunk k's pieces back to back at n * k * chunk size), so that the next chunk's
+/// all-to-all never writes where a sum may still read: after a reduce in 3 chunks, the
+/// scratch holds every chunk's pieces from every other rank, in place, and the own slots
+/// are untouched; the output is the rank-order sum.
+inline void piece_reducer_keeps_every_chunk_apart(Backend be) {
+  Communicator& comm = world(be);
+  const int n = comm.size(), me = comm.rank();
+  if (n < 2) return;
+  TestStream s(be);
+  const std::int64_t count = 1344;  // chunks of 512, 512, 320 when 3 are asked for
+  auto value = [](int rank, std::int64_t j) { return static_cast<float>((rank * 7 + j) % 13 - 6); };  // exact
+  Bytes data(static_cast<std::size_t>(count * n) * 2);
+  for (std::int64_t j = 0; j < count * n; ++j) set_element(DType::bf16, data, static_cast<std::size_t>(j), value(me, j));
+  const Bytes sentinel(data.size(), 0xAB);
+  DeviceBuffer ddata = to_device(be, data), dpieces = to_device(be, sentinel);
+  DeviceBuffer dout(be, static_cast<std::size_t>(count) * 4);
+  detail::PieceReducer reducer(be, 3);
+  detail::PieceReduce r;
+  r.data = ddata.data();
+  r.pieces = dpieces.data();
+  r.count = count;
+  r.dtype = DType::bf16;
+  r.out = dout.data();
+  r.out_dtype = DType::f32;
+  reducer.run(comm, r, 3, s.get());
+  s.sync();
+  const Bytes scratch = download(be, dpieces.data(), sentinel.size());
+  const Bytes out = download(be, dout.data(), dout.bytes());
+  const std::int64_t size = 512;
+  std::int64_t misplaced = 0, own_touched = 0, wrong_sum = 0;
+  for (std::int64_t at = 0; at < count; at += size) {
+    const std::int64_t len = std::min(size, count - at);
+    for (int p = 0; p < n; ++p) {
+      for (std::int64_t i = 0; i < len; ++i) {
+        const auto k = static_cast<std::size_t>(n * at + p * len + i);
+        if (p == me) {
+          own_touched += scratch[2 * k] != 0xAB || scratch[2 * k + 1] != 0xAB;
+        } else {
+          misplaced += element(DType::bf16, scratch, k) != value(p, me * count + at + i);
+        }
+      }
+    }
+  }
+  for (std::int64_t i = 0; i < count; ++i) {
+    float acc = 0.0f;
+    for (int p = 0; p < n; ++p) acc += value(p, me * count + i);
+    wrong_sum += element(DType::f32, out, static_cast<std::size_t>(i)) != acc;
+  }
+  EXPECT_EQ(misplaced, 0) << "rank " << me;
+  EXPECT_EQ(own_touched, 0) << "rank " << me;
+  EXPECT_EQ(wrong_sum, 0) << "rank " << me;
+}
+
+/// grad_reduce_chunks outside [0, 16] is refused on every rank, naming the value; ranks
+/// that pass different chunk counts are refused on every rank (LayoutMismatch), naming
+/// both; 0 chooses one chunk per 4 MiB of a piece, 1 to 4 (the test layout's pieces are
+/// small: one each), and Native reports one chunk.
+inline void store_chunk_options(Backend be) {
+  Communicator& comm = world(be);
+  for (const int bad : {-1, 17}) {
+    const auto e = error_of([&] {
+      BucketStore st = precision_store(comm, DType::bf16, GradReducePrecision::F32Accumulate, ReduceOp::Average, bad);
+    });
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->code(), ErrorCode::InvalidArgument);
+    EXPECT_TRUE(contains(e->what(), "grad_reduce_chunks " + std::to_string(bad))) << e->what();
+  }
+  BucketStore automatic = precision_store(comm, DType::bf16, GradReducePrecision::F32Accumulate);
+  BucketStore native = precision_store(comm, DType::bf16, GradReducePrecision::Native, ReduceOp::Average, 3);
+  for (int b = 0; b < static_cast<int>(automatic.layout().buckets().size()); ++b) {
+    EXPECT_EQ(automatic.grad_reduce_chunks(b), 1);
+    EXPECT_EQ(native.grad_reduce_chunks(b), 1);
+  }
+  if (comm.size() < 2) return;
+  const bool last = comm.rank() == comm.size() - 1;
+  const auto e = error_of([&] {
+    BucketStore st = precision_store(comm, DType::bf16, GradReducePrecision::F32Accumulate, ReduceOp::Average,
+                                     last ? 2 : 3);
+  });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->code(), ErrorCode::LayoutMismatch);
+  EXPECT_TRUE(contains(e->what(), "grad_reduce_chunks=2")) << e->what();
+  EXPECT_TRUE(contains(e->what(), "grad_reduce_chunks=3")) << e->what();
+}
+
 /// Ranks that pass different precisions are refused on every rank, naming it.
 inline void store_precision_disagreement(Backend be) {
   Communicator& comm = world(be);
@@ -548,12 +753,17 @@ inline void store_precision_disagreement(Backend be) {
 #define SHARDOPT_GRAD_REDUCE_CASES(Suite, backend)                                                            \
   TEST(Suite, AllToAllDeliversEveryPiece) { all_to_all_delivers_every_piece(backend); }                       \
   TEST(Suite, AllToAllPeersLeavesTheOwnPiece) { all_to_all_peers_leaves_the_own_piece(backend); }             \
+  TEST(Suite, AllToAllPeersWithStrides) { all_to_all_peers_with_strides(backend); }                           \
   TEST(Suite, PieceSumReadsTheOwnPieceWhereItLies) { piece_sum_reads_the_own_piece_where_it_lies(backend); }  \
   TEST(Suite, PieceSumEqualsRankOrderLoop) { piece_sum_equals_rank_order_loop(backend); }                     \
   TEST(Suite, StoreBf16IsTheOracleAndBeatsNative) { store_f32_accumulate_is_the_oracle(backend, DType::bf16); } \
   TEST(Suite, StoreF32IsTheOracle) { store_f32_accumulate_is_the_oracle(backend, DType::f32); }               \
   TEST(Suite, StoreSumIsTheOracle) { store_f32_accumulate_sum(backend); }                                     \
   TEST(Suite, StoreGraphEqualsEager) { store_f32_accumulate_graph_equals_eager(backend); }                    \
+  TEST(Suite, StoreChunkedGraphEqualsEager) { store_f32_accumulate_graph_equals_eager(backend, 3); }          \
+  TEST(Suite, StoreChunksAreTheOracle) { store_chunks_are_the_oracle(backend); }                              \
+  TEST(Suite, StoreChunkOptions) { store_chunk_options(backend); }                                            \
+  TEST(Suite, PieceReducerKeepsEveryChunkApart) { piece_reducer_keeps_every_chunk_apart(backend); }           \
   TEST(Suite, StoreRandomDataIsTheOracleEveryRun) { store_random_data_is_the_oracle_every_run(backend); }     \
   TEST(Suite, StorePrecisionDisagreementIsRefused) { store_precision_disagreement(backend); }
 
