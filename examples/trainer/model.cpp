@@ -263,6 +263,7 @@ void Model::decode(Weights& w, const std::vector<int>& idx, const Tensor& dst, c
     }
   }
   if (at != dst.numel) throw std::logic_error("Model::decode: the NVFP4 weights do not fill dst");
+  if (list.empty()) return;  // nothing to decode (the batch refuses an empty list)
   shardopt::dequantize_nvfp4_batch(list, skip != nullptr ? &skip->skip_weight_update : nullptr, ops_.backend(), s);
 }
 
