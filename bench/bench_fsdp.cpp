@@ -8,8 +8,8 @@
 // --params mxfp8: MXFP8 parameters (FsdpOptions::param_format, docs/mxfp8.md "FSDP"):
 // each forward gathers the rowwise plane, each backward the columnwise plane, one byte
 // per element; the GEMMs stay bf16 (Hopper has no MXFP8 GEMM): every unit's gathered
-// plane is decoded straight to bf16 first, one pass per weight (the data-gradient GEMM
-// from the columnwise plane).
+// plane is decoded straight to bf16 first, both weights of a unit in one launch
+// (dequantize_mxfp8_batch; the data-gradient GEMM from the columnwise plane).
 // Both modes report the bytes gathered per iteration and the persistent memory per rank.
 //
 // Measured in one process: the iteration with prefetch on and off (graph replay, CUDA
@@ -126,11 +126,12 @@ UnitWeights unit_weights(Fsdp& f, int u, FsdpPass pass, DeviceBuffer* weights, S
   const auto w = f.wait_param(u, pass, s);
   if (f.options().param_format != ParamFormat::Mxfp8) return {w[0].data, w[1].data};
   auto* out = weights->as<std::uint16_t>();
+  std::vector<Mxfp8Decode> list;  // both weights of the unit in one launch
   for (int k = 0; k < 2; ++k) {
     const Mxfp8PassView v = f.mxfp8_param(2 * u + k, pass);
-    dequantize_mxfp8(v.shape, v.plane, v.data, v.scales, out + static_cast<std::size_t>(k) * kHidden * kMlp,
-                     f.backend(), s);
+    list.push_back({v.shape, v.plane, v.data, v.scales, out + static_cast<std::size_t>(k) * kHidden * kMlp});
   }
+  dequantize_mxfp8_batch(list, f.backend(), s);
   return {out, out + kHidden * kMlp};
 }
 

@@ -9,7 +9,15 @@
 //                           carries the per-tensor graph's time of the same run and the
 //                           eager (uncaptured) time of the single launch
 //   mlp-8192x2048, embed-128256x2048, attn-q-2048x2048, attn-k-512x2048   single
-//                           matrices, eager launches
+//                           matrices, one quantize_mxfp8 call each: the time per call of
+//                           the 16 layers' tensors of the role (embed: the one) called
+//                           back to back in one graph (bench/common/per_call.hpp: what a
+//                           step sees); the line also carries the same calls eager
+//                           (burst_ms), one call synchronised after each
+//                           (eager_single_ms: the rows' metric before 2026-11-27, launch
+//                           latency included) and the floor of each way (floor_*: the same
+//                           calls with the skip flag set, so the kernel only starts and
+//                           ends)
 //   shard-w4/scale-max, shard-w4/amax-max   the sharded path of rank 1 of 4 (Layout
 //                           segments, fp32 master shard): phase 1 + phase 2 of each
 //                           scheme for every segment, without the all-reduce
@@ -37,6 +45,7 @@
 #include "core/check.hpp"
 #include "core/memory.hpp"
 #include "cuda_bench.hpp"
+#include "per_call.hpp"
 #include "results.hpp"
 #include "shardopt/layout.hpp"
 #include "shardopt/mxfp8.hpp"
@@ -183,19 +192,32 @@ int main(int argc, char** argv) {
            "quantize_mxfp8_batch launch (persistent grid over all tiles) in a graph");
     extra.clear();
   }
-  auto index_of = [&](const std::string& name) {
-    for (std::size_t i = 0; i < specs2d.size(); ++i)
-      if (specs2d[i].name == name) return i;
-    return std::size_t{0};
-  };
+  // Single tensors: every layer's tensor of the role (layers.0. -> layers.L.), one call
+  // each, back to back (bench/common/per_call.hpp); the same calls with the skip flag set
+  // time the launches alone (the floor of a call: the kernel starts, reads the flag, ends).
+  DeviceBuffer skip(kCuda, sizeof(std::int32_t));
+  const std::int32_t one = 1;
+  SHARDOPT_CUDA_CHECK(cudaMemcpy(skip.data(), &one, sizeof one, cudaMemcpyHostToDevice));
   for (const auto& [config, name] : {std::pair<std::string, std::string>{"mlp-8192x2048", "layers.0.mlp.gate.weight"},
                                      std::pair<std::string, std::string>{"embed-128256x2048", "embed.weight"},
                                      std::pair<std::string, std::string>{"attn-q-2048x2048", "layers.0.attn.q.weight"},
                                      std::pair<std::string, std::string>{"attn-k-512x2048", "layers.0.attn.k.weight"}}) {
-    const std::size_t index = index_of(name);
-    const Mxfp8Shape& s = shapes[index];
-    const double ms = frame.time_ms([&] { quantize(index); });
-    report(config, ms, whole_bytes(s), s.numel(), specs2d[index].name + " bf16 -> both planes + scales, eager");
+    const std::vector<std::size_t> tensors = bench::same_role(specs2d, name);
+    const Mxfp8Shape& s = shapes[tensors.front()];
+    const int n = static_cast<int>(tensors.size());
+    auto call = [&](const std::int32_t* flag) {
+      return [&, flag](int k) {
+        const std::size_t i = tensors[static_cast<std::size_t>(k)];
+        quantize_mxfp8(shapes[i], src.as<std::uint16_t>() + offsets[i], planes(i), flag, kCuda, st);
+      };
+    };
+    const bench::PerCall t = bench::time_per_call(frame, n, call(nullptr));
+    const bench::PerCall idle = bench::time_per_call(frame, n, call(skip.as<std::int32_t>()));
+    bench::add_per_call_numbers(extra, n, 1, t, idle);
+    report(config, t.graph_ms, whole_bytes(s), s.numel(),
+           specs2d[tensors.front()].name + " bf16 -> both planes + scales; per call of " + std::to_string(n) +
+               " calls (one per layer) in one graph");
+    extra.clear();
   }
 
   // ------------------------------------------------------------ sharded path, rank 1 of 4

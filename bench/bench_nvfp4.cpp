@@ -10,7 +10,13 @@
 //                           the per-tensor graph's time of the same run and the eager
 //                           (uncaptured) time of the batch call
 //   embed-128256x2048 (the largest), mlp-8192x2048, attn-q-2048x2048, attn-k-512x2048
-//                           single matrices, eager quantize_nvfp4
+//                           single matrices, one quantize_nvfp4 call each: the time per
+//                           call of the 16 layers' tensors of the role (embed: the one)
+//                           called back to back in one graph (bench/common/per_call.hpp:
+//                           what a step sees); the line also carries the same calls eager
+//                           (burst_ms), one call synchronised after each (eager_single_ms:
+//                           the rows' metric before 2026-11-27) and the floor of each way
+//                           (floor_*: the same calls with the skip flag set)
 //   shard-w4/per-tensor     the sharded path of rank 1 of 4 (Layout segments, fp32 master
 //                           shard): nvfp4_partial_amax + quantize_nvfp4_shard for every
 //                           segment, in one graph, without the all-reduce
@@ -60,6 +66,7 @@
 #include "core/device_guard.hpp"
 #include "core/memory.hpp"
 #include "cuda_bench.hpp"
+#include "per_call.hpp"
 #include "results.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/layout.hpp"
@@ -112,11 +119,6 @@ struct Matrices {
                        f32.as<float>() + i, f32.as<float>() + size() + i};
   }
   const std::uint16_t* source(std::size_t i) const { return src.as<std::uint16_t>() + src_off[i]; }
-  std::size_t index_of(const std::string& name) const {
-    for (std::size_t i = 0; i < specs.size(); ++i)
-      if (specs[i].name == name) return i;
-    return 0;
-  }
 };
 
 // Least bytes of a whole-tensor quantize of `s`, reading its bf16 input `reads` times.
@@ -243,16 +245,33 @@ int run(int argc, char** argv, const std::string& results_dir, const std::string
            count + " matrices bf16 -> E2M1 data + E4M3 block scales + amax, decode scale; one quantize_nvfp4_batch "
            "call (Nvfp4Batch) in a graph");
   }
+  // Single tensors: every layer's tensor of the role, one call each, back to back
+  // (bench/common/per_call.hpp); the same calls with the skip flag set time the launches
+  // alone (the floor of a call: three kernels that start, read the flag and end).
+  DeviceBuffer skip(kCuda, sizeof(std::int32_t));
+  const std::int32_t set = 1;
+  SHARDOPT_CUDA_CHECK(cudaMemcpy(skip.data(), &set, sizeof set, cudaMemcpyHostToDevice));
   for (const auto& [config, name] : {std::pair<std::string, std::string>{"embed-128256x2048", "embed.weight"},
                                      std::pair<std::string, std::string>{"mlp-8192x2048", "layers.0.mlp.gate.weight"},
                                      std::pair<std::string, std::string>{"attn-q-2048x2048", "layers.0.attn.q.weight"},
                                      std::pair<std::string, std::string>{"attn-k-512x2048", "layers.0.attn.k.weight"}}) {
     if (!wanted(config)) continue;
-    const std::size_t i = m.index_of(name);
-    const double ms = frame.time_ms([&] { quantize(i); });
-    one_read(whole_bytes(m.shapes[i], 1), ms);
-    report(config, ms, whole_bytes(m.shapes[i], 2), m.shapes[i].numel(),
-           m.specs[i].name + " bf16 -> E2M1 data + E4M3 block scales + amax, decode scale; eager quantize_nvfp4");
+    const std::vector<std::size_t> tensors = bench::same_role(m.specs, name);
+    const Nvfp4Shape& s = m.shapes[tensors.front()];
+    const int n = static_cast<int>(tensors.size());
+    auto call = [&](const std::int32_t* flag) {
+      return [&, flag](int k) {
+        const std::size_t i = tensors[static_cast<std::size_t>(k)];
+        quantize_nvfp4(m.shapes[i], m.source(i), m.planes(i), flag, kCuda, st);
+      };
+    };
+    const bench::PerCall t = bench::time_per_call(frame, n, call(nullptr));
+    const bench::PerCall idle = bench::time_per_call(frame, n, call(skip.as<std::int32_t>()));
+    bench::add_per_call_numbers(extra, n, 3, t, idle);
+    one_read(whole_bytes(s, 1), t.graph_ms);
+    report(config, t.graph_ms, whole_bytes(s, 2), s.numel(),
+           m.specs[tensors.front()].name + " bf16 -> E2M1 data + E4M3 block scales + amax, decode scale; per call of " +
+               std::to_string(n) + " quantize_nvfp4 calls (one per layer) in one graph");
   }
 
   // ------------------------------------------------------------ sharded path

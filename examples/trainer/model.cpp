@@ -248,21 +248,23 @@ void Model::decode(Weights& w, const std::vector<int>& idx, const Tensor& dst, c
     ops_.dequantize_mxfp8(src, dst, skip, s);
     return;
   }
-  // NVFP4: the library's decode, member by member (bf16, nearest even, of
-  // e2m1 * (float(scale) * decode_scale)), skipped on the device as the MXFP8 op is;
-  // Hopper has no NVFP4 GEMM either.
+  // NVFP4: the library's batched decode, every member of every weight in one launch
+  // (bf16, nearest even, of e2m1 * (float(scale) * decode_scale)), skipped on the device
+  // as the MXFP8 op is; Hopper has no NVFP4 GEMM either.
+  std::vector<shardopt::Nvfp4Decode> list;
   std::int64_t at = 0;
   for (int i : idx) {
     const shardopt::Nvfp4View v = w.nvfp4(i);
     for (std::int64_t g = 0; g < v.members; ++g) {
       const shardopt::Nvfp4Planes m = v.member(g);
       if (at + v.shape.numel() > dst.numel) throw std::logic_error("Model::decode: the NVFP4 weights overflow dst");
-      shardopt::dequantize_nvfp4(v.shape, m.data, m.scale, m.decode_scale, static_cast<std::uint16_t*>(dst.data) + at,
-                                 skip != nullptr ? &skip->skip_weight_update : nullptr, ops_.backend(), s);
+      list.push_back({v.shape, m.data, m.scale, m.decode_scale, static_cast<std::uint16_t*>(dst.data) + at});
       at += v.shape.numel();
     }
   }
   if (at != dst.numel) throw std::logic_error("Model::decode: the NVFP4 weights do not fill dst");
+  if (list.empty()) return;  // nothing to decode (the batch refuses an empty list)
+  shardopt::dequantize_nvfp4_batch(list, skip != nullptr ? &skip->skip_weight_update : nullptr, ops_.backend(), s);
 }
 
 Tensor Model::compute_weight(Weights& w, int i, Stream s, bool refresh) {

@@ -1,5 +1,5 @@
 // shardopt/mxfp8.hpp - MXFP8 parameters: the format, whole-tensor and sharded
-// quantization, and dequantize helpers (to f32, or straight to bf16).
+// quantization, and dequantize helpers (to f32, or straight to bf16, one tensor or a list).
 //
 // Format. A weight of G members (G = 1 for a plain tensor) of [rows, cols] each is
 // quantized from its bf16 values into two E4M3 planes with E8M0 block scales:
@@ -80,6 +80,7 @@
 // capturing.)
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -342,5 +343,27 @@ void dequantize_mxfp8(const Mxfp8Shape& shape, Mxfp8Plane plane, const std::uint
 /// in one pass; a NaN element or block gives the one NaN 0x7FC0 on both backends.
 void dequantize_mxfp8(const Mxfp8Shape& shape, Mxfp8Plane plane, const std::uint8_t* data,
                       const std::uint8_t* scale, std::uint16_t* out, Backend backend, Stream stream);
+
+/// One tensor of a batched bf16 decode: the arguments of one bf16 dequantize_mxfp8 call
+/// (device memory of the backend).
+struct Mxfp8Decode {
+  Mxfp8Shape shape;                        ///< contiguous members
+  Mxfp8Plane plane = Mxfp8Plane::Rowwise;  ///< the plane to decode
+  const std::uint8_t* data = nullptr;      ///< that plane's e4m3 bytes
+  const std::uint8_t* scale = nullptr;     ///< that plane's e8m0 scales
+  std::uint16_t* out = nullptr;            ///< numel() bf16 bit patterns
+};
+
+/// Tensors one launch of dequantize_mxfp8_batch decodes: the list travels in the
+/// launch's own parameters, so a longer list takes one launch per this many.
+inline constexpr std::size_t kMxfp8DecodeLaunch = 32;
+
+/// Decodes every tensor of `tensors` straight to bf16, bitwise as one bf16
+/// dequantize_mxfp8 call per tensor, in one launch per kMxfp8DecodeLaunch tensors (e.g.
+/// the weights of one FSDP unit together). Nothing to build first and nothing allocated
+/// on the device: call it eagerly or while capturing. Outputs must not overlap. Throws
+/// Error(InvalidArgument) for an empty list and, naming the tensor's index, for a bad
+/// shape or a null pointer.
+void dequantize_mxfp8_batch(const std::vector<Mxfp8Decode>& tensors, Backend backend, Stream stream);
 
 }  // namespace shardopt

@@ -38,11 +38,15 @@
 // tensors in a fixed number of launches (nvfp4_partial_amax_batch,
 // quantize_nvfp4_shard_batch).
 //
+// Decode: dequantize_nvfp4 decodes one tensor to f32 or bf16; dequantize_nvfp4_batch
+// decodes a list of tensors to bf16 in one launch (per 64 tensors), bitwise the same.
+//
 // Every entry point is stream-ordered and capturable: no host reads of device data, no
 // allocation (building an Nvfp4Batch or Nvfp4ShardBatch allocates: do it before
 // capturing); the host backend records the work on a capturing HostStream.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -237,5 +241,29 @@ void dequantize_nvfp4(const Nvfp4Shape& shape, const std::uint8_t* data, const s
 void dequantize_nvfp4(const Nvfp4Shape& shape, const std::uint8_t* data, const std::uint8_t* scale,
                       const float* decode_scale, std::uint16_t* out, const std::int32_t* skip_flag, Backend backend,
                       Stream stream);
+
+/// One tensor of a batched bf16 decode: the arguments of one bf16 dequantize_nvfp4 call
+/// (memory of the backend).
+struct Nvfp4Decode {
+  Nvfp4Shape shape;
+  const std::uint8_t* data = nullptr;   ///< data_bytes() bytes of E2M1 pairs
+  const std::uint8_t* scale = nullptr;  ///< scale_numel() E4M3 block scales
+  const float* decode_scale = nullptr;  ///< the tensor's S_dec (one fp32)
+  std::uint16_t* out = nullptr;         ///< numel() bf16 bit patterns
+};
+
+/// Tensors one launch of dequantize_nvfp4_batch decodes: the list travels in the
+/// launch's own parameters, so a longer list takes one launch per this many.
+inline constexpr std::size_t kNvfp4DecodeLaunch = 64;
+
+/// Decodes every tensor of `tensors` to bf16, bitwise as one bf16 dequantize_nvfp4 call
+/// per tensor, in one launch per kNvfp4DecodeLaunch tensors (all members of a grouped
+/// weight, or a whole list of experts, in one launch). Nothing to build first and nothing
+/// allocated on the device: call it eagerly or while capturing. `skip_flag` (device
+/// int32, may be null) is read when the work runs: nonzero writes nothing, as in
+/// dequantize_nvfp4. Outputs must not overlap. Throws Error(InvalidArgument) for an
+/// empty list and, naming the tensor's index, for a bad shape or a null pointer.
+void dequantize_nvfp4_batch(const std::vector<Nvfp4Decode>& tensors, const std::int32_t* skip_flag, Backend backend,
+                            Stream stream);
 
 }  // namespace shardopt

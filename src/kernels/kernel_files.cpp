@@ -23,6 +23,7 @@ std::vector<KernelFile> kernel_files_cuda() {
       mxfp8_decode_kernels_cuda,
       nvfp4_kernels_cuda,
       nvfp4_shard_kernels_cuda,
+      nvfp4_decode_kernels_cuda,
   };
 #else
   return {};

@@ -54,5 +54,6 @@ void mxfp8_shard_kernels_cuda(const KernelVisitor& visit);
 void mxfp8_decode_kernels_cuda(const KernelVisitor& visit);
 void nvfp4_kernels_cuda(const KernelVisitor& visit);
 void nvfp4_shard_kernels_cuda(const KernelVisitor& visit);
+void nvfp4_decode_kernels_cuda(const KernelVisitor& visit);
 
 }  // namespace shardopt::kernels

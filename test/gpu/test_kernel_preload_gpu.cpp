@@ -112,6 +112,7 @@ const char* const kOneKernelPerFile[] = {
     "decode8_kernel",           // kernels/mxfp8_decode.cu
     "tile_kernel",              // kernels/nvfp4.cu
     "shard_tile_kernel",        // kernels/nvfp4_shard.cu
+    "decode_list_kernel",       // kernels/nvfp4_decode.cu
     "copy_pieces_kernel",       // quantized/byte_copies.cu
 };
 

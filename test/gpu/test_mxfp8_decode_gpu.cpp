@@ -2,7 +2,9 @@
 // every code under every scale byte in both planes, on Llama-sized and grouped planes,
 // odd widths and unaligned pointers (both the 8-wide and the one-element kernel), under
 // CUDA graph capture; and it equals the GPU's f32 decode followed by the bf16 cast
-// except for NaNs, which it writes as one NaN. Exits 77 (skipped) without a GPU.
+// except for NaNs, which it writes as one NaN. The batched decode (dequantize_mxfp8_batch)
+// equals the host twin over mixed lists longer than one launch, and runs at graph launch.
+// Exits 77 (skipped) without a GPU.
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
 
@@ -58,19 +60,7 @@ std::vector<std::uint16_t> gpu_decode(const Mxfp8Shape& s, Mxfp8Plane plane, con
   return {all.begin() + out_off, all.begin() + out_off + static_cast<std::ptrdiff_t>(n)};
 }
 
-// Random bytes, scales mostly in a normal range with 0x00, 0xFE and 0xFF mixed in.
-mxfp8_decode_test::Plane random_plane(const Mxfp8Shape& s, Mxfp8Plane plane, unsigned seed) {
-  std::mt19937 rng(seed);
-  mxfp8_decode_test::Plane p;
-  p.data.resize(static_cast<std::size_t>(s.numel()));
-  p.scale.resize(static_cast<std::size_t>(plane == Mxfp8Plane::Rowwise ? s.scale_row_numel() : s.scale_col_numel()));
-  for (auto& b : p.data) b = static_cast<std::uint8_t>(rng());
-  for (auto& b : p.scale) {
-    const unsigned k = rng() % 64;
-    b = static_cast<std::uint8_t>(k == 0 ? 0x00 : k == 1 ? 0xFE : k == 2 ? 0xFF : 0x60 + rng() % 64);
-  }
-  return p;
-}
+using mxfp8_decode_test::random_plane;
 
 void expect_equal(const std::vector<std::uint16_t>& got, const std::vector<std::uint16_t>& want,
                   const std::string& what) {
@@ -160,6 +150,52 @@ TEST(Mxfp8DecodeBf16Gpu, CapturedDecodeRunsAtLaunchOnLaunchTimeData) {
   SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(st));
   expect_equal(download<std::uint16_t>(kCuda, out, q.data.size()), host_decode(s, Mxfp8Plane::Columnwise, q.data, q.scale),
                "graph launch");
+  SHARDOPT_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  SHARDOPT_CUDA_CHECK(cudaGraphDestroy(graph));
+  SHARDOPT_CUDA_CHECK(cudaStreamDestroy(st));
+}
+
+// The batch on the device equals the batch on the host (= one host decode per tensor and
+// the reference: the host suite), both paths of its kernel, over two launches' worth of
+// tensors, with nothing written outside the outputs.
+TEST(Mxfp8DecodeBf16Gpu, BatchEqualsHostTwin) {
+  const std::vector<mxfp8_decode_test::BatchCase> cases = mxfp8_decode_test::batch_cases(40);
+  ASSERT_GT(cases.size(), kMxfp8DecodeLaunch);
+  const auto gpu = mxfp8_decode_test::batch_decode(kCuda, cases);
+  const auto host = mxfp8_decode_test::batch_decode(kHost, cases);
+  for (std::size_t t = 0; t < cases.size(); ++t) {
+    const auto& c = cases[t];
+    expect_equal(gpu[t], host[t], "tensor " + std::to_string(t) + " " + name_of(c.shape, c.plane));
+    expect_equal(gpu[t], mxfp8_decode_test::guarded(c, host_decode(c.shape, c.plane, c.bytes.data, c.bytes.scale)),
+                 "tensor " + std::to_string(t) + " vs one host decode");
+  }
+}
+
+// Captured into a CUDA graph, the batch runs at each launch on the data of that time.
+TEST(Mxfp8DecodeBf16Gpu, CapturedBatchRunsAtLaunch) {
+  const Mxfp8Shape s{2, 96, 256};
+  const auto p = random_plane(s, Mxfp8Plane::Rowwise, 17), q = random_plane(s, Mxfp8Plane::Columnwise, 18);
+  const DeviceBuffer pd = upload(kCuda, p.data), ps = upload(kCuda, p.scale), qd = upload(kCuda, q.data),
+                     qs = upload(kCuda, q.scale);
+  const DeviceBuffer out = upload(kCuda, std::vector<std::uint16_t>(2 * p.data.size(), 0xDEAD));
+  const std::vector<Mxfp8Decode> list = {
+      {s, Mxfp8Plane::Rowwise, pd.as<std::uint8_t>(), ps.as<std::uint8_t>(), out.as<std::uint16_t>()},
+      {s, Mxfp8Plane::Columnwise, qd.as<std::uint8_t>(), qs.as<std::uint8_t>(), out.as<std::uint16_t>() + p.data.size()}};
+  cudaStream_t st = nullptr;
+  SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  SHARDOPT_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  dequantize_mxfp8_batch(list, kCuda, reinterpret_cast<Stream>(st));
+  SHARDOPT_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+  SHARDOPT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  EXPECT_EQ(download<std::uint16_t>(kCuda, out, 1)[0], 0xDEAD) << "nothing runs at capture";
+  SHARDOPT_CUDA_CHECK(cudaGraphLaunch(exec, st));
+  SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(st));
+  auto want = host_decode(s, Mxfp8Plane::Rowwise, p.data, p.scale);
+  const auto second = host_decode(s, Mxfp8Plane::Columnwise, q.data, q.scale);
+  want.insert(want.end(), second.begin(), second.end());
+  expect_equal(download<std::uint16_t>(kCuda, out, want.size()), want, "graph launch");
   SHARDOPT_CUDA_CHECK(cudaGraphExecDestroy(exec));
   SHARDOPT_CUDA_CHECK(cudaGraphDestroy(graph));
   SHARDOPT_CUDA_CHECK(cudaStreamDestroy(st));

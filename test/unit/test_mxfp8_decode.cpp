@@ -3,7 +3,9 @@
 // double, one rounding to f32, then round-to-nearest-even to bf16; NaN -> 0x7FC0) for
 // every one of the 256 codes under every one of the 256 scale bytes in both planes,
 // against today's two-pass decode (f32 decode, then the bf16 cast) on random planes with
-// partial blocks and several members, under graph capture, and its argument errors.
+// partial blocks and several members, under graph capture, and its argument errors. The
+// batched decode (dequantize_mxfp8_batch) equals one decode per tensor and the reference
+// over a mixed list longer than one launch, runs at replay, and names a bad tensor.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -166,6 +168,74 @@ TEST(Mxfp8DecodeBf16, BadArgumentsSayWhatToChange) {
       EXPECT_NE(std::string(e.what()).find(which == 0 ? "data" : which == 1 ? "scale" : "out"), std::string::npos);
     }
   }
+}
+
+// ---- the batched decode
+
+TEST(Mxfp8DecodeBf16, BatchEqualsOneDecodePerTensorAndTheReference) {
+  const std::vector<mxfp8_decode_test::BatchCase> cases = mxfp8_decode_test::batch_cases(40);
+  ASSERT_GT(cases.size(), kMxfp8DecodeLaunch);
+  const auto got = mxfp8_decode_test::batch_decode(Backend::Host, cases);
+  for (std::size_t t = 0; t < cases.size(); ++t) {
+    const auto& c = cases[t];
+    const auto one = decode_bf16(c.shape, c.plane, c.bytes.data, c.bytes.scale);
+    ASSERT_EQ(got[t], mxfp8_decode_test::guarded(c, one)) << "tensor " << t << ": batch vs one decode (guards)";
+    const bool row = c.plane == Mxfp8Plane::Rowwise;
+    for (std::int64_t g = 0; g < c.shape.members; ++g)
+      for (std::int64_t r = 0; r < c.shape.rows; ++r)
+        for (std::int64_t col = 0; col < c.shape.cols; ++col) {
+          const auto e = static_cast<std::size_t>(c.shape.element_index(g, r, col));
+          const std::uint8_t sb = c.bytes.scale[static_cast<std::size_t>(
+              row ? c.shape.scale_row_index(g, r, col) : c.shape.scale_col_index(g, r, col))];
+          ASSERT_EQ(one[e], reference(c.bytes.data[e], sb)) << "tensor " << t << " element " << e;
+        }
+  }
+}
+
+TEST(Mxfp8DecodeBf16, CapturedBatchRunsAtReplayOnReplayTimeData) {
+  const Mxfp8Shape s{1, 32, 64};
+  std::vector<std::uint8_t> data(static_cast<std::size_t>(s.numel()), 0x38);  // 1.0 at scale 0x7F
+  std::vector<std::uint8_t> row(static_cast<std::size_t>(s.scale_row_numel()), 0x7F);
+  std::vector<std::uint8_t> col(static_cast<std::size_t>(s.scale_col_numel()), 0x7F);
+  std::vector<std::uint16_t> out(2 * data.size(), 0xDEAD);
+  HostStream stream;
+  stream.begin_capture();
+  dequantize_mxfp8_batch({{s, Mxfp8Plane::Rowwise, data.data(), row.data(), out.data()},
+                          {s, Mxfp8Plane::Columnwise, data.data(), col.data(), out.data() + data.size()}},
+                         Backend::Host, stream.handle());
+  const HostGraph graph = stream.end_capture();
+  EXPECT_EQ(out[0], 0xDEAD) << "nothing runs at capture";
+  std::fill(row.begin(), row.end(), 0x80);  // 2.0
+  std::fill(col.begin(), col.end(), 0x7E);  // 0.5
+  graph.replay();
+  for (std::size_t i = 0; i < data.size(); ++i) ASSERT_EQ(out[i], 0x4000) << i;
+  for (std::size_t i = data.size(); i < out.size(); ++i) ASSERT_EQ(out[i], 0x3F00) << i;
+}
+
+TEST(Mxfp8DecodeBf16, BatchErrorsNameTheTensor) {
+  std::vector<std::uint8_t> data(64), scale(8);
+  std::vector<std::uint16_t> out(64);
+  const Mxfp8Decode good{Mxfp8Shape{1, 8, 8}, Mxfp8Plane::Rowwise, data.data(), scale.data(), out.data()};
+  auto expect_error = [](const std::vector<Mxfp8Decode>& list, const std::string& needle) {
+    try {
+      dequantize_mxfp8_batch(list, Backend::Host, nullptr);
+      ADD_FAILURE() << "accepted; expected an error mentioning '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error({}, "empty");
+  for (const std::string what : {"data", "scale", "out"}) {
+    Mxfp8Decode bad = good;
+    if (what == "data") bad.data = nullptr;
+    if (what == "scale") bad.scale = nullptr;
+    if (what == "out") bad.out = nullptr;
+    expect_error({good, bad}, "tensor 1: " + what + " is null");
+  }
+  Mxfp8Decode bad = good;
+  bad.shape.cols = 0;
+  expect_error({good, good, bad}, "tensor 2: ");
 }
 
 }  // namespace
