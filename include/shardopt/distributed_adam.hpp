@@ -142,7 +142,8 @@ class DistributedAdam {
   /// The persistent NVFP4 storage of parameter i (Error(InvalidArgument) for another),
   /// current under the same conditions as mxfp8_param.
   Nvfp4View nvfp4_param(int i) const;
-  /// This rank's piece of parameter i's Adam moments (moment_dtype), e.g. for checkpoints.
+  /// This rank's piece of parameter i's Adam moments (moment_dtype), e.g. for checkpoints;
+  /// empty (no elements, no data) for a parameter in a Muon group, which has none.
   ShardView shard_exp_avg(int i) const;
   ShardView shard_exp_avg_sq(int i) const;
   /// This rank's piece of parameter i's reduced gradient in `dtype`: a view of the grad

@@ -214,7 +214,8 @@ class Fsdp {
   void zero_grad(Stream stream);
 
   /// This rank's piece of parameter i: params (write initial values here, then call
-  /// init_master), fp32 master, moments, and the reduced gradient (a view in the shard's
+  /// init_master), fp32 master, moments (empty for a parameter in a Muon group: it has
+  /// none), and the reduced gradient (a view in the shard's
   /// dtype, or a cast copy for an external optimizer). shard_param of an MXFP8 parameter
   /// is Error(InvalidArgument): it has no parameter shard (write shard_master).
   ShardView shard_param(int i) const;

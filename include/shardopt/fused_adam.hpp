@@ -60,11 +60,15 @@ struct StepScalars {
 
 /// One contiguous piece of a shard: `length` elements of one parameter.
 struct ShardChunk {
-  std::int64_t shard_offset = 0;   ///< index into master / moments
+  std::int64_t shard_offset = 0;   ///< index into master
   std::int64_t buffer_offset = 0;  ///< index into the grad and param buffers
   std::int64_t length = 0;
   std::int32_t group = 0;          ///< optimizer group (AdamConfig::groups)
   std::int32_t pad_ = 0;
+  /// The moments sit at shard_offset - moment_shift (>= 0, <= shard_offset): optimizers
+  /// with Muon groups keep compact moment arrays that leave the Muon pieces out. Vector
+  /// accesses need it to be a multiple of the vector width (16 always is).
+  std::int64_t moment_shift = 0;
 };
 
 /// `pieces` (contiguous pieces of a shard, each within one parameter, of any length)
@@ -106,12 +110,13 @@ struct AdamConfig {
 struct ShardPointers {
   const ShardChunk* chunks = nullptr;  ///< device array of num_chunks entries
   std::int64_t num_chunks = 0;
-  std::int64_t shard_numel = 0;        ///< length of master and moments
+  std::int64_t shard_numel = 0;        ///< length of master (and of the moments unless moment_numel)
+  std::int64_t moment_numel = 0;       ///< length of exp_avg / exp_avg_sq; 0: shard_numel
   const void* grads = nullptr;         ///< grad buffer base (grad_dtype), by buffer_offset
   void* params = nullptr;              ///< param buffer base (param_dtype), by buffer_offset
   float* master = nullptr;             ///< fp32 master, by shard_offset
-  void* exp_avg = nullptr;             ///< first moment (moment_dtype), by shard_offset
-  void* exp_avg_sq = nullptr;          ///< second moment (moment_dtype), by shard_offset
+  void* exp_avg = nullptr;             ///< first moment (moment_dtype), by shard_offset - moment_shift
+  void* exp_avg_sq = nullptr;          ///< second moment (moment_dtype), by shard_offset - moment_shift
 };
 
 /// One Adam step over the shard: a one-thread prologue (if found_inf is clear: step += 1

@@ -13,7 +13,7 @@ struct MemoryReport {
   std::int64_t params = 0;        ///< model-parameter buffers (full, or shard + pool for FSDP)
   std::int64_t grads = 0;         ///< gradient buffers
   std::int64_t master = 0;        ///< fp32 master shard
-  std::int64_t moments = 0;       ///< Adam moments of the shard
+  std::int64_t moments = 0;       ///< Adam moments of the shard (none for Muon pieces) and Muon's momentum
   std::int64_t copies = 0;        ///< cast copies made for external optimizers
   std::int64_t pool = 0;          ///< transient gather/grad slots (FSDP)
   std::int64_t mxfp8 = 0;         ///< MXFP8 parameter storage (data + scales)

@@ -102,15 +102,19 @@ AdamApplyLaunch prepare_apply(const AdamConfig& config, const ShardPointers& sha
                 (!config.write_params || aligned16(a.params));
   if (backend == Backend::Host) {
     // The table is host memory here: check it once, before anything is enqueued.
+    const std::int64_t moment_numel = shard.moment_numel > 0 ? shard.moment_numel : shard.shard_numel;
     for (std::int64_t c = 0; c < shard.num_chunks; ++c) {
       const ShardChunk& ch = shard.chunks[c];
       SHARDOPT_REQUIRE(ch.group >= 0 && ch.group < a.num_groups && ch.length >= 0 && ch.shard_offset >= 0 &&
-                           ch.buffer_offset >= 0 && ch.shard_offset + ch.length <= shard.shard_numel,
+                           ch.buffer_offset >= 0 && ch.shard_offset + ch.length <= shard.shard_numel &&
+                           ch.moment_shift >= 0 && ch.moment_shift <= ch.shard_offset &&
+                           ch.shard_offset - ch.moment_shift + ch.length <= moment_numel,
                        ErrorCode::InvalidArgument,
                        "chunk " + std::to_string(c) + " has group " + std::to_string(ch.group) +
                            " (AdamConfig has " + std::to_string(a.num_groups) +
                            " groups) or lies outside the shard of " + std::to_string(shard.shard_numel) +
-                           " elements");
+                           " elements or its moments outside the " + std::to_string(moment_numel) +
+                           " of exp_avg / exp_avg_sq");
       if (amax == nullptr || amax[c].amax == nullptr) continue;
       const kernels::AdamAmaxChunk& t = amax[c];
       SHARDOPT_REQUIRE(t.first >= 0 && t.member_numel > 0 && t.cols > 0 && t.member_numel % t.cols == 0 &&

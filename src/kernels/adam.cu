@@ -17,11 +17,12 @@ namespace shardopt::kernels {
 namespace {
 
 /// Updates U vectors of V elements: vector indices k, k + kAdamThreads, ... (relative
-/// to the chunk body's first element s0 / b0). All loads are issued before any math.
+/// to the chunk body's first element s0 / b0; its moments at s0 - ms). All loads are
+/// issued before any math.
 template <class Tr, int U, class Sink>
 __device__ __forceinline__ void adam_vectors(const AdamApplyParams& a, const AdamStepValues& sv,
-                                             std::int64_t s0, std::int64_t b0, std::int64_t k, std::int64_t i0,
-                                             Sink& sink) {
+                                             std::int64_t s0, std::int64_t b0, std::int64_t ms, std::int64_t k,
+                                             std::int64_t i0, Sink& sink) {
   constexpr int V = Tr::vec;
   float g[U][V], p[U][V], m[U][V], v[U][V];
 #pragma unroll
@@ -29,8 +30,8 @@ __device__ __forceinline__ void adam_vectors(const AdamApplyParams& a, const Ada
     const std::int64_t e = (k + static_cast<std::int64_t>(u) * kAdamThreads) * V;
     load_vec<Tr::grad, V, true>(a.grads, b0 + e, g[u]);
     load_vec<DType::f32, V, false>(a.master, s0 + e, p[u]);
-    load_vec<Tr::moment, V, false>(a.exp_avg, s0 + e, m[u]);
-    load_vec<Tr::moment, V, false>(a.exp_avg_sq, s0 + e, v[u]);
+    load_vec<Tr::moment, V, false>(a.exp_avg, s0 - ms + e, m[u]);
+    load_vec<Tr::moment, V, false>(a.exp_avg_sq, s0 - ms + e, v[u]);
   }
 #pragma unroll
   for (int u = 0; u < U; ++u) {
@@ -42,8 +43,8 @@ __device__ __forceinline__ void adam_vectors(const AdamApplyParams& a, const Ada
     const std::int64_t e = (k + static_cast<std::int64_t>(u) * kAdamThreads) * V;
     sink.template vector<V>(i0 + e, p[u]);
     store_vec<DType::f32, V>(a.master, s0 + e, p[u]);
-    store_vec<Tr::moment, V>(a.exp_avg, s0 + e, m[u]);
-    store_vec<Tr::moment, V>(a.exp_avg_sq, s0 + e, v[u]);
+    store_vec<Tr::moment, V>(a.exp_avg, s0 - ms + e, m[u]);
+    store_vec<Tr::moment, V>(a.exp_avg_sq, s0 - ms + e, v[u]);
     if constexpr (Tr::write_params) store_vec<Tr::param, V>(a.params, b0 + e, p[u]);
   }
 }
@@ -187,15 +188,15 @@ __device__ __forceinline__ void adam_walk(const AdamApplyParams& a, Sink& sink, 
       const AdamStepValues sv = adam_step_values(a, ch.group);
       const ChunkSplit sp = split_chunk(ch, V, a.vector_ok);
       for (std::int64_t i = t; i < sp.head; i += kAdamThreads)
-        sink.element(i, adam_scalar<Tr>(a, sv, ch.shard_offset + i, ch.buffer_offset + i));
+        sink.element(i, adam_scalar<Tr>(a, sv, ch.shard_offset + i, ch.buffer_offset + i, ch.moment_shift));
       const std::int64_t s0 = ch.shard_offset + sp.head;
       const std::int64_t b0 = ch.buffer_offset + sp.head;
       std::int64_t k = t;
       for (; k + (U - 1) * kAdamThreads < sp.nvec; k += U * kAdamThreads)
-        adam_vectors<Tr, U>(a, sv, s0, b0, k, sp.head, sink);
-      for (; k < sp.nvec; k += kAdamThreads) adam_vectors<Tr, 1>(a, sv, s0, b0, k, sp.head, sink);
+        adam_vectors<Tr, U>(a, sv, s0, b0, ch.moment_shift, k, sp.head, sink);
+      for (; k < sp.nvec; k += kAdamThreads) adam_vectors<Tr, 1>(a, sv, s0, b0, ch.moment_shift, k, sp.head, sink);
       for (std::int64_t i = sp.head + sp.nvec * V + t; i < ch.length; i += kAdamThreads)
-        sink.element(i, adam_scalar<Tr>(a, sv, ch.shard_offset + i, ch.buffer_offset + i));
+        sink.element(i, adam_scalar<Tr>(a, sv, ch.shard_offset + i, ch.buffer_offset + i, ch.moment_shift));
     }
     sink.end();
   }

@@ -20,7 +20,7 @@ void host_adam_apply(const AdamVariant& v, const AdamApplyParams& a) {
       }
       const AdamStepValues sv = adam_step_values(a, ch.group);
       for (std::int64_t i = 0; i < ch.length; ++i) {
-        const float p = adam_scalar<Tr>(a, sv, ch.shard_offset + i, ch.buffer_offset + i);
+        const float p = adam_scalar<Tr>(a, sv, ch.shard_offset + i, ch.buffer_offset + i, ch.moment_shift);
         if (t != nullptr) host_emit_amax(*t, t->first + i, p);
       }
     }

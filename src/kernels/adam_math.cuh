@@ -224,23 +224,23 @@ SHARDOPT_HD AdamStepValues adam_step_values(const AdamApplyParams& a, int group)
   return v;
 }
 
-/// Updates one element by scalar accesses: shard index si, buffer index bi. Returns the
-/// new master value.
+/// Updates one element by scalar accesses: shard index si, buffer index bi, moment index
+/// si - ms (ShardChunk::moment_shift). Returns the new master value.
 template <class Tr>
 SHARDOPT_HD float adam_scalar(const AdamApplyParams& a, const AdamStepValues& sv, std::int64_t si,
-                             std::int64_t bi) {
+                             std::int64_t bi, std::int64_t ms) {
   using GT = storage_t<Tr::grad>;
   using MT = storage_t<Tr::moment>;
   const float grad = num::Storage<Tr::grad>::load(static_cast<const GT*>(a.grads)[bi]);
   MT* m_ptr = static_cast<MT*>(a.exp_avg);
   MT* v_ptr = static_cast<MT*>(a.exp_avg_sq);
   float p = a.master[si];
-  float m = num::Storage<Tr::moment>::load(m_ptr[si]);
-  float v = num::Storage<Tr::moment>::load(v_ptr[si]);
+  float m = num::Storage<Tr::moment>::load(m_ptr[si - ms]);
+  float v = num::Storage<Tr::moment>::load(v_ptr[si - ms]);
   adam_element<Tr::decoupled>(a.consts, sv, grad, p, m, v);
   a.master[si] = p;
-  m_ptr[si] = num::Storage<Tr::moment>::store(m);
-  v_ptr[si] = num::Storage<Tr::moment>::store(v);
+  m_ptr[si - ms] = num::Storage<Tr::moment>::store(m);
+  v_ptr[si - ms] = num::Storage<Tr::moment>::store(v);
   if constexpr (Tr::write_params) {
     using PT = storage_t<Tr::param>;
     static_cast<PT*>(a.params)[bi] = num::Storage<Tr::param>::store(p);
@@ -258,7 +258,7 @@ struct ChunkSplit {
 
 SHARDOPT_HD ChunkSplit split_chunk(const ShardChunk& ch, int vec, bool vector_ok) {
   ChunkSplit s;
-  if (!vector_ok || (ch.shard_offset - ch.buffer_offset) % vec != 0) {
+  if (!vector_ok || (ch.shard_offset - ch.buffer_offset) % vec != 0 || ch.moment_shift % vec != 0) {
     s.head = ch.length;
     return s;
   }

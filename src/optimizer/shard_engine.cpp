@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <iterator>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -31,6 +33,43 @@ void validate(const AdamOptions& h, DType grad_dtype) {
                    ErrorCode::InvalidArgument, "beta1 and beta2 must lie in [0, 1)");
   SHARDOPT_REQUIRE(h.eps > 0.0 && std::isfinite(h.eps), ErrorCode::InvalidArgument, "eps must be positive and finite");
 }
+
+namespace {
+
+// Adam's moments leave the Muon pieces out (docs/muon.md, "Memory per rank"): in shard
+// order, each run of Muon elements shifts the moments of the AdamW pieces after it down by
+// its length rounded down to a multiple of kMomentAlign, so that every moment keeps its
+// shard offset's alignment for the kernels' vector accesses. Sets the shift of each AdamW
+// chunk and piece, marks the Muon pieces, and returns the moment arrays' length.
+constexpr std::int64_t kMomentAlign = 16;
+
+std::int64_t compact_moments(const Layout& L, int buffer, int rank, const std::vector<AdamGroup>& groups,
+                             std::vector<ShardChunk>& chunks, std::vector<ParamPiece>& pieces) {
+  const auto is_muon = [&](std::int32_t g) {
+    return groups[static_cast<std::size_t>(g)].algorithm == GroupAlgorithm::Muon;
+  };
+  std::map<std::int64_t, std::int64_t> shift_at;  // AdamW piece's shard offset -> its shift
+  std::int64_t shift = 0, run = 0, end = 0;
+  for (const Segment& seg : L.segments(buffer, rank)) {
+    SHARDOPT_REQUIRE(seg.shard_offset >= end, ErrorCode::Internal, "a shard's segments are not in shard order");
+    end = seg.shard_offset + seg.length;
+    ParamPiece& ps = pieces[static_cast<std::size_t>(seg.param)];
+    if (is_muon(seg.group)) {
+      ps.muon = true;
+      run += seg.length;
+      continue;
+    }
+    shift += run / kMomentAlign * kMomentAlign;
+    run = 0;
+    ps.moment_shift = shift;
+    shift_at[seg.shard_offset] = shift;
+  }
+  for (ShardChunk& c : chunks)
+    if (!is_muon(c.group)) c.moment_shift = std::prev(shift_at.upper_bound(c.shard_offset))->second;
+  return L.buffers()[static_cast<std::size_t>(buffer)].shard_numel - shift - run / kMomentAlign * kMomentAlign;
+}
+
+}  // namespace
 
 ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, EngineSettings settings)
     : backend_(backend), layout_(layout), rank_(rank), settings_(std::move(settings)) {
@@ -66,7 +105,9 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
       ps.buffer_offset = L.params()[static_cast<std::size_t>(seg.param)].offset + seg.param_offset;
       sh.real_numel += seg.length;
     }
+    std::int64_t moment_numel = n;
     if (muon_) {  // the norm covers every gradient; Adam skips the Muon groups' chunks
+      moment_numel = compact_moments(L, static_cast<int>(b), rank, groups, sh.chunks, pieces_);
       sh.num_norm_chunks = static_cast<std::int64_t>(sh.chunks.size());
       sh.norm_chunks_dev = DeviceBuffer(backend_, sh.chunks.size() * sizeof(ShardChunk));
       copy_async(backend_, sh.norm_chunks_dev.data(), sh.chunks.data(), sh.chunks.size() * sizeof(ShardChunk), nullptr);
@@ -74,11 +115,12 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
         return groups[static_cast<std::size_t>(c.group)].algorithm == GroupAlgorithm::Muon;
       });
     }
+    if (!sh.chunks.empty() && moment_numel == 0) moment_numel = kMomentAlign;  // only empty AdamW pieces: set pointers
     sh.chunks_dev = DeviceBuffer(backend_, sh.chunks.size() * sizeof(ShardChunk));
     copy_async(backend_, sh.chunks_dev.data(), sh.chunks.data(), sh.chunks.size() * sizeof(ShardChunk), nullptr);
     sh.master = DeviceBuffer(backend_, static_cast<std::size_t>(n) * 4);
-    sh.exp_avg = DeviceBuffer(backend_, static_cast<std::size_t>(n) * size_of(settings_.adam.moment_dtype));
-    sh.exp_avg_sq = DeviceBuffer(backend_, static_cast<std::size_t>(n) * size_of(settings_.adam.moment_dtype));
+    sh.exp_avg = DeviceBuffer(backend_, static_cast<std::size_t>(moment_numel) * size_of(settings_.adam.moment_dtype));
+    sh.exp_avg_sq = DeviceBuffer(backend_, static_cast<std::size_t>(moment_numel) * size_of(settings_.adam.moment_dtype));
     fill_zero_async(backend_, sh.master.data(), sh.master.bytes(), nullptr);
     fill_zero_async(backend_, sh.exp_avg.data(), sh.exp_avg.bytes(), nullptr);
     fill_zero_async(backend_, sh.exp_avg_sq.data(), sh.exp_avg_sq.bytes(), nullptr);
@@ -98,6 +140,7 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
     p.chunks = sh.chunks_dev.as<ShardChunk>();
     p.num_chunks = static_cast<std::int64_t>(sh.chunks.size());
     p.shard_numel = n;
+    p.moment_numel = moment_numel;
     p.master = sh.master.as<float>();
     p.exp_avg = sh.exp_avg.data();
     p.exp_avg_sq = sh.exp_avg_sq.data();
@@ -368,7 +411,7 @@ const ParamPiece& ShardEngine::piece(int param) const {
   return pieces_[static_cast<std::size_t>(param)];
 }
 
-ShardView ShardEngine::piece_view(int param, const DeviceBuffer& buf, DType dtype) const {
+ShardView ShardEngine::piece_view(int param, const DeviceBuffer& buf, DType dtype, std::int64_t shift) const {
   const ParamPiece& ps = piece(param);
   ShardView v;
   v.dtype = dtype;
@@ -376,18 +419,29 @@ ShardView ShardEngine::piece_view(int param, const DeviceBuffer& buf, DType dtyp
   v.strides = {1};
   v.param_offset = ps.param_offset;
   v.data = ps.length == 0 ? nullptr
-                          : static_cast<char*>(buf.data()) + static_cast<std::size_t>(ps.shard_offset) * size_of(dtype);
+                          : static_cast<char*>(buf.data()) + static_cast<std::size_t>(ps.shard_offset - shift) * size_of(dtype);
   return v;
 }
 
 ShardView ShardEngine::master_view(int param) const {
   return piece_view(param, shards_[static_cast<std::size_t>(piece(param).buffer)].master, DType::f32);
 }
+// A Muon parameter has no Adam moments: an empty view (no elements, no data).
+ShardView ShardEngine::moment_view(int param, const DeviceBuffer& buf) const {
+  const ParamPiece& ps = piece(param);
+  if (!ps.muon) return piece_view(param, buf, settings_.adam.moment_dtype, ps.moment_shift);
+  ShardView v;
+  v.dtype = settings_.adam.moment_dtype;
+  v.shape = {0};
+  v.strides = {1};
+  v.param_offset = ps.param_offset;
+  return v;
+}
 ShardView ShardEngine::exp_avg_view(int param) const {
-  return piece_view(param, shards_[static_cast<std::size_t>(piece(param).buffer)].exp_avg, settings_.adam.moment_dtype);
+  return moment_view(param, shards_[static_cast<std::size_t>(piece(param).buffer)].exp_avg);
 }
 ShardView ShardEngine::exp_avg_sq_view(int param) const {
-  return piece_view(param, shards_[static_cast<std::size_t>(piece(param).buffer)].exp_avg_sq, settings_.adam.moment_dtype);
+  return moment_view(param, shards_[static_cast<std::size_t>(piece(param).buffer)].exp_avg_sq);
 }
 
 void ShardEngine::set_step(std::int64_t step, Stream stream) {

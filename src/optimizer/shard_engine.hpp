@@ -54,9 +54,11 @@ void validate(const AdamOptions& adam, DType grad_dtype);
 struct ParamPiece {
   int buffer = 0;
   std::int64_t param_offset = 0;   ///< first element within the parameter
-  std::int64_t shard_offset = 0;   ///< within the buffer's shard (master, moments)
+  std::int64_t shard_offset = 0;   ///< within the buffer's shard (master)
   std::int64_t buffer_offset = 0;  ///< within the full buffer
   std::int64_t length = 0;
+  std::int64_t moment_shift = 0;   ///< the moments sit at shard_offset - moment_shift (ShardChunk's)
+  bool muon = false;               ///< in a Muon group: no Adam moments
 };
 
 class ShardEngine {
@@ -164,7 +166,7 @@ class ShardEngine {
     DeviceBuffer chunks_dev;
     DeviceBuffer norm_chunks_dev;    // every chunk, for the gradient norm (only with Muon)
     std::int64_t num_norm_chunks = 0;
-    DeviceBuffer master, exp_avg, exp_avg_sq;
+    DeviceBuffer master, exp_avg, exp_avg_sq;  // the moments leave the Muon pieces out
     AdamConfig config;
     ShardPointers ptrs;
     std::int64_t real_numel = 0;
@@ -172,7 +174,8 @@ class ShardEngine {
     bool bound = false;  // bind() has run
     DeviceBuffer amax_chunks;  // per chunk, where Adam emits NVFP4 partial amaxes (emit_amaxes)
   };
-  ShardView piece_view(int param, const DeviceBuffer& buf, DType dtype) const;
+  ShardView piece_view(int param, const DeviceBuffer& buf, DType dtype, std::int64_t shift = 0) const;
+  ShardView moment_view(int param, const DeviceBuffer& buf) const;
   std::size_t storage_offset(const ParamPiece& ps) const;
 
   Backend backend_;

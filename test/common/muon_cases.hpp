@@ -18,6 +18,8 @@
 #include <functional>
 #include <limits>
 
+#include <mpi.h>
+
 #include "device_util.hpp"
 #include "dist_adam_cases.hpp"
 #include "muon_oracle.hpp"
@@ -332,6 +334,74 @@ inline void case_nonfinite_skips(Backend b) {
   for (int i = 0; i < a.num_params(); ++i) {
     SCOPED_TRACE(a.layout().specs()[static_cast<std::size_t>(i)].name);
     EXPECT_EQ(read_bytes(b, a.shard_master(i)), read_bytes(b, other.shard_master(i)));
+  }
+}
+
+/// This rank's Muon elements, and the Adam moment elements leaving them out saves: per
+/// buffer, each run of consecutive Muon pieces in shard order rounded down to 16 elements
+/// (docs/muon.md, "Memory per rank"; the rounding keeps the moments' vector alignment).
+inline std::pair<std::int64_t, std::int64_t> muon_elements_and_saving(const Layout& L, int rank,
+                                                                      const DistributedAdamOptions& o) {
+  std::int64_t all = 0, saved = 0;
+  for (int buf = 0; buf < static_cast<int>(L.buffers().size()); ++buf) {
+    std::int64_t run = 0;
+    for (const Segment& seg : L.segments(buf, rank)) {
+      const auto g = o.groups.find(L.groups()[static_cast<std::size_t>(seg.group)]);
+      if (g != o.groups.end() && g->second.algorithm == GroupAlgorithm::Muon) {
+        all += seg.length;
+        run += seg.length;
+      } else {
+        saved += run / 16 * 16;
+        run = 0;
+      }
+    }
+    saved += run / 16 * 16;
+  }
+  return {all, saved};
+}
+
+/// Adam's moments leave the Muon parameters out: against the AdamW twin of the same model
+/// (the same layout, every group AdamW) the moment bytes shrink by 2 x 4 bytes per Muon
+/// element (each run rounded down to 16; at a world of one, where the runs are multiples
+/// of 16, by exactly the Muon parameters' size), less Muon's own momentum (4 bytes per
+/// element, once, at each matrix's home: MemoryReport::moments counts it too), a Muon
+/// parameter's moment views are empty, and after 3 steps the AdamW parameters' masters,
+/// parameters and moments equal the twin's bitwise.
+inline void case_adam_moments_left_out(Backend b) {
+  Communicator comm = make_comm(b);
+  TestStream s(b);
+  DistributedAdamOptions twin_options = dist_options();
+  twin_options.groups["muon"] = AdamGroup{};
+  twin_options.groups["muon_x"] = AdamGroup{};
+  DistributedAdam a(comm, model(), dist_options());
+  DistributedAdam twin(comm, model(), twin_options);
+  const auto [muon_elements, saved] = muon_elements_and_saving(a.layout(), comm.rank(), dist_options());
+  EXPECT_LE(saved, muon_elements);
+  EXPECT_GT(saved, muon_elements - 16 * 3);  // at most 3 runs (the three Muon parameters)
+  std::int64_t whole = 0;
+  for (int i : {1, 3, 4}) whole += numel(a.layout().specs()[static_cast<std::size_t>(i)].shape);
+  std::int64_t local[2] = {twin.memory().moments - a.memory().moments, saved}, total[2] = {0, 0};
+  MPI_Allreduce(local, total, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_EQ(total[0], 2 * 4 * total[1] - 4 * whole) << "Adam moments saved, less Muon's momentum";
+  if (comm.size() == 1) {
+    EXPECT_EQ(total[1], whole) << "a world of one saves exactly the Muon parameters' size";
+  }
+  for (DistributedAdam* o : {&a, &twin}) {
+    o->set_lr(kLr);
+    init(*o, s.get());
+    for (int t = 0; t < 3; ++t) dist_step(*o, t, s.get());
+  }
+  for (int i = 0; i < a.num_params(); ++i) {
+    SCOPED_TRACE(a.layout().specs()[static_cast<std::size_t>(i)].name);
+    if (i == 1 || i == 3 || i == 4) {  // Muon: no moments
+      EXPECT_EQ(a.shard_exp_avg(i).numel(), 0);
+      EXPECT_EQ(a.shard_exp_avg_sq(i).data, nullptr);
+      continue;
+    }
+    EXPECT_EQ(read_bytes(b, a.shard_master(i)), read_bytes(b, twin.shard_master(i)));
+    EXPECT_EQ(read_bytes(b, a.param(i)), read_bytes(b, twin.param(i)));
+    EXPECT_EQ(read_bytes(b, a.shard_exp_avg(i)), read_bytes(b, twin.shard_exp_avg(i)));
+    EXPECT_EQ(read_bytes(b, a.shard_exp_avg_sq(i)), read_bytes(b, twin.shard_exp_avg_sq(i)));
   }
 }
 

@@ -166,6 +166,40 @@ TEST(FusedAdamGpu, KernelEqualsHostTwinWithLargeChunksAndMisalignedBases) {
   }
 }
 
+/// `p` with every third chunk left out (as an optimizer leaves out its Muon chunks) and
+/// the moments of the chunks after each left-out run moved down by the run's length
+/// (ShardChunk::moment_shift): exactly (`rounded` false: shifts that are no multiple of
+/// the vector width, so those chunks take the scalar path) or rounded down to 16 (the
+/// engine's rule, docs/muon.md: vector bodies).
+Problem with_moment_shifts(Problem p, bool rounded) {
+  std::vector<ShardChunk> kept;
+  std::int64_t shift = 0, run = 0;
+  for (std::size_t c = 0; c < p.chunks.size(); ++c) {
+    if (c % 3 == 1) {
+      run += p.chunks[c].length;
+      continue;
+    }
+    shift += rounded ? run / 16 * 16 : run;
+    run = 0;
+    ShardChunk ch = p.chunks[c];
+    ch.moment_shift = shift;
+    kept.push_back(ch);
+  }
+  p.chunks = kept;
+  return p;
+}
+
+// Issue 34: chunks whose moments sit at shard_offset - moment_shift (compact moments
+// without the Muon pieces) give the host twin's bits on both the vector and scalar paths.
+TEST(FusedAdamGpu, KernelEqualsHostTwinWithMomentShifts) {
+  const Problem big = make_problem(odd_specs(40), 2, 1, 1 << 12, 1 << 20, 64);
+  for (const AdamConfig& cfg : all_variants()) {
+    if (cfg.param_dtype == DType::f16 && cfg.write_params) continue;
+    kernel_vs_twin(cfg, with_moment_shifts(default_problem(3), false), 0, 5);
+    kernel_vs_twin(cfg, with_moment_shifts(big, true), 0, 3);
+  }
+}
+
 TEST(FusedAdamGpu, FoundInfLeavesEverythingUntouched) {
   const Problem prob = default_problem(3);
   AdamConfig cfg;

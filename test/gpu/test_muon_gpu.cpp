@@ -205,6 +205,7 @@ TEST(MuonGpu, BitwiseIndependentOfTheWorldSize) { case_world_size(kB, DType::f32
 TEST(MuonGpu, BitwiseIndependentOfTheWorldSizeWithBf16Gradients) { case_world_size(kB, DType::bf16); }
 TEST(MuonGpu, FsdpEqualsDistributedAdamBitwise) { case_fsdp(kB, 0); }
 TEST(MuonGpu, ANonFiniteGradientSkipsTheStepMomentumIncluded) { case_nonfinite_skips(kB); }
+TEST(MuonGpu, AdamMomentsLeaveMuonParametersOut) { case_adam_moments_left_out(kB); }
 
 // A StepGraph capture of the whole step (gradients written on the device from the step
 // counter, the Muon exchange, cuBLAS Newton-Schulz, the Adam groups) replays bitwise like

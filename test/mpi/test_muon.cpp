@@ -51,6 +51,9 @@ TEST(MuonHost, GraphReplayEqualsEagerBitwise) {
 // A step whose gradients hold a NaN changes nothing, Muon's momentum included.
 TEST(MuonHost, ANonFiniteGradientSkipsTheStepMomentumIncluded) { case_nonfinite_skips(kB); }
 
+// Adam's moments leave the Muon parameters out: the memory saved, AdamW results unchanged.
+TEST(MuonHost, AdamMomentsLeaveMuonParametersOut) { case_adam_moments_left_out(kB); }
+
 // A Muon group may hold only matrices and grouped parameters of matrices: anything else is
 // Error(InvalidArgument) on every rank at construction, naming the parameter.
 TEST(MuonHost, ConstructionRefusesWhatMuonCannotUpdate) {
@@ -107,7 +110,8 @@ using namespace shardopt::test::muon;
 
 // The momentum lives once, whole, at each matrix's home: over all ranks, the moments grow
 // by 4 bytes per Muon matrix element (24x16 + 16x40 + 3 x 8x48) against the same model all
-// in AdamW groups; the exchange and work buffers are counted under pool.
+// in AdamW groups, and shrink by the Adam moments the Muon pieces do not get; the exchange
+// and work buffers are counted under pool.
 TEST(MuonHost, MemoryCountsTheMomentumOnceAtTheHomes) {
   Communicator comm = make_comm(Backend::Host);
   DistributedAdam muon(comm, model(), dist_options());
@@ -118,7 +122,11 @@ TEST(MuonHost, MemoryCountsTheMomentumOnceAtTheHomes) {
   const MemoryReport a = muon.memory(), b = plain.memory();
   std::int64_t extra[2] = {a.moments - b.moments, a.pool - b.pool}, total[2] = {0, 0};
   MPI_Allreduce(extra, total, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
-  EXPECT_EQ(total[0], 4 * (24 * 16 + 16 * 40 + 3 * 8 * 48));
+  // Muon's momentum (fp32, once per matrix) less the Adam moments the Muon pieces no longer
+  // have (2 x fp32 per element, each run of them on a rank rounded down to 16).
+  std::int64_t saved = muon_elements_and_saving(muon.layout(), comm.rank(), dist_options()).second, all_saved = 0;
+  MPI_Allreduce(&saved, &all_saved, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_EQ(total[0], 4 * (24 * 16 + 16 * 40 + 3 * 8 * 48) - 2 * 4 * all_saved);
   EXPECT_GT(total[1], 0);
   EXPECT_EQ(a.master, b.master);
 }

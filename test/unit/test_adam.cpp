@@ -447,6 +447,17 @@ TEST(FusedAdam, RejectsBadConfigurationsBeforeEnqueueing) {
   chunks.back().group = 0;
   chunks.back().length += 1000;  // past the end of the shard
   expect_invalid(good, sp);
+  chunks.back().length -= 1000;
+  chunks.back().moment_shift = chunks.back().shard_offset + 1;  // moments before the arrays' start
+  expect_invalid(good, sp);
+  chunks.back().moment_shift = -1;
+  expect_invalid(good, sp);
+  chunks.back().moment_shift = 0;
+  sp.moment_numel = chunks.back().shard_offset + chunks.back().length - 1;  // moments past their end
+  expect_invalid(good, sp);
+  sp.moment_numel += 1;  // exactly long enough: accepted
+  fused_adam_step(good, sp, &sc, Backend::Host, nullptr);
+  EXPECT_EQ(sc.step, 1);
   EXPECT_THROW(fused_adam_step(good, st.pointers(prob), nullptr, Backend::Host, nullptr), Error);
 }
 
