@@ -23,6 +23,7 @@
 #include "comm/comm_impl.hpp"
 #include "common/device_copy.hpp"
 #include "common/error_of.hpp"
+#include "common/device_util.hpp"
 #include "core/memory.hpp"
 #include "shardopt/backend.hpp"
 #include "shardopt/communicator.hpp"
@@ -106,105 +107,7 @@ class Watchdog {
 
 // ------------------------------------------------------------------ streams and graphs
 
-/// A recorded sequence: a HostGraph or an instantiated CUDA graph.
-class Graph {
- public:
-  void replay(Backend be, Stream s) {
-    if (be == Backend::Host) {
-      host_.replay();
-      return;
-    }
-#if SHARDOPT_HAVE_CUDA
-    TEST_CUDA(cudaGraphLaunch(exec_, reinterpret_cast<cudaStream_t>(s)));
-#else
-    (void)s;
-#endif
-  }
-  ~Graph() {
-#if SHARDOPT_HAVE_CUDA
-    if (exec_ != nullptr) (void)cudaGraphExecDestroy(exec_);
-    if (graph_ != nullptr) (void)cudaGraphDestroy(graph_);
-#endif
-  }
-  HostGraph host_;
-#if SHARDOPT_HAVE_CUDA
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t exec_ = nullptr;
-#endif
-};
-
-/// A stream of either backend (a non-blocking CUDA stream on the current device).
-class TestStream {
- public:
-  explicit TestStream(Backend be) : be_(be) {
-    if (be == Backend::Host) {
-      host_ = std::make_unique<HostStream>();
-    } else {
-#if SHARDOPT_HAVE_CUDA
-      TEST_CUDA(cudaStreamCreateWithFlags(&cuda_, cudaStreamNonBlocking));
-#endif
-    }
-  }
-  ~TestStream() {
-#if SHARDOPT_HAVE_CUDA
-    if (cuda_ != nullptr) {
-      (void)cudaStreamSynchronize(cuda_);
-      (void)cudaStreamDestroy(cuda_);
-    }
-#endif
-  }
-  TestStream(const TestStream&) = delete;
-  TestStream& operator=(const TestStream&) = delete;
-
-  Stream get() const {
-#if SHARDOPT_HAVE_CUDA
-    if (be_ == Backend::Cuda) return reinterpret_cast<Stream>(cuda_);
-#endif
-    return host_->handle();
-  }
-  void sync() const { synchronize(be_, get()); }
-
-  /// Starts capturing (CUDA: thread-local capture mode).
-  void begin_capture() {
-    if (be_ == Backend::Host) {
-      host_->begin_capture();
-      return;
-    }
-#if SHARDOPT_HAVE_CUDA
-    TEST_CUDA(cudaStreamBeginCapture(cuda_, cudaStreamCaptureModeThreadLocal));
-#endif
-  }
-  /// Ends a capture whose graph is not wanted (nothing is instantiated).
-  void end_capture_discard() {
-    if (be_ == Backend::Host) {
-      (void)host_->end_capture();
-      return;
-    }
-#if SHARDOPT_HAVE_CUDA
-    cudaGraph_t g = nullptr;
-    TEST_CUDA(cudaStreamEndCapture(cuda_, &g));
-    if (g != nullptr) TEST_CUDA(cudaGraphDestroy(g));
-#endif
-  }
-  /// Ends the capture into `g`, instantiated and ready to replay.
-  void end_capture(Graph& g) {
-    if (be_ == Backend::Host) {
-      g.host_ = host_->end_capture();
-      return;
-    }
-#if SHARDOPT_HAVE_CUDA
-    TEST_CUDA(cudaStreamEndCapture(cuda_, &g.graph_));
-    TEST_CUDA(cudaGraphInstantiate(&g.exec_, g.graph_, 0));
-#endif
-  }
-
- private:
-  Backend be_;
-  std::unique_ptr<HostStream> host_;
-#if SHARDOPT_HAVE_CUDA
-  cudaStream_t cuda_ = nullptr;
-#endif
-};
+// Graph and TestStream: common/device_util.hpp (the same stream as the optimizer cases).
 
 // ------------------------------------------------------------------ memory
 
