@@ -24,7 +24,8 @@ Resolving `#include "X"` from file F, in the compiler's order:
   5. anything else             -> outside the project (CUDA, NCCL, MPI, ...): ignored.
 
 Layer of a file:
-  * src/<dir>/...              -> LAYERS[<dir>]; a directory missing from LAYERS (or a
+  * src/<dir>/...              -> LAYERS[<dir>], at any depth (src/kernels/<room>/... is
+                                  kernels); a directory missing from LAYERS (or a
                                   file directly in src/) is an error ("add it to the
                                   LAYERS table");
   * include/shardopt/<name>    -> PUBLIC_HEADER_LAYER[<name>], the layer of the src/

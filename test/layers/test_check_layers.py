@@ -135,6 +135,21 @@ case("kernels includes formats (siblings)",
      tree(**FORMATS, **{"src/kernels/io.cpp": '#include "formats/json.hpp"\n'}), 1,
      ["src/kernels/io.cpp:1: kernels includes formats/json.hpp (formats) [siblings]"])
 
+ROOMS = {"src/kernels/adam/adam_math.cuh": '#pragma once\n#include "kernels/common/convert.cuh"\n',
+         "src/kernels/common/convert.cuh": '#pragma once\n#include "core/check.hpp"\n',
+         "src/optimizer/step.cpp": '#include "kernels/adam/adam_math.cuh"\n'}
+
+case("kernel rooms: subfolders of kernels are the kernels layer", tree(**ROOMS), 0,
+     last=f"layering: ok ({CLEAN_FILES + 3} files, {CLEAN_EDGES + 3} edges)")
+
+case("a room's file includes comm (siblings)",
+     tree(**ROOMS, **{"src/kernels/adam/adam.cpp": '#include "comm/impl.hpp"\n'}), 1,
+     ["src/kernels/adam/adam.cpp:1: kernels includes comm/impl.hpp (comm) [siblings]"])
+
+case("comm includes a room's header (siblings)",
+     tree(**ROOMS, **{"src/comm/impl.cpp": '#include "impl.hpp"\n#include "kernels/adam/adam_math.cuh"\n'}), 1,
+     ["src/comm/impl.cpp:2: comm includes kernels/adam/adam_math.cuh (kernels) [siblings]"])
+
 case("src file includes the umbrella header",
      tree(**{"src/optimizer/adam.cpp": '#include "shardopt/shardopt.hpp"\n'}), 1,
      ["src/optimizer/adam.cpp:1: optimizer includes shardopt/shardopt.hpp (api)"])
