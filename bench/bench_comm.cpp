@@ -61,8 +61,8 @@
 #include "core/device_guard.hpp"
 #include "core/memory.hpp"
 #include "buffers/piece_reduce.hpp"
-#include "kernels/kernel_files.hpp"
-#include "kernels/piece_sum.hpp"
+#include "kernels/common/kernel_files.hpp"
+#include "kernels/common/piece_sum.hpp"
 #include "mpi_bench.hpp"
 #include "results.hpp"
 #include "shardopt/bucket_store.hpp"
@@ -428,7 +428,7 @@ void f32_accumulate_size(const Options& opt, const Communicator& comm, Stream st
 void f32_accumulate_rows(const Options& opt, const Communicator& comm, Stream stream, const std::string& device,
                          const std::string& command, const std::string& results) {
   detail::DeviceGuard guard(comm.device());  // the sum kernels load into this rank's device
-  kernels::load_step_kernels(opt.backend);  // before any collective (kernels/kernel_files.hpp)
+  kernels::load_step_kernels(opt.backend);  // before any collective (kernels/common/kernel_files.hpp)
   for (int mib : opt.sizes_mib)
     for (bool registered : opt.registered)
       f32_accumulate_size(opt, comm, stream, mib, registered, device, command, results);

@@ -26,7 +26,7 @@
 #include "core/check.hpp"
 #include "core/memory.hpp"
 #include "cuda_bench.hpp"
-#include "kernels/muon.hpp"
+#include "kernels/muon/muon.hpp"
 #include "mpi_bench.hpp"
 #include "results.hpp"
 #include "shardopt/distributed_adam.hpp"

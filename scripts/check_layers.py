@@ -97,11 +97,11 @@ PUBLIC_HEADER_LAYER = {
     "communicator.hpp": "comm",    # src/comm/communicator.cpp, comm_impl.cpp, self_comm.cpp
     "mpi.hpp": "comm",             # src/comm/bootstrap_mpi.cpp (communicator_from_mpi)
     # kernels
-    "fused_adam.hpp": "kernels",   # src/kernels/adam.cpp, grad_norm.cpp (shard_chunks, fused_adam_step, ...)
-    "muon.hpp": "kernels",         # src/kernels/newton_schulz.cpp (muon_lr_ratio, to_string)
-    "mxfp8.hpp": "kernels",        # src/kernels/mxfp8*.cpp (quantize_mxfp8*, mxfp8_partial_*)
-    "nvfp4.hpp": "kernels",        # src/kernels/nvfp4*.cpp (quantize_nvfp4*, nvfp4_partial_amax)
-    "schedule.hpp": "kernels",     # src/kernels/step_control.cpp (schedule_lr)
+    "fused_adam.hpp": "kernels",   # src/kernels/adam/adam.cpp, grad_norm.cpp (shard_chunks, fused_adam_step, ...)
+    "muon.hpp": "kernels",         # src/kernels/muon/newton_schulz.cpp (muon_lr_ratio, to_string)
+    "mxfp8.hpp": "kernels",        # src/kernels/mxfp8/mxfp8*.cpp (quantize_mxfp8*, mxfp8_partial_*)
+    "nvfp4.hpp": "kernels",        # src/kernels/nvfp4/nvfp4*.cpp (quantize_nvfp4*, nvfp4_partial_amax)
+    "schedule.hpp": "kernels",     # src/kernels/adam/step_control.cpp (schedule_lr)
     # buffers
     "bucket_store.hpp": "buffers", # src/buffers/bucket_store.cpp
     "layout.hpp": "buffers",       # src/buffers/layout.cpp

@@ -453,7 +453,7 @@ phase_sanitize() {
   # racecheck + synccheck: the kernels with __shared__, __syncthreads* or __shfl*_sync, on
   # test cases that launch them (filtered where the whole binary is slow; with
   # SHARDOPT_SANITIZER_CASES=1, which gpu_nvfp4 reads: its sanitizer-sized case list):
-  #   gpu_adam              grad_sumsq_kernel, grad_sumsq_finish_kernel (src/kernels/grad_norm.cu)
+  #   gpu_adam              grad_sumsq_kernel, grad_sumsq_finish_kernel (src/kernels/adam/grad_norm.cu)
   #   gpu_mxfp8             quantize_kernel<One> (mxfp8_batch.cu), shard_kernel (mxfp8_shard.cu),
   #                         the warp shuffles of mxfp8_tile.cuh, per tensor
   #   gpu_mxfp8_batch       quantize_kernel<TensorList> (mxfp8_batch.cu)

@@ -13,7 +13,7 @@
 // Scalar factors (bias corrections, 1 - lr*wd, lr / bc1) are formed in double and
 // rounded to fp32 once, as PyTorch does with its Python-float hyper-parameters; the
 // element operations follow torch's CUDA kernels operation by operation (see
-// src/kernels/adam_math.cuh). The CUDA kernels and their host twins share this element
+// src/kernels/adam/adam_math.cuh). The CUDA kernels and their host twins share this element
 // math and round identically (bitwise).
 #pragma once
 

@@ -233,7 +233,7 @@ void quantize_mxfp8_batch(const Mxfp8Batch& batch, const std::int32_t* skip_flag
                           Stream stream);
 
 // The per-tensor sharded calls (scheme A's two phases, scheme B) are internal
-// (src/kernels/mxfp8_shard_calls.hpp): the optimizer and every trainer use the batches
+// (src/kernels/mxfp8/mxfp8_shard_calls.hpp): the optimizer and every trainer use the batches
 // below, which do the same in one launch per phase.
 
 /// One tensor of a multi-tensor sharded quantization (scheme A): the arguments of one

@@ -26,7 +26,7 @@
 #include "core/memory.hpp"
 #include "core/streams.hpp"
 #include "core/trace.hpp"
-#include "kernels/kernel_files.hpp"
+#include "kernels/common/kernel_files.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include "kernels/piece_sum.hpp"
+#include "kernels/common/piece_sum.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt::detail {

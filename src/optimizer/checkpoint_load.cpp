@@ -16,7 +16,7 @@
 #include "formats/file_io.hpp"
 #include "formats/json.hpp"
 #include "formats/safetensors.hpp"
-#include "kernels/convert.hpp"
+#include "kernels/common/convert.hpp"
 #include "optimizer/checkpoint.hpp"
 #include "optimizer/checkpoint_index.hpp"
 #include "shardopt/error.hpp"

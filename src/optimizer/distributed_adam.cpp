@@ -12,8 +12,8 @@
 #include "core/live.hpp"
 #include "core/memory.hpp"
 #include "core/trace.hpp"
-#include "kernels/convert.hpp"
-#include "kernels/step_control.hpp"
+#include "kernels/common/convert.hpp"
+#include "kernels/adam/step_control.hpp"
 #include "shardopt/bucket_store.hpp"
 #include "quantized/mxfp8_params.hpp"
 #include "quantized/nvfp4_params.hpp"
@@ -136,7 +136,7 @@ class DistributedAdam::Impl final : public detail::StepTarget {
                       adam_amax;
     }
     // MXFP8 (issue 29): Adam quantizes the owned tile rows while their new masters are in
-    // registers (kernels/adam_mxfp8.hpp); those rows leave Adam's chunks.
+    // registers (kernels/adam/adam_mxfp8.hpp); those rows leave Adam's chunks.
     if (opt.param_format == ParamFormat::Mxfp8 && mx.format() != nullptr) adam_mx8 = fuse_mxfp8();
   }
 

@@ -8,7 +8,7 @@
 
 #include <vector>
 
-#include "kernels/kernel_files.hpp"
+#include "kernels/common/kernel_files.hpp"
 #include "shardopt/communicator.hpp"
 
 namespace shardopt::detail {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/memory.hpp"
-#include "kernels/muon.hpp"
+#include "kernels/muon/muon.hpp"
 #include "optimizer/muon_plan.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/memory_report.hpp"

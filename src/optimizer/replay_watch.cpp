@@ -8,7 +8,7 @@
 
 #include "comm/comm_impl.hpp"
 #include "core/device_guard.hpp"
-#include "kernels/step_control.hpp"
+#include "kernels/adam/step_control.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt::detail {

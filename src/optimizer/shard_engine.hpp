@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "core/memory.hpp"
-#include "kernels/adam_math.cuh"
-#include "kernels/adam_mxfp8.hpp"
+#include "kernels/adam/adam_math.cuh"
+#include "kernels/adam/adam_mxfp8.hpp"
 #include "optimizer/muon_pass.hpp"
 #include "quantized/quantized_params.hpp"
 #include "shardopt/adam_options.hpp"
@@ -107,7 +107,7 @@ class ShardEngine {
   /// MXFP8 buffers (issue 29): the Adam state of buffer `buffer` (its config and
   /// pointers; chunks left out) and each parameter's place in it (nullopt: no piece here,
   /// or a piece not wholly in Adam's chunks), for the fused pass that quantizes the owned
-  /// tile rows (kernels/adam_mxfp8.hpp).
+  /// tile rows (kernels/adam/adam_mxfp8.hpp).
   const AdamConfig& adam_config(int buffer) const;
   ShardPointers adam_pointers(int buffer) const;
   std::optional<kernels::AdamMxfp8Place> adam_place(int param) const;

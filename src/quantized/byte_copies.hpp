@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/kernel_files.hpp"
+#include "kernels/common/kernel_files.hpp"
 #include "shardopt/backend.hpp"
 #include "shardopt_config.h"
 

@@ -25,7 +25,7 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/adam_mxfp8.hpp"
+#include "kernels/adam/adam_mxfp8.hpp"
 #include "quantized/quantized_params.hpp"
 #include "shardopt/mxfp8.hpp"
 #include "shardopt/mxfp8_param.hpp"
@@ -47,7 +47,7 @@ Mxfp8View mxfp8_view(const QuantizedFormat& format, int param);
 std::uint8_t* mxfp8_shard_plane(const QuantizedFormat& format, int buffer, Mxfp8Plane plane);
 
 /// Issue 29, "Adam quantizes the owned tiles": builds the fused Adam pass of MXFP8 bucket
-/// `bucket` (kernels/adam_mxfp8.hpp) over its parameters' pieces on this rank, bound to
+/// `bucket` (kernels/adam/adam_mxfp8.hpp) over its parameters' pieces on this rank, bound to
 /// the buffer's Adam state (`config`, `shard`: chunks unused, `scalars`) and to `places`
 /// (one per parameter of the bucket, in bucket order; a parameter without a piece here
 /// takes a default one). Returns the owned bands, which the caller leaves out of Adam's

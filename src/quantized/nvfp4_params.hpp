@@ -27,7 +27,7 @@
 #include <optional>
 #include <vector>
 
-#include "kernels/adam_math.cuh"
+#include "kernels/adam/adam_math.cuh"
 #include "quantized/quantized_params.hpp"
 #include "shardopt/nvfp4_param.hpp"
 

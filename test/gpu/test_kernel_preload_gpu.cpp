@@ -101,18 +101,18 @@ bool names(const std::string& mangled, const std::string& id) {
 // One kernel of each .cu file the optimizers launch from, by the test's own list: the
 // modules enumerated must hold them all (a file missing from the library's list fails).
 const char* const kOneKernelPerFile[] = {
-    "adam_apply_kernel",        // kernels/adam.cu
-    "accumulate_kernel",        // kernels/convert.cu
-    "grad_sumsq_finish_kernel", // kernels/grad_norm.cu
-    "lr_schedule_kernel",       // kernels/step_control.cu
-    "piece_sum_bf16x8_kernel",  // kernels/piece_sum.cu
-    "scales_from_amax_kernel",  // kernels/mxfp8.cu
-    "quantize_kernel",          // kernels/mxfp8_batch.cu
-    "shard_kernel",             // kernels/mxfp8_shard.cu
-    "decode8_kernel",           // kernels/mxfp8_decode.cu
-    "tile_kernel",              // kernels/nvfp4.cu
-    "shard_tile_kernel",        // kernels/nvfp4_shard.cu
-    "decode_list_kernel",       // kernels/nvfp4_decode.cu
+    "adam_apply_kernel",        // kernels/adam/adam.cu
+    "accumulate_kernel",        // kernels/common/convert.cu
+    "grad_sumsq_finish_kernel", // kernels/adam/grad_norm.cu
+    "lr_schedule_kernel",       // kernels/adam/step_control.cu
+    "piece_sum_bf16x8_kernel",  // kernels/common/piece_sum.cu
+    "scales_from_amax_kernel",  // kernels/mxfp8/mxfp8.cu
+    "quantize_kernel",          // kernels/mxfp8/mxfp8_batch.cu
+    "shard_kernel",             // kernels/mxfp8/mxfp8_shard.cu
+    "decode8_kernel",           // kernels/mxfp8/mxfp8_decode.cu
+    "tile_kernel",              // kernels/nvfp4/nvfp4.cu
+    "shard_tile_kernel",        // kernels/nvfp4/nvfp4_shard.cu
+    "decode_list_kernel",       // kernels/nvfp4/nvfp4_decode.cu
     "copy_pieces_kernel",       // quantized/byte_copies.cu
 };
 

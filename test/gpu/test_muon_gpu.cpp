@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "common/muon_cases.hpp"
-#include "kernels/muon.hpp"
+#include "kernels/muon/muon.hpp"
 
 namespace {
 using namespace shardopt;

@@ -8,8 +8,8 @@
 
 #include "common/device_copy.hpp"
 #include "core/check.hpp"
-#include "kernels/mxfp8_device.cuh"
-#include "kernels/mxfp8_math.cuh"
+#include "kernels/mxfp8/mxfp8_device.cuh"
+#include "kernels/mxfp8/mxfp8_math.cuh"
 #include "test_mxfp8_convert.hpp"
 
 namespace mxfp8_test {

@@ -16,7 +16,7 @@
 
 #include "core/check.hpp"
 #include "core/memory.hpp"
-#include "kernels/convert.hpp"
+#include "kernels/common/convert.hpp"
 #include "shardopt/mxfp8.hpp"
 #include "unit/test_mxfp8_common.hpp"
 #include "unit/test_mxfp8_decode_common.hpp"

@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/mxfp8_shard_calls.hpp"
+#include "kernels/mxfp8/mxfp8_shard_calls.hpp"
 #include "core/check.hpp"
 #include "core/memory.hpp"
 #include "shardopt/mxfp8.hpp"

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/mxfp8_shard_calls.hpp"
+#include "kernels/mxfp8/mxfp8_shard_calls.hpp"
 #include "core/check.hpp"
 #include "core/memory.hpp"
 #include "shardopt/error.hpp"

@@ -29,7 +29,7 @@ CLEAN = {
     "src/comm/impl.hpp": '#pragma once\n#  include "core/check.hpp"\n#include "shardopt/communicator.hpp"\n',
     "src/comm/impl.cpp": '#include "impl.hpp"\n#include <mpi.h>\n#include "nccl.h"\n',
     "src/kernels/math.cuh": '#pragma once\n#include "shardopt/fused_adam.hpp"\n',
-    "src/kernels/adam.cu": '\t#\tinclude "kernels/math.cuh"\n#include "core/check.hpp"\n',
+    "src/kernels/adam/adam.cu": '\t#\tinclude "kernels/math.cuh"\n#include "core/check.hpp"\n',
     "src/buffers/layout.cpp": '#include "shardopt/layout.hpp"\n#include "comm/impl.hpp"\n',
     "src/optimizer/state.hpp": '#pragma once\n#include "kernels/math.cuh"\n#include "shardopt/layout.hpp"\n',
     "src/optimizer/adam.cpp": '#include "shardopt/distributed_adam.hpp"\n#include "state.hpp"\n'

@@ -18,7 +18,7 @@
 
 #include "buffers/piece_reduce.hpp"
 #include "common/known_grads.hpp"
-#include "kernels/piece_sum.hpp"
+#include "kernels/common/piece_sum.hpp"
 #include "mpi/bucket_store_cases.hpp"
 #include "shardopt/watchdog.hpp"
 

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/adam_amax.hpp"
+#include "kernels/adam/adam_amax.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/fused_adam.hpp"
 #include "shardopt/nvfp4.hpp"

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/adam_mxfp8.hpp"
+#include "kernels/adam/adam_mxfp8.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/fused_adam.hpp"
 #include "shardopt/mxfp8.hpp"

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/fast_divide.hpp"
+#include "kernels/common/fast_divide.hpp"
 
 namespace {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/muon_oracle.hpp"
-#include "kernels/muon.hpp"
+#include "kernels/muon/muon.hpp"
 #include "optimizer/muon_plan.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/layout.hpp"

@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "kernels/mxfp8_shard_calls.hpp"
-#include "kernels/mxfp8_math.cuh"
+#include "kernels/mxfp8/mxfp8_shard_calls.hpp"
+#include "kernels/mxfp8/mxfp8_math.cuh"
 #include "shardopt/error.hpp"
 #include "shardopt/host_stream.hpp"
 #include "shardopt/mxfp8.hpp"

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/mxfp8_shard_calls.hpp"
+#include "kernels/mxfp8/mxfp8_shard_calls.hpp"
 #include "shardopt/mxfp8.hpp"
 #include "unit/test_mxfp8_reference.hpp"
 

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/convert.hpp"
+#include "kernels/common/convert.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/host_stream.hpp"
 #include "shardopt/mxfp8.hpp"

@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/mxfp8_shard_calls.hpp"
+#include "kernels/mxfp8/mxfp8_shard_calls.hpp"
 #include "shardopt/host_stream.hpp"
 #include "shardopt/layout.hpp"
 #include "shardopt/mxfp8.hpp"

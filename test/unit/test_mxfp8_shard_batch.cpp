@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/mxfp8_shard_calls.hpp"
+#include "kernels/mxfp8/mxfp8_shard_calls.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/host_stream.hpp"
 #include "shardopt/layout.hpp"

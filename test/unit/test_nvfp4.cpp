@@ -13,7 +13,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/nvfp4_math.cuh"
+#include "kernels/nvfp4/nvfp4_math.cuh"
 #include "shardopt/error.hpp"
 #include "shardopt/host_stream.hpp"
 #include "shardopt/nvfp4.hpp"

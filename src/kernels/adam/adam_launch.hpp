@@ -1,0 +1,31 @@
+// adam_launch.hpp - internal entry points of the fused Adam step: CUDA launch wrappers
+// (defined in adam.cu, present only in CUDA builds) and the host twin (adam_host.cpp).
+#pragma once
+
+#include "kernels/adam/adam_math.cuh"
+#include "shardopt/backend.hpp"
+#include "shardopt/fused_adam.hpp"
+
+namespace shardopt::kernels {
+
+/// Validated kernel arguments of one main pass.
+struct AdamApplyLaunch {
+  AdamVariant variant;
+  AdamApplyParams params;
+};
+
+/// The checks and kernel arguments of adam_step_apply (config, pointers; with the Host
+/// backend also every chunk of the host table `shard.chunks`), without enqueueing.
+/// Throws Error(InvalidArgument) as adam_step_apply does.
+AdamApplyLaunch prepare_adam_apply(const AdamConfig& config, const ShardPointers& shard, StepScalars* scalars,
+                                   Backend backend);
+
+/// CUDA: the one-thread prologue kernel.
+void launch_adam_prologue(const AdamPrologueParams& p, StepScalars* scalars, Stream stream);
+/// CUDA: the main pass over the shard's chunks (one launch; nothing when no chunks).
+void launch_adam_apply(const AdamVariant& v, const AdamApplyParams& a, Stream stream);
+
+/// Host twin of the main pass (runs now; callers wrap it in host_enqueue).
+void host_adam_apply(const AdamVariant& v, const AdamApplyParams& a);
+
+}  // namespace shardopt::kernels

@@ -1,0 +1,56 @@
+// adam_vec.cuh - the 16-byte vector loads and stores of the fused Adam kernels (adam.cu,
+// and the MXFP8 tile pass of mxfp8_shard.cu that runs Adam on the owned tile rows):
+// N elements of one dtype widened to float or narrowed from it. CUDA only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/adam/adam_math.cuh"
+
+namespace shardopt::kernels {
+
+/// Loads N consecutive elements of dtype T at element index `idx` (N * sizeof(T) bytes,
+/// aligned to min(16, that)) and widens them to float. kReadOnly: through the
+/// non-coherent read-only path (the gradients, which the kernel never writes).
+template <DType T, int N, bool kReadOnly>
+__device__ __forceinline__ void load_vec(const void* base, std::int64_t idx, float (&out)[N]) {
+  using ST = storage_t<T>;
+  constexpr int kBytes = N * static_cast<int>(sizeof(ST));
+  const ST* src = static_cast<const ST*>(base) + idx;
+  alignas(16) ST raw[N];
+  if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 16; ++i) {
+      const uint4* s = reinterpret_cast<const uint4*>(src) + i;
+      reinterpret_cast<uint4*>(raw)[i] = kReadOnly ? __ldg(s) : *s;
+    }
+  } else {
+    static_assert(kBytes == 8, "vectors are 8, 16 or 32 bytes");
+    const uint2* s = reinterpret_cast<const uint2*>(src);
+    *reinterpret_cast<uint2*>(raw) = kReadOnly ? __ldg(s) : *s;
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = num::Storage<T>::load(raw[i]);
+}
+
+/// Narrows N floats to dtype T and stores them at element index `idx`.
+template <DType T, int N>
+__device__ __forceinline__ void store_vec(void* base, std::int64_t idx, const float (&in)[N]) {
+  using ST = storage_t<T>;
+  constexpr int kBytes = N * static_cast<int>(sizeof(ST));
+  ST* dst = static_cast<ST*>(base) + idx;
+  alignas(16) ST raw[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) raw[i] = num::Storage<T>::store(in[i]);
+  if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 16; ++i) reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(raw)[i];
+  } else {
+    static_assert(kBytes == 8, "vectors are 8, 16 or 32 bytes");
+    *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(raw);
+  }
+}
+
+}  // namespace shardopt::kernels
