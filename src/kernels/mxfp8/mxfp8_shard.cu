@@ -522,7 +522,7 @@ __device__ __forceinline__ void adam_tile(const ShardEntry& en, const AdamMxfp8P
         p[k] = 0.0f;
         if (k >= room.lo[h] && k < room.hi[h]) {
           const std::int64_t i = 64 * h + k;
-          p[k] = skipped ? a.master[si + i] : kernels::adam_scalar<Tr>(a, sv, si + i, bi + i);
+          p[k] = skipped ? a.master[si + i] : kernels::adam_scalar<Tr>(a, sv, si + i, bi + i, 0);  // no moment shift: MXFP8 buffers hold no Muon piece (ShardEngine::adam_place)
         }
       }
     }

@@ -23,7 +23,7 @@ lane() {  # name, gpus, time limit, phases... (device_suite with its own OUT)
 }
 nvidia-smi -L | tee -a "$L"; git log --oneline -1 2>/dev/null | tee -a "$L"
 if [ "${PART:-1}" = 1 ]; then
-  OUT="$OUT/build" bash scripts/device_suite.sh build >/dev/null 2>&1 || { say "build failed"; tail -40 "$OUT/build/build.log" | tee -a "$L"; }
+  OUT="$OUT/build" bash scripts/device_suite.sh build >/dev/null 2>&1 || { say "build failed"; grep -B2 -A8 -m3 "error" "$OUT/build/build.log" | tee -a "$L"; exit 1; }
   say "build done: $(grep -h 'build ok\|BUILD' "$OUT/build/summary.txt")"
   lane A 0,1 $((585 - SECONDS)) testsN &
   SAN_JOBS=8 lane B 2 $((585 - SECONDS)) sanitize &
