@@ -134,7 +134,9 @@ inline void case_graph_resume_bitwise(Backend b) {
   Communicator comm = make_comm(b);
   TestStream s(b);
   auto replays = [&](DistributedAdam& opt, std::optional<StepGraph>& g, int n) {
-    graph_steps(opt, g, muon::graph_microbatch(opt), s.get(), n);
+    // The gradient stream's writer (checkpoint_cases.hpp da_iteration): a kernel on CUDA
+    // and host work on the host backend, each reading the device step when it runs.
+    graph_steps(opt, g, [&opt](Stream st, bool) { da_iteration(opt, st); }, s.get(), n);
     opt.synchronize(s.get());
   };
   DistributedAdam a(comm, muon::model(), muon::dist_options());
