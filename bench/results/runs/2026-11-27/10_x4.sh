@@ -22,23 +22,28 @@ lane() {  # name, gpus, time limit, phases... (device_suite with its own OUT)
   say "lane $name ($gpus: $*) exit $?"
 }
 nvidia-smi -L | tee -a "$L"; git log --oneline -1 2>/dev/null | tee -a "$L"
+OUT="$OUT/build" bash scripts/device_suite.sh build >/dev/null 2>&1 || { say "build failed"; grep -B2 -A8 -m3 "error" "$OUT/build/build.log" | tee -a "$L"; exit 1; }
+say "build done: $(grep -h 'build ok\|BUILD' "$OUT/build/summary.txt")"
 if [ "${PART:-1}" = 1 ]; then
-  OUT="$OUT/build" bash scripts/device_suite.sh build >/dev/null 2>&1 || { say "build failed"; grep -B2 -A8 -m3 "error" "$OUT/build/build.log" | tee -a "$L"; exit 1; }
-  say "build done: $(grep -h 'build ok\|BUILD' "$OUT/build/summary.txt")"
   lane A 0,1 $((585 - SECONDS)) testsN &
   SAN_JOBS=8 lane B 2 $((585 - SECONDS)) sanitize &
   PHASE_RANKS=1 lane C 3 $((585 - SECONDS)) phases mxfp8 nvfp4 muon &
   wait
 else
-  # GPU 3 meanwhile: bench_trace with the NVTX ranges compiled in (build-gpu) and out (a
-  # second build of the library and bench_trace only): the replay host time, issue 32.
+  # PART=2 (after call 10's findings were fixed): the 2-rank benches on GPUs 0,1; the three
+  # tools again on the suites that failed (GPU 2); bench_trace with the NVTX ranges compiled
+  # in (build-gpu) and out (a second build of the library and bench_trace only: the replay
+  # host time, issue 32) on GPU 3; then the Muon suites at 2 and 4 ranks on all four GPUs.
+  SAN_JOBS=8 SAN_ONLY='^gpu_adam_mxfp8$|^gpu_mpi_muon_checkpoint_n1$' lane S 2 240 sanitize &
   ( CUDA_VISIBLE_DEVICES=3 bash -c 'meson setup build-nonvtx -Dcuda-arch=90 -Dbuildtype=release -Dnvtx=disabled \
       -Dtests=false -Dexamples=false && ninja -C build-nonvtx bench/bench_trace &&
       for i in 1 2; do build-gpu/bench/bench_trace --results bench/results; build-nonvtx/bench/bench_trace --results bench/results; done' \
       >"$OUT/trace.txt" 2>&1; say "bench_trace with and without NVTX exit $?"; grep -E '^\{"bench"' "$OUT/trace.txt" | cut -c1-400 >>"$L" ) &
-  PHASE_RANKS=2 lane A2 0,1 330 phases reduce muon
+  PHASE_RANKS=2 lane A2 0,1 300 phases reduce muon &
   wait
-  lane N4 0,1,2,3 $((585 - SECONDS)) testsN
+  timeout $((585 - SECONDS)) meson test -C build-gpu --no-rebuild --print-errorlogs --num-processes 1 \
+    gpu_mpi_muon_checkpoint_n2 gpu_mpi_muon_checkpoint_n4 gpu_mpi_muon_n2 >"$OUT/muon_tests.txt" 2>&1
+  say "muon suites at 2 and 4 ranks exit $?"; grep -E "^ *[0-9]+/[0-9]+ |^(Ok|Fail|Skipped|Timeout):" "$OUT/muon_tests.txt" | tee -a "$L"
 fi
 for d in "$OUT"/*/; do
   [ -f "$d/summary.txt" ] || continue
