@@ -136,7 +136,7 @@ def many_ranks(args, dev, rank, world):
             g, buf = whole[m], momentum[m]
             buf.lerp_(g, 1 - MOMENTUM)
             u = g.lerp(buf, MOMENTUM)
-            whole[m] = newton_schulz(u).float()
+            whole[m] = newton_schulz(u).float().contiguous()  # row-major: NS returns a transposed view for tall matrices
         for m, off, n, pos in recv_layout:
             back[pos:pos + n].copy_(whole[m].view(-1)[off:off + n])
         dist.all_to_all_single(upd, back, send_sizes, recv_sizes)
