@@ -16,7 +16,12 @@
 //                           what a step sees); the line also carries the same calls eager
 //                           (burst_ms), one call synchronised after each (eager_single_ms:
 //                           the rows' metric before 2026-11-27) and the floor of each way
-//                           (floor_*: the same calls with the skip flag set)
+//                           (floor_*: the same calls with the skip flag set); the three
+//                           kernels are programmatic dependent launches
+//                           (kernels/common/dependent_launch.cuh), and the line carries
+//                           no_pdl_ms and pdl_speedup (no_pdl_ms / ours_ms) from
+//   <single>/no-pdl         the same calls, same process, with ordinary launches
+//                           (kernels::set_dependent_launch(false)), all the same numbers
 //   shard-w4/per-tensor     the sharded path of rank 1 of 4 (Layout segments, fp32 master
 //                           shard): nvfp4_partial_amax + quantize_nvfp4_shard for every
 //                           segment, in one graph, without the all-reduce
@@ -267,11 +272,20 @@ int run(int argc, char** argv, const std::string& results_dir, const std::string
     };
     const bench::PerCall t = bench::time_per_call(frame, n, call(nullptr));
     const bench::PerCall idle = bench::time_per_call(frame, n, call(skip.as<std::int32_t>()));
+    const bench::PerCall t_off = bench::time_per_call_without_pdl(frame, n, call(nullptr));
+    const bench::PerCall idle_off = bench::time_per_call_without_pdl(frame, n, call(skip.as<std::int32_t>()));
+    const std::string what = m.specs[tensors.front()].name +
+                             " bf16 -> E2M1 data + E4M3 block scales + amax, decode scale; per call of " +
+                             std::to_string(n) + " quantize_nvfp4 calls (one per layer) in one graph";
     bench::add_per_call_numbers(extra, n, 3, t, idle);
+    extra["no_pdl_ms"] = t_off.graph_ms;
+    extra["pdl_speedup"] = t_off.graph_ms / t.graph_ms;
     one_read(whole_bytes(s, 1), t.graph_ms);
-    report(config, t.graph_ms, whole_bytes(s, 2), s.numel(),
-           m.specs[tensors.front()].name + " bf16 -> E2M1 data + E4M3 block scales + amax, decode scale; per call of " +
-               std::to_string(n) + " quantize_nvfp4 calls (one per layer) in one graph");
+    report(config, t.graph_ms, whole_bytes(s, 2), s.numel(), what + " (programmatic dependent launches)");
+    bench::add_per_call_numbers(extra, n, 3, t_off, idle_off);
+    one_read(whole_bytes(s, 1), t_off.graph_ms);
+    report(config + "/no-pdl", t_off.graph_ms, whole_bytes(s, 2), s.numel(),
+           what + " (ordinary launches: kernels::set_dependent_launch(false))");
   }
 
   // ------------------------------------------------------------ sharded path
