@@ -3,7 +3,8 @@
 //
 // Configs:
 //   llama3.2-1b/2d-weights  all 114 matrices of Llama-3.2-1B, bf16 -> both e4m3 planes +
-//                           scales, one captured graph of 114 launches (quantize_mxfp8)
+//                           scales, one captured graph of 114 launches (quantize_mxfp8);
+//                           no_pdl_ms: the same graph captured with ordinary launches
 //   llama3.2-1b/2d-weights/batched   the same matrices and bytes in ONE launch
 //                           (quantize_mxfp8_batch, captured in a graph); the line also
 //                           carries the per-tensor graph's time of the same run and the
@@ -173,9 +174,18 @@ int main(int argc, char** argv) {
       for (std::size_t i = 0; i < shapes.size(); ++i) quantize(i);
     });
     per_tensor_ms = frame.time_ms([&] { g.launch(st); });
+    {
+      const bench::DependentLaunchOff off;
+      const bench::CapturedGraph g_off(st, [&] {
+        for (std::size_t i = 0; i < shapes.size(); ++i) quantize(i);
+      });
+      extra["no_pdl_ms"] = frame.time_ms([&] { g_off.launch(st); });
+      extra["pdl_speedup"] = extra["no_pdl_ms"] / per_tensor_ms;
+    }
     report("llama3.2-1b/2d-weights", per_tensor_ms, all_bytes, elements,
            std::to_string(shapes.size()) + " matrices bf16 -> rowwise+columnwise e4m3 + e8m0 scales, one graph of " +
                std::to_string(shapes.size()) + " launches");
+    extra.clear();
   }
   {
     std::vector<Mxfp8Tensor> tensors;
