@@ -1,7 +1,8 @@
 // Programmatic dependent launches of the whole-tensor MXFP8 / NVFP4 quantize kernels
 // (kernels/common/dependent_launch.cuh, issue 29): on a created stream, with the switch
 // on (the default) and off, the bytes are the same and the host twin's; 16 back-to-back
-// small calls of each format captured in one CUDA graph give the eager bytes and the
+// small calls of each format captured in one CUDA graph (two memsets among them: a
+// dependent launch after a node that is not a kernel) give the eager bytes and the
 // twin's, on every replay (new inputs between replays); a quantize behind a kernel that
 // writes its input late (after letting dependents launch) sees the written values,
 // eagerly and in a graph, and one behind a kernel that sets the skip flag late writes
@@ -151,6 +152,7 @@ TEST(DependentLaunchGpu, SwitchOnAndOffGiveTheSameBytes) {
 }
 
 // 16 calls of each format, interleaved (MXFP8 k, NVFP4 k), each on its own tensor.
+// Captured once; replayed, then replayed again on new inputs.
 TEST(DependentLaunchGpu, SixteenSmallCallsInOneGraph) {
   constexpr int kCalls = 16;
   const Mxfp8Shape ms{1, 512, 2048};
@@ -167,10 +169,18 @@ TEST(DependentLaunchGpu, SixteenSmallCallsInOneGraph) {
     nv.emplace_back(ns, x.back());
   }
   device_sync();
+  // Memsets of outputs before the first call and before the 9th: a dependent launch after
+  // a node that is not a kernel, eagerly and captured (the calls overwrite the bytes).
+  auto poison_async = [&](const DeviceBuffer& b) {
+    SHARDOPT_CUDA_CHECK(cudaMemsetAsync(b.data(), mxfp8_test::kPoison, b.bytes(), stream.s));
+  };
   auto enqueue = [&] {
     for (int k = 0; k < kCalls; ++k) {
-      mx[static_cast<std::size_t>(k)].quantize(stream.st());
-      nv[static_cast<std::size_t>(k)].quantize(stream.st());
+      const auto i = static_cast<std::size_t>(k);
+      if (k == 0) poison_async(mx[i].out.data_row);
+      if (k == 8) poison_async(nv[i].out.data);
+      mx[i].quantize(stream.st());
+      nv[i].quantize(stream.st());
     }
   };
   enqueue();  // eager

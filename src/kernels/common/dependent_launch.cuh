@@ -19,8 +19,9 @@
 // Both calls compile to nothing below sm_90, and the wait returns at once when the grid
 // was launched without the attribute (switch off, or a device before sm_90, which
 // launch_dependent gives an ordinary launch). Captured in a CUDA graph, the attribute
-// becomes a programmatic edge between kernel nodes (CUDA 12.3 and later); after a node
-// that is not a kernel (memset, copy, event) it is an ordinary dependency.
+// becomes a programmatic edge between kernel nodes (CUDA 12.3 and later); the overlap
+// only ever applies between two kernels, so after a memset or a copy the launch waits
+// as any launch does (test_dependent_launch_gpu.cpp captures both).
 #pragma once
 
 #include <cuda_runtime.h>
