@@ -143,12 +143,17 @@ TEST(DependentLaunchGpu, SwitchOnAndOffGiveTheSameBytes) {
   const TestStream stream;
   // Small tensors (the geometry of small calls: few tiles, split amax chunks, tile blocks
   // of 1-4 warps), a partial tile, members, an untiled NVFP4 shape, one large enough for
-  // whole amax chunks and 8-warp tile blocks.
+  // whole amax chunks and 8-warp tile blocks. NVFP4 on a GPU of 132 SMs (H100, H200):
+  // 512 x 2048 takes amax parts of 1/8 chunk and tile blocks of 1 warp, 1001 x 2048
+  // parts of 1/4 (a partial last chunk and block row) and blocks of 2 warps, 2048 x 2048
+  // parts of 1/2 and blocks of 4, 4096 x 2048 whole chunks and blocks of 8.
   expect_same_bytes_either_way<Mx>(stream,
                                    std::vector<Mxfp8Shape>{{1, 512, 2048}, {1, 48, 200}, {3, 33, 130}, {1, 2048, 2048}},
                                    11, "MXFP8");
   expect_same_bytes_either_way<Nv>(
-      stream, std::vector<Nvfp4Shape>{{512, 2048}, {48, 200}, {130, 129}, {17, 4096}, {4096, 2048}}, 21, "NVFP4");
+      stream,
+      std::vector<Nvfp4Shape>{{512, 2048}, {48, 200}, {130, 129}, {17, 4096}, {1001, 2048}, {2048, 2048}, {4096, 2048}},
+      21, "NVFP4");
 }
 
 // 16 calls of each format, interleaved (MXFP8 k, NVFP4 k), each on its own tensor.
