@@ -3,7 +3,8 @@
 //
 // Configs:
 //   llama3.2-1b/2d-weights  all 114 matrices of Llama-3.2-1B, bf16 -> both e4m3 planes +
-//                           scales, one captured graph of 114 launches (quantize_mxfp8)
+//                           scales, one captured graph of 114 launches (quantize_mxfp8);
+//                           no_pdl_ms: the same graph captured with ordinary launches
 //   llama3.2-1b/2d-weights/batched   the same matrices and bytes in ONE launch
 //                           (quantize_mxfp8_batch, captured in a graph); the line also
 //                           carries the per-tensor graph's time of the same run and the
@@ -17,7 +18,11 @@
 //                           (eager_single_ms: the rows' metric before 2026-11-27, launch
 //                           latency included) and the floor of each way (floor_*: the same
 //                           calls with the skip flag set, so the kernel only starts and
-//                           ends)
+//                           ends); the kernel is a programmatic dependent launch
+//                           (kernels/common/dependent_launch.cuh), and the line carries
+//                           no_pdl_ms and pdl_speedup (no_pdl_ms / ours_ms) from
+//   <single>/no-pdl         the same calls, same process, with ordinary launches
+//                           (kernels::set_dependent_launch(false)), all the same numbers
 //   shard-w4/scale-max, shard-w4/amax-max   the sharded path of rank 1 of 4 (Layout
 //                           segments, fp32 master shard): phase 1 + phase 2 of each
 //                           scheme for every segment, without the all-reduce
@@ -169,9 +174,18 @@ int main(int argc, char** argv) {
       for (std::size_t i = 0; i < shapes.size(); ++i) quantize(i);
     });
     per_tensor_ms = frame.time_ms([&] { g.launch(st); });
+    {
+      const bench::DependentLaunchOff off;
+      const bench::CapturedGraph g_off(st, [&] {
+        for (std::size_t i = 0; i < shapes.size(); ++i) quantize(i);
+      });
+      extra["no_pdl_ms"] = frame.time_ms([&] { g_off.launch(st); });
+      extra["pdl_speedup"] = extra["no_pdl_ms"] / per_tensor_ms;
+    }
     report("llama3.2-1b/2d-weights", per_tensor_ms, all_bytes, elements,
            std::to_string(shapes.size()) + " matrices bf16 -> rowwise+columnwise e4m3 + e8m0 scales, one graph of " +
                std::to_string(shapes.size()) + " launches");
+    extra.clear();
   }
   {
     std::vector<Mxfp8Tensor> tensors;
@@ -213,10 +227,18 @@ int main(int argc, char** argv) {
     };
     const bench::PerCall t = bench::time_per_call(frame, n, call(nullptr));
     const bench::PerCall idle = bench::time_per_call(frame, n, call(skip.as<std::int32_t>()));
+    const bench::PerCall t_off = bench::time_per_call_without_pdl(frame, n, call(nullptr));
+    const bench::PerCall idle_off = bench::time_per_call_without_pdl(frame, n, call(skip.as<std::int32_t>()));
+    const std::string what = specs2d[tensors.front()].name + " bf16 -> both planes + scales; per call of " +
+                             std::to_string(n) + " calls (one per layer) in one graph";
     bench::add_per_call_numbers(extra, n, 1, t, idle);
-    report(config, t.graph_ms, whole_bytes(s), s.numel(),
-           specs2d[tensors.front()].name + " bf16 -> both planes + scales; per call of " + std::to_string(n) +
-               " calls (one per layer) in one graph");
+    extra["no_pdl_ms"] = t_off.graph_ms;
+    extra["pdl_speedup"] = t_off.graph_ms / t.graph_ms;
+    report(config, t.graph_ms, whole_bytes(s), s.numel(), what + " (programmatic dependent launches)");
+    extra.clear();
+    bench::add_per_call_numbers(extra, n, 1, t_off, idle_off);
+    report(config + "/no-pdl", t_off.graph_ms, whole_bytes(s), s.numel(),
+           what + " (ordinary launches: kernels::set_dependent_launch(false))");
     extra.clear();
   }
 

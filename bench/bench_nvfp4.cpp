@@ -4,7 +4,8 @@
 //
 // Configs:
 //   llama3.2-1b/2d-weights  all matrices, bf16 -> E2M1 data + E4M3 block scales + amax and
-//                           decode scale, one captured graph of one quantize_nvfp4 call each
+//                           decode scale, one captured graph of one quantize_nvfp4 call each;
+//                           no_pdl_ms: the same graph captured with ordinary launches
 //   llama3.2-1b/2d-weights/batched   the same matrices and bytes in one quantize_nvfp4_batch
 //                           call (an Nvfp4Batch, captured in a graph); the line also carries
 //                           the per-tensor graph's time of the same run and the eager
@@ -16,7 +17,12 @@
 //                           what a step sees); the line also carries the same calls eager
 //                           (burst_ms), one call synchronised after each (eager_single_ms:
 //                           the rows' metric before 2026-11-27) and the floor of each way
-//                           (floor_*: the same calls with the skip flag set)
+//                           (floor_*: the same calls with the skip flag set); the three
+//                           kernels are programmatic dependent launches
+//                           (kernels/common/dependent_launch.cuh), and the line carries
+//                           no_pdl_ms and pdl_speedup (no_pdl_ms / ours_ms) from
+//   <single>/no-pdl         the same calls, same process, with ordinary launches
+//                           (kernels::set_dependent_launch(false)), all the same numbers
 //   shard-w4/per-tensor     the sharded path of rank 1 of 4 (Layout segments, fp32 master
 //                           shard): nvfp4_partial_amax + quantize_nvfp4_shard for every
 //                           segment, in one graph, without the all-reduce
@@ -223,6 +229,14 @@ int run(int argc, char** argv, const std::string& results_dir, const std::string
       for (std::size_t i = 0; i < m.size(); ++i) quantize(i);
     });
     per_tensor_ms = frame.time_ms([&] { g.launch(st); });
+    {
+      const bench::DependentLaunchOff off;
+      const bench::CapturedGraph g_off(st, [&] {
+        for (std::size_t i = 0; i < m.size(); ++i) quantize(i);
+      });
+      extra["no_pdl_ms"] = frame.time_ms([&] { g_off.launch(st); });
+      extra["pdl_speedup"] = extra["no_pdl_ms"] / per_tensor_ms;
+    }
     one_read(all_bytes_one_read, per_tensor_ms);
     report("llama3.2-1b/2d-weights", per_tensor_ms, all_bytes, m.elements,
            count + " matrices bf16 -> E2M1 data + E4M3 block scales + amax, decode scale; one graph of " + count +
@@ -267,11 +281,20 @@ int run(int argc, char** argv, const std::string& results_dir, const std::string
     };
     const bench::PerCall t = bench::time_per_call(frame, n, call(nullptr));
     const bench::PerCall idle = bench::time_per_call(frame, n, call(skip.as<std::int32_t>()));
+    const bench::PerCall t_off = bench::time_per_call_without_pdl(frame, n, call(nullptr));
+    const bench::PerCall idle_off = bench::time_per_call_without_pdl(frame, n, call(skip.as<std::int32_t>()));
+    const std::string what = m.specs[tensors.front()].name +
+                             " bf16 -> E2M1 data + E4M3 block scales + amax, decode scale; per call of " +
+                             std::to_string(n) + " quantize_nvfp4 calls (one per layer) in one graph";
     bench::add_per_call_numbers(extra, n, 3, t, idle);
+    extra["no_pdl_ms"] = t_off.graph_ms;
+    extra["pdl_speedup"] = t_off.graph_ms / t.graph_ms;
     one_read(whole_bytes(s, 1), t.graph_ms);
-    report(config, t.graph_ms, whole_bytes(s, 2), s.numel(),
-           m.specs[tensors.front()].name + " bf16 -> E2M1 data + E4M3 block scales + amax, decode scale; per call of " +
-               std::to_string(n) + " quantize_nvfp4 calls (one per layer) in one graph");
+    report(config, t.graph_ms, whole_bytes(s, 2), s.numel(), what + " (programmatic dependent launches)");
+    bench::add_per_call_numbers(extra, n, 3, t_off, idle_off);
+    one_read(whole_bytes(s, 1), t_off.graph_ms);
+    report(config + "/no-pdl", t_off.graph_ms, whole_bytes(s, 2), s.numel(),
+           what + " (ordinary launches: kernels::set_dependent_launch(false))");
   }
 
   // ------------------------------------------------------------ sharded path

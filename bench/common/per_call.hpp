@@ -6,7 +6,9 @@
 // kernel only once the host has enqueued it. A step never waits for one quantize: its
 // calls follow other work on the stream. So the rows time n calls back to back (each on a
 // different tensor of the same shape, so that a call does not find its bytes in L2 from
-// the call before) and divide by n.
+// the call before) and divide by n. The quantize kernels are programmatic dependent
+// launches by default (kernels/common/dependent_launch.cuh); time_per_call_without_pdl
+// times the same calls with them off, for the "/no-pdl" rows.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "cuda_bench.hpp"
+#include "kernels/common/dependent_launch.hpp"
 #include "shardopt/param_spec.hpp"
 
 namespace shardopt::bench {
@@ -56,6 +59,27 @@ inline PerCall time_per_call(const BandwidthBench& frame, int n, const std::func
   });
   out.graph_ms = frame.time_ms([&] { g.launch(st); }) / n;
   return out;
+}
+
+/// Programmatic dependent launches of the quantize kernels off (kernels::set_dependent_launch)
+/// while it lives, then back as they were: the rows "<config>/no-pdl" of bench_mxfp8 and
+/// bench_nvfp4 time the same calls this way, in the same process, next to the default
+/// rows (PDL on). A graph keeps the launches it captured, so capture under the guard.
+class DependentLaunchOff {
+ public:
+  DependentLaunchOff() : was_(kernels::dependent_launch()) { kernels::set_dependent_launch(false); }
+  ~DependentLaunchOff() { kernels::set_dependent_launch(was_); }
+  DependentLaunchOff(const DependentLaunchOff&) = delete;
+  DependentLaunchOff& operator=(const DependentLaunchOff&) = delete;
+
+ private:
+  bool was_;
+};
+
+/// time_per_call with programmatic dependent launches off (DependentLaunchOff).
+inline PerCall time_per_call_without_pdl(const BandwidthBench& frame, int n, const std::function<void(int)>& call) {
+  const DependentLaunchOff off;
+  return time_per_call(frame, n, call);
 }
 
 /// The numbers a single-tensor row carries besides ours_ms (t.graph_ms): calls, launches

@@ -39,11 +39,19 @@
 // block-uniform) take a copy of the path with every bounds and alignment check compiled
 // out. The skip flag is read once, together with the first tile: when it is nonzero
 // every block leaves before writing anything.
+//
+// Both launches are programmatic dependent launches (kernels/common/dependent_launch.cuh):
+// the grid may be scheduled while the kernel before it on the stream runs (a small call
+// then pays little launch latency of its own), and every thread waits for that kernel
+// (griddepcontrol.wait) before it reads the flag, the table or the source. Meanwhile a
+// one-tensor launch asks L2 for its first tile's source lines (prefetch_tile), so that
+// its first DRAM round trip overlaps the kernel before.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 
 #include "core/check.hpp"
+#include "kernels/common/dependent_launch.cuh"
 #include "kernels/common/kernel_files.hpp"
 #include "kernels/mxfp8/mxfp8_launch.hpp"
 #include "kernels/mxfp8/mxfp8_math.cuh"
@@ -271,17 +279,40 @@ __device__ __forceinline__ void quantize_tile(const BatchEntry& t, const Spot& s
   }
 }
 
+// Before the wait of a dependent launch: the source lines of tile t into L2
+// (kernels::prefetch_l2, which reads nothing), for one tensor whose entry is in the
+// kernel's parameters and has no member table (so finding the tile reads no global
+// memory), when the tile is whole; one lane of the 8 that load a row's 128 bytes.
+template <class Table>
+__device__ __forceinline__ void prefetch_tile(const Table& table, std::int64_t t) {
+  if constexpr (Table::kInParameters) {
+    const BatchEntry& en = table[0];
+    if (en.members != nullptr) return;
+    const Spot s = spot_of(en, cursor_at(table, t, 0));
+    if (s.full && (threadIdx.x & 7) == 0) {
+      kernels::prefetch_l2(en.src + s.elem);
+      kernels::prefetch_l2(en.src + s.elem + 64);
+    }
+  }
+}
+
 // Block b quantizes its tiles (Walk) of the `tiles` tiles of `table`, loading each tile
 // while it quantizes the one before.
 template <class Table>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     quantize_kernel(const Table table, const std::int64_t tiles, const int run, const std::int32_t* skip_flag) {
   __shared__ __align__(16) TileShared sh;
+  const Walk<Table::kMaxRun> walk(run);
+  std::int64_t t = walk.first;
+  // A programmatic dependent launch (launch_dependent): nothing of global memory (the
+  // flag, the entry table, the source) is read before the previous grid is done; only
+  // the first tile's lines are asked into L2 meanwhile.
+  if (t < tiles) prefetch_tile(table, t);
+  kernels::wait_for_previous_grid();
+  kernels::allow_next_grid();
   // The flag's load and the first tile's loads are in flight together; nothing is
   // written before the flag is known.
   const std::int32_t skip = skip_flag != nullptr ? *skip_flag : 0;
-  const Walk<Table::kMaxRun> walk(run);
-  std::int64_t t = walk.first;
   if (t >= tiles) return;
   Cursor c = cursor_at(table, t, 0);
   Spot spot = spot_of(table[c.e], c);
@@ -320,10 +351,8 @@ void launch_quantize(const Mxfp8Shape& shape, const std::uint16_t* src, const Mx
   const OneTensor one{make_batch_entry(shape, src, out, table, 0)};
   const std::int64_t tiles = one.entry.end_tile;
   const WalkPlan walk = plan_walk(tiles, OneTensor::kMaxRun);
-  quantize_kernel<OneTensor>
-      <<<static_cast<unsigned>(walk.grid), kThreads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
-          one, tiles, walk.run, skip_flag);
-  SHARDOPT_CUDA_CHECK(cudaGetLastError());
+  kernels::launch_dependent(quantize_kernel<OneTensor>, static_cast<unsigned>(walk.grid), kThreads,
+                            reinterpret_cast<cudaStream_t>(stream), one, tiles, walk.run, skip_flag);
 }
 
 int batch_grid(std::int64_t tiles) { return plan_walk(tiles, TensorList::kMaxRun).grid; }
@@ -331,9 +360,9 @@ int batch_grid(std::int64_t tiles) { return plan_walk(tiles, TensorList::kMaxRun
 void launch_quantize_batch(const BatchEntry* entries, int count, std::int64_t tiles, const std::int32_t* skip_flag,
                            Stream stream) {
   const WalkPlan walk = plan_walk(tiles, TensorList::kMaxRun);
-  quantize_kernel<TensorList><<<static_cast<unsigned>(walk.grid), kThreads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
-      TensorList{entries, count}, tiles, walk.run, skip_flag);
-  SHARDOPT_CUDA_CHECK(cudaGetLastError());
+  kernels::launch_dependent(quantize_kernel<TensorList>, static_cast<unsigned>(walk.grid), kThreads,
+                            reinterpret_cast<cudaStream_t>(stream), TensorList{entries, count}, tiles, walk.run,
+                            skip_flag);
 }
 
 }  // namespace shardopt::mxfp8

@@ -33,6 +33,7 @@ __device__ __forceinline__ T* in_global(T* p) {
 template <class Entry, int kRun>
 struct OneEntry {
   static constexpr int kMaxRun = kRun;
+  static constexpr bool kInParameters = true;  ///< reading the entry touches no global memory
   Entry entry;
   __device__ const Entry& operator[](int) const { return entry; }
   __device__ int find(std::int64_t, int) const { return 0; }
@@ -43,6 +44,7 @@ struct OneEntry {
 template <class Entry, int kRun>
 struct EntryList {
   static constexpr int kMaxRun = kRun;
+  static constexpr bool kInParameters = false;
   const Entry* entries;
   int count;
   __device__ const Entry& operator[](int e) const { return entries[e]; }

@@ -5,10 +5,12 @@
 // encoded before it is known), pass 2 for the block amaxes, scales and data. Launches:
 //   1. zero_amax:   each tensor's amax slot (one thread per tensor);
 //   2. amax:        pass 1 over every tensor, whatever its shape: chunks of kAmaxChunk
-//                   consecutive elements, 16-byte loads where the source is aligned;
-//                   the integer max of the magnitudes, amax_bits of it, folded into the
-//                   tensor's slot (f32 bits, atomicMax) once per warp and tensor
-//                   (tile::fold_amax). A NaN / Inf counts as 0x7FC00000, above every
+//                   consecutive elements, 16-byte loads where the source is aligned,
+//                   each chunk split into 1, 2, 4 or 8 parts (a block each) so that a
+//                   small tensor's pass still spreads over the SMs (amax_geometry); the
+//                   integer max of the magnitudes, amax_bits of it, folded into the
+//                   tensor's slot (f32 bits, atomicMax) once per block and tensor
+//                   (fold_block). A NaN / Inf counts as 0x7FC00000, above every
 //                   finite amax: the slot then holds the NaN flag.
 //   3. tiles:       pass 2 of the tensors with cols % 16 == 0 (tiled): one warp per tile
 //                   of 16 rows x 256 columns (nvfp4_tile.cuh), 16-byte loads, the block
@@ -16,7 +18,9 @@
 //                   scratch, no shared memory, no barrier), the scale bytes, the data
 //                   bytes (4 per chunk), decode_scale from the tensor's first tile. The
 //                   warps of one wave of resident blocks walk the tiles with a grid
-//                   stride, each lane issuing the loads of its 16 chunks at once.
+//                   stride, each lane issuing the loads of its 16 chunks at once; blocks
+//                   of fewer than 8 warps when the tiles are too few to give every SM a
+//                   block of 8 (tile_geometry), so that small tensors use every SM.
 //   4. scales, data: pass 2 of the other tensors (odd cols, where a byte may hold two
 //                   blocks' elements), one thread per unit (nvfp4_units.cuh): per block
 //                   its amax and scale byte (the block-0 thread writes decode_scale), then
@@ -29,11 +33,21 @@
 // entry of the block's previous chunk; tiles: of the warp's previous tile). Every kernel
 // returns at once when the device skip flag is set (all read the same flag, so a
 // skipped call writes nothing).
+//
+// The quantize launches are programmatic dependent launches (launch_dependent,
+// kernels/common/dependent_launch.cuh): each may be scheduled while the one before it
+// runs, and every thread waits for that one (griddepcontrol.wait) before it touches
+// global memory - the skip flag, the table, the amax slot, the source. The split of the
+// amax chunks and the tile kernel's block size change only which thread reads which
+// element: every amax is an integer max, every byte comes from the same element math.
+// Before its wait, the amax pass of one tensor asks L2 for its first source lines
+// (prefetch_part), which overlaps its first DRAM round trip with the zeroing launch.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 
 #include "core/check.hpp"
+#include "kernels/common/dependent_launch.cuh"
 #include "kernels/common/kernel_files.hpp"
 #include "kernels/nvfp4/nvfp4_grid.cuh"
 #include "kernels/nvfp4/nvfp4_launch.hpp"
@@ -50,18 +64,32 @@ __device__ std::uint32_t tensor_amax(const QuantizeEntry& e) {
   return *reinterpret_cast<const std::uint32_t*>(e.out.amax);
 }
 
+// The first two calls of every quantize kernel (dependent_launch.cuh): wait for the
+// grid before, then let the next one be scheduled.
+__device__ __forceinline__ void start_dependent() {
+  kernels::wait_for_previous_grid();
+  kernels::allow_next_grid();
+}
+
 __global__ void zero_amax_kernel(QuantizeTable t, const std::int32_t* skip_flag) {
+  start_dependent();
   if (skipped(skip_flag)) return;
   for (std::int64_t i = first_unit(); i < t.count; i += unit_stride()) *t.at(static_cast<int>(i)).out.amax = 0.0f;
 }
 
-// Pass 1: amax_bits over chunk `c` of the tensor (this thread's 64 elements of it).
-__device__ __forceinline__ std::uint32_t chunk_amax(const QuantizeEntry& e, std::int64_t c) {
-  const std::int64_t n = e.shape.numel(), base = c * kAmaxChunk;
+// A chunk of the amax pass is kSegments segments of 8 * kThreads elements (one 16-byte
+// load per thread each); a part of a chunk is kLoads of them.
+inline constexpr int kSegments = static_cast<int>(kAmaxChunk / (8 * kThreads));
+inline constexpr std::int64_t kSegment = 8 * kThreads;
+
+// Pass 1: amax_bits over part `p` of chunk `c` of the tensor (this thread's 8 * kLoads
+// elements of it: segments [p * kLoads, (p + 1) * kLoads) of the chunk).
+template <int kLoads>
+__device__ __forceinline__ std::uint32_t chunk_amax(const QuantizeEntry& e, std::int64_t c, int p) {
+  const std::int64_t n = e.shape.numel(), base = c * kAmaxChunk + p * kLoads * kSegment;
   const std::uint16_t* src = mxfp8::in_global(e.src);
-  constexpr int kLoads = static_cast<int>(kAmaxChunk / (8 * kThreads));
   std::uint32_t m = 0;  // max of amax_bits
-  if (e.vector_src && base + kAmaxChunk <= n) {
+  if (e.vector_src && base + kLoads * kSegment <= n) {
     uint4 v[kLoads];
 #pragma unroll
     for (int j = 0; j < kLoads; ++j)
@@ -81,25 +109,64 @@ __device__ __forceinline__ std::uint32_t chunk_amax(const QuantizeEntry& e, std:
   return m;
 }
 
-// Pass 1 over the `chunks` chunks of all tensors, block b taking chunks b, b + G, ...;
-// each warp's running max of one tensor is folded into its slot when the block moves to
-// another tensor (block-uniform) and at the end.
+// Before the wait of a dependent launch: the source lines of part `p` of chunk `c` of
+// `e` (an entry in the kernel's parameters) into L2 (kernels::prefetch_l2, which reads
+// nothing), when the part is whole and 16-byte aligned; one thread of the 8 that load
+// each 128 bytes.
+template <int kLoads>
+__device__ __forceinline__ void prefetch_part(const QuantizeEntry& e, std::int64_t c, int p) {
+  const std::int64_t base = c * kAmaxChunk + p * kLoads * kSegment;
+  if (!e.vector_src || base + kLoads * kSegment > e.shape.numel() || (threadIdx.x & 7) != 0) return;
+#pragma unroll
+  for (int j = 0; j < kLoads; ++j)
+    kernels::prefetch_l2(e.src + base + 8 * (j * kThreads + static_cast<int>(threadIdx.x)));
+}
+
+// The tensor's amax slot raised to the max of the block's `v`: one atomicMax per block.
+// Every thread of the block calls it (block-uniform; two barriers).
+__device__ __forceinline__ void fold_block(std::uint32_t v, float* amax) {
+  __shared__ std::uint32_t warp_max[tile::kWarps];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(tile::kFullMask, v, o));
+  if (tile::lane() == 0) warp_max[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    std::uint32_t m = 0;
+#pragma unroll
+    for (int w = 0; w < tile::kWarps; ++w) m = max(m, warp_max[w]);
+    if (m != 0) atomicMax(reinterpret_cast<unsigned int*>(amax), m);
+  }
+  __syncthreads();  // warp_max is free again
+}
+
+// Pass 1 over the `chunks` chunks of all tensors, each in kSegments / kLoads parts (units
+// chunk * parts + part), block b taking units b, b + G, ...; the block's running max of
+// one tensor is folded into its slot when the block moves to another tensor
+// (block-uniform) and at the end.
+// One tensor (the entry in the parameters): the block's first part is asked into L2
+// before the wait (prefetch_part).
+template <int kLoads>
 __global__ void __launch_bounds__(kThreads) amax_kernel(QuantizeTable t, std::int64_t chunks,
                                                         const std::int32_t* skip_flag) {
+  constexpr int kParts = kSegments / kLoads;
+  if (t.list == nullptr && blockIdx.x < chunks * kParts)
+    prefetch_part<kLoads>(t.one, blockIdx.x / kParts, static_cast<int>(blockIdx.x % kParts));
+  start_dependent();
   if (skipped(skip_flag)) return;
   int cur = -1;            // the tensor of the block's chunks so far (the same for all threads)
   std::uint32_t run = 0;   // this thread's max over them
-  for (std::int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+  for (std::int64_t u = blockIdx.x; u < chunks * kParts; u += gridDim.x) {
+    const std::int64_t c = u / kParts;  // (a power of two)
     const int e = t.find_from(c, cur < 0 ? 0 : cur, &QuantizeEntry::first_chunk);
     if (e != cur) {
-      if (cur >= 0) tile::fold_amax(run, reinterpret_cast<std::uint32_t*>(t.at(cur).out.amax));
+      if (cur >= 0) fold_block(run, t.at(cur).out.amax);
       cur = e;
       run = 0;
     }
     const QuantizeEntry& en = t.at(e);
-    run = max(run, chunk_amax(en, c - en.first_chunk));
+    run = max(run, chunk_amax<kLoads>(en, c - en.first_chunk, static_cast<int>(u - c * kParts)));
   }
-  if (cur >= 0) tile::fold_amax(run, reinterpret_cast<std::uint32_t*>(t.at(cur).out.amax));
+  if (cur >= 0) fold_block(run, t.at(cur).out.amax);
 }
 
 // Pass 2 of tiled tensors: tiles of 16 rows x 256 columns (two spans, 16 blocks), one
@@ -201,12 +268,18 @@ __device__ __forceinline__ void quantize_tile(const QuantizeEntry& e, const tile
 // Pass 2 over the `tiles` tiles of the tiled tensors, one warp per tile (grid stride
 // over warps). A warp reads its tensor's amax and computes S_dec and the block factor
 // when it reaches a tile of another tensor.
+// Blocks may have fewer than kThreads threads (tile_geometry): the warp's first tile and
+// the stride count the warps of the launch.
 __global__ void __launch_bounds__(kThreads, tile::kBlocksPerSm)
     tile_kernel(QuantizeTable t, std::int64_t tiles, const std::int32_t* skip_flag) {
+  start_dependent();
   if (skipped(skip_flag)) return;
+  const int warps = static_cast<int>(blockDim.x) >> 5;
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * warps + (static_cast<int>(threadIdx.x) >> 5);
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * warps;
   int cached = -1;  // the entry of `ts` (warp-uniform)
   TensorScale ts{};
-  for (std::int64_t u = tile::first_tile(); u < tiles; u += tile::tile_stride()) {
+  for (std::int64_t u = first; u < tiles; u += stride) {
     const tile::Where at = tile::locate(t, u, cached < 0 ? 0 : cached);
     const QuantizeEntry& e = t.at(at.e);
     if (at.e != cached) {
@@ -224,6 +297,7 @@ __global__ void __launch_bounds__(kThreads, tile::kBlocksPerSm)
 }
 
 __global__ void scales_kernel(QuantizeTable t, std::int64_t blocks, const std::int32_t* skip_flag) {
+  start_dependent();
   if (skipped(skip_flag)) return;
   for (std::int64_t u = first_unit(); u < blocks; u += unit_stride()) {
     const QuantizeEntry& e = t.at(t.find(u, &QuantizeEntry::first_block));
@@ -235,6 +309,7 @@ __global__ void scales_kernel(QuantizeTable t, std::int64_t blocks, const std::i
 }
 
 __global__ void data_kernel(QuantizeTable t, std::int64_t bytes, const std::int32_t* skip_flag) {
+  start_dependent();
   if (skipped(skip_flag)) return;
   for (std::int64_t u = first_unit(); u < bytes; u += unit_stride()) {
     const QuantizeEntry& e = t.at(t.find(u, &QuantizeEntry::first_byte));
@@ -256,30 +331,67 @@ __global__ void dequantize_kernel(Nvfp4Shape s, const std::uint8_t* data, const 
   }
 }
 
+// The amax pass's launch: `parts` parts a chunk (1, doubled up to 8 while the units,
+// chunks x parts, still fit one wave of `resident` blocks) and `grid` blocks (at most
+// one wave). Large tensors keep whole chunks (parts 1); small ones reach every SM.
+struct AmaxGeometry {
+  int parts, grid;
+};
+AmaxGeometry amax_geometry(std::int64_t chunks, int resident) {
+  int parts = 1;
+  while (parts < kSegments && chunks * parts * 2 <= resident) parts *= 2;
+  return AmaxGeometry{parts, static_cast<int>(std::clamp<std::int64_t>(chunks * parts, 1, resident))};
+}
+
+// The tile kernel's launch over `tiles` tiles on `sms` SMs: blocks of kThreads threads (8
+// warps) when there are tiles for a block of 8 on every SM; else blocks of 4, 2 or 1
+// warps, halved until every SM gets a block (one warp per tile either way); at most one
+// wave of tile::kBlocksPerSm blocks of 8 warps a SM.
+struct TileGeometry {
+  int grid, threads;
+};
+TileGeometry tile_geometry(std::int64_t tiles, int sms) {
+  int warps = tile::kWarps;
+  while (warps > 1 && tiles < std::int64_t{warps} * sms) warps /= 2;
+  const std::int64_t resident_warps = std::int64_t{sms} * tile::kBlocksPerSm * tile::kWarps;
+  const std::int64_t grid = std::clamp<std::int64_t>((tiles + warps - 1) / warps, 1, resident_warps / warps);
+  return TileGeometry{static_cast<int>(grid), 32 * warps};
+}
+
+// The amax kernel of `parts` parts a chunk (amax_geometry).
+using AmaxKernel = void (*)(QuantizeTable, std::int64_t, const std::int32_t*);
+AmaxKernel amax_kernel_of(int parts) {
+  switch (parts) {
+    case 1: return amax_kernel<kSegments>;
+    case 2: return amax_kernel<kSegments / 2>;
+    case 4: return amax_kernel<kSegments / 4>;
+    default: return amax_kernel<kSegments / 8>;
+  }
+}
+static_assert(kSegments == 8, "amax_geometry splits a chunk in at most 8 parts of whole segments");
+
 }  // namespace
 
 void launch_quantize(const QuantizeEntry* entries, int count, const QuantizeEntry& one, const QuantizeUnits& units,
                      const std::int32_t* skip_flag, Stream stream) {
   const QuantizeTable t{entries, count, one};
   const auto s = reinterpret_cast<cudaStream_t>(stream);
-  zero_amax_kernel<<<grid_for(count), kThreads, 0, s>>>(t, skip_flag);
-  SHARDOPT_CUDA_CHECK(cudaGetLastError());
-  const auto amax_grid = static_cast<unsigned>(std::min<std::int64_t>(units.chunks, mxfp8::resident_blocks()));
-  amax_kernel<<<amax_grid, kThreads, 0, s>>>(t, units.chunks, skip_flag);
-  SHARDOPT_CUDA_CHECK(cudaGetLastError());
+  const int resident = mxfp8::resident_blocks();
+  kernels::launch_dependent(zero_amax_kernel, static_cast<unsigned>(grid_for(count)), kThreads, s, t, skip_flag);
+  const AmaxGeometry amax = amax_geometry(units.chunks, resident);
+  kernels::launch_dependent(amax_kernel_of(amax.parts), static_cast<unsigned>(amax.grid), kThreads, s, t,
+                            units.chunks, skip_flag);
   if (units.tiles > 0) {
-    const auto grid = static_cast<unsigned>(tile::grid_for_tiles(units.tiles));
-    tile_kernel<<<grid, kThreads, 0, s>>>(t, units.tiles, skip_flag);
-    SHARDOPT_CUDA_CHECK(cudaGetLastError());
+    const TileGeometry g = tile_geometry(units.tiles, resident / mxfp8::kBlocksPerSm);
+    kernels::launch_dependent(tile_kernel, static_cast<unsigned>(g.grid), static_cast<unsigned>(g.threads), s, t,
+                              units.tiles, skip_flag);
   }
-  if (units.blocks > 0) {
-    scales_kernel<<<grid_for(units.blocks), kThreads, 0, s>>>(t, units.blocks, skip_flag);
-    SHARDOPT_CUDA_CHECK(cudaGetLastError());
-  }
-  if (units.bytes > 0) {
-    data_kernel<<<grid_for(units.bytes), kThreads, 0, s>>>(t, units.bytes, skip_flag);
-    SHARDOPT_CUDA_CHECK(cudaGetLastError());
-  }
+  if (units.blocks > 0)
+    kernels::launch_dependent(scales_kernel, static_cast<unsigned>(grid_for(units.blocks)), kThreads, s, t,
+                              units.blocks, skip_flag);
+  if (units.bytes > 0)
+    kernels::launch_dependent(data_kernel, static_cast<unsigned>(grid_for(units.bytes)), kThreads, s, t, units.bytes,
+                              skip_flag);
 }
 
 void launch_dequantize(const Nvfp4Shape& shape, const std::uint8_t* data, const std::uint8_t* scale,
@@ -297,7 +409,10 @@ namespace shardopt::kernels {
 // Every kernel of this file, for load_step_kernels (kernel_files.hpp).
 void nvfp4_kernels_cuda(const KernelVisitor& visit) {
   visit(kernel_symbol(nvfp4::zero_amax_kernel));
-  visit(kernel_symbol(nvfp4::amax_kernel));
+  visit(kernel_symbol(nvfp4::amax_kernel<8>));
+  visit(kernel_symbol(nvfp4::amax_kernel<4>));
+  visit(kernel_symbol(nvfp4::amax_kernel<2>));
+  visit(kernel_symbol(nvfp4::amax_kernel<1>));
   visit(kernel_symbol(nvfp4::tile_kernel));
   visit(kernel_symbol(nvfp4::scales_kernel));
   visit(kernel_symbol(nvfp4::data_kernel));
