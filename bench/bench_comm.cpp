@@ -15,8 +15,11 @@
 // upcast itself is not timed); and the BucketStore's per-bucket F32Accumulate starts
 // against its Native ones, each in every chunk count of --f32acc-chunks (default 1,0: one
 // chunk, then the store's automatic choice; config suffix /k<K>, "auto" when chosen;
-// docs/grad_reduce.md), after two phase rows that say where the time goes (the
-// all-to-all alone, the sum alone, each against the bf16 reduce-scatter). Its buffers
+// docs/grad_reduce.md), after three phase rows that say where the time goes (the
+// all-to-all alone; the sum alone, into fp32 and in place into bf16 as the store does; each
+// against the bf16 reduce-scatter; the sums' rows also against their byte limit:
+// limit_ms = their HBM bytes at the device-to-device copy rate measured at the start of
+// the run, fraction_of_limit = limit_ms / ours_ms). Its buffers
 // are used as the optimizers use theirs: the F32Accumulate store has parameters (its gradients only ever go through send/recv), the
 // all-to-all sends from a buffer of its own, and each collective has its own buffer;
 // both sides of the all-to-all registered, or neither (--memory registered,cudamalloc,
@@ -65,6 +68,9 @@
 #include "kernels/common/piece_sum.hpp"
 #include "mpi_bench.hpp"
 #include "results.hpp"
+#if SHARDOPT_HAVE_CUDA
+#include "cuda_bench.hpp"
+#endif
 #include "shardopt/bucket_store.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/watchdog.hpp"
@@ -276,15 +282,26 @@ void install_stack_dump() {
 
 // One row of the F32Accumulate comparisons; `goal` says what peer_over_ours should reach.
 // `chunks` (0: not chunked, a phase row) and `chunks_asked` (0: the automatic choice).
+// `limit`: a phase row's byte limit (its HBM bytes at the copy bandwidth), where known.
+struct ByteLimit {
+  double bytes = 0;       // read + written by the measured phase, per rank
+  double copy_gbps = 0;   // device-to-device copy rate of this process (read + write); 0: unknown
+};
+
 void write_f32acc_row(const std::string& config, const Times& t, const std::string& peer, const std::string& goal,
                       double bytes, int n, const std::string& device, const std::string& command,
-                      const std::string& results, int nb, int chunks, int chunks_asked) {
+                      const std::string& results, int nb, int chunks, int chunks_asked, const ByteLimit& limit = {}) {
   bench::Result r;
   r.bench = "comm_f32acc";
   r.config = config;
   r.device = device;
   r.ours_ms = bench::median(t.ours);
   r.peer_ms = bench::median(t.peer);
+  if (limit.copy_gbps > 0) {  // fraction_of_limit = limit_ms / ours_ms (results.cpp)
+    r.limit_ms = limit.bytes / (limit.copy_gbps * 1e6);
+    r.numbers["hbm_bytes"] = limit.bytes;
+    r.numbers["copy_GBps"] = limit.copy_gbps;
+  }
   r.peer = peer;
   const double factor = static_cast<double>(n - 1) / n;
   r.numbers["busbw_GBps"] = bytes / (*r.ours_ms * 1e-3) / 1e9 * factor;  // on the bf16 bytes
@@ -307,7 +324,8 @@ void write_f32acc_row(const std::string& config, const Times& t, const std::stri
 // sum alone, each against the bf16 reduce-scatter), then the whole reduce in each chunk
 // count of --f32acc-chunks (0: the store's automatic choice for that piece size).
 void f32_accumulate_size(const Options& opt, const Communicator& comm, Stream stream, int mib, bool registered,
-                         const std::string& device, const std::string& command, const std::string& results) {
+                         double copy_gbps, const std::string& device, const std::string& command,
+                         const std::string& results) {
   const int n = comm.size();
   const int rank = comm.rank();
   const bool cuda = opt.backend == Backend::Cuda;
@@ -358,7 +376,8 @@ void f32_accumulate_size(const Options& opt, const Communicator& comm, Stream st
   }, bf16_rs, at + "the all-to-all alone vs one bf16 reduce-scatter");
   kernels::PieceSum sum_all;  // the unchunked sum of the whole buffer
   sum_all.pieces = pieces.data();
-  sum_all.own = send.as<char>() + static_cast<std::size_t>(rank * per_rank) * 2;
+  char* own_piece = send.as<char>() + static_cast<std::size_t>(rank * per_rank) * 2;
+  sum_all.own = own_piece;
   sum_all.own_index = rank;
   sum_all.piece_dtype = DType::bf16;
   sum_all.n = n;
@@ -369,6 +388,16 @@ void f32_accumulate_size(const Options& opt, const Communicator& comm, Stream st
   const Times add = measure(comm, stream, opt.iters, opt.warmup, [&] {
     kernels::piece_sum(sum_all, opt.backend, stream);
   }, bf16_rs, at + "the fp32 sum alone vs one bf16 reduce-scatter");
+  // The store's sum: bf16 pieces into this rank's own piece, in place (bf16 out).
+  kernels::PieceSum sum_in_place = sum_all;
+  sum_in_place.out = own_piece;
+  sum_in_place.out_dtype = DType::bf16;
+  const Times add_in_place = measure(comm, stream, opt.iters, opt.warmup, [&] {
+    kernels::piece_sum(sum_in_place, opt.backend, stream);
+  }, bf16_rs, at + "the bf16 sum in place alone vs one bf16 reduce-scatter");
+  const double sum_read = static_cast<double>(n) * static_cast<double>(per_rank) * 2.0;
+  const ByteLimit f32_limit{sum_read + static_cast<double>(per_rank) * 4.0, copy_gbps};
+  const ByteLimit bf16_limit{sum_read + static_cast<double>(per_rank) * 2.0, copy_gbps};
   if (rank == 0) {
     write_f32acc_row("phase/alltoall-vs-bf16/" + base, move, vs_bf16_peer,
                      "the all-to-all alone (same network bytes as the reduce-scatter); peer_over_ours near 1 "
@@ -376,8 +405,12 @@ void f32_accumulate_size(const Options& opt, const Communicator& comm, Stream st
                      bytes, n, device, command, results, 1, 0, 0);
     write_f32acc_row("phase/sum-vs-bf16/" + base, add, vs_bf16_peer,
                      "the fp32 sum alone (reads n bf16 pieces, writes the fp32 shard: (2n + 4) * count bytes); "
-                     "its time is what chunking hides, all but 1/K of it",
-                     bytes, n, device, command, results, 1, 0, 0);
+                     "fraction_of_limit = those bytes at the copy rate / its time: near 1 at its byte limit",
+                     bytes, n, device, command, results, 1, 0, 0, f32_limit);
+    write_f32acc_row("phase/sum-inplace-bf16-vs-bf16/" + base, add_in_place, vs_bf16_peer,
+                     "the store's sum alone (n bf16 pieces, the own one where it lies, summed into it: "
+                     "(2n + 2) * count bytes); fraction_of_limit near 1 at its byte limit",
+                     bytes, n, device, command, results, 1, 0, 0, bf16_limit);
   }
 
   for (const int asked : opt.f32acc_chunks) {
@@ -429,9 +462,18 @@ void f32_accumulate_rows(const Options& opt, const Communicator& comm, Stream st
                          const std::string& command, const std::string& results) {
   detail::DeviceGuard guard(comm.device());  // the sum kernels load into this rank's device
   kernels::load_step_kernels(opt.backend);  // before any collective (kernels/common/kernel_files.hpp)
+  // The phases' byte limits: this device's copy rate, measured here (0: host backend, no limit).
+  double copy_gbps = 0;
+#if SHARDOPT_HAVE_CUDA
+  if (opt.backend == Backend::Cuda) {
+    progress(comm.rank(), "measuring the device-to-device copy rate (1 GiB)");
+    copy_gbps = bench::measure_copy(std::size_t{1} << 30, stream, opt.iters, opt.warmup).gbps;
+    progress(comm.rank(), "copy rate " + std::to_string(copy_gbps) + " GB/s (read + write)");
+  }
+#endif
   for (int mib : opt.sizes_mib)
     for (bool registered : opt.registered)
-      f32_accumulate_size(opt, comm, stream, mib, registered, device, command, results);
+      f32_accumulate_size(opt, comm, stream, mib, registered, copy_gbps, device, command, results);
 }
 
 int run(int argc, char** argv) {

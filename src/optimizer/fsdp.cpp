@@ -232,8 +232,13 @@ void Fsdp::Impl::reduce_f32(char* at, std::int64_t count, void* shard_at, Stream
   sum.count = count;
   sum.average = average;
   if (shard_size > 1) {
-    shard_comm.all_to_all(at, reduce_pieces.data(), count, opt.slot_grad_dtype, rs);
+    // The other ranks' pieces arrive in reduce_pieces; this rank's own piece is read where
+    // it lies in the slot (no self copy: its slot in reduce_pieces stays unused).
+    shard_comm.all_to_all_peers(at, reduce_pieces.data(), count, opt.slot_grad_dtype, rs);
     sum.pieces = reduce_pieces.data();
+    const int me = shard_comm.rank();
+    sum.own = at + static_cast<std::size_t>(me) * static_cast<std::size_t>(count) * slot_gsize;
+    sum.own_index = me;
   }
   if (replica_comm.size() > 1) {
     // The shard hop's fp32 sum into this replica's slice; every replica gathers all of
@@ -246,6 +251,8 @@ void Fsdp::Impl::reduce_f32(char* at, std::int64_t count, void* shard_at, Stream
     sum.pieces = replica_sums.data();
     sum.piece_dtype = DType::f32;
     sum.n = replicas;
+    sum.own = nullptr;  // the replica hop's pieces all lie in replica_sums
+    sum.own_index = -1;
   }
   sum.out = shard_at;
   sum.out_dtype = opt.grad_dtype;

@@ -105,7 +105,7 @@ const char* const kOneKernelPerFile[] = {
     "accumulate_kernel",        // kernels/common/convert.cu
     "grad_sumsq_finish_kernel", // kernels/adam/grad_norm.cu
     "lr_schedule_kernel",       // kernels/adam/step_control.cu
-    "piece_sum_bf16x8_kernel",  // kernels/common/piece_sum.cu
+    "piece_sum_vec_kernel",     // kernels/common/piece_sum.cu
     "scales_from_amax_kernel",  // kernels/mxfp8/mxfp8.cu
     "quantize_kernel",          // kernels/mxfp8/mxfp8_batch.cu
     "shard_kernel",             // kernels/mxfp8/mxfp8_shard.cu
