@@ -464,6 +464,9 @@ phase_sanitize() {
   #   gpu_adam_mxfp8        adam_owned_kernel (mxfp8_shard.cu): Adam over owned MXFP8 tile rows, both
   #                         planes quantized from the new masters (shared memory, barriers)
   #   gpu_mpi_muon          the Muon kernels of muon.cu (block reductions), one rank as a singleton
+  #   gpu_dependent_launch  the quantize kernels launched as programmatic dependent launches
+  #                         (griddepcontrol wait / launch_dependents), eager and captured, behind
+  #                         a producer kernel of the test (kernels/common/dependent_launch.cuh)
   #   gpu_trainer_ops       block_sum / block_max users and k_embed_links, k_dispatch_assign,
   #                         k_sumsq_partial / k_sumsq_final (examples/trainer/cuda_ops.cu)
   # (test/gpu/test_comm_kernels.cu's spin_then_fill_kernel has a barrier but runs only in
@@ -476,6 +479,7 @@ phase_sanitize() {
     "test/gpu_nvfp4 Nvfp4Gpu.TiledShapes:Nvfp4Gpu.TiledUnalignedBuffers:Nvfp4Gpu.TiledBatchEqualsHostBatch:Nvfp4Gpu.TiledShardedProtocol:Nvfp4Gpu.TiledShardBatchEqualsPerTensorCallsAndOracle"
     "test/gpu_adam_amax AdamAmaxGpu.EmitsThePartialAmaxesOfEveryRank"
     "test/gpu_adam_mxfp8 AdamMxfp8Gpu.SanitizerSized:AdamMxfp8Gpu.KernelEqualsHostTwinAndReplays"
+    "test/gpu_dependent_launch DependentLaunchGpu.*"
     "test/gpu_mpi_muon MuonGpu.Bf16GemmUpdateWithinTheDerivedBound:MuonGpu.BatchedEqualShapesEqualOneByOneBitwise:MuonGpu.FoundInfChangesNothing"
     "examples/trainer/gpu_trainer_ops OpsPair.ElementAndRowOps:OpsPair.EmbeddingForwardAndBackward:OpsPair.RouterDispatchCombine:OpsPair.CrossEntropyPackAndSumsq:OpsPair.F32NormWeightsAndF32InitAreBitwiseTheirBf16Twins"
   )
