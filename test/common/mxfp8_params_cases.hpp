@@ -27,6 +27,7 @@
 
 #include "common/dist_adam_cases.hpp"
 #include "core/float_env.hpp"
+#include "optimizer/grad_zeroing.hpp"
 #include "quantized/phase_probe.hpp"
 #include "shardopt/bucket_store.hpp"
 #include "shardopt/mxfp8.hpp"
@@ -1027,6 +1028,65 @@ inline void case_mx_graph_equals_eager(Backend b, int microbatches, int iteratio
   expect_same_mx_state(eager, graphed);
   expect_matches_oracle(graphed, "replayed");
   expect_mx_grads_zero(graphed);
+}
+
+/// Issue 29, a fair iteration: the landing leaves the quantized gradient regions zero, so
+/// the zero_grad that StepGraph runs right behind the step (step_and_zero_grad) clears
+/// only the other buffers' gradients, while a zero_grad called on its own still clears
+/// everything (a backward may have written the regions since). Observed through the
+/// count of bytes zero_grad enqueues (optimizer/grad_zeroing.hpp) and, after every
+/// iteration, every gradient zero and the storage the oracle's.
+inline void case_zero_grad_skips_landed(Backend b, ParamFormat format = ParamFormat::Mxfp8) {
+  const int rank = world_rank();
+  DistributedAdamOptions o = mx_options(DType::bf16, format);
+  DistributedAdam opt(make_comm(b), q_model(format), o);
+  TestStream s(b);
+  mx_init(opt, s.get());
+  const Layout& L = opt.layout();
+  std::int64_t all = 0, native = 0;  // gradient bytes of every buffer / of the native ones
+  for (const BufferLayout& buf : L.buffers()) {
+    const std::int64_t bytes = buf.numel * static_cast<std::int64_t>(size_of(DType::bf16));
+    all += bytes;
+    bool quantized = false;
+    for (int p : buf.params) quantized = quantized || is_quantized(opt, p);
+    if (!quantized) native += bytes;
+  }
+  ASSERT_GT(native, 0) << "the model must have a native buffer";
+  ASSERT_LT(native, all) << "the model must have a quantized buffer";
+  auto expect_all_grads_zero = [&](const std::string& when) {
+    for (int i = 0; i < opt.num_params(); ++i)
+      for (float x : read_f32(b, opt.grad(i)))
+        ASSERT_EQ(num::f32_bits(x), 0u) << when << ": " << L.specs()[static_cast<std::size_t>(i)].name;
+  };
+  StepGraph g(opt, random_grads_fn(opt, b, rank));
+  for (int it = 0; it < 2; ++it) {  // eager iterations: backward, step, zero_grad behind it
+    const std::int64_t before = detail::zero_grad_bytes();
+    g.run_eager(s.get());
+    s.sync();
+    EXPECT_EQ(detail::zero_grad_bytes() - before, native) << "iteration " << it << ": the landed regions re-zeroed";
+    expect_all_grads_zero("after iteration " + std::to_string(it));
+    expect_matches_oracle(opt, "after iteration " + std::to_string(it));
+  }
+  // zero_grad on its own: a backward may have written the quantized regions since the
+  // step (here it did, with grad sync off: no reduce starts), so every byte is cleared.
+  opt.set_grad_sync(false);
+  mx_backward(opt, b, s.get(), GradKind::Grid);
+  opt.set_grad_sync(true);
+  const std::int64_t before = detail::zero_grad_bytes();
+  opt.zero_grad(s.get());
+  s.sync();
+  EXPECT_EQ(detail::zero_grad_bytes() - before, all) << "a zero_grad on its own must clear every buffer";
+  expect_all_grads_zero("after zero_grad");
+  // Captured: the graph's zero_grad clears only the native buffers too, and replays keep
+  // every gradient zero between iterations (the oracle sees no stale gradient).
+  const std::int64_t at_capture = detail::zero_grad_bytes();
+  g.capture(s.get());
+  EXPECT_EQ(detail::zero_grad_bytes() - at_capture, 2 * native)  // the warm-up iteration and the captured one
+      << "capture re-zeroed landed regions";
+  for (int it = 0; it < 2; ++it) g.replay(s.get());
+  s.sync();
+  expect_all_grads_zero("after replays");
+  expect_matches_oracle(opt, "after replays");
 }
 
 // ------------------------------------------------------------------ native init_from_master
