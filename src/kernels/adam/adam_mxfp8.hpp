@@ -23,10 +23,12 @@
 namespace shardopt::kernels {
 
 /// Where one tensor's range keeps its Adam state: element range.begin is at shard index
-/// shard_offset (master, moments) and buffer index buffer_offset (gradients).
+/// shard_offset (master) and buffer index buffer_offset (gradients); its moments at
+/// shard index - moment_shift (ShardChunk::moment_shift: compact moments).
 struct AdamMxfp8Place {
   std::int64_t shard_offset = 0;
   std::int64_t buffer_offset = 0;
+  std::int64_t moment_shift = 0;  ///< as ShardChunk::moment_shift, for every element of the range
   std::int32_t group = 0;   ///< optimizer group (AdamConfig::groups)
   std::int32_t vec_ok = 0;  ///< set by AdamMxfp8Pass: whole tiles may use 16-byte Adam accesses
 };

@@ -499,7 +499,7 @@ __device__ __forceinline__ void adam_tile(const ShardEntry& en, const AdamMxfp8P
                                           bool skipped, const Spot& s, std::uint32_t (&w)[8]) {
   const Room room = room_of<kVec>(en, s);
   const std::int64_t local = s.elem - en.range.begin;
-  const std::int64_t si = pl.shard_offset + local, bi = pl.buffer_offset + local;
+  const std::int64_t si = pl.shard_offset + local, bi = pl.buffer_offset + local, mi = si - pl.moment_shift;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float p[8];
@@ -508,13 +508,13 @@ __device__ __forceinline__ void adam_tile(const ShardEntry& en, const AdamMxfp8P
       if (!skipped) {
         float g[8], m[8], v[8];
         kernels::load_vec<Tr::grad, 8, true>(a.grads, bi + 64 * h, g);
-        kernels::load_vec<Tr::moment, 8, false>(a.exp_avg, si + 64 * h, m);
-        kernels::load_vec<Tr::moment, 8, false>(a.exp_avg_sq, si + 64 * h, v);
+        kernels::load_vec<Tr::moment, 8, false>(a.exp_avg, mi + 64 * h, m);
+        kernels::load_vec<Tr::moment, 8, false>(a.exp_avg_sq, mi + 64 * h, v);
 #pragma unroll
         for (int k = 0; k < 8; ++k) kernels::adam_element<Tr::decoupled>(a.consts, sv, g[k], p[k], m[k], v[k]);
         kernels::store_vec<DType::f32, 8>(a.master, si + 64 * h, p);
-        kernels::store_vec<Tr::moment, 8>(a.exp_avg, si + 64 * h, m);
-        kernels::store_vec<Tr::moment, 8>(a.exp_avg_sq, si + 64 * h, v);
+        kernels::store_vec<Tr::moment, 8>(a.exp_avg, mi + 64 * h, m);
+        kernels::store_vec<Tr::moment, 8>(a.exp_avg_sq, mi + 64 * h, v);
       }
     } else {
 #pragma unroll
@@ -522,7 +522,7 @@ __device__ __forceinline__ void adam_tile(const ShardEntry& en, const AdamMxfp8P
         p[k] = 0.0f;
         if (k >= room.lo[h] && k < room.hi[h]) {
           const std::int64_t i = 64 * h + k;
-          p[k] = skipped ? a.master[si + i] : kernels::adam_scalar<Tr>(a, sv, si + i, bi + i, 0);  // no moment shift: MXFP8 buffers hold no Muon piece (ShardEngine::adam_place)
+          p[k] = skipped ? a.master[si + i] : kernels::adam_scalar<Tr>(a, sv, si + i, bi + i, pl.moment_shift);
         }
       }
     }
