@@ -29,6 +29,7 @@
 #include "core/float_env.hpp"
 #include "optimizer/grad_zeroing.hpp"
 #include "quantized/phase_probe.hpp"
+#include "quantized/quantized_params.hpp"
 #include "shardopt/bucket_store.hpp"
 #include "shardopt/mxfp8.hpp"
 #include "unit/test_mxfp8_reference.hpp"
@@ -1028,6 +1029,49 @@ inline void case_mx_graph_equals_eager(Backend b, int microbatches, int iteratio
   expect_same_mx_state(eager, graphed);
   expect_matches_oracle(graphed, "replayed");
   expect_mx_grads_zero(graphed);
+}
+
+/// Issue 29, "land only the other ranks' bytes": DistributedAdam's step quantizes this
+/// rank's owned tile rows (32 rows of a member wholly inside its piece) in the fused Adam
+/// pass, which writes their bytes into the storage beside the staging, so the step's
+/// landing copies every byte of every MXFP8 parameter (both planes) except those; a
+/// quantize without the fused pass (init_from_master) lands them all. The storage equals
+/// the oracle's either way. Tile rows counted here from the shapes.
+inline void case_step_lands_other_ranks(Backend b) {
+  if (world_size() < 2) GTEST_SKIP() << "one rank lands nothing";
+  DistributedAdam opt(make_comm(b), q_model(ParamFormat::Mxfp8), mx_options(DType::bf16));
+  TestStream s(b);
+  std::int64_t all = 0, owned = 0;  // elements of every MXFP8 param; of this rank's owned tile rows
+  for (int p = 0; p < opt.num_params(); ++p) {
+    if (!opt.is_mxfp8(p)) continue;
+    const Mxfp8Shape sh = Mxfp8Shape::of(opt.layout().specs()[static_cast<std::size_t>(p)]);
+    all += sh.numel();
+    const ShardView m = opt.shard_master(p);
+    const std::int64_t lo = m.param_offset, hi = m.param_offset + m.numel();
+    for (std::int64_t g = 0; g < sh.members; ++g)
+      for (std::int64_t r = 0; r < sh.rows; r += 32) {
+        const std::int64_t a = (g * sh.rows + r) * sh.cols, e = (g * sh.rows + std::min(r + 32, sh.rows)) * sh.cols;
+        if (a >= lo && e <= hi) owned += e - a;
+      }
+  }
+  std::int64_t owned_anywhere = 0;  // a rank may own none; some rank must (collective: every rank asks)
+  MPI_Allreduce(&owned, &owned_anywhere, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  ASSERT_GT(owned_anywhere, 0) << "no rank owns a whole tile row: the case proves nothing";
+  std::int64_t before = detail::landed_bytes();
+  mx_init(opt, s.get());
+  s.sync();
+  EXPECT_EQ(detail::landed_bytes() - before, 2 * all) << "init_from_master lands every byte";
+  expect_matches_oracle(opt, "after init_from_master");
+  for (int step = 0; step < 2; ++step) {
+    mx_backward(opt, b, s.get(), GradKind::Random);
+    before = detail::landed_bytes();
+    opt.step(s.get());
+    s.sync();
+    EXPECT_EQ(detail::landed_bytes() - before, 2 * (all - owned)) << "step " << step << " landed its own tile rows";
+    expect_mx_grads_zero(opt);
+    expect_matches_oracle(opt, "after step " + std::to_string(step));
+    opt.zero_grad(s.get());
+  }
 }
 
 /// Issue 29, a fair iteration: the landing leaves the quantized gradient regions zero, so
