@@ -19,6 +19,7 @@
 #include "quantized/nvfp4_params.hpp"
 #include "quantized/phase_probe.hpp"
 #include "quantized/quantized_params.hpp"
+#include "optimizer/grad_zeroing.hpp"
 #include "optimizer/checkpoint.hpp"
 #include "optimizer/kernel_preload.hpp"
 #include "optimizer/options_agreement.hpp"
@@ -138,6 +139,10 @@ class DistributedAdam::Impl final : public detail::StepTarget {
     // MXFP8 (issue 29): Adam quantizes the owned tile rows while their new masters are in
     // registers (kernels/adam/adam_mxfp8.hpp); those rows leave Adam's chunks.
     if (opt.param_format == ParamFormat::Mxfp8 && mx.format() != nullptr) adam_mx8 = fuse_mxfp8();
+    std::vector<bool> landed(store.layout().buckets().size(), false);
+    zero_all = detail::grads_outside(store.layout(), size_of(opt.grad_dtype), landed);
+    for (std::size_t b = 0; b < landed.size(); ++b) landed[b] = mx.is_bucket(static_cast<int>(b));
+    zero_after_step = detail::grads_outside(store.layout(), size_of(opt.grad_dtype), landed);
   }
 
   // Per MXFP8 bucket its fused pass; false (nothing changed) when a piece of an MXFP8
@@ -281,7 +286,10 @@ class DistributedAdam::Impl final : public detail::StepTarget {
   // The bodies of the public calls of the same names.
   void reduce_grads(Stream stream);
   void step(Stream stream);
-  void zero_grad(Stream stream);
+  // after_step: the step just before landed every quantized bucket (nothing ran in
+  // between: StepGraph's step_and_zero_grad), so their gradient regions are zero and only
+  // the rest is cleared.
+  void zero_grad(Stream stream, bool after_step = false);
   void check_step_capturable() const override { state.check_capturable(); }
   void finish_pending(Stream s) override {
     for (int b = 0; b < num_buckets(); ++b) settle(b, b + 1, s);
@@ -298,6 +306,9 @@ class DistributedAdam::Impl final : public detail::StepTarget {
   bool adam_amax = false;      // NVFP4: the step's Adam emits the partial amaxes (no amax pass)
   bool adam_mx8 = false;       // MXFP8: the fused pass quantizes the owned tile rows (no owned pass)
   bool grads_reduced = false;  // reduce_grads() ran since the last step / zero_grad
+  // What zero_grad clears per buffer: everything, or (right after a step) all but the
+  // quantized buckets' regions, which the step's landing zeroed.
+  std::vector<std::vector<detail::GradBytes>> zero_all, zero_after_step;
   bool grads_live = false;     // grad_ready / reduce_grads since the last step / zero_grad
   std::shared_ptr<detail::SaveJob> last_save;  // the last save_async (a later save waits for it)
   std::shared_ptr<DeviceBuffer> snapshot_pool;  // save_async's pinned snapshot, kept between saves
@@ -550,7 +561,7 @@ GatherState DistributedAdam::gather_state(int bucket) const {
   return live(impl_).store.param_gather_pending(bucket) ? GatherState::InFlight : GatherState::Idle;
 }
 
-void DistributedAdam::Impl::zero_grad(Stream stream) {
+void DistributedAdam::Impl::zero_grad(Stream stream, bool after_step) {
   SHARDOPT_TRACE("shardopt/zero_grad");
   Impl& m = *this;
   // Pending MXFP8 gathers sit in the gradient buffer: land them first, then zero (seed
@@ -558,9 +569,15 @@ void DistributedAdam::Impl::zero_grad(Stream stream) {
   m.mx.consume(m.store, 0, m.num_buckets(), stream);
   m.grads_reduced = false;
   m.grads_live = false;
-  for (std::size_t b = 0; b < store.layout().buffers().size(); ++b) {
-    const std::size_t bytes = static_cast<std::size_t>(store.layout().buffers()[b].numel) * size_of(m.opt.grad_dtype);
-    fill_zero_async(m.backend, m.store.grad_buffer(static_cast<int>(b)), bytes, stream);
+  // Right behind a step every quantized bucket was dispatched and is now consumed, so
+  // its region was zeroed on `stream` and nothing wrote it since: skip it.
+  const std::vector<std::vector<detail::GradBytes>>& ranges = after_step ? m.zero_after_step : m.zero_all;
+  for (std::size_t b = 0; b < ranges.size(); ++b) {
+    auto* base = static_cast<std::uint8_t*>(m.store.grad_buffer(static_cast<int>(b)));
+    for (const detail::GradBytes& r : ranges[b]) {
+      fill_zero_async(m.backend, base + r.begin, r.end - r.begin, stream);
+      detail::count_zero_grad_bytes(r.end - r.begin);
+    }
   }
   m.state.release_copies(stream);
 }
@@ -629,7 +646,7 @@ void DistributedAdam::check_capturable() const { live(impl_).state.check_captura
 
 void DistributedAdam::Impl::step_and_zero_grad(Stream s) {
   step(s);
-  zero_grad(s);
+  zero_grad(s, /*after_step=*/true);
 }
 
 void DistributedAdam::Impl::join_reductions(Stream s) { reduce_grads(s); }

@@ -329,12 +329,12 @@ std::optional<kernels::AdamMxfp8Place> ShardEngine::adam_place(int param) const 
   place.shard_offset = ps.shard_offset;
   place.buffer_offset = it->buffer_offset;
   place.group = it->group;
+  place.moment_shift = it->moment_shift;
   std::int64_t at = ps.shard_offset;
   for (; it != chunks.end() && at < ps.shard_offset + ps.length; ++it) {
-    // moment_shift != 0 (compact moments after Muon pieces) would need the fused kernel to
-    // shift its moment index too; MXFP8 buffers hold no Muon parameter (refused at
-    // construction), so such a piece keeps the plain Adam path.
-    if (it->shard_offset != at || it->group != place.group || it->moment_shift != 0 ||
+    // One moment shift for the piece (compact moments after Muon pieces): the fused
+    // kernel shifts its moment index as the plain pass does.
+    if (it->shard_offset != at || it->group != place.group || it->moment_shift != place.moment_shift ||
         it->buffer_offset - it->shard_offset != place.buffer_offset - place.shard_offset)
       return std::nullopt;
     at += it->length;

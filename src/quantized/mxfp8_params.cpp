@@ -1,5 +1,6 @@
 #include "quantized/mxfp8_params.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "core/check.hpp"
@@ -31,6 +32,7 @@ class Mxfp8Format final : public StoredFormat {
                                     backend_, stream);
   }
   void landing(int b, std::vector<BytePiece>& table) const override;
+  void landing_after_fused(int b, std::vector<BytePiece>& table) const override;
 
   std::vector<ShardChunk> fuse_adam(int b, const AdamConfig& config, const ShardPointers& shard, StepScalars* scalars,
                                     const std::vector<kernels::AdamMxfp8Place>& places) const;
@@ -45,6 +47,10 @@ class Mxfp8Format final : public StoredFormat {
     Mxfp8Shape shape;
     std::size_t data_row = 0, data_col = 0, scale_row = 0, scale_col = 0;  // byte offsets in storage_
     std::size_t members = 0;  // entry offset in members_
+    // This rank's owned tile rows of the parameter (ShardEntry::owned_begin..owned_end,
+    // parameter elements; empty: none): the fused pass writes their bytes into the
+    // storage too (issue 29), so landing_after_fused leaves them out.
+    std::int64_t owned_begin = 0, owned_end = 0;
   };
   struct BucketInfo {
     std::size_t scale_begin = 0, scale_end = 0;  // byte span of its scales in storage_
@@ -52,6 +58,9 @@ class Mxfp8Format final : public StoredFormat {
     std::vector<Mxfp8ShardTensor> tensors;        // the same ranges, for the fused Adam pass
   };
 
+  void land(int bucket, bool skip_owned, std::vector<BytePiece>& table) const;
+
+  int rank_ = 0;
   std::vector<std::size_t> shard_row_, shard_col_;  // shard storage: per buffer, its data planes' offsets
   std::vector<ParamInfo> param_;
   std::vector<BucketInfo> bucket_;
@@ -68,6 +77,7 @@ Mxfp8Format::Mxfp8Format(const FormatContext& ctx)
   const Layout& L = layout_;
   const std::vector<bool>& mx_buffer = *ctx.buffers;
   const int world = L.world_size(), rank = ctx.rank;
+  rank_ = rank;
   param_.resize(L.params().size());
   bucket_.resize(L.buckets().size());
 
@@ -160,6 +170,11 @@ Mxfp8Format::Mxfp8Format(const FormatContext& ctx)
         t.out.data_row = reinterpret_cast<std::uint8_t*>(row);
         t.out.data_col = reinterpret_cast<std::uint8_t*>(row + static_cast<std::uintptr_t>(S));
       }
+      if (piece.length > 0) {
+        const mxfp8::ShardEntry e = mxfp8::make_shard_entry(t.shape, t.range, t.master, t.out, 0);
+        param_[static_cast<std::size_t>(p)].owned_begin = e.owned_begin;
+        param_[static_cast<std::size_t>(p)].owned_end = e.owned_end;
+      }
       tensors.push_back(t);
     }
     bucket_[b].batch = static_cast<int>(batches_.size());
@@ -169,7 +184,14 @@ Mxfp8Format::Mxfp8Format(const FormatContext& ctx)
   synchronize(backend_, nullptr);
 }
 
-void Mxfp8Format::landing(int bucket, std::vector<BytePiece>& table) const {
+void Mxfp8Format::landing(int bucket, std::vector<BytePiece>& table) const { land(bucket, false, table); }
+
+// After the fused pass (issue 29, "land only the other ranks' bytes"): it wrote this
+// rank's owned tile rows into the storage beside the staging (fuse_adam's copy places),
+// so only the other ranks' pieces and this rank's boundary tile rows are copied.
+void Mxfp8Format::landing_after_fused(int bucket, std::vector<BytePiece>& table) const { land(bucket, true, table); }
+
+void Mxfp8Format::land(int bucket, bool skip_owned, std::vector<BytePiece>& table) const {
   if (writes_storage()) return;  // phase 2 wrote the storage itself
   const Layout& L = layout_;
   const Bucket& bk = L.buckets()[static_cast<std::size_t>(bucket)];
@@ -181,8 +203,20 @@ void Mxfp8Format::landing(int bucket, std::vector<BytePiece>& table) const {
       const ParamInfo& pi = param_[static_cast<std::size_t>(seg.param)];
       const std::int64_t k0 = seg.shard_offset - bk.shard_offset;
       const std::uint8_t* src = region + static_cast<std::size_t>(r * 2 * S + k0);
-      split_copy(table, src, at(pi.data_row) + seg.param_offset, seg.length);
-      split_copy(table, src + S, at(pi.data_col) + seg.param_offset, seg.length);
+      // Parameter elements [lo, hi) of the segment, at src + (i - seg.param_offset).
+      auto copy = [&](std::int64_t lo, std::int64_t hi) {
+        if (hi <= lo) return;
+        const auto off = static_cast<std::size_t>(lo - seg.param_offset);
+        split_copy(table, src + off, at(pi.data_row) + lo, hi - lo);
+        split_copy(table, src + S + off, at(pi.data_col) + lo, hi - lo);
+      };
+      const std::int64_t end = seg.param_offset + seg.length;
+      if (skip_owned && r == rank_ && pi.owned_end > pi.owned_begin) {
+        copy(seg.param_offset, std::min(end, pi.owned_begin));
+        copy(std::max(seg.param_offset, pi.owned_end), end);
+      } else {
+        copy(seg.param_offset, end);
+      }
     }
 }
 
@@ -193,7 +227,17 @@ std::vector<ShardChunk> Mxfp8Format::fuse_adam(int b, const AdamConfig& config, 
   if (bi.batch < 0) throw_internal("mxfp8_fuse_adam of a bucket that is not MXFP8");
   fused_of_.resize(bucket_.size(), -1);
   if (fused_of_[static_cast<std::size_t>(b)] >= 0) throw_internal("mxfp8_fuse_adam twice for one bucket");
-  fused_.emplace_back(bi.tensors, places, config, shard, scalars, backend_);
+  // Staged (two or more ranks): the owned tile rows' bytes also into the storage, where
+  // the landing would copy them (landing_after_fused leaves them out).
+  std::vector<kernels::AdamMxfp8Place> where = places;
+  const std::vector<int>& params = layout_.buckets()[static_cast<std::size_t>(b)].params;
+  if (!writes_storage() && where.size() == params.size())
+    for (std::size_t i = 0; i < where.size(); ++i) {
+      const ParamInfo& pi = param_[static_cast<std::size_t>(params[i])];
+      where[i].copy_row = at(pi.data_row);
+      where[i].copy_col = at(pi.data_col);
+    }
+  fused_.emplace_back(bi.tensors, where, config, shard, scalars, backend_);
   fused_of_[static_cast<std::size_t>(b)] = static_cast<int>(fused_.size()) - 1;
   return fused_.back().bands();
 }

@@ -1,5 +1,6 @@
 #include "quantized/quantized_params.hpp"
 
+#include <atomic>
 #include <string>
 #include <utility>
 
@@ -9,6 +10,11 @@
 #include "shardopt/error.hpp"
 
 namespace shardopt::detail {
+namespace {
+std::atomic<std::int64_t> landed_total{0};  // landed_bytes()
+}  // namespace
+
+std::int64_t landed_bytes() { return landed_total.load(std::memory_order_relaxed); }
 
 const char* gather_state_name(GatherState s) {
   switch (s) {
@@ -94,14 +100,23 @@ void QuantizedParams::make_format(int rank, const std::vector<MasterPiece>& mast
   ctx.direct = !shard_storage && L.world_size() == 1;
   format_ = make(ctx);
 
+  // Two sections, each in bucket order (a run of buckets is one sub-table): the full
+  // landings, then those after a fused phase 1.
   std::vector<BytePiece> table;
-  for (std::size_t b = 0; b < L.buckets().size(); ++b) {
-    BucketInfo& bi = bucket_[b];
-    if (!bi.quantized) continue;
-    bi.pieces_begin = static_cast<std::int64_t>(table.size());
-    format_->landing(static_cast<int>(b), table);
-    bi.pieces_end = static_cast<std::int64_t>(table.size());
-  }
+  for (const bool fused : {false, true})
+    for (std::size_t b = 0; b < L.buckets().size(); ++b) {
+      BucketInfo& bi = bucket_[b];
+      if (!bi.quantized) continue;
+      Landing& l = fused ? bi.after_fused : bi.full;
+      l.begin = static_cast<std::int64_t>(table.size());
+      if (fused) {
+        format_->landing_after_fused(static_cast<int>(b), table);
+      } else {
+        format_->landing(static_cast<int>(b), table);
+      }
+      l.end = static_cast<std::int64_t>(table.size());
+      for (std::int64_t k = l.begin; k < l.end; ++k) l.bytes += table[static_cast<std::size_t>(k)].bytes;
+    }
   pieces_ = DeviceBuffer(backend_, table.size() * sizeof(BytePiece));
   copy_async(backend_, pieces_.data(), table.data(), pieces_.bytes(), nullptr);
   synchronize(backend_, nullptr);
@@ -183,11 +198,12 @@ void QuantizedParams::exchange(std::uint8_t* begin, std::uint8_t* end, Stream st
 void QuantizedParams::quantize(int first, int last, Stream stream, bool partials_done) {
   std::uint8_t *span_begin = nullptr, *span_end = nullptr;
   for (int b = first; b < last; ++b) {
-    const BucketInfo& bi = bucket_[static_cast<std::size_t>(b)];
+    BucketInfo& bi = bucket_[static_cast<std::size_t>(b)];
     if (!bi.quantized) continue;
     SHARDOPT_REQUIRE(bi.state == GatherState::Idle, ErrorCode::Internal,
                      std::string(name()) + " bucket " + std::to_string(b) + " is quantized while its gather is " +
                          gather_state_name(bi.state));
+    bi.fused = partials_done;
     if (!partials_done) {
       phase_mark(format_->partials_mark(), stream);
       SHARDOPT_TRACE_INDEXED("shardopt/amax bucket", b);
@@ -224,10 +240,11 @@ void QuantizedParams::consume(BucketStore& store, int first, int last, Stream st
       continue;
     }
     SHARDOPT_TRACE_INDEXED("shardopt/landing bucket", b);
-    // A run of pending buckets whose gradient regions are adjacent: one copy launch and
-    // one memset for all of them.
+    // A run of pending buckets whose gradient regions are adjacent, quantized the same
+    // way: one copy launch and one memset for all of them.
+    const bool fused = bucket_[static_cast<std::size_t>(b)].fused;
     int e = b;
-    while (e < last && pending(e) &&
+    while (e < last && pending(e) && bucket_[static_cast<std::size_t>(e)].fused == fused &&
            (e == b || region(e).region == region(e - 1).region + region(e - 1).region_bytes)) {
       if (bucket_[static_cast<std::size_t>(e)].state == GatherState::InFlight) {
         phase_mark("gather wait", stream);
@@ -236,11 +253,14 @@ void QuantizedParams::consume(BucketStore& store, int first, int last, Stream st
       }
       ++e;
     }
-    const BucketInfo& head = bucket_[static_cast<std::size_t>(b)];
-    const BucketInfo& tail = bucket_[static_cast<std::size_t>(e - 1)];
-    const std::int64_t copies = tail.pieces_end - head.pieces_begin;  // none where phase 2 wrote the storage
+    auto landing = [&](int k) -> const Landing& {
+      const BucketInfo& bi = bucket_[static_cast<std::size_t>(k)];
+      return fused ? bi.after_fused : bi.full;
+    };
+    const std::int64_t copies = landing(e - 1).end - landing(b).begin;  // none where phase 2 wrote the storage
     if (copies > 0) phase_mark("landing", stream);
-    copy_pieces(pieces_.as<BytePiece>() + head.pieces_begin, copies, backend_, stream);
+    copy_pieces(pieces_.as<BytePiece>() + landing(b).begin, copies, backend_, stream);
+    for (int k = b; k < e; ++k) landed_total.fetch_add(landing(k).bytes, std::memory_order_relaxed);
     // The staging bytes (and whatever else the region held) must not meet the next
     // backward: the region is zero from here on (staging in a gradient region must be
     // zeroed on every path before the next backward, train -> eval -> train included).

@@ -100,6 +100,10 @@ class QuantizedFormat {
   virtual const char* quantize_mark() const { return "quantize"; }
   /// Appends bucket b's landing copies (every rank's staged bytes -> storage).
   virtual void landing(int bucket, std::vector<BytePiece>& table) const = 0;
+  /// Appends bucket b's landing copies after a quantize whose phase 1 the optimizer's
+  /// fused pass ran (QuantizedParams::quantize with partials_done): a format whose fused
+  /// pass also writes bytes into the storage leaves them out. Default: landing().
+  virtual void landing_after_fused(int bucket, std::vector<BytePiece>& table) const { landing(bucket, table); }
   /// Bytes of the persistent storage (data, scales, exchange buffers, alignment gaps).
   virtual std::size_t storage_bytes() const = 0;
 };
@@ -213,10 +217,15 @@ class QuantizedParams {
   void consume(BucketStore& store, int first, int last, Stream stream);
 
  private:
+  // One landing of a bucket: its byte copies in pieces_ and their bytes.
+  struct Landing {
+    std::int64_t begin = 0, end = 0, bytes = 0;
+  };
   struct BucketInfo {
     bool quantized = false;
     GatherState state = GatherState::Idle;
-    std::int64_t pieces_begin = 0, pieces_end = 0;  // its byte copies in pieces_
+    bool fused = false;  // its last quantize had partials_done (landing_after_fused)
+    Landing full, after_fused;  // two sections of pieces_, each in bucket order
   };
 
   bool mark(const std::vector<bool>& quantized);
@@ -239,6 +248,10 @@ class QuantizedParams {
 /// The exchange through `store`: BucketStore::all_reduce with Max, behind the
 /// collectives already started on its communication stream (`store` must outlive it).
 QuantizedParams::ExchangeFn store_exchange(BucketStore& store);
+
+/// Bytes every QuantizedParams::consume of this process asked to land (the byte copies
+/// staging -> storage) so far: tests see which bytes a step lands.
+std::int64_t landed_bytes();
 
 /// Bytes per rank of a quantized bucket's staged all-gather, as the store moves them.
 std::int64_t staged_rank_bytes(const BucketStoreOptions& options, const Layout& layout, int bucket);

@@ -27,7 +27,9 @@
 
 #include "common/dist_adam_cases.hpp"
 #include "core/float_env.hpp"
+#include "optimizer/grad_zeroing.hpp"
 #include "quantized/phase_probe.hpp"
+#include "quantized/quantized_params.hpp"
 #include "shardopt/bucket_store.hpp"
 #include "shardopt/mxfp8.hpp"
 #include "unit/test_mxfp8_reference.hpp"
@@ -1027,6 +1029,108 @@ inline void case_mx_graph_equals_eager(Backend b, int microbatches, int iteratio
   expect_same_mx_state(eager, graphed);
   expect_matches_oracle(graphed, "replayed");
   expect_mx_grads_zero(graphed);
+}
+
+/// Issue 29, "land only the other ranks' bytes": DistributedAdam's step quantizes this
+/// rank's owned tile rows (32 rows of a member wholly inside its piece) in the fused Adam
+/// pass, which writes their bytes into the storage beside the staging, so the step's
+/// landing copies every byte of every MXFP8 parameter (both planes) except those; a
+/// quantize without the fused pass (init_from_master) lands them all. The storage equals
+/// the oracle's either way. Tile rows counted here from the shapes.
+inline void case_step_lands_other_ranks(Backend b) {
+  if (world_size() < 2) GTEST_SKIP() << "one rank lands nothing";
+  DistributedAdam opt(make_comm(b), q_model(ParamFormat::Mxfp8), mx_options(DType::bf16));
+  TestStream s(b);
+  std::int64_t all = 0, owned = 0;  // elements of every MXFP8 param; of this rank's owned tile rows
+  for (int p = 0; p < opt.num_params(); ++p) {
+    if (!opt.is_mxfp8(p)) continue;
+    const Mxfp8Shape sh = Mxfp8Shape::of(opt.layout().specs()[static_cast<std::size_t>(p)]);
+    all += sh.numel();
+    const ShardView m = opt.shard_master(p);
+    const std::int64_t lo = m.param_offset, hi = m.param_offset + m.numel();
+    for (std::int64_t g = 0; g < sh.members; ++g)
+      for (std::int64_t r = 0; r < sh.rows; r += 32) {
+        const std::int64_t a = (g * sh.rows + r) * sh.cols, e = (g * sh.rows + std::min(r + 32, sh.rows)) * sh.cols;
+        if (a >= lo && e <= hi) owned += e - a;
+      }
+  }
+  std::int64_t owned_anywhere = 0;  // a rank may own none; some rank must (collective: every rank asks)
+  MPI_Allreduce(&owned, &owned_anywhere, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  ASSERT_GT(owned_anywhere, 0) << "no rank owns a whole tile row: the case proves nothing";
+  std::int64_t before = detail::landed_bytes();
+  mx_init(opt, s.get());
+  s.sync();
+  EXPECT_EQ(detail::landed_bytes() - before, 2 * all) << "init_from_master lands every byte";
+  expect_matches_oracle(opt, "after init_from_master");
+  for (int step = 0; step < 2; ++step) {
+    mx_backward(opt, b, s.get(), GradKind::Random);
+    before = detail::landed_bytes();
+    opt.step(s.get());
+    s.sync();
+    EXPECT_EQ(detail::landed_bytes() - before, 2 * (all - owned)) << "step " << step << " landed its own tile rows";
+    expect_mx_grads_zero(opt);
+    expect_matches_oracle(opt, "after step " + std::to_string(step));
+    opt.zero_grad(s.get());
+  }
+}
+
+/// Issue 29, a fair iteration: the landing leaves the quantized gradient regions zero, so
+/// the zero_grad that StepGraph runs right behind the step (step_and_zero_grad) clears
+/// only the other buffers' gradients, while a zero_grad called on its own still clears
+/// everything (a backward may have written the regions since). Observed through the
+/// count of bytes zero_grad enqueues (optimizer/grad_zeroing.hpp) and, after every
+/// iteration, every gradient zero and the storage the oracle's.
+inline void case_zero_grad_skips_landed(Backend b, ParamFormat format = ParamFormat::Mxfp8) {
+  const int rank = world_rank();
+  DistributedAdamOptions o = mx_options(DType::bf16, format);
+  DistributedAdam opt(make_comm(b), q_model(format), o);
+  TestStream s(b);
+  mx_init(opt, s.get());
+  const Layout& L = opt.layout();
+  std::int64_t all = 0, native = 0;  // gradient bytes of every buffer / of the native ones
+  for (const BufferLayout& buf : L.buffers()) {
+    const std::int64_t bytes = buf.numel * static_cast<std::int64_t>(size_of(DType::bf16));
+    all += bytes;
+    bool quantized = false;
+    for (int p : buf.params) quantized = quantized || is_quantized(opt, p);
+    if (!quantized) native += bytes;
+  }
+  ASSERT_GT(native, 0) << "the model must have a native buffer";
+  ASSERT_LT(native, all) << "the model must have a quantized buffer";
+  auto expect_all_grads_zero = [&](const std::string& when) {
+    for (int i = 0; i < opt.num_params(); ++i)
+      for (float x : read_f32(b, opt.grad(i)))
+        ASSERT_EQ(num::f32_bits(x), 0u) << when << ": " << L.specs()[static_cast<std::size_t>(i)].name;
+  };
+  StepGraph g(opt, random_grads_fn(opt, b, rank));
+  for (int it = 0; it < 2; ++it) {  // eager iterations: backward, step, zero_grad behind it
+    const std::int64_t before = detail::zero_grad_bytes();
+    g.run_eager(s.get());
+    s.sync();
+    EXPECT_EQ(detail::zero_grad_bytes() - before, native) << "iteration " << it << ": the landed regions re-zeroed";
+    expect_all_grads_zero("after iteration " + std::to_string(it));
+    expect_matches_oracle(opt, "after iteration " + std::to_string(it));
+  }
+  // zero_grad on its own: a backward may have written the quantized regions since the
+  // step (here it did, with grad sync off: no reduce starts), so every byte is cleared.
+  opt.set_grad_sync(false);
+  mx_backward(opt, b, s.get(), GradKind::Grid);
+  opt.set_grad_sync(true);
+  const std::int64_t before = detail::zero_grad_bytes();
+  opt.zero_grad(s.get());
+  s.sync();
+  EXPECT_EQ(detail::zero_grad_bytes() - before, all) << "a zero_grad on its own must clear every buffer";
+  expect_all_grads_zero("after zero_grad");
+  // Captured: the graph's zero_grad clears only the native buffers too, and replays keep
+  // every gradient zero between iterations (the oracle sees no stale gradient).
+  const std::int64_t at_capture = detail::zero_grad_bytes();
+  g.capture(s.get());
+  EXPECT_EQ(detail::zero_grad_bytes() - at_capture, 2 * native)  // the warm-up iteration and the captured one
+      << "capture re-zeroed landed regions";
+  for (int it = 0; it < 2; ++it) g.replay(s.get());
+  s.sync();
+  expect_all_grads_zero("after replays");
+  expect_matches_oracle(opt, "after replays");
 }
 
 // ------------------------------------------------------------------ native init_from_master

@@ -202,6 +202,7 @@ inline void case_nvfp4_step_emits_amaxes(Backend b) {
   TEST(Suite, MatchesOracleOneRank) { case_mx_matches_oracle(B, DType::bf16, 2, 2, true, kNvfp4); }               \
   TEST(Suite, OneRankWritesStorageWithoutLanding) { case_one_rank_writes_storage(B, kNvfp4); }                    \
   TEST(Suite, MasterEqualsNativeF32Params) { case_mx_master_equals_native(B, kNvfp4); }                           \
+  TEST(Suite, ZeroGradSkipsLandedRegions) { case_zero_grad_skips_landed(B, kNvfp4); }                             \
   TEST(Suite, TrainTrainWithoutZeroGrad) { case_mx_path(B, MxPath::TrainTrain, false, kNvfp4); }                  \
   TEST(Suite, TrainTrainWithZeroGrad) { case_mx_path(B, MxPath::TrainTrain, true, kNvfp4); }                      \
   TEST(Suite, TrainEvalTrainWithoutZeroGrad) { case_mx_path(B, MxPath::TrainEvalTrain, false, kNvfp4); }          \

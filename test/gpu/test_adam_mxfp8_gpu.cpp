@@ -25,6 +25,19 @@ TEST(AdamMxfp8Gpu, FusedEqualsTodaysCompositionOnEveryRank) {
         }
 }
 
+// Compact moments (ShardChunk::moment_shift): the kernel indexes the moments with the
+// shift, on the 16-byte path (shift 8) and the element path (shift 5), against today's
+// composition at 1-4 ranks (and Adam in double at one).
+TEST(AdamMxfp8Gpu, FusedEqualsTodaysCompositionWithMomentShift) {
+  std::uint32_t seed = 300;
+  for (std::int64_t shift : {8, 5})
+    for (DType m : {DType::f32, DType::bf16})
+      for (int world = 1; world <= 4; ++world) {
+        adam_mxfp8_test::run_case(Backend::Cuda, world, DType::bf16, m, true, seed++, shift);
+        if (testing::Test::HasFailure()) return;
+      }
+}
+
 // One small case for racecheck / synccheck (every path: whole and partial tiles, owned
 // and boundary rows, vector and element Adam, a skipped step).
 TEST(AdamMxfp8Gpu, SanitizerSized) {

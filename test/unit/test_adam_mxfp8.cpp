@@ -14,6 +14,16 @@ TEST(AdamMxfp8, FusedEqualsTodaysCompositionOnEveryRank) {
   adam_mxfp8_test::run_case(Backend::Host, 1, DType::f16, DType::bf16, false, 3u);  // Adam (L2) against double
 }
 
+// Compact moments (ShardChunk::moment_shift, as after Muon pieces): the fused pass indexes
+// the moments with the shift, as plain Adam does; a shift of 8 keeps 16-byte accesses, 5
+// takes the element path. At one rank also against Adam in double.
+TEST(AdamMxfp8, FusedEqualsTodaysCompositionWithMomentShift) {
+  for (std::int64_t shift : {8, 5}) {
+    adam_mxfp8_test::run_case(Backend::Host, 1, DType::bf16, DType::f32, true, 21u, shift);
+    adam_mxfp8_test::run_case(Backend::Host, 3, DType::bf16, DType::bf16, false, 22u, shift);
+  }
+}
+
 TEST(AdamMxfp8, RefusesBadTables) { adam_mxfp8_test::case_refusals(Backend::Host); }
 
 // adam_mxfp8_plain_chunks: pieces minus bands, cut inside, at the edges, and across pieces.

@@ -11,7 +11,9 @@
 // every byte of both data planes and both scale tensors, poisoned around the ranges) must
 // be bitwise equal. At one rank the planes must equal the oracle quantization
 // (test_mxfp8_reference.hpp) of the new master, and a few new masters must match a
-// double-precision Adam written here. Shared by the host suite (test_adam_mxfp8.cpp;
+// double-precision Adam written here. With a moment shift P (ShardChunk::moment_shift)
+// the shard starts with P elements that have no moments (as Muon pieces before compact
+// moments do): master index P + k, moment index k. Shared by the host suite (test_adam_mxfp8.cpp;
 // the host twin is the composition itself) and the GPU one.
 #pragma once
 
@@ -90,8 +92,10 @@ inline double oracle_adam(double p, double g, double m, double v, double lr_g, d
   return p - lr_g / bc1 * m_out / (std::sqrt(v_out) / std::sqrt(bc2) + eps);
 }
 
-/// Runs the case: every rank of `world` steps once, then once skipped, both ways.
-inline void run_case(Backend b, int world, DType grad_dtype, DType moment_dtype, bool decoupled, std::uint32_t seed) {
+/// Runs the case: every rank of `world` steps once, then once skipped, both ways; the
+/// shard's moments shifted by `shift` elements (0: none).
+inline void run_case(Backend b, int world, DType grad_dtype, DType moment_dtype, bool decoupled, std::uint32_t seed,
+                     std::int64_t shift = 0) {
   using namespace shardopt;
   using mxfp8_test::download;
   using mxfp8_test::upload;
@@ -146,9 +150,11 @@ inline void run_case(Backend b, int world, DType grad_dtype, DType moment_dtype,
     const std::int64_t lo = bounds[static_cast<std::size_t>(r)], hi = bounds[static_cast<std::size_t>(r) + 1];
     SCOPED_TRACE("world " + std::to_string(world) + " rank " + std::to_string(r) + " shard [" + std::to_string(lo) +
                  ", " + std::to_string(hi) + ") grads " + to_string(grad_dtype) + " moments " +
-                 to_string(moment_dtype) + (decoupled ? " AdamW" : " Adam"));
+                 to_string(moment_dtype) + (decoupled ? " AdamW" : " Adam") + " moment shift " +
+                 std::to_string(shift));
     const std::int64_t n = hi - lo;
     const auto nz = static_cast<std::size_t>(n);
+    const auto sz = static_cast<std::size_t>(shift);  // master element k of the rank at shift + k
     std::vector<ShardChunk> pieces;
     std::vector<kernels::AdamMxfp8Place> places;
     std::vector<Range> ranges;
@@ -156,21 +162,25 @@ inline void run_case(Backend b, int world, DType grad_dtype, DType moment_dtype,
       const std::int64_t a = std::max(lo, start[t]), e = std::min(hi, start[t] + ts[t].shape.numel());
       kernels::AdamMxfp8Place pl;
       pl.group = static_cast<std::int32_t>(t % 2);
-      pl.shard_offset = std::max<std::int64_t>(a - lo, 0);
+      pl.shard_offset = shift + std::max<std::int64_t>(a - lo, 0);
       pl.buffer_offset = a;
+      pl.moment_shift = shift;
       places.push_back(pl);
       ranges.push_back(a < e ? Range{a - start[t], e - start[t]} : Range{0, 0});
       if (a >= e) continue;
       ShardChunk c;
-      c.shard_offset = a - lo;
+      c.shard_offset = shift + (a - lo);
       c.buffer_offset = a;
       c.length = e - a;
       c.group = pl.group;
+      c.moment_shift = shift;
       pieces.push_back(c);
     }
     const std::vector<ShardChunk> all = split_shard_chunks(pieces, 4096);
     auto make_run = [&] {
-      Run run{upload(b, std::vector<float>(master.begin() + lo, master.begin() + hi)),
+      std::vector<float> mine(sz, 1.5f);  // the elements without moments: Adam must not touch them
+      mine.insert(mine.end(), master.begin() + lo, master.begin() + hi);
+      Run run{upload(b, mine),
               upload(b, to_bytes(moment_dtype, m0, static_cast<std::size_t>(lo), nz)),
               upload(b, to_bytes(moment_dtype, v0, static_cast<std::size_t>(lo), nz)), DeviceBuffer(), {}};
       StepScalars sc;
@@ -185,7 +195,8 @@ inline void run_case(Backend b, int world, DType grad_dtype, DType moment_dtype,
       ShardPointers sp;
       sp.chunks = chunks.as<ShardChunk>();
       sp.num_chunks = static_cast<std::int64_t>(count);
-      sp.shard_numel = n;
+      sp.shard_numel = shift + n;
+      sp.moment_numel = n;
       sp.grads = grads.data();
       sp.master = run.master.as<float>();
       sp.exp_avg = run.m.data();
@@ -230,7 +241,7 @@ inline void run_case(Backend b, int world, DType grad_dtype, DType moment_dtype,
         for (std::size_t t = 0; t < ts.size(); ++t) poison(b, run->planes[t], ts[t].shape);
       }
       synchronize(b, nullptr);
-      const auto before = download<std::uint32_t>(b, fused.master, nz);
+      const auto before = download<std::uint32_t>(b, fused.master, sz + nz);
       // Today's composition.
       adam_step_prologue(cfg, today.scalars.as<StepScalars>(), b, nullptr);
       adam_step_apply(cfg, shard_of(today, all_dev, all.size()), today.scalars.as<StepScalars>(), b, nullptr);
@@ -243,10 +254,12 @@ inline void run_case(Backend b, int world, DType grad_dtype, DType moment_dtype,
       quantize_mxfp8_shard_rest_batch(fused_batch, b, nullptr);
       synchronize(b, nullptr);
 
-      const auto got = download<std::uint32_t>(b, fused.master, nz);
-      EXPECT_EQ(got, download<std::uint32_t>(b, today.master, nz)) << "master";
+      const auto got_all = download<std::uint32_t>(b, fused.master, sz + nz);
+      EXPECT_EQ(got_all, download<std::uint32_t>(b, today.master, sz + nz)) << "master";
+      for (std::size_t k = 0; k < sz; ++k) ASSERT_EQ(got_all[k], bits(1.5f)) << "an element without moments changed";
+      const std::vector<std::uint32_t> got(got_all.begin() + static_cast<std::ptrdiff_t>(sz), got_all.end());
       if (skip) {
-        EXPECT_EQ(got, before) << "a skipped step changed the master";
+        EXPECT_EQ(got_all, before) << "a skipped step changed the master";
       }
       const std::size_t mbytes = nz * size_of(moment_dtype);
       EXPECT_EQ(download<unsigned char>(b, fused.m, mbytes), download<unsigned char>(b, today.m, mbytes)) << "exp_avg";

@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
 
 #include "core/check.hpp"
 #include "core/memory.hpp"
+#include "kernels/adam/adam_math.cuh"
 #include "kernels/common/entry_table.hpp"
 #include "kernels/mxfp8/mxfp8_shard_spans.hpp"
 #include "shardopt/error.hpp"
@@ -19,13 +21,32 @@
 namespace shardopt::kernels {
 namespace {
 
-std::int64_t dtype_bytes(DType t) { return t == DType::f32 ? 4 : 2; }
+// Whether the 8-element chunks of a range's whole tiles may take 16-byte Adam accesses:
+// the plain pass's own decision (split_chunk, given its vector_ok: every base pointer
+// aligned16) for a chunk of the range that starts at an element index that is a
+// multiple of 8, where every whole tile's chunk starts. `vec`: the variant's vector width.
+bool tiles_vector_ok(const Mxfp8ShardTensor& t, const AdamMxfp8Place& p, int vec, bool vector_ok) {
+  const std::int64_t first = (t.range.begin + 7) / 8 * 8;
+  if (first >= t.range.end) return false;
+  ShardChunk c;
+  c.shard_offset = p.shard_offset + (first - t.range.begin);
+  c.buffer_offset = p.buffer_offset + (first - t.range.begin);
+  c.moment_shift = p.moment_shift;
+  c.length = t.range.end - first;
+  const ChunkSplit sp = split_chunk(c, vec, vector_ok);
+  return sp.head == 0 && sp.nvec > 0;
+}
 
-// Whether base + bytes * (index) is 16-byte aligned for every index that is a multiple
-// of 8 (a whole tile's chunk of 8 elements starts at such an index of the range).
-bool vec_aligned(const void* base, std::int64_t bytes, std::int64_t offset) {
-  const auto at = reinterpret_cast<std::uintptr_t>(base) + static_cast<std::uintptr_t>(bytes * offset);
-  return (at & 15u) == 0;
+// The host twin's copies of the owned tile rows' data bytes to the place's second home.
+void copy_owned(const mxfp8::ShardEntry& e, const AdamMxfp8Place& p) {
+  if (p.copy_row == nullptr || e.owned_end <= e.owned_begin) return;
+  const auto n = static_cast<std::size_t>(e.owned_end - e.owned_begin);
+  auto at = [&](const std::uint8_t* base) {  // element owned_begin of a plane (the base may lie outside)
+    return reinterpret_cast<std::uint8_t*>(reinterpret_cast<std::uintptr_t>(base) +
+                                           static_cast<std::uintptr_t>(e.owned_begin));
+  };
+  std::memcpy(at(p.copy_row), at(e.out.data_row), n);
+  std::memcpy(at(p.copy_col), at(e.out.data_col), n);
 }
 
 }  // namespace
@@ -45,6 +66,7 @@ std::vector<ShardChunk> adam_mxfp8_owned_chunks(const std::vector<Mxfp8ShardTens
     c.buffer_offset = places[i].buffer_offset + (e.owned_begin - t.range.begin);
     c.length = e.owned_end - e.owned_begin;
     c.group = places[i].group;
+    c.moment_shift = places[i].moment_shift;
     bands.push_back(c);
   }
   return bands;
@@ -107,21 +129,20 @@ AdamMxfp8Pass::AdamMxfp8Pass(const std::vector<Mxfp8ShardTensor>& tensors, const
     entries.push_back(mxfp8::make_shard_entry(t.shape, t.range, t.master, t.out, im.tiles));
     im.tiles = entries.back().end_tile;
     if (t.range.size() == 0) continue;
-    AdamMxfp8Place& p = where[i];
-    SHARDOPT_REQUIRE(t.master == shard.master + p.shard_offset, ErrorCode::InvalidArgument,
+    SHARDOPT_REQUIRE(t.master == shard.master + where[i].shard_offset, ErrorCode::InvalidArgument,
                      "AdamMxfp8Pass tensor " + std::to_string(i) +
                          ": its master is not shard.master + places[i].shard_offset; give the shard's master");
-    const std::int64_t s = p.shard_offset - t.range.begin, b = p.buffer_offset - t.range.begin;
-    const std::int64_t mb = dtype_bytes(config.moment_dtype);
-    p.vec_ok = vec_aligned(shard.grads, dtype_bytes(config.grad_dtype), b) && vec_aligned(shard.exp_avg, mb, s) &&
-                       vec_aligned(shard.exp_avg_sq, mb, s)
-                   ? 1
-                   : 0;
   }
   ShardPointers sp = shard;
   sp.chunks = im.bands.data();
   sp.num_chunks = static_cast<std::int64_t>(im.bands.size());
   im.adam = prepare_adam_apply(config, sp, scalars, Backend::Host);  // checks every band against the shard
+  // The vector width of the variant (write_params is off): AdamTraits::vec.
+  const int vec = config.grad_dtype == DType::f32 && config.moment_dtype == DType::f32 ? 4 : 8;
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    where[i].vec_ok = tensors[i].range.size() > 0 && tiles_vector_ok(tensors[i], where[i], vec, im.adam.params.vector_ok)
+                          ? 1
+                          : 0;
   if (backend != Backend::Host) im.adam.params.chunks = nullptr;      // the kernel walks tiles, not chunks
   im.entries = detail::EntryTable(backend, entries);
   im.places = detail::EntryTable(backend, where);
@@ -141,9 +162,11 @@ void AdamMxfp8Pass::run(Stream stream) const {
   const auto* entries = im.entries.entries<mxfp8::ShardEntry>();
   const int count = im.entries.count();
   if (im.backend == Backend::Host) {
-    host_enqueue(stream, [v = im.adam.variant, a = im.adam.params, entries, count] {
+    host_enqueue(stream, [v = im.adam.variant, a = im.adam.params, entries, count,
+                          places = im.places.entries<AdamMxfp8Place>()] {
       host_adam_apply(v, a);
       mxfp8::host_owned_batch(entries, count);
+      for (int k = 0; k < count; ++k) copy_owned(entries[k], places[k]);
     });
     return;
   }

@@ -302,13 +302,19 @@ __device__ __forceinline__ void load_scales(const ShardEntry& en, const Spot& s,
 
 // Phase 2 of one tile (no barrier): both planes of the thread's elements in the range.
 // The column multipliers 2^-e come from the scale bytes, or (kGiven, the owned pass)
-// from `col_inverse`, the tile's 128 multipliers in shared memory.
-template <bool kFull, bool kGiven = false>
+// from `col_inverse`, the tile's 128 multipliers in shared memory. kCopy (the fused Adam
+// pass, issue 29): the same bytes also to `copy_row` / `copy_col` (element i at + i).
+template <bool kFull, bool kGiven = false, bool kCopy = false>
 __device__ __forceinline__ void data_tile(const ShardEntry& en, const Spot& s, const std::uint32_t (&w)[8],
-                                          const Scales& sc, const float* col_inverse = nullptr) {
+                                          const Scales& sc, const float* col_inverse = nullptr,
+                                          std::uint8_t* copy_row = nullptr, std::uint8_t* copy_col = nullptr) {
   const Room room = room_of<kFull>(en, s);
   std::uint8_t* data_row = in_global(en.out.data_row) + s.elem;
   std::uint8_t* data_col = in_global(en.out.data_col) + s.elem;
+  if constexpr (kCopy) {
+    copy_row = in_global(copy_row) + s.elem;
+    copy_col = in_global(copy_col) + s.elem;
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int lo = room.lo[h], hi = room.hi[h];
@@ -340,12 +346,20 @@ __device__ __forceinline__ void data_tile(const ShardEntry& en, const Spot& s, c
     if constexpr (kFull) {
       *reinterpret_cast<uint2*>(data_row + 64 * h) = make_uint2(qr[0], qr[1]);
       *reinterpret_cast<uint2*>(data_col + 64 * h) = make_uint2(qc[0], qc[1]);
+      if constexpr (kCopy) {
+        *reinterpret_cast<uint2*>(copy_row + 64 * h) = make_uint2(qr[0], qr[1]);
+        *reinterpret_cast<uint2*>(copy_col + 64 * h) = make_uint2(qc[0], qc[1]);
+      }
     } else {
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         if (k >= lo && k < hi) {
           data_row[64 * h + k] = static_cast<std::uint8_t>(qr[k / 4] >> (8 * (k % 4)));
           data_col[64 * h + k] = static_cast<std::uint8_t>(qc[k / 4] >> (8 * (k % 4)));
+          if constexpr (kCopy) {
+            copy_row[64 * h + k] = static_cast<std::uint8_t>(qr[k / 4] >> (8 * (k % 4)));
+            copy_col[64 * h + k] = static_cast<std::uint8_t>(qc[k / 4] >> (8 * (k % 4)));
+          }
         }
       }
     }
@@ -365,10 +379,11 @@ __device__ __forceinline__ void data_tile(const ShardEntry& en, const Spot& s, c
 // pass ALU-bound at half the copy bandwidth, 2026-11-27, ncu on H200.)
 // `col_scales` and `col_inverse` are one buffer each for all tiles: a thread reads it after a tile's second
 // barrier and the next tile writes it only after its first one.
-template <bool kFull>
+template <bool kFull, bool kCopy = false>
 __device__ __forceinline__ void owned_tile(const ShardEntry& en, const Spot& s, const std::uint32_t (&w)[8],
                                            std::uint32_t (*col_partial)[kTileCols / 2], std::uint8_t* col_scales,
-                                           float* col_inverse) {
+                                           float* col_inverse, std::uint8_t* copy_row = nullptr,
+                                           std::uint8_t* copy_col = nullptr) {
   const std::uint32_t row_max = partial_tile<Mode::Scales, kFull>(en, s, w, col_partial, col_scales, col_inverse);
   const int q = threadIdx.x & 7;
   Scales sc;
@@ -381,7 +396,7 @@ __device__ __forceinline__ void owned_tile(const ShardEntry& en, const Spot& s, 
     sc.col[2 * h] = v.x;
     sc.col[2 * h + 1] = v.y;
   }
-  data_tile<kFull, true>(en, s, w, sc, col_inverse);
+  data_tile<kFull, true, kCopy>(en, s, w, sc, col_inverse, copy_row, copy_col);
 }
 
 // What a thread loads for a tile ahead of working on it.
@@ -499,7 +514,7 @@ __device__ __forceinline__ void adam_tile(const ShardEntry& en, const AdamMxfp8P
                                           bool skipped, const Spot& s, std::uint32_t (&w)[8]) {
   const Room room = room_of<kVec>(en, s);
   const std::int64_t local = s.elem - en.range.begin;
-  const std::int64_t si = pl.shard_offset + local, bi = pl.buffer_offset + local;
+  const std::int64_t si = pl.shard_offset + local, bi = pl.buffer_offset + local, mi = si - pl.moment_shift;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float p[8];
@@ -508,13 +523,13 @@ __device__ __forceinline__ void adam_tile(const ShardEntry& en, const AdamMxfp8P
       if (!skipped) {
         float g[8], m[8], v[8];
         kernels::load_vec<Tr::grad, 8, true>(a.grads, bi + 64 * h, g);
-        kernels::load_vec<Tr::moment, 8, false>(a.exp_avg, si + 64 * h, m);
-        kernels::load_vec<Tr::moment, 8, false>(a.exp_avg_sq, si + 64 * h, v);
+        kernels::load_vec<Tr::moment, 8, false>(a.exp_avg, mi + 64 * h, m);
+        kernels::load_vec<Tr::moment, 8, false>(a.exp_avg_sq, mi + 64 * h, v);
 #pragma unroll
         for (int k = 0; k < 8; ++k) kernels::adam_element<Tr::decoupled>(a.consts, sv, g[k], p[k], m[k], v[k]);
         kernels::store_vec<DType::f32, 8>(a.master, si + 64 * h, p);
-        kernels::store_vec<Tr::moment, 8>(a.exp_avg, si + 64 * h, m);
-        kernels::store_vec<Tr::moment, 8>(a.exp_avg_sq, si + 64 * h, v);
+        kernels::store_vec<Tr::moment, 8>(a.exp_avg, mi + 64 * h, m);
+        kernels::store_vec<Tr::moment, 8>(a.exp_avg_sq, mi + 64 * h, v);
       }
     } else {
 #pragma unroll
@@ -522,7 +537,7 @@ __device__ __forceinline__ void adam_tile(const ShardEntry& en, const AdamMxfp8P
         p[k] = 0.0f;
         if (k >= room.lo[h] && k < room.hi[h]) {
           const std::int64_t i = 64 * h + k;
-          p[k] = skipped ? a.master[si + i] : kernels::adam_scalar<Tr>(a, sv, si + i, bi + i, 0);  // no moment shift: MXFP8 buffers hold no Muon piece (ShardEngine::adam_place)
+          p[k] = skipped ? a.master[si + i] : kernels::adam_scalar<Tr>(a, sv, si + i, bi + i, pl.moment_shift);
         }
       }
     }
@@ -562,7 +577,15 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       } else {
         adam_tile<Tr, false>(en, pl, a, sv, skipped, spot, w);
       }
-      if (spot.full) {
+      // The data bytes also into the storage where the place names it (issue 29: the
+      // landing then skips this rank's owned tile rows). Block-uniform.
+      if (pl.copy_row != nullptr) {
+        if (spot.full) {
+          owned_tile<true, true>(en, spot, w, col_partial[buf], col_scales, col_inverse, pl.copy_row, pl.copy_col);
+        } else {
+          owned_tile<false, true>(en, spot, w, col_partial[buf], col_scales, col_inverse, pl.copy_row, pl.copy_col);
+        }
+      } else if (spot.full) {
         owned_tile<true>(en, spot, w, col_partial[buf], col_scales, col_inverse);
       } else {
         owned_tile<false>(en, spot, w, col_partial[buf], col_scales, col_inverse);
