@@ -244,18 +244,6 @@ __global__ void data_kernel(QuantizeTable t, std::int64_t bytes, const std::int3
   }
 }
 
-__global__ void dequantize_kernel(Nvfp4Shape s, const std::uint8_t* data, const std::uint8_t* scale,
-                                  const float* decode_scale, float* out_f32, std::uint16_t* out_bf16,
-                                  const std::int32_t* skip_flag) {
-  if (skipped(skip_flag)) return;
-  const float decode = *decode_scale;
-  for (std::int64_t i = first_unit(); i < s.numel(); i += unit_stride()) {
-    const float v = decode_at(s, i, data, scale, decode);
-    if (out_f32 != nullptr) out_f32[i] = v;
-    if (out_bf16 != nullptr) out_bf16[i] = num::f32_to_bf16(v);
-  }
-}
-
 }  // namespace
 
 void launch_quantize(const QuantizeEntry* entries, int count, const QuantizeEntry& one, const QuantizeUnits& units,
@@ -282,14 +270,6 @@ void launch_quantize(const QuantizeEntry* entries, int count, const QuantizeEntr
   }
 }
 
-void launch_dequantize(const Nvfp4Shape& shape, const std::uint8_t* data, const std::uint8_t* scale,
-                       const float* decode_scale, float* out_f32, std::uint16_t* out_bf16,
-                       const std::int32_t* skip_flag, Stream stream) {
-  dequantize_kernel<<<grid_for(shape.numel()), kThreads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
-      shape, data, scale, decode_scale, out_f32, out_bf16, skip_flag);
-  SHARDOPT_CUDA_CHECK(cudaGetLastError());
-}
-
 }  // namespace shardopt::nvfp4
 
 namespace shardopt::kernels {
@@ -301,7 +281,6 @@ void nvfp4_kernels_cuda(const KernelVisitor& visit) {
   visit(kernel_symbol(nvfp4::tile_kernel));
   visit(kernel_symbol(nvfp4::scales_kernel));
   visit(kernel_symbol(nvfp4::data_kernel));
-  visit(kernel_symbol(nvfp4::dequantize_kernel));
 }
 
 }  // namespace shardopt::kernels
