@@ -23,6 +23,7 @@
 #include "shardopt/error.hpp"
 #include "shardopt/fused_adam.hpp"
 #include "shardopt/nvfp4.hpp"
+#include "common/back_to_back.hpp"
 #include "unit/test_mxfp8_common.hpp"
 
 namespace adam_amax_test {
@@ -120,12 +121,13 @@ inline void run_case(Backend b, int world, DType grad_dtype, DType moment_dtype,
   using mxfp8_test::download;
   using mxfp8_test::upload;
   const std::vector<Param> ps = params();
-  std::vector<std::int64_t> start;
-  std::int64_t total = 0;
-  for (const Param& p : ps) {
-    start.push_back(total);
-    total += p.numel();
-  }
+  const shardopt::test::BackToBack lay = [&] {
+    std::vector<std::int64_t> numels;
+    for (const Param& p : ps) numels.push_back(p.numel());
+    return shardopt::test::BackToBack(numels);
+  }();
+  const std::vector<std::int64_t>& start = lay.starts();
+  const std::int64_t total = lay.total();
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> master(static_cast<std::size_t>(total)), grad(static_cast<std::size_t>(total));
@@ -152,25 +154,13 @@ inline void run_case(Backend b, int world, DType grad_dtype, DType moment_dtype,
                  " moments " + to_string(moment_dtype) + " max_chunk " + std::to_string(max_chunk));
     const std::int64_t lo = bounds[static_cast<std::size_t>(r)], hi = bounds[static_cast<std::size_t>(r) + 1];
     // The rank's chunks (one piece per parameter it touches) and their amax entries.
-    std::vector<ShardChunk> pieces;
-    std::vector<std::size_t> piece_param;
-    for (std::size_t p = 0; p < ps.size(); ++p) {
-      const std::int64_t a = std::max(lo, start[p]), e = std::min(hi, start[p] + ps[p].numel());
-      if (a >= e) continue;
-      ShardChunk c;
-      c.shard_offset = a - lo;
-      c.buffer_offset = a;
-      c.length = e - a;
-      pieces.push_back(c);
-    }
-    const std::vector<ShardChunk> chunks = split_shard_chunks(pieces, max_chunk);
+    const std::vector<ShardChunk> chunks = split_shard_chunks(lay.pieces(lo, hi), max_chunk);
     std::vector<DeviceBuffer> amax;
     for (const Param& p : ps)
       amax.push_back(upload(b, std::vector<std::uint32_t>(static_cast<std::size_t>(p.members * p.amax_numel()), 0)));
     std::vector<kernels::AdamAmaxChunk> table;
     for (const ShardChunk& c : chunks) {
-      std::size_t p = 0;
-      while (start[p] + ps[p].numel() <= c.buffer_offset) ++p;
+      const std::size_t p = lay.tensor_at(c.buffer_offset);
       kernels::AdamAmaxChunk t;
       t.amax = amax[p].as<std::uint32_t>();
       t.first = c.buffer_offset - start[p];
@@ -223,7 +213,8 @@ inline void run_case(Backend b, int world, DType grad_dtype, DType moment_dtype,
     auto check = [&](const std::vector<float>& m, const std::string& when) {
       for (std::size_t p = 0; p < ps.size(); ++p) {
         const Param& P = ps[p];
-        const std::int64_t a = std::max(lo, start[p]), e = std::min(hi, start[p] + P.numel());
+        const Range o = lay.overlap(p, lo, hi);
+        const std::int64_t a = o.begin, e = o.end;
         std::vector<float> mine;
         if (a < e) mine.assign(m.begin() + (a - lo), m.begin() + (e - lo));
         const auto got = download<std::uint32_t>(b, amax[p], static_cast<std::size_t>(P.members * P.amax_numel()));

@@ -33,6 +33,7 @@
 #include "shardopt/fused_adam.hpp"
 #include "shardopt/mxfp8.hpp"
 #include "shardopt/numerics.hpp"
+#include "common/back_to_back.hpp"
 #include "unit/test_mxfp8_common.hpp"
 
 namespace adam_mxfp8_test {
@@ -100,13 +101,16 @@ inline void run_case(Backend b, int world, DType grad_dtype, DType moment_dtype,
   using mxfp8_test::download;
   using mxfp8_test::upload;
   const std::vector<Tensor> ts = tensors();
-  std::vector<std::int64_t> start;
-  std::int64_t total = 0;
-  for (const Tensor& t : ts) {
-    total += t.gap;
-    start.push_back(total);
-    total += t.shape.numel();
-  }
+  const shardopt::test::BackToBack lay = [&] {
+    std::vector<std::int64_t> numels, gaps;
+    for (const Tensor& t : ts) {
+      numels.push_back(t.shape.numel());
+      gaps.push_back(t.gap);
+    }
+    return shardopt::test::BackToBack(numels, gaps);
+  }();
+  const std::vector<std::int64_t>& start = lay.starts();
+  const std::int64_t total = lay.total();
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> master(static_cast<std::size_t>(total)), grad(master.size()), m0(master.size()),
@@ -155,26 +159,24 @@ inline void run_case(Backend b, int world, DType grad_dtype, DType moment_dtype,
     const std::int64_t n = hi - lo;
     const auto nz = static_cast<std::size_t>(n);
     const auto sz = static_cast<std::size_t>(shift);  // master element k of the rank at shift + k
-    std::vector<ShardChunk> pieces;
+    auto group_of = [](std::size_t t) { return static_cast<std::int32_t>(t % 2); };
+    std::vector<ShardChunk> pieces = lay.pieces(lo, hi, group_of);
+    for (ShardChunk& c : pieces) {  // the rank's masters start after `shift` moment-less elements
+      c.shard_offset += shift;
+      c.moment_shift = shift;
+    }
     std::vector<kernels::AdamMxfp8Place> places;
     std::vector<Range> ranges;
     for (std::size_t t = 0; t < ts.size(); ++t) {
-      const std::int64_t a = std::max(lo, start[t]), e = std::min(hi, start[t] + ts[t].shape.numel());
+      const Range o = lay.overlap(t, lo, hi);
+      const std::int64_t a = o.begin, e = o.end;
       kernels::AdamMxfp8Place pl;
-      pl.group = static_cast<std::int32_t>(t % 2);
+      pl.group = group_of(t);
       pl.shard_offset = shift + std::max<std::int64_t>(a - lo, 0);
       pl.buffer_offset = a;
       pl.moment_shift = shift;
       places.push_back(pl);
       ranges.push_back(a < e ? Range{a - start[t], e - start[t]} : Range{0, 0});
-      if (a >= e) continue;
-      ShardChunk c;
-      c.shard_offset = shift + (a - lo);
-      c.buffer_offset = a;
-      c.length = e - a;
-      c.group = pl.group;
-      c.moment_shift = shift;
-      pieces.push_back(c);
     }
     const std::vector<ShardChunk> all = split_shard_chunks(pieces, 4096);
     auto make_run = [&] {
@@ -283,8 +285,7 @@ inline void run_case(Backend b, int world, DType grad_dtype, DType moment_dtype,
         // A few elements of owned bands against Adam in double.
         for (const std::int64_t i : {std::int64_t{7}, start[0] + 3000, start[2] + 40, start[6] + 20000}) {
           const auto k = static_cast<std::size_t>(i);
-          std::size_t t = 0;
-          while (start[t] + ts[t].shape.numel() <= i) ++t;
+          const std::size_t t = lay.tensor_at(i);
           const AdamGroup& grp = cfg.groups[t % 2];
           // The gradient as the kernel reads it (rounded to its dtype), unscaled and clipped.
           const double g = static_cast<double>(num::decode(grad_dtype, num::encode(grad_dtype, grad[k]))) * 0.5 * 0.75;

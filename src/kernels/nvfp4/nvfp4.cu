@@ -1,5 +1,5 @@
 // nvfp4.cu - whole-tensor NVFP4 quantization (one tensor or a list, in the same
-// launches) and dequantize.
+// launches). The decode (one tensor or a list) is in nvfp4_decode.cu.
 //
 // Quantize reads each tensor twice: pass 1 for the tensor's amax (no element can be
 // encoded before it is known), pass 2 for the block amaxes, scales and data. Launches:
@@ -319,18 +319,6 @@ __global__ void data_kernel(QuantizeTable t, std::int64_t bytes, const std::int3
   }
 }
 
-__global__ void dequantize_kernel(Nvfp4Shape s, const std::uint8_t* data, const std::uint8_t* scale,
-                                  const float* decode_scale, float* out_f32, std::uint16_t* out_bf16,
-                                  const std::int32_t* skip_flag) {
-  if (skipped(skip_flag)) return;
-  const float decode = *decode_scale;
-  for (std::int64_t i = first_unit(); i < s.numel(); i += unit_stride()) {
-    const float v = decode_at(s, i, data, scale, decode);
-    if (out_f32 != nullptr) out_f32[i] = v;
-    if (out_bf16 != nullptr) out_bf16[i] = num::f32_to_bf16(v);
-  }
-}
-
 // The amax pass's launch: `parts` parts a chunk (1, doubled up to 8 while the units,
 // chunks x parts, still fit one wave of `resident` blocks) and `grid` blocks (at most
 // one wave). Large tensors keep whole chunks (parts 1); small ones reach every SM.
@@ -394,14 +382,6 @@ void launch_quantize(const QuantizeEntry* entries, int count, const QuantizeEntr
                               skip_flag);
 }
 
-void launch_dequantize(const Nvfp4Shape& shape, const std::uint8_t* data, const std::uint8_t* scale,
-                       const float* decode_scale, float* out_f32, std::uint16_t* out_bf16,
-                       const std::int32_t* skip_flag, Stream stream) {
-  dequantize_kernel<<<grid_for(shape.numel()), kThreads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
-      shape, data, scale, decode_scale, out_f32, out_bf16, skip_flag);
-  SHARDOPT_CUDA_CHECK(cudaGetLastError());
-}
-
 }  // namespace shardopt::nvfp4
 
 namespace shardopt::kernels {
@@ -416,7 +396,6 @@ void nvfp4_kernels_cuda(const KernelVisitor& visit) {
   visit(kernel_symbol(nvfp4::tile_kernel));
   visit(kernel_symbol(nvfp4::scales_kernel));
   visit(kernel_symbol(nvfp4::data_kernel));
-  visit(kernel_symbol(nvfp4::dequantize_kernel));
 }
 
 }  // namespace shardopt::kernels

@@ -54,12 +54,7 @@ void dequantize_nvfp4_batch(const std::vector<Nvfp4Decode>& tensors, const std::
   for (std::size_t first = 0; first < tensors.size(); first += kNvfp4DecodeLaunch) {
     nvfp4::DecodeList list;
     const std::size_t n = std::min(kNvfp4DecodeLaunch, tensors.size() - first);
-    for (std::size_t k = 0; k < n; ++k) {
-      const Nvfp4Decode& t = tensors[first + k];
-      list.entries[k] = nvfp4::DecodeEntry{t, list.groups};
-      list.groups += (t.shape.numel() + nvfp4::kDecodeGroup - 1) / nvfp4::kDecodeGroup;
-    }
-    list.count = static_cast<int>(n);
+    for (std::size_t k = 0; k < n; ++k) list.add(tensors[first + k]);
     nvfp4::launch_dequantize_list(list, skip_flag, stream);
   }
 }

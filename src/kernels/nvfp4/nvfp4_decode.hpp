@@ -1,6 +1,8 @@
 // nvfp4_decode.hpp - internal: the launch (nvfp4_decode.cu) and the host twin
-// (nvfp4_decode.cpp) of the batched bf16 NVFP4 decode (dequantize_nvfp4_batch).
-// Arguments are validated by the entry point before they get here.
+// (nvfp4_decode.cpp) of the batched bf16 NVFP4 decode (dequantize_nvfp4_batch), whose
+// kernel also runs the one-tensor decode (dequantize_nvfp4, f32 or bf16: a list of one,
+// launch_dequantize in nvfp4_launch.hpp). Arguments are validated by the entry points
+// before they get here.
 #pragma once
 
 #include <cstddef>
@@ -28,10 +30,19 @@ struct DecodeList {
   DecodeEntry entries[kNvfp4DecodeLaunch];
   int count = 0;
   std::int64_t groups = 0;  ///< the groups of all entries
+  /// Set: the list's one tensor (count 1, its `out` null) is decoded to f32 here instead
+  /// of to bf16 (dequantize_nvfp4's f32 form).
+  float* out_f32 = nullptr;
+
+  /// Appends `t` (the caller keeps count < kNvfp4DecodeLaunch).
+  void add(const Nvfp4Decode& t) {
+    entries[count++] = DecodeEntry{t, groups};
+    groups += (t.shape.numel() + kDecodeGroup - 1) / kDecodeGroup;
+  }
 };
 
-/// The bf16 decode of every tensor of `list` in one launch; nothing is written when
-/// `skip_flag` (device int32, may be null) is nonzero.
+/// The decode of every tensor of `list` in one launch (bf16, or f32 into list.out_f32);
+/// nothing is written when `skip_flag` (device int32, may be null) is nonzero.
 void launch_dequantize_list(const DecodeList& list, const std::int32_t* skip_flag, Stream stream);
 
 /// Host twin: each tensor's bf16 decode, in order (host_dequantize of nvfp4_host.cpp).

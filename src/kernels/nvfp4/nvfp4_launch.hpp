@@ -104,7 +104,8 @@ ShardUnits units_after(const ShardEntry& e);
 void launch_quantize(const QuantizeEntry* entries, int count, const QuantizeEntry& one, const QuantizeUnits& units,
                      const std::int32_t* skip_flag, Stream stream);
 /// The data plane to f32 or to bf16 (out_f32 or out_bf16, the other null); returns at
-/// once when `skip_flag` (device int32, may be null) is nonzero.
+/// once when `skip_flag` (device int32, may be null) is nonzero. In nvfp4_decode.cu: the
+/// batched decode's kernel on a list of one.
 void launch_dequantize(const Nvfp4Shape& shape, const std::uint8_t* data, const std::uint8_t* scale,
                        const float* decode_scale, float* out_f32, std::uint16_t* out_bf16,
                        const std::int32_t* skip_flag, Stream stream);
