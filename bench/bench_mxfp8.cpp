@@ -174,14 +174,10 @@ int main(int argc, char** argv) {
       for (std::size_t i = 0; i < shapes.size(); ++i) quantize(i);
     });
     per_tensor_ms = frame.time_ms([&] { g.launch(st); });
-    {
-      const bench::DependentLaunchOff off;
-      const bench::CapturedGraph g_off(st, [&] {
-        for (std::size_t i = 0; i < shapes.size(); ++i) quantize(i);
-      });
-      extra["no_pdl_ms"] = frame.time_ms([&] { g_off.launch(st); });
-      extra["pdl_speedup"] = extra["no_pdl_ms"] / per_tensor_ms;
-    }
+    extra["no_pdl_ms"] = bench::graph_ms_without_pdl(frame, st, [&] {
+      for (std::size_t i = 0; i < shapes.size(); ++i) quantize(i);
+    });
+    extra["pdl_speedup"] = extra["no_pdl_ms"] / per_tensor_ms;
     report("llama3.2-1b/2d-weights", per_tensor_ms, all_bytes, elements,
            std::to_string(shapes.size()) + " matrices bf16 -> rowwise+columnwise e4m3 + e8m0 scales, one graph of " +
                std::to_string(shapes.size()) + " launches");

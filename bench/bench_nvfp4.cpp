@@ -229,14 +229,10 @@ int run(int argc, char** argv, const std::string& results_dir, const std::string
       for (std::size_t i = 0; i < m.size(); ++i) quantize(i);
     });
     per_tensor_ms = frame.time_ms([&] { g.launch(st); });
-    {
-      const bench::DependentLaunchOff off;
-      const bench::CapturedGraph g_off(st, [&] {
-        for (std::size_t i = 0; i < m.size(); ++i) quantize(i);
-      });
-      extra["no_pdl_ms"] = frame.time_ms([&] { g_off.launch(st); });
-      extra["pdl_speedup"] = extra["no_pdl_ms"] / per_tensor_ms;
-    }
+    extra["no_pdl_ms"] = bench::graph_ms_without_pdl(frame, st, [&] {
+      for (std::size_t i = 0; i < m.size(); ++i) quantize(i);
+    });
+    extra["pdl_speedup"] = extra["no_pdl_ms"] / per_tensor_ms;
     one_read(all_bytes_one_read, per_tensor_ms);
     report("llama3.2-1b/2d-weights", per_tensor_ms, all_bytes, m.elements,
            count + " matrices bf16 -> E2M1 data + E4M3 block scales + amax, decode scale; one graph of " + count +

@@ -61,25 +61,18 @@ inline PerCall time_per_call(const BandwidthBench& frame, int n, const std::func
   return out;
 }
 
-/// Programmatic dependent launches of the quantize kernels off (kernels::set_dependent_launch)
-/// while it lives, then back as they were: the rows "<config>/no-pdl" of bench_mxfp8 and
-/// bench_nvfp4 time the same calls this way, in the same process, next to the default
-/// rows (PDL on). A graph keeps the launches it captured, so capture under the guard.
-class DependentLaunchOff {
- public:
-  DependentLaunchOff() : was_(kernels::dependent_launch()) { kernels::set_dependent_launch(false); }
-  ~DependentLaunchOff() { kernels::set_dependent_launch(was_); }
-  DependentLaunchOff(const DependentLaunchOff&) = delete;
-  DependentLaunchOff& operator=(const DependentLaunchOff&) = delete;
-
- private:
-  bool was_;
-};
-
 /// time_per_call with programmatic dependent launches off (DependentLaunchOff).
 inline PerCall time_per_call_without_pdl(const BandwidthBench& frame, int n, const std::function<void(int)>& call) {
-  const DependentLaunchOff off;
+  const kernels::DependentLaunchScope off(false);
   return time_per_call(frame, n, call);
+}
+
+/// One graph of `work` captured with programmatic dependent launches off and timed like
+/// the default one (frame.time_ms of a launch): the whole-model rows' no_pdl_ms.
+inline double graph_ms_without_pdl(const BandwidthBench& frame, Stream stream, const std::function<void()>& work) {
+  const kernels::DependentLaunchScope off(false);
+  const CapturedGraph graph(stream, work);
+  return frame.time_ms([&] { graph.launch(stream); });
 }
 
 /// The numbers a single-tensor row carries besides ours_ms (t.graph_ms): calls, launches

@@ -78,12 +78,6 @@ void run(const TestStream& stream, bool captured, const std::function<void()>& e
 // Synchronous uploads (test::from_host) may still be in flight for a non-blocking stream.
 void device_sync() { SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize()); }
 
-// The switch set for a scope, then back on (the default).
-struct Switch {
-  explicit Switch(bool on) { kernels::set_dependent_launch(on); }
-  ~Switch() { kernels::set_dependent_launch(true); }
-};
-
 // The quantize entry point of each format, on the CUDA backend.
 void quantize_on_stream(const Mxfp8Shape& s, const std::uint16_t* src, const Mxfp8Planes& out,
                         const std::int32_t* flag, Stream st) {
@@ -127,7 +121,7 @@ void expect_same_bytes_either_way(const TestStream& stream, const std::vector<Sh
     const std::vector<std::uint16_t> x = mxfp8_test::random_bf16(s.numel(), s.cols, seed++, -20, 20);
     const auto twin = twin_of(s, x);
     for (bool on : {true, false}) {
-      const Switch sw(on);
+      const kernels::DependentLaunchScope sw(on);
       T t(s, x);
       device_sync();
       t.quantize(stream.st());

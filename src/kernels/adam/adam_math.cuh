@@ -192,6 +192,12 @@ SHARDOPT_HD void adam_element(const AdamElementConsts& c, const AdamStepValues& 
 template <DType T>
 using storage_t = typename num::Storage<T>::type;
 
+/// Elements per 16-byte vector of an Adam variant: 16 bytes of its narrowest array (4 when
+/// grads, moments and any params it writes are all fp32, else 8).
+SHARDOPT_HD constexpr int adam_vec_elems(DType grad, DType moment, DType param, bool write_params) {
+  return (grad == DType::f32 && moment == DType::f32 && (!write_params || param == DType::f32)) ? 4 : 8;
+}
+
 /// A variant fixed at compile time.
 template <DType G, DType M, DType P, bool kWriteParams, bool kDecoupled>
 struct AdamTraits {
@@ -200,9 +206,8 @@ struct AdamTraits {
   static constexpr DType param = P;
   static constexpr bool write_params = kWriteParams;
   static constexpr bool decoupled = kDecoupled;
-  /// Elements per vector: 16 bytes of the narrowest array (4 when every array is fp32).
-  static constexpr int vec =
-      (G == DType::f32 && M == DType::f32 && (!kWriteParams || P == DType::f32)) ? 4 : 8;
+  /// Elements per vector (adam_vec_elems).
+  static constexpr int vec = adam_vec_elems(G, M, P, kWriteParams);
 };
 
 /// Reads the step values of one group from the device scalars.

@@ -137,8 +137,8 @@ AdamMxfp8Pass::AdamMxfp8Pass(const std::vector<Mxfp8ShardTensor>& tensors, const
   sp.chunks = im.bands.data();
   sp.num_chunks = static_cast<std::int64_t>(im.bands.size());
   im.adam = prepare_adam_apply(config, sp, scalars, Backend::Host);  // checks every band against the shard
-  // The vector width of the variant (write_params is off): AdamTraits::vec.
-  const int vec = config.grad_dtype == DType::f32 && config.moment_dtype == DType::f32 ? 4 : 8;
+  // The vector width of the variant (write_params is off: the pass writes no params).
+  const int vec = adam_vec_elems(config.grad_dtype, config.moment_dtype, DType::f32, false);
   for (std::size_t i = 0; i < tensors.size(); ++i)
     where[i].vec_ok = tensors[i].range.size() > 0 && tiles_vector_ok(tensors[i], where[i], vec, im.adam.params.vector_ok)
                           ? 1

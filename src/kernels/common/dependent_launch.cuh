@@ -26,12 +26,11 @@
 
 #include <cuda_runtime.h>
 
-#include <array>
-#include <atomic>
 #include <utility>
 
 #include "core/check.hpp"
 #include "kernels/common/dependent_launch.hpp"
+#include "kernels/common/device_attribute.cuh"
 
 namespace shardopt::kernels {
 
@@ -62,22 +61,9 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 }
 
 /// Whether the current device has programmatic dependent launch (compute capability 9.0
-/// or later). Only a device attribute is queried (cached per device), which a stream
-/// capture does not object to.
+/// or later; kernels::device_attribute, cached per device).
 inline bool device_has_dependent_launch() {
-  static std::array<std::atomic<int>, 64> cache{};  // 0 unknown, 1 no, 2 yes
-  int device = 0;
-  SHARDOPT_CUDA_CHECK(cudaGetDevice(&device));
-  const bool cached = device >= 0 && device < static_cast<int>(cache.size());
-  if (cached) {
-    const int known = cache[static_cast<std::size_t>(device)].load(std::memory_order_relaxed);
-    if (known != 0) return known == 2;
-  }
-  int major = 0;
-  SHARDOPT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  const bool yes = major >= 9;
-  if (cached) cache[static_cast<std::size_t>(device)].store(yes ? 2 : 1, std::memory_order_relaxed);
-  return yes;
+  return device_attribute<cudaDevAttrComputeCapabilityMajor>() >= 9;
 }
 
 /// Launches `kernel` (which keeps the contract above) with `grid` blocks of `threads`

@@ -16,4 +16,18 @@ void set_dependent_launch(bool on);
 /// Whether the switch above is on.
 bool dependent_launch();
 
+/// The switch set to `on` while this object lives, then back to what it was (benchmarks
+/// and tests time or check both ways in one process; capture a graph inside the scope,
+/// since a graph keeps the launches it captured).
+class DependentLaunchScope {
+ public:
+  explicit DependentLaunchScope(bool on) : was_(dependent_launch()) { set_dependent_launch(on); }
+  ~DependentLaunchScope() { set_dependent_launch(was_); }
+  DependentLaunchScope(const DependentLaunchScope&) = delete;
+  DependentLaunchScope& operator=(const DependentLaunchScope&) = delete;
+
+ private:
+  bool was_;
+};
+
 }  // namespace shardopt::kernels

@@ -8,6 +8,7 @@
 
 #include "core/check.hpp"
 #include "kernels/adam/adam_vec.cuh"
+#include "kernels/common/device_attribute.cuh"
 #include "kernels/common/piece_sum.hpp"
 #include "kernels/common/piece_sum_math.cuh"
 
@@ -130,7 +131,7 @@ Residency residency(const void* kernel) {
   const auto it = known.find({kernel, device});
   if (it != known.end()) return it->second;
   Residency r;
-  SHARDOPT_CUDA_CHECK(cudaDeviceGetAttribute(&r.sms, cudaDevAttrMultiProcessorCount, device));
+  r.sms = device_attribute<cudaDevAttrMultiProcessorCount>();
   SHARDOPT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.per_sm, kernel, kSumThreads, 0));
   r.sms = std::max(1, r.sms);
   r.per_sm = std::max(1, r.per_sm);

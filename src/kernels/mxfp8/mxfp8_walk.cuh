@@ -11,11 +11,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <cstdint>
 
 #include "core/check.hpp"
+#include "kernels/common/device_attribute.cuh"
 
 namespace shardopt::mxfp8 {
 
@@ -87,23 +86,10 @@ struct Walk {
   __device__ bool ends_run(std::int64_t t) const { return kMaxRun == 1 || ((t + 1) & (run - 1)) == 0; }
 };
 
-/// Resident blocks on the current device (kBlocksPerSm on every SM). Only a device
-/// attribute is queried (cached per device), nothing that a stream capture could object
-/// to, so a first launch inside a capture is fine.
+/// Resident blocks on the current device (kBlocksPerSm on every SM; the SM count is
+/// cached per device: kernels::device_attribute), so a first launch inside a capture is fine.
 inline int resident_blocks() {
-  static std::array<std::atomic<int>, 64> cache{};
-  int device = 0;
-  SHARDOPT_CUDA_CHECK(cudaGetDevice(&device));
-  const bool cached = device >= 0 && device < static_cast<int>(cache.size());
-  if (cached) {
-    const int known = cache[static_cast<std::size_t>(device)].load(std::memory_order_relaxed);
-    if (known > 0) return known;
-  }
-  int sms = 0;
-  SHARDOPT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int blocks = std::max(1, sms) * kBlocksPerSm;
-  if (cached) cache[static_cast<std::size_t>(device)].store(blocks, std::memory_order_relaxed);
-  return blocks;
+  return std::max(1, kernels::device_attribute<cudaDevAttrMultiProcessorCount>()) * kBlocksPerSm;
 }
 
 /// The walk of `tiles` tiles with runs of at most max_run tiles: one wave of resident

@@ -268,18 +268,15 @@ __device__ __forceinline__ void quantize_tile(const QuantizeEntry& e, const tile
 // Pass 2 over the `tiles` tiles of the tiled tensors, one warp per tile (grid stride
 // over warps). A warp reads its tensor's amax and computes S_dec and the block factor
 // when it reaches a tile of another tensor.
-// Blocks may have fewer than kThreads threads (tile_geometry): the warp's first tile and
-// the stride count the warps of the launch.
+// Blocks may have fewer than kThreads threads (tile_geometry): tile::first_tile and
+// tile_stride count the warps of the launch.
 __global__ void __launch_bounds__(kThreads, tile::kBlocksPerSm)
     tile_kernel(QuantizeTable t, std::int64_t tiles, const std::int32_t* skip_flag) {
   start_dependent();
   if (skipped(skip_flag)) return;
-  const int warps = static_cast<int>(blockDim.x) >> 5;
-  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * warps + (static_cast<int>(threadIdx.x) >> 5);
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * warps;
   int cached = -1;  // the entry of `ts` (warp-uniform)
   TensorScale ts{};
-  for (std::int64_t u = first; u < tiles; u += stride) {
+  for (std::int64_t u = tile::first_tile(); u < tiles; u += tile::tile_stride()) {
     const tile::Where at = tile::locate(t, u, cached < 0 ? 0 : cached);
     const QuantizeEntry& e = t.at(at.e);
     if (at.e != cached) {

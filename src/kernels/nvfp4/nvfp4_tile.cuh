@@ -60,12 +60,14 @@ inline int grid_for_tiles(std::int64_t tiles) {
   return static_cast<int>(std::clamp<std::int64_t>((tiles + kWarps - 1) / kWarps, 1, resident));
 }
 
-/// The lane in its warp, and the warp's first tile and stride of the walk.
+/// The lane in its warp, and the warp's first tile and stride of the walk (one tile per
+/// warp; the warps of the launch counted from its block size, which may be below kWarps).
 __device__ __forceinline__ int lane() { return static_cast<int>(threadIdx.x) & 31; }
+__device__ __forceinline__ int block_warps() { return static_cast<int>(blockDim.x) >> 5; }
 __device__ __forceinline__ std::int64_t first_tile() {
-  return static_cast<std::int64_t>(blockIdx.x) * kWarps + (static_cast<int>(threadIdx.x) >> 5);
+  return static_cast<std::int64_t>(blockIdx.x) * block_warps() + (static_cast<int>(threadIdx.x) >> 5);
 }
-__device__ __forceinline__ std::int64_t tile_stride() { return static_cast<std::int64_t>(gridDim.x) * kWarps; }
+__device__ __forceinline__ std::int64_t tile_stride() { return static_cast<std::int64_t>(gridDim.x) * block_warps(); }
 
 /// The lane's chunk q (columns [128h + 8q, 128h + 8q + 8) of the tile for each span h)
 /// and its first row in the tile (then every second row).
