@@ -7,16 +7,15 @@
 // that grid has called allow_next_grid or exited), so its launch latency overlaps the
 // previous kernel's work. The contract of such a kernel, kept by every user of
 // launch_dependent:
-// - every thread first calls allow_next_grid(), so that the next kernel on the stream
-//   can be scheduled as soon as every block of this one is resident: in a chain of short
-//   kernels the launches then run ahead of the work, each grid waiting on its SMs for
-//   the one before (the wait, not the trigger, orders the memory);
-// - then wait_for_previous_grid(), before it reads or writes global memory (its inputs,
-//   a skip flag, an entry table, an amax slot...; an L2 prefetch, which reads nothing,
-//   may come before: prefetch_l2) and before it returns: the wait returns once the
-//   previous grid has completed and its writes are visible. Waiting before any return
-//   also makes this grid's completion imply the previous one's, which the grid after it
-//   relies on (its wait only covers this grid).
+// - every thread calls wait_for_previous_grid() before it reads or writes global memory
+//   (its inputs, a skip flag, an entry table, an amax slot...; an L2 prefetch, which
+//   reads nothing, may come before: prefetch_l2) and before it returns:
+//   the wait returns once the previous grid has completed and its writes are visible.
+//   Waiting before any return also makes this grid's completion imply the previous
+//   one's, which the grid after it relies on (its wait only covers this grid).
+// - then it calls allow_next_grid(), so that the next kernel on the stream can be
+//   scheduled while this one works; at most two grids of a chain are then resident, the
+//   running one and the next one waiting.
 // Both calls compile to nothing below sm_90, and the wait returns at once when the grid
 // was launched without the attribute (switch off, or a device before sm_90, which
 // launch_dependent gives an ordinary launch). Captured in a CUDA graph, the attribute
@@ -44,7 +43,7 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 }
 
 /// Lets the next grid on the stream be scheduled (griddepcontrol.launch_dependents);
-/// called first, before wait_for_previous_grid.
+/// called after wait_for_previous_grid.
 __device__ __forceinline__ void allow_next_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

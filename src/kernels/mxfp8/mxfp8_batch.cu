@@ -308,8 +308,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   // flag, the entry table, the source) is read before the previous grid is done; only
   // the first tile's lines are asked into L2 meanwhile.
   if (t < tiles) prefetch_tile(table, t);
-  kernels::allow_next_grid();
   kernels::wait_for_previous_grid();
+  kernels::allow_next_grid();
   // The flag's load and the first tile's loads are in flight together; nothing is
   // written before the flag is known.
   const std::int32_t skip = skip_flag != nullptr ? *skip_flag : 0;

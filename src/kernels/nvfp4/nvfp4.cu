@@ -64,11 +64,11 @@ __device__ std::uint32_t tensor_amax(const QuantizeEntry& e) {
   return *reinterpret_cast<const std::uint32_t*>(e.out.amax);
 }
 
-// The first two calls of every quantize kernel (dependent_launch.cuh): let the next
-// grid be scheduled, then wait for the grid before.
+// The first two calls of every quantize kernel (dependent_launch.cuh): wait for the
+// grid before, then let the next one be scheduled.
 __device__ __forceinline__ void start_dependent() {
-  kernels::allow_next_grid();
   kernels::wait_for_previous_grid();
+  kernels::allow_next_grid();
 }
 
 __global__ void zero_amax_kernel(QuantizeTable t, const std::int32_t* skip_flag) {
