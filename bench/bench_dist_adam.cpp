@@ -7,7 +7,11 @@
 // shared bytes ORed, zeroing).
 //
 //   mpirun -n 4 bench_dist_adam [--results DIR] [--peer FILE] [--iters N] [--phases]
-//                                [--grad-reduce-precision]
+//                                [--grad-reduce-precision] [--gather-pipeline N]
+//
+// --gather-pipeline N sets DistributedAdamOptions::gather_pipeline (at least 1) of every
+// step measured (default: the option's default); the rows record it ("gather_pipeline"),
+// so write them to a results folder of their own when comparing (the configs' names stay).
 //
 // --grad-reduce-precision runs only the row "dist_adam_grad_reduce" (issue 31): the
 // captured bf16 step with GradReducePrecision::F32Accumulate against the same step with
@@ -59,13 +63,16 @@ namespace {
 using namespace shardopt;
 using Clock = std::chrono::steady_clock;
 
-// --results DIR, --peer FILE, --iters N (default 30), --host-cpu-only, --phases and
-// --grad-reduce-precision.
+// --results DIR, --peer FILE, --iters N (default 30), --host-cpu-only, --phases,
+// --grad-reduce-precision and --gather-pipeline N.
 struct Args : bench::RunArgs {
   bool host_cpu_only = false;  // --host-cpu-only: skip the full-step rows
   bool phases = false;         // --phases: the phase breakdown instead of the host CPU sweep
   bool grad_reduce = false;    // --grad-reduce-precision: only the F32Accumulate vs Native row
 };
+
+// --gather-pipeline N (0: the option's default), read by step_options().
+int gather_pipeline = 0;
 
 Args parse(int argc, char** argv) {
   Args a;
@@ -77,6 +84,10 @@ Args parse(int argc, char** argv) {
     }
     if (r.arg() == "--grad-reduce-precision") {
       a.grad_reduce = true;
+      return true;
+    }
+    if (r.arg() == "--gather-pipeline") {
+      gather_pipeline = std::max(1, std::atoi(r.value().c_str()));
       return true;
     }
     if (r.arg() != "--host-cpu-only") return false;
@@ -94,6 +105,7 @@ DistributedAdamOptions step_options() {
   o.overlap_grad_reduce = false;
   o.groups["decay"] = AdamGroup{0.1f, 1.0f};
   o.groups["no_decay"] = AdamGroup{0.0f, 1.0f};
+  if (gather_pipeline > 0) o.gather_pipeline = gather_pipeline;
   return o;
 }
 
