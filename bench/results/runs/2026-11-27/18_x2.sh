@@ -5,7 +5,8 @@
 # copies every byte as before b3), bench_dist_adam only; then `bench_dist_adam --phases` at
 # 2 ranks of both builds, and of this build with --gather-pipeline 8, alternated twice
 # (main, nocopy, gp8, main, nocopy, gp8): step, iteration and phase rows, each format against
-# bf16 in the same process; then the gpu-multi suite at 2 ranks.
+# bf16 in the same process (gp8 in the first round only); then the gpu-multi suite at 2 ranks
+# and, beside it on GPU 0, the single-GPU suite (every step now runs its tail on side streams).
 #   bash bench/results/runs/2026-11-27/18_x2.sh
 set -u
 OUT="${OUT:-/tmp/shardopt-out}"; mkdir -p "$OUT"
@@ -23,6 +24,7 @@ wait; say "variant build finished"
 mkdir -p "$OUT/var_results" "$OUT/gp8_results"
 for round in 1 2; do
   for v in main nocopy gp8; do
+    [ $v = gp8 ] && [ $round = 2 ] && continue
     X=()
     case $v in
       main) B=build-gpu; R=bench/results ;;
@@ -35,8 +37,19 @@ for round in 1 2; do
     grep -hE '^\{"bench": "dist_adam_phases"' "$OUT/${v}_$round.txt" | grep mxfp8 | cut -c1-900 >>"$L"
   done
 done
-mkdir -p "$OUT/T"; OUT="$OUT/T" timeout $((590 - SECONDS)) bash scripts/device_suite.sh testsN >/dev/null 2>&1
-say "gpu-multi at 2 ranks exit $?"; grep -E "gpu tests|FAIL|TIMEOUT" "$OUT/T/summary.txt" | tee -a "$L"
-tar czf "$OUT/results.tgz" bench/results "$OUT"/var_results "$OUT"/gp8_results "$OUT"/*.txt "$OUT"/T/*.log 2>/dev/null
+# The two suites at once, each with its own meson log (--logbase), as device_suite.sh's
+# tests1 / testsN phases run them.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+( timeout $((585 - SECONDS)) meson test -C build-gpu --no-rebuild --print-errorlogs --suite gpu-multi --num-processes 1 \
+    --timeout-multiplier 0.5 --logbase multi >"$OUT/tests_multi.txt" 2>&1; echo "[$SECONDS s] gpu-multi at 2 ranks exit $?" >>"$L" ) &
+( CUDA_VISIBLE_DEVICES=0 timeout $((585 - SECONDS)) meson test -C build-gpu --no-rebuild --print-errorlogs --suite gpu \
+    --num-processes 1 --timeout-multiplier 0.5 --logbase single >"$OUT/tests_single.txt" 2>&1; echo "[$SECONDS s] gpu (1 GPU) exit $?" >>"$L" ) &
+wait
+for f in multi single; do
+  echo "== $f: $(grep -E '^(Ok|Fail|Skipped|Timeout):' build-gpu/meson-logs/$f.txt | tr -s ' ' | tr '\n' ' ')" | tee -a "$L"
+  grep -E '^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT)' build-gpu/meson-logs/$f.txt | tee -a "$L"
+  cp build-gpu/meson-logs/$f.txt "$OUT/testlog_$f.txt"
+done
+tar czf "$OUT/results.tgz" bench/results "$OUT"/var_results "$OUT"/gp8_results "$OUT"/*.txt 2>/dev/null
 find "$OUT" -mindepth 1 -maxdepth 1 ! -name results.tgz ! -name lanes.log -exec rm -rf {} +
 say "all done"
