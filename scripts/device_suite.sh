@@ -80,10 +80,10 @@ phase_build() {
 
 run_suite() {  # name, meson test args...
   local name="$1"; shift
-  local t0=$SECONDS
-  meson test -C "$BUILD" --no-rebuild --print-errorlogs "$@" >>"$OUT/tests.log" 2>&1
-  log "$name: $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$BUILD/meson-logs/testlog.txt" | tr -s ' ' | tr '\n' ' ') ($((SECONDS - t0)) s)"
-  grep -E '^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT)' "$BUILD/meson-logs/testlog.txt" | tee -a "$SUMMARY" || true
+  local t0=$SECONDS lb="${MESON_LOGBASE:-testlog}"  # MESON_LOGBASE: lanes sharing one build dir
+  meson test -C "$BUILD" --no-rebuild --print-errorlogs --logbase "$lb" "$@" >>"$OUT/tests.log" 2>&1
+  log "$name: $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$BUILD/meson-logs/$lb.txt" | tr -s ' ' | tr '\n' ' ') ($((SECONDS - t0)) s)"
+  grep -E '^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT)' "$BUILD/meson-logs/$lb.txt" | tee -a "$SUMMARY" || true
 }
 
 phase_tests1() {
