@@ -1,7 +1,7 @@
 // bench_dist_adam: the distributed-Adam step (reduce-scatter, norm/clip, Adam on the
 // shard, all-gather) for the Llama-3.2-1B-shaped set with bf16 grads, with bf16 params,
 // with MXFP8 params (ParamFormat::Mxfp8: quantize from the master, e8m0 scale
-// all-reduce, all-gather of both e4m3 planes through the grad buffer, landing, zeroing)
+// all-reduce, all-gather of both e4m3 planes in place into the storage: issue 29)
 // and with NVFP4 params (ParamFormat::Nvfp4: partial u32 amaxes, one Max all-reduce,
 // shard quantize, all-gather of the E2M1 bytes through the grad buffer, landing with the
 // shared bytes ORed, zeroing).
@@ -294,8 +294,9 @@ double step_ms(const Communicator& comm, Stream s, const Args& a, const Distribu
 // Median time of one whole iteration of an optimizer with the given options, replayed
 // through StepGraph as one graph: the reduce-scatters, the step and zero_grad (no
 // backward: the gradients are what the last replay left). A bf16 trainer must zero its
-// gradients every iteration; the quantized step's landing already zeroed its gradient
-// regions, and the zero_grad behind the step skips them (issue 29).
+// gradients every iteration, and so must an MXFP8 one (its step gathers into the storage
+// and leaves the gradients alone); NVFP4's landing already zeroed its gradient regions,
+// and the zero_grad behind the step skips them (issue 29).
 double iteration_ms(const Communicator& comm, Stream s, const Args& a, const DistributedAdamOptions& o) {
   DistributedAdam opt(comm, presets::transformer(presets::kLlama32_1B, DType::bf16), o);
   fill_model(opt, s);
@@ -439,8 +440,7 @@ void full_step(const Communicator& comm, Stream s, const Args& a, const std::str
   // MXFP8 params, next to it. The peer line (if the peer file has this config) is read
   // the same way; the limit is the bf16 row's: the same bytes cross the links (2 per
   // element gathered: rowwise + columnwise e4m3), quantization and the scale all-reduce
-  // excluded. The step also zeroes the MXFP8 gradient regions (the bf16 row's zero_grad
-  // is not timed).
+  // excluded. Like the bf16 step, it leaves its gradients to zero_grad (not timed here).
   const std::string mx_config = "mxfp8p-bf16g/1.5B/147/n" + std::to_string(comm.size());
   bench::Result x;
   x.bench = "dist_adam_step";
@@ -460,7 +460,8 @@ void full_step(const Communicator& comm, Stream s, const Args& a, const std::str
   add_memory(x, mx_memory);
   x.notes["limit"] = "the bf16 row's limit (same gathered bytes); excludes quantization and the e8m0 scale all-reduce";
   x.notes["what"] = "captured step with MXFP8 params: Adam (master only), partial scales, e8m0 Max all-reduce, "
-                    "shard quantize into the grad buffer, all-gather there, landing copy, zeroing";
+                    "shard quantize into the storage's gather planes, all-gather in place there (no landing, no "
+                    "zeroing)";
   x.command = cmd;
   bench::write(x, a.results);
 
@@ -490,7 +491,7 @@ void full_step(const Communicator& comm, Stream s, const Args& a, const std::str
 
   // The fair comparison (issue 29): the whole iteration of each format, reduce-scatters +
   // step + zero_grad in one replayed graph, in this process. The step rows above leave
-  // out the bf16 trainer's zero_grad, which the quantized steps do in their landing.
+  // out the bf16 and MXFP8 trainers' zero_grad, which NVFP4's step does in its landing.
   const std::pair<const char*, double> iterations[] = {
       {"bf16p-bf16g", bf16_it}, {"mxfp8p-bf16g", mx_it}, {"nvfp4p-bf16g", nv_it}};
   const double step_of[] = {ours, mx_ms, nv_ms};
@@ -504,8 +505,8 @@ void full_step(const Communicator& comm, Stream s, const Args& a, const std::str
     it.numbers["bf16_iteration_ms"] = bf16_it;
     it.numbers["over_bf16_iteration"] = iterations[k].second / bf16_it;
     it.numbers["step_over_bf16_step"] = step_of[k] / ours;
-    it.notes["what"] = "StepGraph::replay of one graph: reduce-scatters, step, zero_grad (the quantized formats' "
-                       "zero_grad skips the gradient regions their landing zeroed); no backward";
+    it.notes["what"] = "StepGraph::replay of one graph: reduce-scatters, step, zero_grad (NVFP4's zero_grad skips "
+                       "the gradient regions its landing zeroed; bf16's and MXFP8's zero every gradient); no backward";
     it.command = cmd;
     bench::write(it, a.results);
   }

@@ -83,6 +83,15 @@ struct BucketStoreOptions {
   std::vector<std::int64_t> staged_gather_rank_bytes;
 };
 
+/// One plane of a bucket's own in-place all-gather (BucketStore::set_gather_planes).
+struct GatherPlane {
+  /// world * rank_bytes bytes of device memory (host memory on the host backend),
+  /// 16-byte aligned; rank r's piece is bytes [r * rank_bytes, (r + 1) * rank_bytes).
+  void* data = nullptr;
+  /// Bytes of each rank's piece (at least 1).
+  std::int64_t rank_bytes = 0;
+};
+
 namespace detail {
 class BucketStoreImpl;
 }
@@ -134,8 +143,9 @@ class BucketStore {
   void wait_grad_reduce(int bucket, Stream stream);
   /// Starts the all-gather of bucket `bucket`'s parameters after the work queued so far
   /// on `stream` (which wrote this rank's slice); for a buffer without parameters, the
-  /// staged all-gather of its gradient region (BucketStoreOptions::staged_gather_bytes;
-  /// Error(InvalidState) when that is 0).
+  /// in-place gather of its own planes (set_gather_planes) or else the staged all-gather
+  /// of its gradient region (BucketStoreOptions::staged_gather_bytes; Error(InvalidState)
+  /// when that is 0).
   void start_param_gather(int bucket, Stream stream);
   /// Makes `stream` wait for the bucket's all-gather.
   void wait_param_gather(int bucket, Stream stream);
@@ -147,6 +157,26 @@ class BucketStore {
   void start_grad_reduces(int first, int last, Stream stream);
   /// The same for the parameter all-gathers of [first, last).
   void start_param_gathers(int first, int last, Stream stream);
+  /// Gives bucket `bucket` of a layout buffer without parameters (buffer_params) a gather
+  /// of its own: from now on its start_param_gather(s) all-gathers each plane in place,
+  /// as bytes (one collective per plane, in one NCCL group with the other buckets
+  /// started together; wait_param_gather as for any bucket), instead of the staged gather
+  /// through its gradient region, which the store then never writes. For storage that
+  /// every rank keeps whole anyway (DistributedAdam's MXFP8 data planes): the gather
+  /// lands where the bytes are read, with no staging, copy or zeroing. The memory stays
+  /// the caller's: it must outlive every gather of the bucket (the store's destructor
+  /// only waits for its communication stream). Collective: every rank passes the same
+  /// bucket and byte counts; on CUDA each plane's gather then runs once eagerly (NCCL
+  /// connects lazily: a captured gather must not be the first of its kind), which moves
+  /// the planes' current bytes as any gather would. Errors: Error(OutOfRange) for a bad
+  /// bucket; Error(InvalidArgument) when its buffer has parameters, for no planes or more
+  /// than 8, a null or not 16-byte aligned plane, or rank_bytes below 1;
+  /// Error(InvalidState) when the bucket already has planes or its gather is pending;
+  /// Error(LayoutMismatch) when the ranks pass different buckets or byte counts (every
+  /// rank throws the first error of any rank).
+  void set_gather_planes(int bucket, const std::vector<GatherPlane>& planes);
+  /// True when bucket `bucket` gathers into planes of its own (set_gather_planes).
+  bool has_gather_planes(int bucket) const;
   /// Reports that parameter `param`'s gradient is complete on `stream`; when every
   /// parameter of its bucket has reported, the bucket's reduce-scatter starts (on the
   /// stream of that last report). Each parameter reports at most once per round, and not

@@ -10,8 +10,10 @@
 //   across ranks, clipping, fused Adam on the shard writing master and param slices,
 //   then the per-bucket parameter all-gather (or deferred: wait_param before use).
 //   MXFP8 parameters (ParamFormat::Mxfp8): Adam writes only the master; each bucket is
-//   quantized from it and all-gathered through its own gradient region (docs/mxfp8.md).
-//   NVFP4 parameters (ParamFormat::Nvfp4) take the same path (docs/nvfp4.md).
+//   quantized from it into this rank's slice of the storage and all-gathered there, in
+//   place; the step never writes their gradients, which zero_grad clears as native ones
+//   (docs/mxfp8.md). NVFP4 parameters (ParamFormat::Nvfp4) are all-gathered through each
+//   bucket's own gradient region, landed and the region zeroed (docs/nvfp4.md).
 //
 // Nothing in a step reads device data on the host, allocates, or depends on a host
 // value that changes between steps: learning rate and loss scale come from pinned host
@@ -85,8 +87,9 @@ struct DistributedAdamOptions : AdamOptions {
   bool persistent_grad_copies = false;
   /// Native, MXFP8 or NVFP4 parameters (see ParamFormat). With Mxfp8 or Nvfp4,
   /// param_dtype must be unset or f32 (the 1-D parameters' dtype), and the trainer seeds
-  /// the parameters through shard_master + init_from_master. Everything said below of
-  /// MXFP8 parameters and buckets holds for NVFP4 ones too. A quantized parameter's
+  /// the parameters through shard_master + init_from_master. Below, MXFP8 and NVFP4
+  /// differ only in where the gather goes (MXFP8: into the storage; NVFP4: through the
+  /// gradient regions, landed and zeroed); the rest holds for both. A quantized parameter's
   /// gradient is fed as a native one's: in grad_dtype (bf16 or f32, not quantized) into
   /// grad(i), the gradient with respect to the decoded weight.
   ParamFormat param_format = ParamFormat::Native;
@@ -162,13 +165,14 @@ class DistributedAdam {
   void init_master(Stream stream);
   /// The other way round, for any format: the trainer writes initial fp32 values into its
   /// shard_master(i) pieces, then this publishes them: native buffers get bf16/f16/f32
-  /// (master) in their slices and are all-gathered; MXFP8 parameters are quantized,
-  /// gathered, landed and their gradient regions zeroed. Collective; waits (also with
+  /// (master) in their slices and are all-gathered; MXFP8 parameters are quantized and
+  /// gathered into their storage (gradients untouched); NVFP4 ones gathered through their
+  /// gradient regions, landed and the regions zeroed. Collective; waits (also with
   /// overlap_param_gather). Also the way to publish a master loaded from a checkpoint.
   void init_from_master(Stream stream);
   /// Reports that param i's gradient is complete on `stream` (overlap with backward).
   /// A no-op while grad sync is off or overlap_grad_reduce is false. Error(InvalidState)
-  /// naming wait_param while param i's MXFP8 bucket still has its gather in flight.
+  /// naming wait_param while param i's MXFP8 / NVFP4 bucket still has its gather in flight.
   void grad_ready(int i, Stream stream);
   /// Turns grad_ready() on or off (off for microbatches that only accumulate).
   void set_grad_sync(bool enabled);
@@ -177,25 +181,30 @@ class DistributedAdam {
   /// A later step() then does not reduce again (until the next step or zero_grad).
   void reduce_grads(Stream stream);
   /// The whole optimizer step (see the file comment); it reduces the gradients first
-  /// unless reduce_grads() already did. MXFP8 buckets leave it with their gradient
-  /// regions zero (the staging is zeroed on landing), or in flight (overlap_param_gather,
-  /// eager). reduce_grads() and step() are Error(InvalidState) while an MXFP8 bucket is
-  /// still in flight from the previous step (call wait_param or zero_grad first).
+  /// unless reduce_grads() already did. MXFP8 buckets leave their gradients as the
+  /// reduce-scatter left them, as native ones (call zero_grad before the next backward);
+  /// NVFP4 buckets leave their gradient regions zero (the staging is zeroed on landing).
+  /// Either may be left in flight (overlap_param_gather, eager). reduce_grads() and
+  /// step() are Error(InvalidState) while a quantized bucket is still in flight from the
+  /// previous step (call wait_param or zero_grad first).
   void step(Stream stream);
   /// Starts every bucket's parameter all-gather; waits unless overlap_param_gather.
-  /// MXFP8 buckets are requantized from the master, gathered through their gradient
-  /// regions, landed and zeroed before it returns (a forced gather, e.g. before saving):
-  /// call it only while the gradient buffer holds nothing of value (after step() or
-  /// zero_grad(), before the next backward); Error(InvalidState) between grad_ready /
-  /// reduce_grads and step.
+  /// Quantized buckets are requantized from the master and gathered before it returns (a
+  /// forced gather, e.g. before saving). MXFP8 ones gather into their storage and leave
+  /// the gradients alone. NVFP4 ones are gathered through their gradient regions, landed
+  /// and zeroed: with NVFP4 parameters call it only while the gradient buffer holds
+  /// nothing of value (after step() or zero_grad(), before the next backward);
+  /// Error(InvalidState) between grad_ready / reduce_grads and step.
   void gather_params(Stream stream);
   /// Makes `stream` wait for bucket b's parameter all-gather (a no-op if none pending).
-  /// MXFP8 bucket: lands it (copies the bytes into the MXFP8 storage) and zeroes its
-  /// gradient region, on `stream`. With overlap_param_gather the forward must call it
-  /// before reading the bucket's weights, and before the backward writes its gradients.
+  /// NVFP4 bucket: lands it (copies the bytes into the storage) and zeroes its gradient
+  /// region, on `stream`; MXFP8 bucket: only the wait (it gathered into its storage).
+  /// With overlap_param_gather the forward must call it before reading the bucket's
+  /// weights, and before the backward writes its gradients.
   void wait_param(int bucket, Stream stream);
-  /// Zeroes every gradient view in place; releases cast copies unless persistent. Pending
-  /// MXFP8 gathers are landed and consumed first (their staging lives in the gradients).
+  /// Zeroes every gradient view in place (MXFP8 ones included); releases cast copies
+  /// unless persistent. Pending quantized gathers are consumed first (NVFP4's staging
+  /// lives in the gradients). Call it between steps whatever the format.
   void zero_grad(Stream stream);
   /// Debug query: where bucket b's parameter all-gather stands (host-side bookkeeping of
   /// the calls made so far; Idle after every non-deferred or captured step).

@@ -53,6 +53,8 @@ std::uint64_t encode(const BucketStoreOptions& o, bool valid) {
 
 // BucketStoreOptions::grad_reduce_chunks at most.
 constexpr int kMaxGradReduceChunks = 16;
+// Planes of one bucket's own gather (set_gather_planes) at most.
+constexpr std::size_t kMaxGatherPlanes = 8;
 
 std::string describe_options(std::uint64_t v, std::uint64_t chunks) {
   const auto dtype = static_cast<DType>(v & 0xFF);
@@ -95,6 +97,7 @@ class BucketStoreImpl {
     ready_stream.assign(nbuckets, nullptr);
     reported.assign(layout.params().size(), 0);
     chunks.assign(nbuckets, 1);
+    planes.assign(nbuckets, {});
     // A rank whose allocation fails tells the others, which would otherwise wait for
     // it in the warm-up collectives.
     std::exception_ptr error;
@@ -150,6 +153,7 @@ class BucketStoreImpl {
   std::vector<std::size_t> ready_count;  // params of the bucket reported in this round
   std::vector<Stream> ready_stream;      // the stream the bucket's params report on
   std::vector<std::uint8_t> reported;    // per param, in this round
+  std::vector<std::vector<GatherPlane>> planes;  // per bucket, its own gather (set_gather_planes)
 
   Stream comm_stream() const noexcept { return stream != nullptr ? stream->get() : nullptr; }
 
@@ -219,10 +223,12 @@ class BucketStoreImpl {
     if (!reduce) {
       for (int b : buckets) {
         const int buf = layout.buckets()[static_cast<std::size_t>(b)].buffer;
-        SHARDOPT_REQUIRE(buffer_has_params(buf) || staged(), ErrorCode::InvalidState,
+        SHARDOPT_REQUIRE(buffer_has_params(buf) || staged() || !planes[static_cast<std::size_t>(b)].empty(),
+                         ErrorCode::InvalidState,
                          "start_param_gather(" + std::to_string(b) + "): layout buffer " + std::to_string(buf) +
-                             " has no parameter buffer (BucketStoreOptions::with_params / buffer_params) and "
-                             "staged_gather_bytes is 0, so the bucket has nothing to gather");
+                             " has no parameter buffer (BucketStoreOptions::with_params / buffer_params), the "
+                             "bucket has no gather planes (set_gather_planes) and staged_gather_bytes is 0, so "
+                             "the bucket has nothing to gather");
       }
     }
     require_comm(call);
@@ -244,6 +250,9 @@ class BucketStoreImpl {
         const DType dtype = layout.buffers()[buf].dtype;
         char* data = params[buf].as<char>() + static_cast<std::size_t>(bk.range.begin) * size_of(dtype);
         comm.all_gather(data, per_rank, dtype, s);
+      } else if (!planes[static_cast<std::size_t>(b)].empty()) {  // its own planes, in place, as bytes
+        for (const GatherPlane& pl : planes[static_cast<std::size_t>(b)])
+          comm.all_gather(pl.data, pl.rank_bytes, DType::e4m3, s);
       } else {  // staged: bytes through the bucket's gradient region
         char* data = grads[buf].as<char>() + static_cast<std::size_t>(bk.range.begin) * size_of(options.grad_dtype);
         comm.all_gather(data, staged_rank_bytes(b, per_rank), DType::e4m3, s);
@@ -265,7 +274,9 @@ class BucketStoreImpl {
       Event& started = (reduce ? reduce_start : gather_start)[static_cast<std::size_t>(buckets.front())];
       started.record(caller);
       started.wait(comm_stream());
-      if (buckets.size() == 1 || one_by_one) {
+      // One collective alone; several (buckets, or one bucket's planes) as one group.
+      const bool alone = buckets.size() == 1 && (reduce || planes[static_cast<std::size_t>(buckets.front())].size() <= 1);
+      if (alone || one_by_one) {
         for (int b : buckets) run(b, comm_stream());
       } else {
         comm.grouped([&] {
@@ -312,6 +323,64 @@ class BucketStoreImpl {
       ready_stream[static_cast<std::size_t>(b)] = nullptr;
       for (int p : bk.params) reported[static_cast<std::size_t>(p)] = 0;
     }
+  }
+
+  // BucketStore::set_gather_planes: checked on every rank, agreed in one all-gather (each
+  // rank's error code + 1, or 0, and a hash of the bucket and byte counts), then set
+  // and, on CUDA, run once eagerly, alone and grouped.
+  void set_gather_planes(int b, const std::vector<GatherPlane>& given) {
+    require_comm("set_gather_planes");
+    const int n = static_cast<int>(layout.buckets().size());
+    std::string problem;
+    ErrorCode code = ErrorCode::InvalidArgument;
+    if (b < 0 || b >= n) {
+      problem = "bucket " + std::to_string(b) + " is out of range [0, " + std::to_string(n) + ")";
+      code = ErrorCode::OutOfRange;
+    } else if (buffer_has_params(layout.buckets()[static_cast<std::size_t>(b)].buffer)) {
+      problem = "the bucket's layout buffer has a parameter buffer, which its gather fills; gather planes are for "
+                "buffers without parameters (BucketStoreOptions::buffer_params)";
+    } else if (given.empty() || given.size() > kMaxGatherPlanes) {
+      problem = std::to_string(given.size()) + " planes given; give 1 to " + std::to_string(kMaxGatherPlanes);
+    } else if (!planes[static_cast<std::size_t>(b)].empty()) {
+      problem = "the bucket already has gather planes; give them once, after construction";
+      code = ErrorCode::InvalidState;
+    } else if (gather_pending[static_cast<std::size_t>(b)]) {
+      problem = "the bucket's all-gather was started and not waited for; call wait_param_gather first";
+      code = ErrorCode::InvalidState;
+    }
+    for (std::size_t i = 0; problem.empty() && i < given.size(); ++i) {
+      const auto at = reinterpret_cast<std::uintptr_t>(given[i].data);
+      if (given[i].data == nullptr || at % 16 != 0)
+        problem = "plane " + std::to_string(i) + " is " + (at == 0 ? "null" : "not 16-byte aligned") +
+                  "; give 16-byte aligned memory of world * rank_bytes bytes";
+      else if (given[i].rank_bytes < 1)
+        problem = "plane " + std::to_string(i) + " has rank_bytes " + std::to_string(given[i].rank_bytes) +
+                  "; each rank's piece needs at least 1 byte";
+    }
+    detail::Fnv f;
+    f.i64(b);
+    for (const GatherPlane& pl : given) f.i64(pl.rank_bytes);
+    const std::vector<std::uint64_t> all =
+        comm.all_gather_values({problem.empty() ? 0 : static_cast<std::uint64_t>(code) + 1, f.h});
+    SHARDOPT_REQUIRE(problem.empty(), code, "BucketStore::set_gather_planes(" + std::to_string(b) + "): " + problem);
+    for (std::size_t r = 0; r < all.size(); r += 2)
+      if (all[r] != 0)
+        throw Error(static_cast<ErrorCode>(static_cast<int>(all[r] - 1)),
+                    "BucketStore::set_gather_planes(" + std::to_string(b) + ") was refused on rank " +
+                        std::to_string(r / 2) + " (see its error); every rank gives up");
+    for (std::size_t r = 0; r < all.size(); r += 2)
+      SHARDOPT_REQUIRE(all[r + 1] == all[1], ErrorCode::LayoutMismatch,
+                       "BucketStore::set_gather_planes(" + std::to_string(b) + "): rank " + std::to_string(r / 2) +
+                           " gives another bucket or other byte counts than rank 0; pass the same on every rank");
+    planes[static_cast<std::size_t>(b)] = given;
+    if (backend != Backend::Cuda || comm.size() == 1) return;
+    DeviceGuard guard(device);
+    auto gathers = [&] {
+      for (const GatherPlane& pl : given) comm.all_gather(pl.data, pl.rank_bytes, DType::e4m3, comm_stream());
+    };
+    gathers();
+    comm.grouped(gathers);
+    comm.synchronize(comm_stream());
   }
 
   // An all-reduce ordered with the bucket collectives: on the comm stream, behind those
@@ -642,6 +711,16 @@ bool BucketStore::grad_reduce_pending(int bucket) const {
   auto& m = live(impl_);
   (void)m.bucket(bucket, "grad_reduce_pending");
   return m.grad_pending[static_cast<std::size_t>(bucket)] != 0;
+}
+
+void BucketStore::set_gather_planes(int bucket, const std::vector<GatherPlane>& planes) {
+  live(impl_).set_gather_planes(bucket, planes);
+}
+
+bool BucketStore::has_gather_planes(int bucket) const {
+  auto& m = live(impl_);
+  (void)m.bucket(bucket, "has_gather_planes");
+  return !m.planes[static_cast<std::size_t>(bucket)].empty();
 }
 
 bool BucketStore::param_gather_pending(int bucket) const {

@@ -82,16 +82,10 @@ BucketStoreOptions store_options(const Layout& L, const DistributedAdamOptions& 
   so.grad_reduce = o.grad_reduce;
   so.grad_reduce_precision = o.grad_reduce_precision;
   const std::vector<bool> q = quantized_buffers(L, o);
-  if (o.param_format == ParamFormat::Mxfp8) {
-    // The grad buffer carries the MXFP8 all-gather: 2 bytes per element of room.
-    SHARDOPT_REQUIRE(size_of(o.grad_dtype) >= static_cast<std::size_t>(detail::kMxfp8StagedBytes),
-                     ErrorCode::InvalidArgument,
-                     std::string("param_format Mxfp8 all-gathers the rowwise and columnwise bytes (2 per element) "
-                                 "through the gradient buffer; grad_dtype ") +
-                         to_string(o.grad_dtype) + " has " + std::to_string(size_of(o.grad_dtype)) +
-                         " bytes per element: use bf16, f16 or f32 gradients");
-    so.staged_gather_bytes = detail::kMxfp8StagedBytes;
-  } else if (o.param_format == ParamFormat::Nvfp4) {
+  // MXFP8 (issue 29): every rank keeps the whole storage, so each bucket's two data
+  // planes are all-gathered in place there (QuantizedParams gives the store the planes,
+  // BucketStore::set_gather_planes); nothing goes through the gradient buffer.
+  if (o.param_format == ParamFormat::Nvfp4) {
     // Half a byte per element (plus the bytes shared at odd boundaries): any gradient
     // dtype has the room; the store checks each bucket.
     so.staged_gather_rank_bytes = detail::nvfp4_staged_rank_bytes(L, q);
@@ -141,7 +135,10 @@ class DistributedAdam::Impl final : public detail::StepTarget {
     if (opt.param_format == ParamFormat::Mxfp8 && mx.format() != nullptr) adam_mx8 = fuse_mxfp8();
     std::vector<bool> landed(store.layout().buckets().size(), false);
     zero_all = detail::grads_outside(store.layout(), size_of(opt.grad_dtype), landed);
-    for (std::size_t b = 0; b < landed.size(); ++b) landed[b] = mx.is_bucket(static_cast<int>(b));
+    // Only staged buckets (NVFP4) are zeroed by the landing; an MXFP8 bucket gathered in
+    // place leaves its gradients to zero_grad, as a native one (issue 29).
+    for (std::size_t b = 0; b < landed.size(); ++b)
+      landed[b] = mx.is_bucket(static_cast<int>(b)) && !mx.in_place(static_cast<int>(b));
     zero_after_step = detail::grads_outside(store.layout(), size_of(opt.grad_dtype), landed);
   }
 
@@ -196,14 +193,14 @@ class DistributedAdam::Impl final : public detail::StepTarget {
   }
 
   // Every bucket of [first, last) settled on `stream`: native all-gathers waited for,
-  // MXFP8 ones landed, copied into the storage and their gradient regions zeroed.
+  // quantized ones consumed (staged ones landed and their gradient regions zeroed).
   void settle(int first, int last, Stream stream) {
     for (int b = first; b < last; ++b)
       if (!mx.is_bucket(b) && store.param_gather_pending(b)) store.wait_param_gather(b, stream);
     mx.consume(store, first, last, stream);
   }
 
-  // Quantizes the MXFP8 buckets of [first, last) into their staging, then starts the
+  // Quantizes the quantized buckets of [first, last) (into the storage, or a staging), then starts the
   // all-gathers of every bucket of the range (after the work queued on `stream`).
   void dispatch(int first, int last, Stream stream, bool partials_done = false) {
     mx.quantize(first, last, stream, partials_done);
@@ -215,17 +212,23 @@ class DistributedAdam::Impl final : public detail::StepTarget {
     mx.dispatched(first, last);
   }
 
-  // Gradients are about to be written or read while an MXFP8 all-gather may still sit in
-  // the gradient buffer: refuse (the bytes of the gather and of the gradients would mix).
+  // Gradients are about to be written or read while a quantized all-gather is still in
+  // flight: refuse. A staged one (NVFP4) sits in the gradient buffer (the bytes of the
+  // gather and of the gradients would mix); one in place (MXFP8) means the forward read
+  // the bucket's weights before they arrived.
   void require_mx_idle(int bucket, const std::string& call) const {
     if (!mx.is_bucket(bucket) || mx.state(bucket) == GatherState::Idle) return;
+    const std::string why = mx.in_place(bucket)
+                                ? " is still in flight into the storage, so the forward that made these gradients "
+                                  "read weights that had not arrived"
+                                : " still occupies the bucket's gradient region, so its gradients would mix with the "
+                                  "gathered bytes";
     throw Error(ErrorCode::InvalidState,
                 call + ": " + mx.name() + " bucket " + std::to_string(bucket) +
-                    "'s parameter all-gather (overlap_param_gather) still occupies the bucket's gradient region, "
-                    "so its gradients would mix with the gathered bytes. Call wait_param(" +
+                    "'s parameter all-gather (overlap_param_gather)" + why + ". Call wait_param(" +
                     std::to_string(bucket) +
-                    ", stream) before the forward reads the bucket's weights (it lands the gather and zeroes the "
-                    "region), or zero_grad() before the backward");
+                    ", stream) before the forward reads the bucket's weights (it waits for the gather), or "
+                    "zero_grad() before the backward");
   }
   void require_all_mx_idle(const std::string& call) const {
     const int b = mx.first_pending();
@@ -238,9 +241,12 @@ class DistributedAdam::Impl final : public detail::StepTarget {
     return opt.param_format == format && mx.is_param(i);
   }
 
-  // The MXFP8 staging overwrites gradient regions: refuse while they hold live gradients.
+  // A staged quantized gather (NVFP4) overwrites gradient regions: refuse while they hold
+  // live gradients. Buckets gathered in place (MXFP8) never touch them.
   void require_no_live_grads(const std::string& call) const {
-    if (!mx.any()) return;
+    bool staged = false;
+    for (int b = 0; b < num_buckets(); ++b) staged = staged || (mx.is_bucket(b) && !mx.in_place(b));
+    if (!staged) return;
     SHARDOPT_REQUIRE(!grads_live, ErrorCode::InvalidState,
                      call + " quantizes the " + mx.name() +
                          " parameters through the gradient buffer, which holds gradients that grad_ready / "
@@ -497,8 +503,9 @@ void DistributedAdam::Impl::step(Stream stream) {
   SHARDOPT_TRACE("shardopt/step");
   Impl& m = *this;
   m.state.require_initialized("step()", kInitCalls);
-  // An MXFP8 gather still in its gradient region means the gradients were written over
-  // it (no wait_param / zero_grad since the last step): refuse rather than mix them.
+  // A quantized gather still in flight means the gradients were written over it (or the
+  // forward read weights before they arrived: no wait_param / zero_grad since the last
+  // step): refuse.
   m.require_all_mx_idle("step");
   if (!m.grads_reduced) m.reduce_grads(stream);
   m.grads_reduced = false;
@@ -506,8 +513,9 @@ void DistributedAdam::Impl::step(Stream stream) {
   m.wait_pending_gathers(stream);
   m.state.begin_step(m.comm, stream);
   // Adam per group of buckets; each group's all-gather overlaps the next group's Adam.
-  // MXFP8 buckets: Adam updates the master only, then the group is quantized into its
-  // gradient regions (scheme A) and all-gathered there. A step that found an Inf leaves
+  // MXFP8 buckets: Adam updates the master only, then the group is quantized into this
+  // rank's slice of its gather planes (scheme A) and all-gathered there, in place in the
+  // storage (NVFP4: into its gradient regions, staged). A step that found an Inf leaves
   // the master as it was, so it requantizes the same bytes.
   const int nb = m.num_buckets();
   const int groups = std::max(1, std::min(m.opt.gather_pipeline, nb));
@@ -526,7 +534,7 @@ void DistributedAdam::Impl::step(Stream stream) {
     }
     m.dispatch(first, last, stream, m.adam_amax || m.adam_mx8);
   }
-  m.grads_live = false;  // consumed by Adam; MXFP8 regions now hold the staging
+  m.grads_live = false;  // consumed by Adam; staged (NVFP4) regions now hold the staging
   const bool defer = m.opt.overlap_param_gather && !is_capturing(m.backend, stream);
   if (!defer) m.settle(0, nb, stream);
 }
@@ -542,7 +550,7 @@ void DistributedAdam::gather_params(Stream stream) {
   if (!defer) {
     m.settle(0, nb, stream);
   } else {
-    m.mx.consume(m.store, 0, nb, stream);  // MXFP8 buckets always land and zero (forced gather)
+    m.mx.consume(m.store, 0, nb, stream);  // quantized buckets are always consumed (forced gather)
   }
 }
 
@@ -564,13 +572,15 @@ GatherState DistributedAdam::gather_state(int bucket) const {
 void DistributedAdam::Impl::zero_grad(Stream stream, bool after_step) {
   SHARDOPT_TRACE("shardopt/zero_grad");
   Impl& m = *this;
-  // Pending MXFP8 gathers sit in the gradient buffer: land them first, then zero (seed
-  // 001's bug was a zeroing that ran before the gather had landed).
+  // Pending staged gathers sit in the gradient buffer: land them first, then zero (seed
+  // 001's bug was a zeroing that ran before the gather had landed); in-place ones are
+  // waited for.
   m.mx.consume(m.store, 0, m.num_buckets(), stream);
   m.grads_reduced = false;
   m.grads_live = false;
-  // Right behind a step every quantized bucket was dispatched and is now consumed, so
-  // its region was zeroed on `stream` and nothing wrote it since: skip it.
+  // Right behind a step every staged bucket (NVFP4) was dispatched and is now consumed,
+  // so its region was zeroed on `stream` and nothing wrote it since: skip it. MXFP8
+  // buckets, gathered in place, are zeroed here like native ones (issue 29).
   const std::vector<std::vector<detail::GradBytes>>& ranges = after_step ? m.zero_after_step : m.zero_all;
   for (std::size_t b = 0; b < ranges.size(); ++b) {
     auto* base = static_cast<std::uint8_t*>(m.store.grad_buffer(static_cast<int>(b)));

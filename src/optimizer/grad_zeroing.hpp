@@ -1,7 +1,8 @@
 // grad_zeroing.hpp - what DistributedAdam::zero_grad clears (issue 29). After a step
-// that landed every quantized bucket, those buckets' gradient regions are already zero
-// (the landing zeroed them), so the zero_grad that StepGraph runs right behind the step
-// clears only the rest of the gradient buffers. The bytes zero_grad clears are counted
+// that landed every staged quantized bucket (NVFP4), those buckets' gradient regions are
+// already zero (the landing zeroed them), so the zero_grad that StepGraph runs right
+// behind the step clears only the rest of the gradient buffers. MXFP8 buckets gather in
+// place into their storage and never touch their regions: zero_grad clears them always. The bytes zero_grad clears are counted
 // per process, so that tests can see which regions it left alone.
 #pragma once
 

@@ -31,8 +31,14 @@ class Mxfp8Format final : public StoredFormat {
     quantize_mxfp8_shard_rest_batch(batches_[static_cast<std::size_t>(bucket_[static_cast<std::size_t>(b)].batch)],
                                     backend_, stream);
   }
-  void landing(int b, std::vector<BytePiece>& table) const override;
-  void landing_after_fused(int b, std::vector<BytePiece>& table) const override;
+  // Nothing is staged: phase 2 writes the storage (shard planes, or this rank's slice of
+  // the bucket's gather planes), so there are no landing copies.
+  void landing(int, std::vector<BytePiece>&) const override {}
+  std::size_t storage_bytes() const override { return storage_.bytes() + planes_.bytes(); }
+  std::vector<GatherPlane> gather_planes(int b) const override;
+  BufferToRegister gather_memory() const override {
+    return BufferToRegister{planes_.data(), planes_.bytes(), BufferUse::Collectives};
+  }
 
   std::vector<ShardChunk> fuse_adam(int b, const AdamConfig& config, const ShardPointers& shard, StepScalars* scalars,
                                     const std::vector<kernels::AdamMxfp8Place>& places) const;
@@ -45,22 +51,20 @@ class Mxfp8Format final : public StoredFormat {
   struct ParamInfo {
     bool mx = false;
     Mxfp8Shape shape;
-    std::size_t data_row = 0, data_col = 0, scale_row = 0, scale_col = 0;  // byte offsets in storage_
+    std::size_t data_row = 0, data_col = 0;    // byte offsets in planes_ (whole storage)
+    std::size_t scale_row = 0, scale_col = 0;  // byte offsets in storage_
     std::size_t members = 0;  // entry offset in members_
-    // This rank's owned tile rows of the parameter (ShardEntry::owned_begin..owned_end,
-    // parameter elements; empty: none): the fused pass writes their bytes into the
-    // storage too (issue 29), so landing_after_fused leaves them out.
-    std::int64_t owned_begin = 0, owned_end = 0;
   };
   struct BucketInfo {
+    std::size_t plane_row = 0, plane_col = 0;    // whole storage: its gather planes in planes_
     std::size_t scale_begin = 0, scale_end = 0;  // byte span of its scales in storage_
     int batch = -1;                               // its params' ranges in batches_ (phase 1 and 2)
     std::vector<Mxfp8ShardTensor> tensors;        // the same ranges, for the fused Adam pass
   };
 
-  void land(int bucket, bool skip_owned, std::vector<BytePiece>& table) const;
+  std::uint8_t* plane_at(std::size_t offset) const { return planes_.as<std::uint8_t>() + offset; }
 
-  int rank_ = 0;
+  DeviceBuffer planes_;  // whole storage: per MXFP8 bucket its rowwise and columnwise plane
   std::vector<std::size_t> shard_row_, shard_col_;  // shard storage: per buffer, its data planes' offsets
   std::vector<ParamInfo> param_;
   std::vector<BucketInfo> bucket_;
@@ -77,13 +81,25 @@ Mxfp8Format::Mxfp8Format(const FormatContext& ctx)
   const Layout& L = layout_;
   const std::vector<bool>& mx_buffer = *ctx.buffers;
   const int world = L.world_size(), rank = ctx.rank;
-  rank_ = rank;
   param_.resize(L.params().size());
   bucket_.resize(L.buckets().size());
 
-  // Storage offsets: data planes (per parameter, or per buffer shard with shard
-  // storage), then scales bucket by bucket.
-  std::size_t cursor = 0;
+  // Storage offsets: with shard storage the buffers' shard planes, then the scales bucket
+  // by bucket. Whole storage (issue 29): the data in planes_, per MXFP8 bucket a rowwise
+  // and a columnwise plane of one byte per bucket element (padding included), so that
+  // rank r's slice is bytes [r S, (r + 1) S) of each (S = bucket elements / world) and the
+  // store all-gathers both in place; a parameter's data is its bucket's plane at its
+  // element offset inside the bucket.
+  std::size_t cursor = 0, plane_cursor = 0;
+  for (std::size_t b = 0; b < L.buckets().size() && !shard_storage_; ++b) {
+    const Bucket& bk = L.buckets()[b];
+    if (!mx_buffer[static_cast<std::size_t>(bk.buffer)]) continue;
+    const auto n = static_cast<std::size_t>(bk.range.size());
+    bucket_[b].plane_row = plane_cursor;
+    plane_cursor = align_up(plane_cursor + n);
+    bucket_[b].plane_col = plane_cursor;
+    plane_cursor = align_up(plane_cursor + n);
+  }
   shard_row_.assign(L.buffers().size(), 0);
   shard_col_.assign(L.buffers().size(), 0);
   if (shard_storage_) {
@@ -104,10 +120,16 @@ Mxfp8Format::Mxfp8Format(const FormatContext& ctx)
     pi.shape = Mxfp8Shape::of(L.specs()[p]);
     const auto n = static_cast<std::size_t>(pi.shape.numel());
     if (!shard_storage_) {
-      pi.data_row = cursor;
-      cursor = align_up(cursor + n);
-      pi.data_col = cursor;
-      cursor = align_up(cursor + n);
+      // The layout aligns every parameter start (64 elements by default, and a bucket
+      // starts at a parameter), so the views stay 16-byte aligned; checked, not assumed.
+      const ParamPlacement& pl = L.params()[p];
+      const Bucket& bk = L.buckets()[static_cast<std::size_t>(pl.bucket)];
+      const auto off = static_cast<std::size_t>(pl.offset - bk.range.begin);
+      if (off % 16 != 0 || pl.offset + static_cast<std::int64_t>(n) > bk.range.end)
+        throw_internal("MXFP8 parameter " + std::to_string(p) + " at element " + std::to_string(off) +
+                       " of its bucket: not a 16-byte aligned view inside the bucket's planes");
+      pi.data_row = bucket_[static_cast<std::size_t>(pl.bucket)].plane_row + off;
+      pi.data_col = bucket_[static_cast<std::size_t>(pl.bucket)].plane_col + off;
     }
     pi.members = member_table.size();
     for (const Mxfp8Member& m : mxfp8_contiguous_members(pi.shape)) member_table.push_back(m);
@@ -127,15 +149,20 @@ Mxfp8Format::Mxfp8Format(const FormatContext& ctx)
     bi.scale_end = cursor;
   }
   allocate(cursor);
+  if (plane_cursor > 0) {
+    planes_ = DeviceBuffer(backend_, plane_cursor, ctx.gather_memory);
+    fill_zero_async(backend_, planes_.data(), planes_.bytes(), nullptr);
+  }
   members_ = DeviceBuffer(backend_, member_table.size() * sizeof(Mxfp8Member));
   copy_async(backend_, members_.data(), member_table.data(), members_.bytes(), nullptr);
 
   // Per bucket, one table of this rank's ranges of its params (an empty range where the
   // rank owns none of a param: phase 1 still zero-fills its scales for the Max). Element
-  // i of a param goes to staging byte (rank * 2S + k0 + i - param_offset): k0 is the
-  // piece's offset inside this rank's slice; with shard storage, to byte
-  // (shard_offset + i - param_offset) of the buffer's shard planes. The base may point
-  // outside the region; the kernels only add indices of the range. Computed as integers.
+  // i of a param goes to byte (rank * S + k0 + i - param_offset) of each of the bucket's
+  // planes: k0 is the piece's offset inside this rank's slice (the same byte as the
+  // parameter's view + i); with shard storage, to byte (shard_offset + i - param_offset)
+  // of the buffer's shard planes. The base may point outside the plane; the kernels only
+  // add indices of the range. Computed as integers.
   for (std::size_t b = 0; b < L.buckets().size(); ++b) {
     const Bucket& bk = L.buckets()[b];
     if (!mx_buffer[static_cast<std::size_t>(bk.buffer)]) continue;
@@ -157,23 +184,12 @@ Mxfp8Format::Mxfp8Format(const FormatContext& ctx)
                          static_cast<std::uintptr_t>(piece.shard_offset) - static_cast<std::uintptr_t>(piece.param_offset);
         t.out.data_row = reinterpret_cast<std::uint8_t*>(row);
         t.out.data_col = reinterpret_cast<std::uint8_t*>(col);
-      } else if (piece.length > 0 && direct_) {  // one rank: each parameter's planes in the storage
-        t.master = piece.master;
-        t.out.data_row = at(pi.data_row);
-        t.out.data_col = at(pi.data_col);
       } else if (piece.length > 0) {
         t.master = piece.master;
         const std::int64_t k0 = piece.shard_offset - bk.shard_offset;
-        const auto base = reinterpret_cast<std::uintptr_t>(staging_[b].region);
-        const std::uintptr_t row = base + static_cast<std::uintptr_t>(rank * 2 * S + k0) -
-                                   static_cast<std::uintptr_t>(piece.param_offset);
-        t.out.data_row = reinterpret_cast<std::uint8_t*>(row);
-        t.out.data_col = reinterpret_cast<std::uint8_t*>(row + static_cast<std::uintptr_t>(S));
-      }
-      if (piece.length > 0) {
-        const mxfp8::ShardEntry e = mxfp8::make_shard_entry(t.shape, t.range, t.master, t.out, 0);
-        param_[static_cast<std::size_t>(p)].owned_begin = e.owned_begin;
-        param_[static_cast<std::size_t>(p)].owned_end = e.owned_end;
+        const auto slice = static_cast<std::uintptr_t>(rank * S + k0) - static_cast<std::uintptr_t>(piece.param_offset);
+        t.out.data_row = reinterpret_cast<std::uint8_t*>(reinterpret_cast<std::uintptr_t>(plane_at(bucket_[b].plane_row)) + slice);
+        t.out.data_col = reinterpret_cast<std::uint8_t*>(reinterpret_cast<std::uintptr_t>(plane_at(bucket_[b].plane_col)) + slice);
       }
       tensors.push_back(t);
     }
@@ -184,40 +200,11 @@ Mxfp8Format::Mxfp8Format(const FormatContext& ctx)
   synchronize(backend_, nullptr);
 }
 
-void Mxfp8Format::landing(int bucket, std::vector<BytePiece>& table) const { land(bucket, false, table); }
-
-// After the fused pass (issue 29, "land only the other ranks' bytes"): it wrote this
-// rank's owned tile rows into the storage beside the staging (fuse_adam's copy places),
-// so only the other ranks' pieces and this rank's boundary tile rows are copied.
-void Mxfp8Format::landing_after_fused(int bucket, std::vector<BytePiece>& table) const { land(bucket, true, table); }
-
-void Mxfp8Format::land(int bucket, bool skip_owned, std::vector<BytePiece>& table) const {
-  if (writes_storage()) return;  // phase 2 wrote the storage itself
-  const Layout& L = layout_;
-  const Bucket& bk = L.buckets()[static_cast<std::size_t>(bucket)];
-  const std::int64_t S = bk.range.size() / L.world_size();
-  const std::uint8_t* region = staging_[static_cast<std::size_t>(bucket)].region;
-  for (int r = 0; r < L.world_size(); ++r)
-    for (const Segment& seg : L.segments(bk.buffer, r)) {
-      if (L.params()[static_cast<std::size_t>(seg.param)].bucket != bucket) continue;
-      const ParamInfo& pi = param_[static_cast<std::size_t>(seg.param)];
-      const std::int64_t k0 = seg.shard_offset - bk.shard_offset;
-      const std::uint8_t* src = region + static_cast<std::size_t>(r * 2 * S + k0);
-      // Parameter elements [lo, hi) of the segment, at src + (i - seg.param_offset).
-      auto copy = [&](std::int64_t lo, std::int64_t hi) {
-        if (hi <= lo) return;
-        const auto off = static_cast<std::size_t>(lo - seg.param_offset);
-        split_copy(table, src + off, at(pi.data_row) + lo, hi - lo);
-        split_copy(table, src + S + off, at(pi.data_col) + lo, hi - lo);
-      };
-      const std::int64_t end = seg.param_offset + seg.length;
-      if (skip_owned && r == rank_ && pi.owned_end > pi.owned_begin) {
-        copy(seg.param_offset, std::min(end, pi.owned_begin));
-        copy(std::max(seg.param_offset, pi.owned_end), end);
-      } else {
-        copy(seg.param_offset, end);
-      }
-    }
+std::vector<GatherPlane> Mxfp8Format::gather_planes(int b) const {
+  const BucketInfo& bi = bucket_[static_cast<std::size_t>(b)];
+  if (shard_storage_ || bi.batch < 0) return {};
+  const std::int64_t S = layout_.buckets()[static_cast<std::size_t>(b)].range.size() / layout_.world_size();
+  return {GatherPlane{plane_at(bi.plane_row), S}, GatherPlane{plane_at(bi.plane_col), S}};
 }
 
 std::vector<ShardChunk> Mxfp8Format::fuse_adam(int b, const AdamConfig& config, const ShardPointers& shard,
@@ -227,17 +214,9 @@ std::vector<ShardChunk> Mxfp8Format::fuse_adam(int b, const AdamConfig& config, 
   if (bi.batch < 0) throw_internal("mxfp8_fuse_adam of a bucket that is not MXFP8");
   fused_of_.resize(bucket_.size(), -1);
   if (fused_of_[static_cast<std::size_t>(b)] >= 0) throw_internal("mxfp8_fuse_adam twice for one bucket");
-  // Staged (two or more ranks): the owned tile rows' bytes also into the storage, where
-  // the landing would copy them (landing_after_fused leaves them out).
-  std::vector<kernels::AdamMxfp8Place> where = places;
-  const std::vector<int>& params = layout_.buckets()[static_cast<std::size_t>(b)].params;
-  if (!writes_storage() && where.size() == params.size())
-    for (std::size_t i = 0; i < where.size(); ++i) {
-      const ParamInfo& pi = param_[static_cast<std::size_t>(params[i])];
-      where[i].copy_row = at(pi.data_row);
-      where[i].copy_col = at(pi.data_col);
-    }
-  fused_.emplace_back(bi.tensors, where, config, shard, scalars, backend_);
+  // The pass writes the owned tile rows' bytes once, into the storage (shard planes, or
+  // this rank's slice of the gather planes): no copy places.
+  fused_.emplace_back(bi.tensors, places, config, shard, scalars, backend_);
   fused_of_[static_cast<std::size_t>(b)] = static_cast<int>(fused_.size()) - 1;
   return fused_.back().bands();
 }
@@ -252,9 +231,9 @@ Mxfp8View Mxfp8Format::view(int param) const {
   const ParamInfo& pi = param_[static_cast<std::size_t>(param)];
   Mxfp8View v;
   v.shape = pi.shape;
-  v.planes.data_row = shard_storage_ ? nullptr : at(pi.data_row);
+  v.planes.data_row = shard_storage_ ? nullptr : plane_at(pi.data_row);
   v.planes.scale_row = at(pi.scale_row);
-  v.planes.data_col = shard_storage_ ? nullptr : at(pi.data_col);
+  v.planes.data_col = shard_storage_ ? nullptr : plane_at(pi.data_col);
   v.planes.scale_col = at(pi.scale_col);
   v.members = members_.as<Mxfp8Member>() + pi.members;
   return v;

@@ -86,7 +86,8 @@ bool QuantizedParams::mark(const std::vector<bool>& quantized) {
 // Builds the format over the staging set so far, then the landing table (empty for
 // shard storage) and warms the exchange up.
 void QuantizedParams::make_format(int rank, const std::vector<MasterPiece>& masters,
-                                  const std::vector<bool>& quantized, MakeFormat make, bool shard_storage) {
+                                  const std::vector<bool>& quantized, MakeFormat make, bool shard_storage,
+                                  MemoryKind gather_memory) {
   const Layout& L = layout_;
   SHARDOPT_REQUIRE(make != nullptr, ErrorCode::Internal, "quantized parameters without a format");
   FormatContext ctx;
@@ -98,25 +99,20 @@ void QuantizedParams::make_format(int rank, const std::vector<MasterPiece>& mast
   ctx.staging = &staging_;
   ctx.shard_storage = shard_storage;
   ctx.direct = !shard_storage && L.world_size() == 1;
+  ctx.gather_memory = gather_memory;
   format_ = make(ctx);
 
-  // Two sections, each in bucket order (a run of buckets is one sub-table): the full
-  // landings, then those after a fused phase 1.
+  // The landings in bucket order (a run of buckets is one sub-table).
   std::vector<BytePiece> table;
-  for (const bool fused : {false, true})
-    for (std::size_t b = 0; b < L.buckets().size(); ++b) {
-      BucketInfo& bi = bucket_[b];
-      if (!bi.quantized) continue;
-      Landing& l = fused ? bi.after_fused : bi.full;
-      l.begin = static_cast<std::int64_t>(table.size());
-      if (fused) {
-        format_->landing_after_fused(static_cast<int>(b), table);
-      } else {
-        format_->landing(static_cast<int>(b), table);
-      }
-      l.end = static_cast<std::int64_t>(table.size());
-      for (std::int64_t k = l.begin; k < l.end; ++k) l.bytes += table[static_cast<std::size_t>(k)].bytes;
-    }
+  for (std::size_t b = 0; b < L.buckets().size(); ++b) {
+    BucketInfo& bi = bucket_[b];
+    if (!bi.quantized) continue;
+    Landing& l = bi.full;
+    l.begin = static_cast<std::int64_t>(table.size());
+    format_->landing(static_cast<int>(b), table);
+    l.end = static_cast<std::int64_t>(table.size());
+    for (std::int64_t k = l.begin; k < l.end; ++k) l.bytes += table[static_cast<std::size_t>(k)].bytes;
+  }
   pieces_ = DeviceBuffer(backend_, table.size() * sizeof(BytePiece));
   copy_async(backend_, pieces_.data(), table.data(), pieces_.bytes(), nullptr);
   synchronize(backend_, nullptr);
@@ -126,7 +122,7 @@ void QuantizedParams::make_format(int rank, const std::vector<MasterPiece>& mast
 QuantizedParams::QuantizedParams(Backend backend, const Layout& L, BucketStore& store,
                                  const std::vector<MasterPiece>& masters, const std::vector<bool>& quantized,
                                  MakeFormat make)
-    : backend_(backend), layout_(L), exchange_fn_(store_exchange(store)) {
+    : backend_(backend), layout_(L), exchange_fn_(store_exchange(store)), store_(&store) {
   if (!mark(quantized)) return;
   const std::size_t gsize = size_of(store.options().grad_dtype);
   for (std::size_t b = 0; b < L.buckets().size(); ++b) {
@@ -139,7 +135,42 @@ QuantizedParams::QuantizedParams(Backend backend, const Layout& L, BucketStore& 
     SHARDOPT_REQUIRE(st.rank_bytes * L.world_size() <= static_cast<std::int64_t>(st.region_bytes), ErrorCode::Internal,
                      "quantized bucket " + std::to_string(b) + ": its staging does not fit its gradient region");
   }
-  make_format(store.comm().rank(), masters, quantized, make, /*shard_storage=*/false);
+  // Memory that in-place gathers target is allocated and registered as the store's own.
+  const bool registered = backend == Backend::Cuda && store.options().nccl_registered && nccl_compiled();
+  make_format(store.comm().rank(), masters, quantized, make, /*shard_storage=*/false,
+              registered ? MemoryKind::NcclDevice : MemoryKind::Device);
+  gather_in_place(store, registered);
+}
+
+// The buckets whose format gives gather planes get them in the store (collective: every
+// rank builds the same format); their memory is registered first, so that the warm-up
+// gathers already take the registered path.
+void QuantizedParams::gather_in_place(BucketStore& store, bool registered) {
+  std::vector<std::vector<GatherPlane>> planes(bucket_.size());
+  bool any = false;
+  for (std::size_t b = 0; b < bucket_.size(); ++b) {
+    if (!bucket_[b].quantized) continue;
+    planes[b] = format_->gather_planes(static_cast<int>(b));
+    any = any || !planes[b].empty();
+  }
+  if (!any) return;
+  const BufferToRegister memory = format_->gather_memory();
+  if (registered && memory.bytes > 0) registrations_ = store.comm().register_buffers({memory});
+  for (std::size_t b = 0; b < bucket_.size(); ++b) {
+    if (planes[b].empty()) continue;
+    store.set_gather_planes(static_cast<int>(b), planes[b]);
+    bucket_[b].in_place = true;
+  }
+}
+
+QuantizedParams::~QuantizedParams() {
+  bool in_place = false;
+  for (const BucketInfo& bi : bucket_) in_place = in_place || bi.in_place;
+  if (!in_place || store_ == nullptr || backend_ != Backend::Cuda) return;
+  try {  // a gather of a deferred step may still write the storage
+    synchronize(backend_, store_->comm_stream());
+  } catch (...) {  // a destructor does not throw
+  }
 }
 
 QuantizedParams::QuantizedParams(Backend backend, const Layout& L, int rank, ExchangeFn exchange,
@@ -203,7 +234,6 @@ void QuantizedParams::quantize(int first, int last, Stream stream, bool partials
     SHARDOPT_REQUIRE(bi.state == GatherState::Idle, ErrorCode::Internal,
                      std::string(name()) + " bucket " + std::to_string(b) + " is quantized while its gather is " +
                          gather_state_name(bi.state));
-    bi.fused = partials_done;
     if (!partials_done) {
       phase_mark(format_->partials_mark(), stream);
       SHARDOPT_TRACE_INDEXED("shardopt/amax bucket", b);
@@ -239,12 +269,22 @@ void QuantizedParams::consume(BucketStore& store, int first, int last, Stream st
       ++b;
       continue;
     }
+    if (bucket_[static_cast<std::size_t>(b)].in_place) {  // gathered into the storage: only waited for
+      if (bucket_[static_cast<std::size_t>(b)].state == GatherState::InFlight) {
+        phase_mark("gather wait", stream);
+        store.wait_param_gather(b, stream);
+        advance(b, GatherState::Landed);
+      }
+      advance(b, GatherState::Consumed);
+      advance(b, GatherState::Idle);
+      ++b;
+      continue;
+    }
     SHARDOPT_TRACE_INDEXED("shardopt/landing bucket", b);
-    // A run of pending buckets whose gradient regions are adjacent, quantized the same
-    // way: one copy launch and one memset for all of them.
-    const bool fused = bucket_[static_cast<std::size_t>(b)].fused;
+    // A run of pending staged buckets whose gradient regions are adjacent: one copy
+    // launch and one memset for all of them.
     int e = b;
-    while (e < last && pending(e) && bucket_[static_cast<std::size_t>(e)].fused == fused &&
+    while (e < last && pending(e) && !bucket_[static_cast<std::size_t>(e)].in_place &&
            (e == b || region(e).region == region(e - 1).region + region(e - 1).region_bytes)) {
       if (bucket_[static_cast<std::size_t>(e)].state == GatherState::InFlight) {
         phase_mark("gather wait", stream);
@@ -253,10 +293,7 @@ void QuantizedParams::consume(BucketStore& store, int first, int last, Stream st
       }
       ++e;
     }
-    auto landing = [&](int k) -> const Landing& {
-      const BucketInfo& bi = bucket_[static_cast<std::size_t>(k)];
-      return fused ? bi.after_fused : bi.full;
-    };
+    auto landing = [&](int k) -> const Landing& { return bucket_[static_cast<std::size_t>(k)].full; };
     const std::int64_t copies = landing(e - 1).end - landing(b).begin;  // none where phase 2 wrote the storage
     if (copies > 0) phase_mark("landing", stream);
     copy_pieces(pieces_.as<BytePiece>() + landing(b).begin, copies, backend_, stream);

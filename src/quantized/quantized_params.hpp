@@ -12,6 +12,10 @@
 // consecutive buckets -> phase 2 (every scale, and this rank's data bytes into its
 // staging slice of the bucket's gradient region) -> the store's staged all-gather ->
 // landing (one table of byte copies, staging -> storage) -> the region zeroed.
+// A format that keeps a bucket's bytes whole in gather planes of its own
+// (QuantizedFormat::gather_planes: DistributedAdam's MXFP8, issue 29) writes them there
+// in phase 2 and the store all-gathers the planes in place: no staging, no landing, no
+// zeroing; the gradient region is never touched (zero_grad clears it as a native one).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +25,7 @@
 #include <vector>
 
 #include "core/memory.hpp"
+#include "shardopt/communicator.hpp"
 #include "core/streams.hpp"
 #include "quantized/byte_copies.hpp"
 #include "shardopt/bucket_store.hpp"
@@ -73,7 +78,12 @@ struct FormatContext {
   /// One rank and whole storage: the all-gather moves nothing, so phase 2 writes each
   /// parameter's bytes in the storage itself (where landing would have copied them) and
   /// there are no landing copies (the region is still zeroed). Set by QuantizedParams.
+  /// (MXFP8 ignores it: its whole storage is gathered in place at any world size.)
   bool direct = false;
+  /// How a format allocates memory that in-place gathers target (gather_planes):
+  /// NcclDevice when the store's buffers are NCCL-registered, so QuantizedParams
+  /// registers it as the store registers its own.
+  MemoryKind gather_memory = MemoryKind::Device;
 };
 
 /// One quantized parameter format: its storage and the work of each phase.
@@ -100,12 +110,19 @@ class QuantizedFormat {
   virtual const char* quantize_mark() const { return "quantize"; }
   /// Appends bucket b's landing copies (every rank's staged bytes -> storage).
   virtual void landing(int bucket, std::vector<BytePiece>& table) const = 0;
-  /// Appends bucket b's landing copies after a quantize whose phase 1 the optimizer's
-  /// fused pass ran (QuantizedParams::quantize with partials_done): a format whose fused
-  /// pass also writes bytes into the storage leaves them out. Default: landing().
-  virtual void landing_after_fused(int bucket, std::vector<BytePiece>& table) const { landing(bucket, table); }
   /// Bytes of the persistent storage (data, scales, exchange buffers, alignment gaps).
   virtual std::size_t storage_bytes() const = 0;
+  /// Bucket b's own gather planes (BucketStore::set_gather_planes) when the format keeps
+  /// the bucket's bytes whole in the storage and phase 2 writes this rank's slice of each
+  /// plane: the store then all-gathers the planes in place, and the bucket has no
+  /// staging, landing copies or zeroing. Empty (the default): staged through the region.
+  virtual std::vector<GatherPlane> gather_planes(int bucket) const {
+    (void)bucket;
+    return {};
+  }
+  /// The one allocation every gather plane lies in (registered with the communicator by
+  /// QuantizedParams when the store's buffers are; bytes 0: none).
+  virtual BufferToRegister gather_memory() const { return {}; }
 };
 
 /// True for the transitions of the gather state machine: Idle -> InFlight -> Landed ->
@@ -189,9 +206,15 @@ class QuantizedParams {
   // The format refers to staging_: the object stays where it was built.
   QuantizedParams(const QuantizedParams&) = delete;
   QuantizedParams& operator=(const QuantizedParams&) = delete;
+  /// Waits for the store's communication stream when a bucket gathers in place, so that
+  /// no gather still writes the storage when it is freed.
+  ~QuantizedParams();
 
   bool is_param(int param) const { return param_[static_cast<std::size_t>(param)]; }
   bool is_bucket(int bucket) const { return bucket_[static_cast<std::size_t>(bucket)].quantized; }
+  /// True when quantized bucket `bucket` gathers in place into the storage
+  /// (QuantizedFormat::gather_planes): its step never writes its gradient region.
+  bool in_place(int bucket) const { return bucket_[static_cast<std::size_t>(bucket)].in_place; }
   bool any() const noexcept { return format_ != nullptr; }
   /// The format ("MXFP8", "NVFP4"; "quantized" when there is none).
   const char* name() const { return format_ ? format_->name() : "quantized"; }
@@ -213,7 +236,8 @@ class QuantizedParams {
   /// Lands and consumes every quantized bucket of [first, last) that is in flight:
   /// `stream` waits for its all-gather (InFlight -> Landed), the bytes are copied into
   /// the storage and the gradient region zeroed on `stream` (-> Consumed -> Idle). Runs
-  /// of consecutive buckets share one copy launch and one memset.
+  /// of consecutive buckets share one copy launch and one memset. A bucket gathered in
+  /// place (in_place) is only waited for: nothing is copied or zeroed.
   void consume(BucketStore& store, int first, int last, Stream stream);
 
  private:
@@ -223,14 +247,15 @@ class QuantizedParams {
   };
   struct BucketInfo {
     bool quantized = false;
+    bool in_place = false;  // gathers into the storage (QuantizedFormat::gather_planes)
     GatherState state = GatherState::Idle;
-    bool fused = false;  // its last quantize had partials_done (landing_after_fused)
-    Landing full, after_fused;  // two sections of pieces_, each in bucket order
+    Landing full;  // its section of pieces_ (in bucket order)
   };
 
   bool mark(const std::vector<bool>& quantized);
   void make_format(int rank, const std::vector<MasterPiece>& masters, const std::vector<bool>& quantized,
-                   MakeFormat make, bool shard_storage);
+                   MakeFormat make, bool shard_storage, MemoryKind gather_memory = MemoryKind::Device);
+  void gather_in_place(BucketStore& store, bool registered);
   void warm_up();
   void advance(int bucket, GatherState to);
   void exchange(std::uint8_t* begin, std::uint8_t* end, Stream stream);
@@ -241,8 +266,12 @@ class QuantizedParams {
   std::vector<bool> param_;
   std::vector<BucketInfo> bucket_;
   std::vector<Staging> staging_;
+  BucketStore* store_ = nullptr;  // DistributedAdam's: the in-place gathers' owner
   std::unique_ptr<QuantizedFormat> format_;
   DeviceBuffer pieces_;  // BytePiece table of every quantized bucket's landing
+  // The format's gather memory registered with the communicator: declared after format_,
+  // so deregistered before the memory is freed.
+  std::vector<BufferRegistration> registrations_;
 };
 
 /// The exchange through `store`: BucketStore::all_reduce with Max, behind the

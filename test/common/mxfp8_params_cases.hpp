@@ -362,6 +362,26 @@ inline void expect_mx_grads_zero(const DistributedAdam& opt) {
   }
 }
 
+/// The bytes of every quantized parameter's gradient view, in parameter order.
+inline std::vector<std::vector<std::uint8_t>> quantized_grad_bytes(const DistributedAdam& opt) {
+  std::vector<std::vector<std::uint8_t>> out;
+  for (int i = 0; i < opt.num_params(); ++i)
+    if (is_quantized(opt, i)) out.push_back(read_bytes(opt.backend(), opt.grad(i)));
+  return out;
+}
+
+/// What a step leaves in the quantized gradient regions: NVFP4 stages its gather there
+/// and zeroes them; MXFP8 gathers in place into its storage (issue 29), so the step
+/// leaves the gradients as the backward and the reduce-scatter left them (`reduced`,
+/// read after reduce_grads), exactly as for native parameters.
+inline void expect_step_left_grads(const DistributedAdam& opt, const std::vector<std::vector<std::uint8_t>>& reduced) {
+  if (opt.options().param_format != ParamFormat::Mxfp8) {
+    expect_mx_grads_zero(opt);
+    return;
+  }
+  EXPECT_TRUE(quantized_grad_bytes(opt) == reduced) << "the MXFP8 step wrote its gradient regions";
+}
+
 inline void wait_all(DistributedAdam& opt, Stream s) {
   for (int k = 0; k < static_cast<int>(opt.layout().buckets().size()); ++k) opt.wait_param(k, s);
 }
@@ -436,6 +456,18 @@ inline Layout staged_store_layout(int world) {
   return Layout(specs, world, lo);
 }
 
+/// Every bucket's parameter all-gather of `st`, one by one or as one group, waited for.
+inline void gather_every_bucket(BucketStore& st, TestStream& s, bool grouped) {
+  const int nb = static_cast<int>(st.layout().buckets().size());
+  if (grouped) {
+    st.start_param_gathers(0, nb, s.get());
+  } else {
+    for (int bk = 0; bk < nb; ++bk) st.start_param_gather(bk, s.get());
+  }
+  for (int bk = 0; bk < nb; ++bk) st.wait_param_gather(bk, s.get());
+  s.sync();
+}
+
 /// Every rank writes a pattern into its staged piece of each bucket of `staged_buffer`
 /// (`rank_bytes(bucket)` bytes at rank * rank_bytes) and sentinels elsewhere in the region;
 /// after the store's staged all-gathers (one by one, then grouped) every rank's piece is
@@ -455,14 +487,7 @@ void expect_staged_gathers(Backend b, BucketStore& st, const Layout& layout, int
       for (std::int64_t j = 0; j < n; ++j) region[static_cast<std::size_t>(rank * n + j)] = pattern(rank, bk, j);
       from_host(b, static_cast<char*>(st.grad_buffer(staged_buffer)) + B.range.begin * gsize, region);
     }
-    const int nb = static_cast<int>(layout.buckets().size());
-    if (grouped) {
-      st.start_param_gathers(0, nb, s.get());
-    } else {
-      for (int bk = 0; bk < nb; ++bk) st.start_param_gather(bk, s.get());
-    }
-    for (int bk = 0; bk < nb; ++bk) st.wait_param_gather(bk, s.get());
-    s.sync();
+    gather_every_bucket(st, s, grouped);
     for (int bk : layout.buffers()[static_cast<std::size_t>(staged_buffer)].buckets) {
       const Bucket& B = layout.buckets()[static_cast<std::size_t>(bk)];
       const std::int64_t n = rank_bytes(bk), bytes = B.range.size() * gsize;
@@ -521,12 +546,123 @@ inline void case_store_staged_gather(Backend b) {
                "one entry per buffer");
 }
 
+/// BucketStore::set_gather_planes (issue 29): a bucket of a buffer without params gets two
+/// planes of its own; its gathers (one by one, then grouped with the other buckets) move
+/// each plane in place, rank r's S bytes at r * S, and touch neither the bytes around the
+/// planes nor its gradient region; the refusals say what to change.
+inline void case_store_gather_planes(Backend b) {
+  const int rank = world_rank(), world = world_size();
+  Communicator comm = make_comm(b);
+  const Layout layout = staged_store_layout(world);
+  const int mx = layout.buffers()[0].dtype == DType::bf16 ? 0 : 1;
+  BucketStoreOptions o;
+  o.grad_dtype = DType::bf16;
+  o.nccl_registered = false;
+  o.buffer_params.assign(2, true);
+  o.buffer_params[static_cast<std::size_t>(mx)] = false;
+  BucketStore st(comm, layout, o);
+  const std::vector<int>& buckets = layout.buffers()[static_cast<std::size_t>(mx)].buckets;
+  const int nb = static_cast<int>(layout.buckets().size()), bk0 = buckets.front();
+  // Per bucket one allocation: 16 guard bytes, plane 0, 16 guard bytes, plane 1, 16 guard bytes.
+  auto S = [&](int bk) { return layout.buckets()[static_cast<std::size_t>(bk)].range.size() / world; };
+  auto padded = [](std::int64_t n) { return (n + 15) / 16 * 16; };
+  std::vector<DeviceBuffer> memory;
+  for (int bk : buckets) memory.emplace_back(b, static_cast<std::size_t>(16 + 2 * (padded(world * S(bk)) + 16)));
+  auto plane = [&](std::size_t k, int i) {
+    return memory[k].as<std::uint8_t>() + 16 + static_cast<std::size_t>(i * (padded(world * S(buckets[k])) + 16));
+  };
+  TestStream s(b);
+  // Refusals (each collective: every rank passes the same bad call).
+  const int native_bucket = layout.buffers()[static_cast<std::size_t>(1 - mx)].buckets.front();
+  std::vector<GatherPlane> good = {GatherPlane{plane(0, 0), S(bk0)}, GatherPlane{plane(0, 1), S(bk0)}};
+  expect_error(mx_error_of([&] { st.set_gather_planes(nb, good); }), ErrorCode::OutOfRange, "out of range");
+  expect_error(mx_error_of([&] { st.set_gather_planes(native_bucket, good); }), ErrorCode::InvalidArgument,
+               "buffers without parameters");
+  expect_error(mx_error_of([&] { st.set_gather_planes(bk0, {}); }), ErrorCode::InvalidArgument, "give 1 to 8");
+  expect_error(mx_error_of([&] { st.set_gather_planes(bk0, {GatherPlane{plane(0, 0) + 1, S(bk0)}}); }),
+               ErrorCode::InvalidArgument, "16-byte aligned");
+  expect_error(mx_error_of([&] { st.set_gather_planes(bk0, {GatherPlane{nullptr, S(bk0)}}); }),
+               ErrorCode::InvalidArgument, "null");
+  expect_error(mx_error_of([&] { st.set_gather_planes(bk0, {GatherPlane{plane(0, 0), 0}}); }),
+               ErrorCode::InvalidArgument, "rank_bytes 0");
+  if (world > 1) {  // ranks that disagree: every rank throws LayoutMismatch
+    expect_error(mx_error_of([&] { st.set_gather_planes(bk0, {GatherPlane{plane(0, 0), rank == 0 ? 1 : 2}}); }),
+                 ErrorCode::LayoutMismatch, "pass the same on every rank");
+    // One rank's refusal reaches every rank (the others' calls were fine).
+    expect_error(mx_error_of([&] { st.set_gather_planes(bk0, {GatherPlane{rank == 0 ? nullptr : plane(0, 0), S(bk0)}}); }),
+                 ErrorCode::InvalidArgument, "");
+  }
+  EXPECT_FALSE(st.has_gather_planes(bk0)) << "a refused call gives no planes";
+  {  // A bucket whose (staged) gather is pending gets no planes.
+    BucketStoreOptions staged = o;
+    staged.staged_gather_bytes = 1;
+    BucketStore st2(comm, layout, staged);
+    st2.start_param_gather(bk0, s.get());
+    expect_error(mx_error_of([&] { st2.set_gather_planes(bk0, good); }), ErrorCode::InvalidState, "not waited for");
+    st2.wait_param_gather(bk0, s.get());
+    s.sync();
+  }
+  // Without planes (and staged_gather_bytes 0) the bucket has nothing to gather.
+  expect_error(mx_error_of([&] { st.start_param_gather(bk0, s.get()); }), ErrorCode::InvalidState, "set_gather_planes");
+  for (std::size_t k = 0; k < buckets.size(); ++k) {
+    const int bk = buckets[k];
+    st.set_gather_planes(bk, {GatherPlane{plane(k, 0), S(bk)}, GatherPlane{plane(k, 1), S(bk)}});
+    EXPECT_TRUE(st.has_gather_planes(bk));
+  }
+  expect_error(mx_error_of([&] { st.set_gather_planes(bk0, good); }), ErrorCode::InvalidState, "already has");
+  st.start_param_gather(bk0, s.get());
+  expect_error(mx_error_of([&] { (void)st.has_gather_planes(-1); }), ErrorCode::OutOfRange, "out of range");
+  st.wait_param_gather(bk0, s.get());
+  s.sync();
+  // The gathers' bytes: each rank writes its slice of both planes, guards 0xEE elsewhere,
+  // and its gradient region a pattern of its own, which no gather may change.
+  auto pattern = [](int r, int bk, int i, std::int64_t j) {
+    return static_cast<std::uint8_t>(r * 61 + bk * 17 + i * 101 + j * 3 + 5);
+  };
+  const auto gsize = static_cast<std::size_t>(size_of(o.grad_dtype));
+  for (bool grouped : {false, true}) {
+    for (std::size_t k = 0; k < buckets.size(); ++k) {
+      const int bk = buckets[k];
+      std::vector<std::uint8_t> host(memory[k].bytes(), 0xEE);
+      for (int i = 0; i < 2; ++i)
+        for (std::int64_t j = 0; j < S(bk); ++j)
+          host[static_cast<std::size_t>(plane(k, i) - memory[k].as<std::uint8_t>() + rank * S(bk) + j)] =
+              pattern(rank, bk, i, j);
+      from_host(b, memory[k].data(), host);
+    }
+    const auto grads_before = to_host<std::uint8_t>(b, st.grad_buffer(mx), static_cast<std::size_t>(
+                                                                               layout.buffers()[static_cast<std::size_t>(mx)].numel) * gsize);
+    gather_every_bucket(st, s, grouped);
+    for (std::size_t k = 0; k < buckets.size(); ++k) {
+      const int bk = buckets[k];
+      const auto got = to_host<std::uint8_t>(b, memory[k].data(), memory[k].bytes());
+      std::int64_t wrong = 0, guards = 0;
+      for (std::size_t x = 0; x < got.size(); ++x) {
+        bool in_plane = false;
+        for (int i = 0; i < 2; ++i) {
+          const auto off = static_cast<std::int64_t>(plane(k, i) - memory[k].as<std::uint8_t>());
+          const auto j = static_cast<std::int64_t>(x) - off;
+          if (j < 0 || j >= world * S(bk)) continue;
+          in_plane = true;
+          wrong += got[x] != pattern(static_cast<int>(j / S(bk)), bk, i, j % S(bk)) ? 1 : 0;
+        }
+        if (!in_plane) guards += got[x] != 0xEE ? 1 : 0;
+      }
+      EXPECT_EQ(wrong, 0) << "bucket " << bk << (grouped ? " (grouped)" : "") << ": plane bytes not gathered";
+      EXPECT_EQ(guards, 0) << "bucket " << bk << ": bytes around the planes changed";
+    }
+    EXPECT_EQ(to_host<std::uint8_t>(b, st.grad_buffer(mx), grads_before.size()), grads_before)
+        << "an in-place gather wrote the gradient region";
+  }
+}
+
 // ------------------------------------------------------------------ oracle
 
 /// After init_from_master and after every step, every rank's MXFP8 storage equals the
 /// oracle's quantize(bf16(full master)) bitwise (shard boundaries mid-block, a grouped
 /// parameter, buckets of several params), the native 1-D params equal the master, the
-/// MXFP8 gradient regions are zero, and every bucket is Idle.
+/// quantized gradient regions are what the step leaves there (expect_step_left_grads)
+/// and zero after zero_grad, and every bucket is Idle.
 inline void case_mx_matches_oracle(Backend b, DType grad_dtype, int microbatches, int steps, bool one_rank = false,
                                    ParamFormat format = ParamFormat::Mxfp8) {
   DistributedAdamOptions o = mx_options(grad_dtype, format);
@@ -583,11 +719,16 @@ inline void case_mx_matches_oracle(Backend b, DType grad_dtype, int microbatches
       opt.set_grad_sync(true);
       opt.advance_microbatch(s.get());
     }
+    opt.reduce_grads(s.get());
+    s.sync();
+    const auto reduced = quantized_grad_bytes(opt);
     opt.step(s.get());
     s.sync();
-    expect_mx_grads_zero(opt);
+    expect_step_left_grads(opt, reduced);
     expect_matches_oracle(opt, "after step " + std::to_string(t + 1));
     opt.zero_grad(s.get());
+    s.sync();
+    expect_mx_grads_zero(opt);
   }
   const StepScalars x = opt.read_scalars(s.get());
   EXPECT_EQ(x.step, steps);
@@ -596,13 +737,17 @@ inline void case_mx_matches_oracle(Backend b, DType grad_dtype, int microbatches
 
 /// One rank: the all-gather moves nothing, so phase 2 writes the storage itself and the
 /// step makes no landing copies (the phase probe sees no "landing" mark), with the
-/// oracle's bytes; several ranks land.
+/// oracle's bytes; several ranks land NVFP4, while MXFP8 gathers in place (issue 29) and
+/// lands nothing there either.
 inline void case_one_rank_writes_storage(Backend b, ParamFormat format = ParamFormat::Mxfp8) {
   auto landings = [&](const Communicator& comm) {
     DistributedAdam opt(comm, q_model(format), mx_options(DType::bf16, format));
     TestStream s(b);
     mx_init(opt, s.get());
     mx_backward(opt, b, s.get(), GradKind::Grid);
+    opt.reduce_grads(s.get());
+    s.sync();
+    const auto reduced = quantized_grad_bytes(opt);
     std::vector<std::string> marks;
     detail::set_phase_probe(
         [](const char* phase, Stream, void* user) { static_cast<std::vector<std::string>*>(user)->push_back(phase); },
@@ -610,14 +755,18 @@ inline void case_one_rank_writes_storage(Backend b, ParamFormat format = ParamFo
     opt.step(s.get());
     detail::set_phase_probe(nullptr, nullptr);
     s.sync();
-    expect_mx_grads_zero(opt);
+    expect_step_left_grads(opt, reduced);
     expect_matches_oracle(opt, "after one step");
     EXPECT_GT(std::count(marks.begin(), marks.end(), std::string("quantize")), 0) << "no quantize mark";
     return std::count(marks.begin(), marks.end(), std::string("landing"));
   };
   EXPECT_EQ(landings(Communicator::self(b)), 0) << "one rank: landing copies";
   if (world_size() > 1) {
-    EXPECT_GT(landings(make_comm(b)), 0) << "several ranks: no landing copies";
+    if (format == ParamFormat::Mxfp8) {  // gathered in place (issue 29): nothing to land at any world size
+      EXPECT_EQ(landings(make_comm(b)), 0) << "several ranks: MXFP8 landing copies";
+    } else {
+      EXPECT_GT(landings(make_comm(b)), 0) << "several ranks: no landing copies";
+    }
   }
 }
 
@@ -697,13 +846,21 @@ inline void case_mx_path(Backend b, MxPath path, bool variant_zero_grad, ParamFo
   mx_init(var, sv.get());
   const int nb = static_cast<int>(var.layout().buckets().size());
   const bool poison_path = path == MxPath::FoundInf;
+  // MXFP8 (issue 29) gathers into its storage: the step leaves the gradients as the
+  // backward and reduce-scatter left them, exactly as for native parameters, so without
+  // zero_grad they accumulate. The reference then zeroes exactly when the variant does,
+  // and the two still agree only if no path (eval, wait_param, a forced gather) touches
+  // the gradients; a found Inf stays in them until zero_grad, so that path zeroes.
+  const bool var_zero = path == MxPath::DeferredZeroGrad || variant_zero_grad ||
+                        (format == ParamFormat::Mxfp8 && poison_path);
+  const bool ref_zero = format != ParamFormat::Mxfp8 || var_zero;
   std::vector<QPlanes> before_inf;
   for (int t = 0; t < 6; ++t) {
     const bool poison = poison_path && t == 3;  // the 4th step finds an Inf
     // Reference: plain.
     mx_backward(ref, b, s.get(), GradKind::Random, poison);
     ref.step(s.get());
-    ref.zero_grad(s.get());
+    if (ref_zero) ref.zero_grad(s.get());
     // Variant.
     if (deferred) wait_all(var, sv.get());  // the forward waits for (lands) its buckets
     if (poison) {
@@ -720,7 +877,7 @@ inline void case_mx_path(Backend b, MxPath path, bool variant_zero_grad, ParamFo
     } else {
       for (int k = 0; k < nb; ++k) EXPECT_EQ(var.gather_state(k), GatherState::Idle);
     }
-    if (path == MxPath::DeferredZeroGrad || variant_zero_grad) var.zero_grad(sv.get());
+    if (var_zero) var.zero_grad(sv.get());
     if (path == MxPath::DeferredZeroGrad) {
       for (int k = 0; k < nb; ++k)
         if (is_quantized(var, var.layout().buckets()[static_cast<std::size_t>(k)].params.front())) {
@@ -767,8 +924,9 @@ inline void case_mx_path(Backend b, MxPath path, bool variant_zero_grad, ParamFo
 /// The state machine's refusals and queries: after a deferred step the MXFP8 buckets
 /// are InFlight; a backward (grad_ready), reduce_grads or step before wait_param is
 /// Error(InvalidState) naming the bucket and wait_param; wait_param(b) makes b Idle;
-/// zero_grad lands the rest; gather_params between grad_ready and step is refused; the
-/// views say where MXFP8 and native parameters live.
+/// zero_grad lands the rest; gather_params between grad_ready and step is refused where it
+/// stages (NVFP4) and leaves the live gradients alone where it gathers in place (MXFP8);
+/// the views say where MXFP8 and native parameters live.
 inline void case_mx_state_machine(Backend b, ParamFormat format = ParamFormat::Mxfp8) {
   DistributedAdamOptions o = mx_options(DType::bf16, format);
   o.overlap_param_gather = true;
@@ -800,13 +958,24 @@ inline void case_mx_state_machine(Backend b, ParamFormat format = ParamFormat::M
   wait_all(opt, s.get());
   s.sync();
   expect_matches_oracle(opt, "after the recoveries");
-  // Live gradients: a forced gather would stage over them.
+  // Live gradients: a staged (NVFP4) forced gather would stage over them and is refused;
+  // MXFP8 gathers into its storage (issue 29), so it runs and leaves them as they were.
   GradStreamParams p;
   p.rank = world_rank();
   p.scalars = opt.device_scalars();
   add_grads(b, s.get(), p, grad_targets(opt));
   opt.grad_ready(w1, s.get());
-  expect_error(mx_error_of([&] { opt.gather_params(s.get()); }), ErrorCode::InvalidState, "gather_params");
+  if (format == ParamFormat::Mxfp8) {
+    s.sync();
+    const auto live = quantized_grad_bytes(opt);
+    opt.gather_params(s.get());
+    wait_all(opt, s.get());  // overlap_param_gather: the native buckets are still in flight
+    s.sync();
+    EXPECT_TRUE(quantized_grad_bytes(opt) == live) << "an MXFP8 forced gather wrote live gradients";
+    expect_matches_oracle(opt, "forced gather with live gradients");
+  } else {
+    expect_error(mx_error_of([&] { opt.gather_params(s.get()); }), ErrorCode::InvalidState, "gather_params");
+  }
   opt.reduce_grads(s.get());  // ends the round grad_ready began
   opt.zero_grad(s.get());     // and discards the gradients
   // Views.
@@ -949,8 +1118,9 @@ inline void case_grouped_vs_discrete(Backend b, int microbatches, ParamFormat fo
 // ------------------------------------------------------------------ memory
 
 /// MXFP8 parameters have no param buffer: MemoryReport::params counts the native (f32)
-/// buffer only; MemoryReport::mxfp8 is 2 bytes per element plus the scale bytes (each
-/// piece rounded up to 16 bytes: exact for shapes whose sizes are multiples of 16).
+/// buffer only; MemoryReport::mxfp8 is, per MXFP8 bucket, 2 bytes per bucket element (its
+/// two gather planes, padding included: issue 29) plus the scale bytes (each plane and
+/// scale tensor rounded up to 16 bytes: exact for sizes that are multiples of 16).
 inline void case_mx_memory(Backend b) {
   const int world = world_size();
   auto piece = [](std::int64_t n) { return (n + 15) / 16 * 16; };
@@ -967,17 +1137,22 @@ inline void case_mx_memory(Backend b) {
       std::int64_t native_numel = 0, mx_bytes = 0, mx_exact = 0;
       for (const auto& buf : L.buffers())
         if (buf.dtype == DType::f32) native_numel += buf.numel;
+      for (const Bucket& bk : L.buckets())
+        if (opt.is_mxfp8(bk.params.front())) {
+          mx_bytes += 2 * piece(bk.range.size());
+          mx_exact += 2 * bk.range.size();
+        }
       for (int i = 0; i < opt.num_params(); ++i) {
         if (!opt.is_mxfp8(i)) continue;
         const Mxfp8Shape s = Mxfp8Shape::of(L.specs()[static_cast<std::size_t>(i)]);
-        mx_bytes += 2 * piece(s.numel()) + piece(s.scale_row_numel()) + piece(s.scale_col_numel());
-        mx_exact += 2 * s.numel() + s.scale_row_numel() + s.scale_col_numel();
+        mx_bytes += piece(s.scale_row_numel()) + piece(s.scale_col_numel());
+        mx_exact += s.scale_row_numel() + s.scale_col_numel();
       }
       const MemoryReport r = opt.memory();
       const std::int64_t n = L.total_numel();
       EXPECT_EQ(r.params, 4 * native_numel) << "no param allocation for the MXFP8 buffer";
       EXPECT_EQ(r.mxfp8, mx_bytes);
-      if (round_shapes) { EXPECT_EQ(r.mxfp8, mx_exact) << "2 bytes per element + scales"; }
+      if (round_shapes) { EXPECT_EQ(r.mxfp8, mx_exact) << "2 bytes per bucket element + scales"; }
       EXPECT_EQ(r.grads, static_cast<std::int64_t>(size_of(g)) * n);
       EXPECT_EQ(r.master, 4 * n / world);
       EXPECT_EQ(r.moments, 8 * n / world);
@@ -1031,55 +1206,50 @@ inline void case_mx_graph_equals_eager(Backend b, int microbatches, int iteratio
   expect_mx_grads_zero(graphed);
 }
 
-/// Issue 29, "land only the other ranks' bytes": DistributedAdam's step quantizes this
-/// rank's owned tile rows (32 rows of a member wholly inside its piece) in the fused Adam
-/// pass, which writes their bytes into the storage beside the staging, so the step's
-/// landing copies every byte of every MXFP8 parameter (both planes) except those; a
-/// quantize without the fused pass (init_from_master) lands them all. The storage equals
-/// the oracle's either way. Tile rows counted here from the shapes.
-inline void case_step_lands_other_ranks(Backend b) {
-  if (world_size() < 2) GTEST_SKIP() << "one rank lands nothing";
+/// Issue 29, "the two-rank MXFP8 step gathers straight into its storage": at two or more
+/// ranks every MXFP8 bucket is all-gathered in place in the storage (its two gather
+/// planes), so neither init_from_master nor a step lands a byte (detail::landed_bytes,
+/// the landing copies asked for), the storage equals the oracle's, the step leaves the
+/// MXFP8 parameters' gradients as the backward and the reduce-scatter left them, and
+/// zero_grad zeroes them, as native ones.
+inline void case_step_gathers_into_storage(Backend b) {
+  if (world_size() < 2) GTEST_SKIP() << "the two-rank path";
   DistributedAdam opt(make_comm(b), q_model(ParamFormat::Mxfp8), mx_options(DType::bf16));
   TestStream s(b);
-  std::int64_t all = 0, owned = 0;  // elements of every MXFP8 param; of this rank's owned tile rows
-  for (int p = 0; p < opt.num_params(); ++p) {
-    if (!opt.is_mxfp8(p)) continue;
-    const Mxfp8Shape sh = Mxfp8Shape::of(opt.layout().specs()[static_cast<std::size_t>(p)]);
-    all += sh.numel();
-    const ShardView m = opt.shard_master(p);
-    const std::int64_t lo = m.param_offset, hi = m.param_offset + m.numel();
-    for (std::int64_t g = 0; g < sh.members; ++g)
-      for (std::int64_t r = 0; r < sh.rows; r += 32) {
-        const std::int64_t a = (g * sh.rows + r) * sh.cols, e = (g * sh.rows + std::min(r + 32, sh.rows)) * sh.cols;
-        if (a >= lo && e <= hi) owned += e - a;
-      }
-  }
-  std::int64_t owned_anywhere = 0;  // a rank may own none; some rank must (collective: every rank asks)
-  MPI_Allreduce(&owned, &owned_anywhere, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
-  ASSERT_GT(owned_anywhere, 0) << "no rank owns a whole tile row: the case proves nothing";
   std::int64_t before = detail::landed_bytes();
   mx_init(opt, s.get());
   s.sync();
-  EXPECT_EQ(detail::landed_bytes() - before, 2 * all) << "init_from_master lands every byte";
+  EXPECT_EQ(detail::landed_bytes() - before, 0) << "init_from_master landed bytes";
   expect_matches_oracle(opt, "after init_from_master");
   for (int step = 0; step < 2; ++step) {
     mx_backward(opt, b, s.get(), GradKind::Random);
+    opt.reduce_grads(s.get());
+    s.sync();
+    const auto reduced = quantized_grad_bytes(opt);
+    std::int64_t nonzero = 0;
+    for (const auto& g : reduced)
+      for (std::uint8_t x : g) nonzero += x != 0 ? 1 : 0;
+    ASSERT_GT(nonzero, 0) << "zero gradients: the case proves nothing";
     before = detail::landed_bytes();
     opt.step(s.get());
     s.sync();
-    EXPECT_EQ(detail::landed_bytes() - before, 2 * (all - owned)) << "step " << step << " landed its own tile rows";
-    expect_mx_grads_zero(opt);
+    EXPECT_EQ(detail::landed_bytes() - before, 0) << "step " << step << " landed bytes";
+    EXPECT_TRUE(quantized_grad_bytes(opt) == reduced) << "step " << step << " wrote the MXFP8 gradients";
     expect_matches_oracle(opt, "after step " + std::to_string(step));
     opt.zero_grad(s.get());
+    s.sync();
+    expect_mx_grads_zero(opt);
   }
 }
 
-/// Issue 29, a fair iteration: the landing leaves the quantized gradient regions zero, so
-/// the zero_grad that StepGraph runs right behind the step (step_and_zero_grad) clears
-/// only the other buffers' gradients, while a zero_grad called on its own still clears
-/// everything (a backward may have written the regions since). Observed through the
-/// count of bytes zero_grad enqueues (optimizer/grad_zeroing.hpp) and, after every
-/// iteration, every gradient zero and the storage the oracle's.
+/// Issue 29, a fair iteration: NVFP4's landing leaves its gradient regions zero, so the
+/// zero_grad that StepGraph runs right behind the step (step_and_zero_grad) clears only
+/// the other buffers' gradients, while a zero_grad called on its own still clears
+/// everything (a backward may have written the regions since). MXFP8 gathers in place
+/// and never writes its gradient regions, so that zero_grad clears them too, as native
+/// ones: every byte. Observed through the count of bytes zero_grad enqueues
+/// (optimizer/grad_zeroing.hpp) and, after every iteration, every gradient zero and the
+/// storage the oracle's.
 inline void case_zero_grad_skips_landed(Backend b, ParamFormat format = ParamFormat::Mxfp8) {
   const int rank = world_rank();
   DistributedAdamOptions o = mx_options(DType::bf16, format);
@@ -1097,6 +1267,7 @@ inline void case_zero_grad_skips_landed(Backend b, ParamFormat format = ParamFor
   }
   ASSERT_GT(native, 0) << "the model must have a native buffer";
   ASSERT_LT(native, all) << "the model must have a quantized buffer";
+  const std::int64_t behind_step = format == ParamFormat::Mxfp8 ? all : native;  // what that zero_grad clears
   auto expect_all_grads_zero = [&](const std::string& when) {
     for (int i = 0; i < opt.num_params(); ++i)
       for (float x : read_f32(b, opt.grad(i)))
@@ -1107,7 +1278,7 @@ inline void case_zero_grad_skips_landed(Backend b, ParamFormat format = ParamFor
     const std::int64_t before = detail::zero_grad_bytes();
     g.run_eager(s.get());
     s.sync();
-    EXPECT_EQ(detail::zero_grad_bytes() - before, native) << "iteration " << it << ": the landed regions re-zeroed";
+    EXPECT_EQ(detail::zero_grad_bytes() - before, behind_step) << "iteration " << it << ": the zero_grad behind the step";
     expect_all_grads_zero("after iteration " + std::to_string(it));
     expect_matches_oracle(opt, "after iteration " + std::to_string(it));
   }
@@ -1121,12 +1292,12 @@ inline void case_zero_grad_skips_landed(Backend b, ParamFormat format = ParamFor
   s.sync();
   EXPECT_EQ(detail::zero_grad_bytes() - before, all) << "a zero_grad on its own must clear every buffer";
   expect_all_grads_zero("after zero_grad");
-  // Captured: the graph's zero_grad clears only the native buffers too, and replays keep
-  // every gradient zero between iterations (the oracle sees no stale gradient).
+  // Captured: the graph's zero_grad clears the same bytes, and replays keep every
+  // gradient zero between iterations (the oracle sees no stale gradient).
   const std::int64_t at_capture = detail::zero_grad_bytes();
   g.capture(s.get());
-  EXPECT_EQ(detail::zero_grad_bytes() - at_capture, 2 * native)  // the warm-up iteration and the captured one
-      << "capture re-zeroed landed regions";
+  EXPECT_EQ(detail::zero_grad_bytes() - at_capture, 2 * behind_step)  // the warm-up iteration and the captured one
+      << "capture's zero_grad";
   for (int it = 0; it < 2; ++it) g.replay(s.get());
   s.sync();
   expect_all_grads_zero("after replays");

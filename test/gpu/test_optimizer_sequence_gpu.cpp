@@ -26,6 +26,12 @@
 //                               state survives from one optimizer to the next).
 // Each stage prints a line on every rank (stderr, flushed) before it starts, so that a
 // stop is located even where the process alarm ends the job.
+//
+// Issue 29 (helper d1): the MXFP8 optimizers' captured steps now all-gather into their
+// storage (NCCL-registered like the store's buffers, or cudaMalloc'ed when unregistered).
+// Each graph is destroyed before its optimizer, which frees that storage, and the next
+// optimizers allocate again (possibly at the same addresses) and capture again: the
+// sequence a stale graph registration of freed storage would break (docs/decisions.md).
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -89,7 +95,7 @@ void fill(DistributedAdam& opt, Stream s) {
     }
   }
   if (quantized) {
-    opt.init_from_master(s);  // zeroes the quantized gradient regions it staged through
+    opt.init_from_master(s);  // NVFP4 zeroes the gradient regions it staged through; MXFP8 gathers in place
   } else {
     opt.init_master(s);
   }

@@ -34,7 +34,8 @@ TEST(Mxfp8ParamsHost, GraphReplayEqualsEager) { case_mx_graph_equals_eager(kB, 2
 TEST(Mxfp8ParamsHost, OneGraphReplayEqualsEager) { case_mx_graph_equals_eager(kB, 3, 5, true, false); }
 TEST(Mxfp8ParamsHost, GraphReplayEqualsEagerDeferred) { case_mx_graph_equals_eager(kB, 2, 5, false, true); }
 TEST(Mxfp8ParamsHost, NativeInitFromMaster) { case_native_init_from_master(kB); }
-TEST(Mxfp8ParamsHost, ZeroGradSkipsLandedRegions) { case_zero_grad_skips_landed(kB); }
-TEST(Mxfp8ParamsHost, StepLandsOnlyOtherRanksBytes) { case_step_lands_other_ranks(kB); }
+TEST(Mxfp8ParamsHost, ZeroGradZeroesMxfp8Regions) { case_zero_grad_skips_landed(kB); }
+TEST(Mxfp8ParamsHost, StepGathersIntoStorage) { case_step_gathers_into_storage(kB); }
+TEST(Mxfp8ParamsHost, StoreGatherPlanes) { case_store_gather_planes(kB); }
 
 }  // namespace
