@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Prepared 2026-11-27 (third session) for the next one: issue 29's last unmeasured deliverable,
+# the FSDP iteration at ONE rank against both peers (FSDP2 and Megatron-FSDP 0.6.1), bf16 and
+# MXFP8 (earlier calls ran the fsdp phase with FSDP_ONE=0: rows exist at 2 and 4 ranks only).
+# One GPU (nvidia-h100-x1 or nvidia-h200), carry [".whl"] (megatron-fsdp + einops wheels):
+#   bash bench/results/runs/next/fsdp_n1.sh        (rename to runs/<date>/NN_<card>.sh when it runs)
+set -u
+OUT="${OUT:-/tmp/shardopt-out}"; mkdir -p "$OUT"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+  export PYTHONPATH=/tmp/site
+nvidia-smi -L | tee "$OUT/lanes.log"
+bash scripts/device_suite.sh build >/dev/null 2>&1 || { echo "build failed"; tail -40 "$OUT/build.log"; exit 1; }
+timeout 400 bash scripts/device_suite.sh fsdp >/dev/null 2>&1; echo "fsdp phase (1 rank) exit $?" | tee -a "$OUT/lanes.log"
+grep -hE 'megatron|== fsdp|^\{"bench": "fsdp_iteration"' "$OUT/summary.txt" | cut -c1-400 | tee -a "$OUT/lanes.log"
