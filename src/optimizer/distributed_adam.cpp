@@ -200,8 +200,9 @@ class DistributedAdam::Impl final : public detail::StepTarget {
     mx.consume(store, first, last, stream);
   }
 
-  // Quantizes the quantized buckets of [first, last) (into the storage, or a staging), then starts the
-  // all-gathers of every bucket of the range (after the work queued on `stream`).
+  // Quantizes the quantized buckets of [first, last) (into the storage, or a staging),
+  // then starts the all-gathers of every bucket of the range (after the work queued on
+  // `stream`).
   void dispatch(int first, int last, Stream stream, bool partials_done = false) {
     mx.quantize(first, last, stream, partials_done);
     if (opt.grouped_collectives) {
@@ -244,9 +245,7 @@ class DistributedAdam::Impl final : public detail::StepTarget {
   // A staged quantized gather (NVFP4) overwrites gradient regions: refuse while they hold
   // live gradients. Buckets gathered in place (MXFP8) never touch them.
   void require_no_live_grads(const std::string& call) const {
-    bool staged = false;
-    for (int b = 0; b < num_buckets(); ++b) staged = staged || (mx.is_bucket(b) && !mx.in_place(b));
-    if (!staged) return;
+    if (!mx.any_staged()) return;
     SHARDOPT_REQUIRE(!grads_live, ErrorCode::InvalidState,
                      call + " quantizes the " + mx.name() +
                          " parameters through the gradient buffer, which holds gradients that grad_ready / "

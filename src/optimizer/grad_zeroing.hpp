@@ -2,8 +2,9 @@
 // that landed every staged quantized bucket (NVFP4), those buckets' gradient regions are
 // already zero (the landing zeroed them), so the zero_grad that StepGraph runs right
 // behind the step clears only the rest of the gradient buffers. MXFP8 buckets gather in
-// place into their storage and never touch their regions: zero_grad clears them always. The bytes zero_grad clears are counted
-// per process, so that tests can see which regions it left alone.
+// place into their storage and never touch their regions: zero_grad clears them always.
+// The bytes zero_grad clears are counted per process, so that tests can see which
+// regions it left alone.
 #pragma once
 
 #include <cstddef>

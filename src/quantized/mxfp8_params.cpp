@@ -157,12 +157,12 @@ Mxfp8Format::Mxfp8Format(const FormatContext& ctx)
   copy_async(backend_, members_.data(), member_table.data(), members_.bytes(), nullptr);
 
   // Per bucket, one table of this rank's ranges of its params (an empty range where the
-  // rank owns none of a param: phase 1 still zero-fills its scales for the Max). Element
-  // i of a param goes to byte (rank * S + k0 + i - param_offset) of each of the bucket's
-  // planes: k0 is the piece's offset inside this rank's slice (the same byte as the
-  // parameter's view + i); with shard storage, to byte (shard_offset + i - param_offset)
-  // of the buffer's shard planes. The base may point outside the plane; the kernels only
-  // add indices of the range. Computed as integers.
+  // rank owns none of a param: phase 1 still zero-fills its scales for the Max). Whole
+  // storage: element i of a param goes to the param's own view + i in each of its bucket's
+  // planes (rank r's slice of a plane holds exactly the elements rank r owns). Shard
+  // storage: to byte (shard_offset + i - param_offset) of the buffer's shard planes; that
+  // base may point outside the planes, the kernels only add indices of the range
+  // (computed as integers).
   for (std::size_t b = 0; b < L.buckets().size(); ++b) {
     const Bucket& bk = L.buckets()[b];
     if (!mx_buffer[static_cast<std::size_t>(bk.buffer)]) continue;
@@ -185,11 +185,14 @@ Mxfp8Format::Mxfp8Format(const FormatContext& ctx)
         t.out.data_row = reinterpret_cast<std::uint8_t*>(row);
         t.out.data_col = reinterpret_cast<std::uint8_t*>(col);
       } else if (piece.length > 0) {
-        t.master = piece.master;
+        // The piece's first element sits at byte rank * S + k0 of the bucket's planes,
+        // which is the parameter's view + param_offset.
         const std::int64_t k0 = piece.shard_offset - bk.shard_offset;
-        const auto slice = static_cast<std::uintptr_t>(rank * S + k0) - static_cast<std::uintptr_t>(piece.param_offset);
-        t.out.data_row = reinterpret_cast<std::uint8_t*>(reinterpret_cast<std::uintptr_t>(plane_at(bucket_[b].plane_row)) + slice);
-        t.out.data_col = reinterpret_cast<std::uint8_t*>(reinterpret_cast<std::uintptr_t>(plane_at(bucket_[b].plane_col)) + slice);
+        if (rank * S + k0 - piece.param_offset != L.params()[static_cast<std::size_t>(p)].offset - bk.range.begin)
+          throw_internal("MXFP8 parameter " + std::to_string(p) + ": its piece is not where its view puts it");
+        t.master = piece.master;
+        t.out.data_row = plane_at(pi.data_row);
+        t.out.data_col = plane_at(pi.data_col);
       }
       tensors.push_back(t);
     }

@@ -107,7 +107,7 @@ void QuantizedParams::make_format(int rank, const std::vector<MasterPiece>& mast
   for (std::size_t b = 0; b < L.buckets().size(); ++b) {
     BucketInfo& bi = bucket_[b];
     if (!bi.quantized) continue;
-    Landing& l = bi.full;
+    Landing& l = bi.landing;
     l.begin = static_cast<std::int64_t>(table.size());
     format_->landing(static_cast<int>(b), table);
     l.end = static_cast<std::int64_t>(table.size());
@@ -161,6 +161,12 @@ void QuantizedParams::gather_in_place(BucketStore& store, bool registered) {
     store.set_gather_planes(static_cast<int>(b), planes[b]);
     bucket_[b].in_place = true;
   }
+}
+
+bool QuantizedParams::any_staged() const {
+  for (const BucketInfo& bi : bucket_)
+    if (bi.quantized && !bi.in_place) return true;
+  return false;
 }
 
 QuantizedParams::~QuantizedParams() {
@@ -257,6 +263,14 @@ void QuantizedParams::dispatched(int first, int last) {
     if (bucket_[static_cast<std::size_t>(b)].quantized) advance(b, GatherState::InFlight);
 }
 
+// `stream` waits for bucket b's all-gather if it is in flight (InFlight -> Landed).
+void QuantizedParams::wait_gather(BucketStore& store, int b, Stream stream) {
+  if (bucket_[static_cast<std::size_t>(b)].state != GatherState::InFlight) return;
+  phase_mark("gather wait", stream);
+  store.wait_param_gather(b, stream);
+  advance(b, GatherState::Landed);
+}
+
 void QuantizedParams::consume(BucketStore& store, int first, int last, Stream stream) {
   auto pending = [&](int b) {
     const BucketInfo& bi = bucket_[static_cast<std::size_t>(b)];
@@ -270,11 +284,7 @@ void QuantizedParams::consume(BucketStore& store, int first, int last, Stream st
       continue;
     }
     if (bucket_[static_cast<std::size_t>(b)].in_place) {  // gathered into the storage: only waited for
-      if (bucket_[static_cast<std::size_t>(b)].state == GatherState::InFlight) {
-        phase_mark("gather wait", stream);
-        store.wait_param_gather(b, stream);
-        advance(b, GatherState::Landed);
-      }
+      wait_gather(store, b, stream);
       advance(b, GatherState::Consumed);
       advance(b, GatherState::Idle);
       ++b;
@@ -286,14 +296,10 @@ void QuantizedParams::consume(BucketStore& store, int first, int last, Stream st
     int e = b;
     while (e < last && pending(e) && !bucket_[static_cast<std::size_t>(e)].in_place &&
            (e == b || region(e).region == region(e - 1).region + region(e - 1).region_bytes)) {
-      if (bucket_[static_cast<std::size_t>(e)].state == GatherState::InFlight) {
-        phase_mark("gather wait", stream);
-        store.wait_param_gather(e, stream);
-        advance(e, GatherState::Landed);
-      }
+      wait_gather(store, e, stream);
       ++e;
     }
-    auto landing = [&](int k) -> const Landing& { return bucket_[static_cast<std::size_t>(k)].full; };
+    auto landing = [&](int k) -> const Landing& { return bucket_[static_cast<std::size_t>(k)].landing; };
     const std::int64_t copies = landing(e - 1).end - landing(b).begin;  // none where phase 2 wrote the storage
     if (copies > 0) phase_mark("landing", stream);
     copy_pieces(pieces_.as<BytePiece>() + landing(b).begin, copies, backend_, stream);

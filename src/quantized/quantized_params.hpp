@@ -25,10 +25,10 @@
 #include <vector>
 
 #include "core/memory.hpp"
-#include "shardopt/communicator.hpp"
 #include "core/streams.hpp"
 #include "quantized/byte_copies.hpp"
 #include "shardopt/bucket_store.hpp"
+#include "shardopt/communicator.hpp"
 #include "shardopt/layout.hpp"
 #include "shardopt/mxfp8_param.hpp"
 
@@ -215,6 +215,9 @@ class QuantizedParams {
   /// True when quantized bucket `bucket` gathers in place into the storage
   /// (QuantizedFormat::gather_planes): its step never writes its gradient region.
   bool in_place(int bucket) const { return bucket_[static_cast<std::size_t>(bucket)].in_place; }
+  /// True when some quantized bucket stages its gather through its gradient region (NVFP4):
+  /// a forced gather then overwrites gradients.
+  bool any_staged() const;
   bool any() const noexcept { return format_ != nullptr; }
   /// The format ("MXFP8", "NVFP4"; "quantized" when there is none).
   const char* name() const { return format_ ? format_->name() : "quantized"; }
@@ -249,13 +252,14 @@ class QuantizedParams {
     bool quantized = false;
     bool in_place = false;  // gathers into the storage (QuantizedFormat::gather_planes)
     GatherState state = GatherState::Idle;
-    Landing full;  // its section of pieces_ (in bucket order)
+    Landing landing;  // its section of pieces_ (in bucket order)
   };
 
   bool mark(const std::vector<bool>& quantized);
   void make_format(int rank, const std::vector<MasterPiece>& masters, const std::vector<bool>& quantized,
                    MakeFormat make, bool shard_storage, MemoryKind gather_memory = MemoryKind::Device);
   void gather_in_place(BucketStore& store, bool registered);
+  void wait_gather(BucketStore& store, int bucket, Stream stream);
   void warm_up();
   void advance(int bucket, GatherState to);
   void exchange(std::uint8_t* begin, std::uint8_t* end, Stream stream);
