@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <utility>
 
@@ -35,18 +34,6 @@ bool tiles_vector_ok(const Mxfp8ShardTensor& t, const AdamMxfp8Place& p, int vec
   c.length = t.range.end - first;
   const ChunkSplit sp = split_chunk(c, vec, vector_ok);
   return sp.head == 0 && sp.nvec > 0;
-}
-
-// The host twin's copies of the owned tile rows' data bytes to the place's second home.
-void copy_owned(const mxfp8::ShardEntry& e, const AdamMxfp8Place& p) {
-  if (p.copy_row == nullptr || e.owned_end <= e.owned_begin) return;
-  const auto n = static_cast<std::size_t>(e.owned_end - e.owned_begin);
-  auto at = [&](const std::uint8_t* base) {  // element owned_begin of a plane (the base may lie outside)
-    return reinterpret_cast<std::uint8_t*>(reinterpret_cast<std::uintptr_t>(base) +
-                                           static_cast<std::uintptr_t>(e.owned_begin));
-  };
-  std::memcpy(at(p.copy_row), at(e.out.data_row), n);
-  std::memcpy(at(p.copy_col), at(e.out.data_col), n);
 }
 
 }  // namespace
@@ -162,11 +149,9 @@ void AdamMxfp8Pass::run(Stream stream) const {
   const auto* entries = im.entries.entries<mxfp8::ShardEntry>();
   const int count = im.entries.count();
   if (im.backend == Backend::Host) {
-    host_enqueue(stream, [v = im.adam.variant, a = im.adam.params, entries, count,
-                          places = im.places.entries<AdamMxfp8Place>()] {
+    host_enqueue(stream, [v = im.adam.variant, a = im.adam.params, entries, count] {
       host_adam_apply(v, a);
       mxfp8::host_owned_batch(entries, count);
-      for (int k = 0; k < count; ++k) copy_owned(entries[k], places[k]);
     });
     return;
   }

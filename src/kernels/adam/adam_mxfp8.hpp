@@ -29,11 +29,6 @@ struct AdamMxfp8Place {
   std::int64_t shard_offset = 0;
   std::int64_t buffer_offset = 0;
   std::int64_t moment_shift = 0;  ///< as ShardChunk::moment_shift, for every element of the range
-  /// Null, or a second home of the owned tile rows' data bytes (element i of the tensor
-  /// at copy_row + i / copy_col + i, like Mxfp8Planes' data): the pass writes them there
-  /// too (DistributedAdam: the storage beside the staging, so the landing skips them).
-  std::uint8_t* copy_row = nullptr;
-  std::uint8_t* copy_col = nullptr;
   std::int32_t group = 0;   ///< optimizer group (AdamConfig::groups)
   std::int32_t vec_ok = 0;  ///< set by AdamMxfp8Pass: whole tiles may use 16-byte Adam accesses
 };
@@ -71,10 +66,9 @@ class AdamMxfp8Pass {
 
   /// Zeroes the scale tensors, then in one launch: Adam over the owned bands (nothing
   /// written there on a skipped step: found_inf) and, from the new masters (the masters
-  /// as they are on a skipped step), every byte quantize_mxfp8_shard_owned_batch writes,
-  /// the owned data bytes also at the places' copy_row / copy_col where set. The host
-  /// backend runs the composition itself: Adam over the bands, then the owned pass (its
-  /// twin), then the copies of the owned bytes.
+  /// as they are on a skipped step), every byte quantize_mxfp8_shard_owned_batch writes.
+  /// The host backend runs the composition itself: Adam over the bands, then the owned
+  /// pass (its twin).
   void run(Stream stream) const;
 
  private:

@@ -302,19 +302,13 @@ __device__ __forceinline__ void load_scales(const ShardEntry& en, const Spot& s,
 
 // Phase 2 of one tile (no barrier): both planes of the thread's elements in the range.
 // The column multipliers 2^-e come from the scale bytes, or (kGiven, the owned pass)
-// from `col_inverse`, the tile's 128 multipliers in shared memory. kCopy (the fused Adam
-// pass, issue 29): the same bytes also to `copy_row` / `copy_col` (element i at + i).
-template <bool kFull, bool kGiven = false, bool kCopy = false>
+// from `col_inverse`, the tile's 128 multipliers in shared memory.
+template <bool kFull, bool kGiven = false>
 __device__ __forceinline__ void data_tile(const ShardEntry& en, const Spot& s, const std::uint32_t (&w)[8],
-                                          const Scales& sc, const float* col_inverse = nullptr,
-                                          std::uint8_t* copy_row = nullptr, std::uint8_t* copy_col = nullptr) {
+                                          const Scales& sc, const float* col_inverse = nullptr) {
   const Room room = room_of<kFull>(en, s);
   std::uint8_t* data_row = in_global(en.out.data_row) + s.elem;
   std::uint8_t* data_col = in_global(en.out.data_col) + s.elem;
-  if constexpr (kCopy) {
-    copy_row = in_global(copy_row) + s.elem;
-    copy_col = in_global(copy_col) + s.elem;
-  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int lo = room.lo[h], hi = room.hi[h];
@@ -346,20 +340,12 @@ __device__ __forceinline__ void data_tile(const ShardEntry& en, const Spot& s, c
     if constexpr (kFull) {
       *reinterpret_cast<uint2*>(data_row + 64 * h) = make_uint2(qr[0], qr[1]);
       *reinterpret_cast<uint2*>(data_col + 64 * h) = make_uint2(qc[0], qc[1]);
-      if constexpr (kCopy) {
-        *reinterpret_cast<uint2*>(copy_row + 64 * h) = make_uint2(qr[0], qr[1]);
-        *reinterpret_cast<uint2*>(copy_col + 64 * h) = make_uint2(qc[0], qc[1]);
-      }
     } else {
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         if (k >= lo && k < hi) {
           data_row[64 * h + k] = static_cast<std::uint8_t>(qr[k / 4] >> (8 * (k % 4)));
           data_col[64 * h + k] = static_cast<std::uint8_t>(qc[k / 4] >> (8 * (k % 4)));
-          if constexpr (kCopy) {
-            copy_row[64 * h + k] = static_cast<std::uint8_t>(qr[k / 4] >> (8 * (k % 4)));
-            copy_col[64 * h + k] = static_cast<std::uint8_t>(qc[k / 4] >> (8 * (k % 4)));
-          }
         }
       }
     }
@@ -379,11 +365,10 @@ __device__ __forceinline__ void data_tile(const ShardEntry& en, const Spot& s, c
 // pass ALU-bound at half the copy bandwidth, 2026-11-27, ncu on H200.)
 // `col_scales` and `col_inverse` are one buffer each for all tiles: a thread reads it after a tile's second
 // barrier and the next tile writes it only after its first one.
-template <bool kFull, bool kCopy = false>
+template <bool kFull>
 __device__ __forceinline__ void owned_tile(const ShardEntry& en, const Spot& s, const std::uint32_t (&w)[8],
                                            std::uint32_t (*col_partial)[kTileCols / 2], std::uint8_t* col_scales,
-                                           float* col_inverse, std::uint8_t* copy_row = nullptr,
-                                           std::uint8_t* copy_col = nullptr) {
+                                           float* col_inverse) {
   const std::uint32_t row_max = partial_tile<Mode::Scales, kFull>(en, s, w, col_partial, col_scales, col_inverse);
   const int q = threadIdx.x & 7;
   Scales sc;
@@ -396,7 +381,7 @@ __device__ __forceinline__ void owned_tile(const ShardEntry& en, const Spot& s, 
     sc.col[2 * h] = v.x;
     sc.col[2 * h + 1] = v.y;
   }
-  data_tile<kFull, true, kCopy>(en, s, w, sc, col_inverse, copy_row, copy_col);
+  data_tile<kFull, true>(en, s, w, sc, col_inverse);
 }
 
 // What a thread loads for a tile ahead of working on it.
@@ -577,15 +562,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       } else {
         adam_tile<Tr, false>(en, pl, a, sv, skipped, spot, w);
       }
-      // The data bytes also into the storage where the place names it (issue 29: the
-      // landing then skips this rank's owned tile rows). Block-uniform.
-      if (pl.copy_row != nullptr) {
-        if (spot.full) {
-          owned_tile<true, true>(en, spot, w, col_partial[buf], col_scales, col_inverse, pl.copy_row, pl.copy_col);
-        } else {
-          owned_tile<false, true>(en, spot, w, col_partial[buf], col_scales, col_inverse, pl.copy_row, pl.copy_col);
-        }
-      } else if (spot.full) {
+      if (spot.full) {
         owned_tile<true>(en, spot, w, col_partial[buf], col_scales, col_inverse);
       } else {
         owned_tile<false>(en, spot, w, col_partial[buf], col_scales, col_inverse);
