@@ -15,5 +15,5 @@ timeout $((290 - SECONDS)) meson test -C build-gpu --no-rebuild --print-errorlog
   gpu_mpi_mxfp8_params_n2 gpu_mpi_optimizer_sequence_n2 gpu_mpi_distributed_adam_n2 gpu_mpi_checkpoint_n2 \
   gpu_mpi_fsdp_mxfp8_n2 >"$OUT/tests.txt" 2>&1
 say "2-rank MXFP8 suites exit $?"
-sed 's/\x1b\[[0-9;]*m//g' build-gpu/meson-logs/x2.txt | grep -E '^ *[0-9]+/[0-9]+ |^(Ok|Fail|Skipped|Timeout):' | tee -a "$L"
+sed "s/\x1b\[[0-9;]*m//g" "$OUT/tests.txt" | grep -E '^ *[0-9]+/[0-9]+ |^(Ok|Fail|Skipped|Timeout):' | tee -a "$L"
 rm -rf "$OUT/build"
