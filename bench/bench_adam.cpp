@@ -11,7 +11,9 @@
 // Configs: "fp32/1.5B/147" (fp32 grads, master, moments; no separate param output: 28
 // bytes per param) and "bf16grad-bf16param/1.5B/147" (bf16 grads read directly, fp32
 // master and moments, bf16 param output in the same pass: 2+4+8 read, 4+8+2 written =
-// 28 bytes per param). Each step (prologue + main pass) is replayed from a CUDA graph;
+// 28 bytes per param); then the state precision modes (docs/state_precision.md): bf16
+// moments (20 bytes), the master as bf16 param + remainder (26), both (18), each timed
+// against its own byte limit. Each step (prologue + main pass) is replayed from a CUDA graph;
 // median of --iters (>= 20) replays after warm-up, CUDA events around each
 // (bench/common/cuda_bench: time_ms, measure_copy, CapturedGraph).
 #include <algorithm>
@@ -101,6 +103,24 @@ std::vector<Config> configs() {
   b.peer_key = "bf16_ms";
   b.peer_desc = "bf16 grads cast to fp32 + torch.optim.AdamW fused capturable + cast to bf16, one graph";
   out.push_back(b);
+  // The state precision modes (docs/state_precision.md), each against its own byte limit.
+  Config bm = b;
+  bm.name = "bf16grad-bf16param-bf16moments/1.5B/147";
+  bm.adam.moment_dtype = DType::bf16;
+  bm.bytes_per_param = 20;  // read g 2, p 4, m 2, v 2; write p 4, m 2, v 2, param 2
+  bm.peer_key.clear();
+  out.push_back(bm);
+  Config r = b;
+  r.name = "bf16grad-remainder/1.5B/147";
+  r.adam.master_storage = MasterStorage::bf16_remainder;
+  r.bytes_per_param = 26;  // read g 2, param 2, remainder 2, m 4, v 4; write param 2, remainder 2, m 4, v 4
+  r.peer_key.clear();
+  out.push_back(r);
+  Config rm = r;
+  rm.name = "bf16grad-remainder-bf16moments/1.5B/147";
+  rm.adam.moment_dtype = DType::bf16;
+  rm.bytes_per_param = 18;  // read g 2, param 2, remainder 2, m 2, v 2; write param 2, remainder 2, m 2, v 2
+  out.push_back(rm);
   for (auto& c : out) c.adam.groups = {AdamGroup{0.1, 1.0}, AdamGroup{0.0, 1.0}};  // "decay", "no_decay"
   return out;
 }
@@ -132,13 +152,17 @@ int host_smoke(const Options& o) {
         params(static_cast<std::size_t>(n) * 2, 0);
     std::vector<float> master(static_cast<std::size_t>(n), 0.01f), m(static_cast<std::size_t>(n), 0.0f),
         v(static_cast<std::size_t>(n), 0.0f);
+    std::vector<std::uint16_t> remainders(static_cast<std::size_t>(n), 0);
+    const bool rem = c.adam.master_storage == MasterStorage::bf16_remainder;
+    if (rem) std::fill(params.begin(), params.end(), 0x3C);  // bf16 0x3C3C = 0.0115
     ShardPointers sp;
     sp.chunks = table.data();
     sp.num_chunks = static_cast<std::int64_t>(table.size());
     sp.shard_numel = n;
     sp.grads = grads.data();
     sp.params = params.data();
-    sp.master = master.data();
+    sp.master = rem ? nullptr : master.data();
+    sp.remainders = rem ? remainders.data() : nullptr;
     sp.exp_avg = m.data();
     sp.exp_avg_sq = v.data();
     StepScalars s;
@@ -335,12 +359,20 @@ int cuda_bench(const Options& o) {
   SHARDOPT_CUDA_CHECK(cudaMemcpy(d_table.data(), table.data(), table.size() * sizeof(ShardChunk), cudaMemcpyHostToDevice));
   SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());  // a pageable copy may return before its DMA lands
   for (const Config& c : configs()) {
-    DeviceBuffer grads(Backend::Cuda, un * size_of(c.adam.grad_dtype)), master(Backend::Cuda, un * 4),
-        m(Backend::Cuda, un * 4), v(Backend::Cuda, un * 4), scal(Backend::Cuda, sizeof(StepScalars));
+    const bool rem = c.adam.master_storage == MasterStorage::bf16_remainder;
+    const std::size_t msize = size_of(c.adam.moment_dtype);
+    DeviceBuffer grads(Backend::Cuda, un * size_of(c.adam.grad_dtype)), master(Backend::Cuda, rem ? 0 : un * 4),
+        remainders(Backend::Cuda, rem ? un * 2 : 0), m(Backend::Cuda, un * msize), v(Backend::Cuda, un * msize),
+        scal(Backend::Cuda, sizeof(StepScalars));
     DeviceBuffer out(Backend::Cuda, c.adam.write_params ? un * size_of(c.adam.param_dtype) : 0);
     // Small finite values everywhere (0x3C3C3C3C = 0.0115, bf16 0x3A3A = 7.1e-4).
     SHARDOPT_CUDA_CHECK(cudaMemsetAsync(grads.data(), 0x3A, grads.bytes(), stream));
-    SHARDOPT_CUDA_CHECK(cudaMemsetAsync(master.data(), 0x3C, master.bytes(), stream));
+    if (rem) {  // the master is the bf16 param 0x3C3C plus a zero remainder
+      SHARDOPT_CUDA_CHECK(cudaMemsetAsync(out.data(), 0x3C, out.bytes(), stream));
+      SHARDOPT_CUDA_CHECK(cudaMemsetAsync(remainders.data(), 0, remainders.bytes(), stream));
+    } else {
+      SHARDOPT_CUDA_CHECK(cudaMemsetAsync(master.data(), 0x3C, master.bytes(), stream));
+    }
     SHARDOPT_CUDA_CHECK(cudaMemsetAsync(m.data(), 0, m.bytes(), stream));
     SHARDOPT_CUDA_CHECK(cudaMemsetAsync(v.data(), 0, v.bytes(), stream));
     StepScalars s;
@@ -353,7 +385,8 @@ int cuda_bench(const Options& o) {
     sp.shard_numel = n;
     sp.grads = grads.data();
     sp.params = out.data();
-    sp.master = master.as<float>();
+    sp.master = rem ? nullptr : master.as<float>();
+    sp.remainders = rem ? remainders.as<std::uint16_t>() : nullptr;
     sp.exp_avg = m.data();
     sp.exp_avg_sq = v.data();
     double ms = 0;
@@ -371,7 +404,7 @@ int cuda_bench(const Options& o) {
     r.device = device;
     r.ours_ms = ms;
     r.limit_ms = bytes / (copy_gbps * 1e9) * 1e3;
-    if (!peer_text.empty()) {
+    if (!peer_text.empty() && !c.peer_key.empty()) {
       r.peer = c.peer_desc;
       r.peer_ms = json_number(peer_text, c.peer_key);
       if (auto pc = json_number(peer_text, "copy_gbps")) r.numbers["peer_copy_gbps"] = *pc;

@@ -352,6 +352,7 @@ void add_memory(bench::Result& r, const MemoryReport& m) {
   r.numbers["mem_grads_bytes"] = static_cast<double>(m.grads);
   r.numbers["mem_master_bytes"] = static_cast<double>(m.master);
   r.numbers["mem_moments_bytes"] = static_cast<double>(m.moments);
+  r.numbers["mem_remainders_bytes"] = static_cast<double>(m.remainders);
   r.numbers["mem_total_bytes"] = static_cast<double>(m.total());
 }
 
@@ -413,8 +414,62 @@ void full_step(const Communicator& comm, Stream s, const Args& a, const std::str
   cfg.groups = {AdamGroup{0.1f, 1.0f}, AdamGroup{0.0f, 1.0f}};
   adam_step_prologue(cfg, scal.as<StepScalars>(), Backend::Cuda, s);
   const double adam = bench::time_ms(s, 3, a.iters, [&] { adam_step_apply(cfg, ptrs, scal.as<StepScalars>(), Backend::Cuda, s); });
+  // The state precision modes (docs/state_precision.md): the step, and our Adam alone on
+  // the shard in the same mode for the limit.
+  struct StateMode {
+    const char* name;
+    MasterStorage master;
+    DType moments;
+    double step_ms = 0, adam_ms = 0;
+    MemoryReport memory;
+  };
+  std::vector<StateMode> modes = {{"bf16p-bf16g-remainder", MasterStorage::bf16_remainder, DType::f32},
+                                  {"bf16p-bf16g-bf16moments", MasterStorage::fp32, DType::bf16},
+                                  {"bf16p-bf16g-remainder-bf16moments", MasterStorage::bf16_remainder, DType::bf16}};
+  for (StateMode& md : modes) {
+    DistributedAdamOptions mo = step_options();
+    mo.master_storage = md.master;
+    mo.moment_dtype = md.moments;
+    md.step_ms = step_ms(comm, s, a, mo, &md.memory);
+    const bool rem = md.master == MasterStorage::bf16_remainder;
+    const std::size_t msize = size_of(md.moments);
+    DeviceBuffer mm(Backend::Cuda, static_cast<std::size_t>(shard) * msize),
+        mv(Backend::Cuda, static_cast<std::size_t>(shard) * msize),
+        rr(Backend::Cuda, rem ? static_cast<std::size_t>(shard) * 2 : 0);
+    SHARDOPT_CUDA_CHECK(cudaMemsetAsync(mm.data(), 0, mm.bytes(), reinterpret_cast<cudaStream_t>(s)));
+    SHARDOPT_CUDA_CHECK(cudaMemsetAsync(mv.data(), 0, mv.bytes(), reinterpret_cast<cudaStream_t>(s)));
+    if (rem) SHARDOPT_CUDA_CHECK(cudaMemsetAsync(rr.data(), 0, rr.bytes(), reinterpret_cast<cudaStream_t>(s)));
+    ShardPointers mp = ptrs;
+    mp.master = rem ? nullptr : master.as<float>();
+    mp.remainders = rem ? rr.as<std::uint16_t>() : nullptr;
+    mp.exp_avg = mm.data();
+    mp.exp_avg_sq = mv.data();
+    AdamConfig mc = cfg;
+    mc.master_storage = md.master;
+    mc.moment_dtype = md.moments;
+    md.adam_ms = bench::time_ms(s, 3, a.iters, [&] { adam_step_apply(mc, mp, scal.as<StepScalars>(), Backend::Cuda, s); });
+  }
 
   if (comm.rank() != 0) return;
+  for (const StateMode& md : modes) {
+    bench::Result q;
+    q.bench = "dist_adam_step";
+    q.config = std::string(md.name) + "/1.5B/147/n" + std::to_string(comm.size());
+    q.device = device;
+    q.ours_ms = md.step_ms;
+    q.limit_ms = rs + ag + md.adam_ms;
+    q.numbers["reduce_scatter_ms"] = rs;
+    q.numbers["all_gather_ms"] = ag;
+    q.numbers["adam_shard_ms"] = md.adam_ms;
+    q.numbers["fp32_state_step_ms"] = ours;
+    q.numbers["fp32_state_adam_shard_ms"] = adam;
+    q.numbers["params"] = static_cast<double>(L.param_numel());
+    add_memory(q, md.memory);
+    q.notes["limit"] = "one NCCL reduce-scatter + one all-gather of the whole bf16 buffers + our Adam on the shard in "
+                       "this state mode";
+    q.command = cmd;
+    bench::write(q, a.results);
+  }
   const std::string config = "bf16p-bf16g/1.5B/147/n" + std::to_string(comm.size());
   bench::Result r;
   r.bench = "dist_adam_step";

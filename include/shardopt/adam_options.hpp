@@ -33,6 +33,13 @@ struct AdamOptions {
   float clip_max_norm = 0.0f;
   /// Dtype of the Adam moments: f32, or bf16 (half the memory, see fused_adam.hpp).
   DType moment_dtype = DType::f32;
+  /// How the fp32 master is kept (fused_adam.hpp, docs/state_precision.md): fp32 (4 bytes
+  /// per element of the shard), or bf16_remainder, where a native bf16 parameter and a
+  /// 16-bit remainder rebuild it exactly (2 bytes). With bf16_remainder, shard_master(i) of
+  /// such a parameter is Error(Unsupported): write the bf16 parameter and call init_master.
+  /// Other parameters (f32, f16, MXFP8, NVFP4, Muon groups) keep fp32; if none is a native
+  /// bf16 tensor the constructor throws Error(InvalidArgument).
+  MasterStorage master_storage = MasterStorage::fp32;
   /// Where each step's learning rate comes from.
   LrSchedule lr_schedule = LrSchedule::host();
   /// Microbatches per step (the size of the device microbatch counter).

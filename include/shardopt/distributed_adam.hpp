@@ -134,6 +134,11 @@ class DistributedAdam {
   /// buffer).
   ShardView shard_param(int i) const;
   ShardView shard_master(int i) const;
+  /// With AdamOptions::master_storage = bf16_remainder: this rank's piece of parameter i's
+  /// 16-bit remainders (u16, parallel to its piece of the param buffer, shard_param); the
+  /// two rebuild the fp32 master (shardopt/numerics.hpp, num::remainder_join). Empty (no
+  /// elements, no data) for a parameter that keeps an fp32 master.
+  ShardView shard_remainder(int i) const;
   /// True when parameter i is stored as MXFP8 (param_format Mxfp8 and two or more dims).
   bool is_mxfp8(int i) const;
   /// The persistent MXFP8 storage of parameter i (Error(InvalidArgument) for a native one).

@@ -16,6 +16,7 @@ enum class DType : std::uint8_t {
   e5m2,  ///< OCP FP8 E5M2 (IEEE-like, max 57344)
   e8m0,  ///< unsigned power-of-two scale: 2^(code-127); 0xFF is NaN, 0x00 decodes to 2^-127
   u32,   ///< 32-bit unsigned integer: flags, counters, ordered bit patterns of amaxes
+  u16,   ///< 16-bit unsigned integer: the remainders that complete bf16 parameters to fp32
 };
 
 /// Bytes per element.
@@ -24,7 +25,8 @@ constexpr std::size_t size_of(DType t) noexcept {
     case DType::f32:
     case DType::u32: return 4;
     case DType::bf16:
-    case DType::f16: return 2;
+    case DType::f16:
+    case DType::u16: return 2;
     case DType::e4m3:
     case DType::e5m2:
     case DType::e8m0: return 1;

@@ -220,6 +220,9 @@ class Fsdp {
   /// is Error(InvalidArgument): it has no parameter shard (write shard_master).
   ShardView shard_param(int i) const;
   ShardView shard_master(int i) const;
+  /// With master_storage = bf16_remainder: this rank's piece of parameter i's 16-bit
+  /// remainders (u16, parallel to shard_param(i)); empty for a parameter with an fp32 master.
+  ShardView shard_remainder(int i) const;
   ShardView shard_exp_avg(int i) const;
   ShardView shard_exp_avg_sq(int i) const;
   ShardView shard_grad(int i, DType dtype, Stream stream);

@@ -87,6 +87,21 @@ struct AdamGroup {
   MuonSettings muon{};  ///< Muon's settings; read only when algorithm is Muon
 };
 
+/// How the optimizer keeps the fp32 master copy of its parameters.
+enum class MasterStorage : std::uint8_t {
+  /// A full fp32 copy of every parameter's shard: 4 bytes per element.
+  fp32,
+  /// bf16 parameters keep no fp32 copy: the bf16 parameter plus a 16-bit remainder rebuild
+  /// the fp32 master exactly (2 bytes per element). The parameter is the master rounded to
+  /// the nearest bf16 with ties away from zero, not to even: on an exact tie above an even
+  /// bf16 it is one bf16 step higher than an fp32-master run's (docs/state_precision.md).
+  /// Parameters of other dtypes, MXFP8 / NVFP4 parameters and Muon groups keep fp32.
+  bf16_remainder,
+};
+
+/// "fp32" or "bf16_remainder".
+const char* to_string(MasterStorage m) noexcept;
+
 /// Constant configuration of a fused Adam launch. beta1, beta2 and eps are doubles as in
 /// PyTorch (0.999 is not 0.999f: 1 - 0.999f differs from 0.001 by 1.3e-5 relative);
 /// the kernels use float(beta2), float(1 - beta1), float(1 - beta2) and float(eps).
@@ -99,6 +114,9 @@ struct AdamConfig {
   DType param_dtype = DType::bf16;     ///< model-param output written in the same pass
   bool write_params = true;            ///< false: update the master only
   DType moment_dtype = DType::f32;     ///< f32, or bf16 moments (see tests for accuracy)
+  /// bf16_remainder: the master is the bf16 param plus ShardPointers::remainders (needs
+  /// write_params and param_dtype bf16); ShardPointers::master is not used.
+  MasterStorage master_storage = MasterStorage::fp32;
   std::vector<AdamGroup> groups{AdamGroup{}};
 };
 
@@ -114,7 +132,8 @@ struct ShardPointers {
   std::int64_t moment_numel = 0;       ///< length of exp_avg / exp_avg_sq; 0: shard_numel
   const void* grads = nullptr;         ///< grad buffer base (grad_dtype), by buffer_offset
   void* params = nullptr;              ///< param buffer base (param_dtype), by buffer_offset
-  float* master = nullptr;             ///< fp32 master, by shard_offset
+  float* master = nullptr;             ///< fp32 master, by shard_offset (MasterStorage::fp32)
+  std::uint16_t* remainders = nullptr; ///< the masters' low halves, by shard_offset (bf16_remainder)
   void* exp_avg = nullptr;             ///< first moment (moment_dtype), by shard_offset - moment_shift
   void* exp_avg_sq = nullptr;          ///< second moment (moment_dtype), by shard_offset - moment_shift
 };

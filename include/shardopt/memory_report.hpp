@@ -7,12 +7,15 @@
 namespace shardopt {
 
 /// Bytes held by one rank, by what they hold. Categories are disjoint except `padding`,
-/// which says how much of params + grads + master + moments is layout padding (the only
-/// overhead the layout adds).
+/// which says how much of params + grads + master + remainders + moments is layout
+/// padding (the only overhead the layout adds).
 struct MemoryReport {
   std::int64_t params = 0;        ///< model-parameter buffers (full, or shard + pool for FSDP)
   std::int64_t grads = 0;         ///< gradient buffers
   std::int64_t master = 0;        ///< fp32 master shard
+  /// 16-bit remainders that complete bf16 parameters to their fp32 master (2 bytes per
+  /// element of the shard, in place of `master`'s 4: AdamOptions::master_storage)
+  std::int64_t remainders = 0;
   std::int64_t moments = 0;       ///< Adam moments of the shard (none for Muon pieces) and Muon's momentum
   std::int64_t copies = 0;        ///< cast copies made for external optimizers
   std::int64_t pool = 0;          ///< transient gather/grad slots (FSDP)
@@ -23,7 +26,7 @@ struct MemoryReport {
 
   /// Sum of all categories except padding (which is already inside them).
   std::int64_t total() const noexcept {
-    return params + grads + master + moments + copies + pool + mxfp8 + nvfp4 + nccl_overhead;
+    return params + grads + master + remainders + moments + copies + pool + mxfp8 + nvfp4 + nccl_overhead;
   }
   /// A multi-line human-readable table.
   std::string to_string() const;

@@ -98,6 +98,36 @@ SHARDOPT_HD std::uint16_t f32_to_bf16(float f) {
   return static_cast<std::uint16_t>(u >> 16);
 }
 
+// ------------------------------------------- bf16 parameter + 16-bit remainder = fp32 master
+//
+// An fp32 master x (bits X = hi:lo, 16 bits each) is kept as its bf16 parameter p and a
+// 16-bit remainder r = lo, with p = hi + (lo >= 0x8000): x rounded to the nearest bf16,
+// ties away from zero. The pair rebuilds x exactly: X = ((p - (r >> 15)) << 16) | r.
+// Ties to even cannot be kept: 65,537 fp32 values round to each even bf16 (from
+// halfway below to halfway above), one more than 16 bits can tell apart, so the one
+// difference from f32_to_bf16 is the exact tie above an even bf16 (lo == 0x8000, hi
+// even), which rounds up here. Example: x = 1.00390625 (0x3F808000, exactly halfway
+// between bf16 1.0 = 0x3F80 and 1.0078125 = 0x3F81): p = 0x3F81, r = 0x8000, and
+// ((0x3F81 - 1) << 16) | 0x8000 = 0x3F808000 again; f32_to_bf16 gives 0x3F80. A NaN
+// keeps its sign and sets the quiet bit, as f32_to_bf16 does, and rebuilds as a NaN.
+
+/// The bf16 parameter bits of master x in the parameter + remainder split.
+SHARDOPT_HD std::uint16_t remainder_split_param(float x) {
+  const std::uint32_t u = f32_bits(x);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
+  return static_cast<std::uint16_t>((u >> 16) + ((u >> 15) & 1u));
+}
+
+/// The 16-bit remainder of master x: its low half.
+SHARDOPT_HD std::uint16_t remainder_split_low(float x) { return static_cast<std::uint16_t>(f32_bits(x) & 0xFFFFu); }
+
+/// The master rebuilt from its bf16 parameter bits and remainder (exact for every
+/// non-NaN master; a NaN parameter rebuilds as a NaN).
+SHARDOPT_HD float remainder_join(std::uint16_t param, std::uint16_t remainder) {
+  const std::uint32_t hi = static_cast<std::uint32_t>(param) - (static_cast<std::uint32_t>(remainder) >> 15);
+  return f32_from_bits(((hi & 0xFFFFu) << 16) | remainder);
+}
+
 // ------------------------------------------------------------------------ f16
 
 /// f16 bits -> f32 (exact).
@@ -193,7 +223,7 @@ SHARDOPT_HD std::uint8_t f32_to_e8m0(float f) {
 
 // ------------------------------------------------------------------------ generic
 
-/// Encodes f32 into the bit pattern of `t` (zero-extended to 32 bits); u32 truncates.
+/// Encodes f32 into the bit pattern of `t` (zero-extended to 32 bits); u32 and u16 truncate.
 SHARDOPT_HD std::uint32_t encode(DType t, float f) {
   switch (t) {
     case DType::f32: return f32_bits(f);
@@ -203,6 +233,7 @@ SHARDOPT_HD std::uint32_t encode(DType t, float f) {
     case DType::e5m2: return f32_to_e5m2(f);
     case DType::e8m0: return f32_to_e8m0(f);
     case DType::u32: return static_cast<std::uint32_t>(f);
+    case DType::u16: return static_cast<std::uint16_t>(f);
   }
   return 0;
 }
@@ -217,6 +248,7 @@ SHARDOPT_HD float decode(DType t, std::uint32_t bits) {
     case DType::e5m2: return e5m2_to_f32(static_cast<std::uint8_t>(bits));
     case DType::e8m0: return e8m0_to_f32(static_cast<std::uint8_t>(bits));
     case DType::u32: return static_cast<float>(bits);
+    case DType::u16: return static_cast<float>(bits & 0xFFFFu);
   }
   return 0.0f;
 }

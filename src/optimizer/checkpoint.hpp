@@ -76,6 +76,22 @@ void wait_save(const std::shared_ptr<SaveJob>& job);
 /// The optimizer goes away: joins the writer thread; a later wait() is Error(InvalidState).
 void orphan_save(const std::shared_ptr<SaveJob>& job) noexcept;
 
+/// The fp32 master of remainder-kept buffers, staged for one checkpoint (checkpoints
+/// are model-space: they hold the fp32 master whatever the storage): the constructor
+/// rebuilds it on `stream` and waits for it (ShardEngine::stage_master), the destructor
+/// frees it unless keep() handed it on (a load: publish_master splits it back).
+class StagedMaster {
+ public:
+  StagedMaster(ShardEngine& engine, Stream stream);
+  ~StagedMaster();
+  StagedMaster(const StagedMaster&) = delete;
+  StagedMaster& operator=(const StagedMaster&) = delete;
+  void keep() noexcept { engine_ = nullptr; }
+
+ private:
+  ShardEngine* engine_;
+};
+
 /// Reads the checkpoint into the engine's master and moments, the step count, the lr
 /// slot and the loss scale (collective over target.all). Every rank validates everything
 /// first; on any error every rank throws and nothing has changed. The front end then

@@ -281,6 +281,7 @@ json::Value options_json(const AdamOptions& a) {
   o.set("decoupled_weight_decay", a.decoupled_weight_decay);
   o.set("clip_max_norm", static_cast<double>(a.clip_max_norm));
   o.set("moment_dtype", to_string(a.moment_dtype));
+  o.set("master_storage", to_string(a.master_storage));
   o.set("microbatches", static_cast<std::int64_t>(a.microbatches));
   auto group = [](const AdamGroup& g) {
     json::Value v = json::Value::object();

@@ -224,6 +224,7 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
   // slices again (from the page cache the first pass filled) into the optimizer's buffers.
   // So a bad checkpoint changes nothing, and no host copy of the state is made.
   ShardEngine& e = *t.engine;
+  StagedMaster staged(e, stream);  // remainder-kept masters are read into a staged fp32 copy
   std::vector<Item> items;
   std::map<std::int64_t, std::vector<Read>> plan;                 // file -> its reads
   std::map<std::int64_t, std::unique_ptr<SafetensorsReader>> open_files;  // kept open for pass 2
@@ -405,6 +406,7 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
   e.set_step(info.step, stream);
   e.set_lr(info.lr);
   e.set_loss_scale(info.loss_scale);
+  staged.keep();  // the front end's publish_master splits it into parameters and remainders
   return info;
 }
 

@@ -98,6 +98,16 @@ SavedState current_state(const CheckpointTarget& t, Stream stream) {
 
 // ---------------------------------------------------------------- save
 
+StagedMaster::StagedMaster(ShardEngine& engine, Stream stream) : engine_(&engine) {
+  if (!engine.has_remainders()) return;
+  engine.stage_master(stream);
+  synchronize(engine.backend(), stream);  // readers copy or write it from the host
+}
+
+StagedMaster::~StagedMaster() {
+  if (engine_ != nullptr) engine_->drop_staged_master();
+}
+
 void save_checkpoint(const CheckpointTarget& t, const std::string& dir, Stream stream, const CheckpointUserData& user,
                      std::size_t staging_bytes) {
   SHARDOPT_TRACE("shardopt/checkpoint/save");
@@ -108,6 +118,7 @@ void save_checkpoint(const CheckpointTarget& t, const std::string& dir, Stream s
   FileResult mine;
   if (t.writes_file) {
     try {
+      const StagedMaster staged(*t.engine, stream);
       SHARDOPT_TRACE("shardopt/checkpoint/write");
       const std::vector<Item> items = own_items(t);
       SafetensorsWriter w = open_writer(t, dir, items);
@@ -196,6 +207,7 @@ std::shared_ptr<SaveJob> save_checkpoint_async(const CheckpointTarget& t, const 
   std::exception_ptr error;
   try {
     if (t.writes_file) {
+      const StagedMaster staged(*t.engine, stream);  // freed once the snapshot has it
       job->items = own_items(t);
       std::size_t total = 0;
       for (const Item& it : job->items) total += item_bytes(it);

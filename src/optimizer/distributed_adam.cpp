@@ -438,6 +438,7 @@ Nvfp4View DistributedAdam::nvfp4_param(int i) const {
   require_view(live(impl_), i, ParamFormat::Nvfp4);
   return detail::nvfp4_view(*live(impl_).mx.format(), i);
 }
+ShardView DistributedAdam::shard_remainder(int i) const { return live(impl_).state.remainder_view(i); }
 ShardView DistributedAdam::shard_exp_avg(int i) const { return live(impl_).state.exp_avg_view(i); }
 ShardView DistributedAdam::shard_exp_avg_sq(int i) const { return live(impl_).state.exp_avg_sq_view(i); }
 

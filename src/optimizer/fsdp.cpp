@@ -448,6 +448,7 @@ ShardView Fsdp::shard_param(int i) const {
 }
 
 ShardView Fsdp::shard_master(int i) const { return live(impl_).state.master_view(i); }
+ShardView Fsdp::shard_remainder(int i) const { return live(impl_).state.remainder_view(i); }
 ShardView Fsdp::shard_exp_avg(int i) const { return live(impl_).state.exp_avg_view(i); }
 ShardView Fsdp::shard_exp_avg_sq(int i) const { return live(impl_).state.exp_avg_sq_view(i); }
 

@@ -60,6 +60,7 @@ std::vector<OptionField> adam_fields(const AdamOptions& a) {
           {"groups", "{" + groups + "}"},
           {"clip_max_norm", real(a.clip_max_norm)},
           {"moment_dtype", to_string(a.moment_dtype)},
+          {"master_storage", to_string(a.master_storage)},
           {"lr_schedule", schedule},
           {"microbatches", std::to_string(a.microbatches)}};
 }

@@ -25,7 +25,7 @@ using OptionField = std::pair<std::string, std::string>;
 const char* option_text(bool value) noexcept;
 
 /// The AdamOptions as fields: beta1, beta2, eps, decoupled_weight_decay, default_group,
-/// groups, clip_max_norm, moment_dtype, lr_schedule, microbatches.
+/// groups, clip_max_norm, moment_dtype, master_storage, lr_schedule, microbatches.
 std::vector<OptionField> adam_fields(const AdamOptions& a);
 
 /// Every DistributedAdamOptions field that ranks must agree on, in the order compared:

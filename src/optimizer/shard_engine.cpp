@@ -118,7 +118,21 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
     if (!sh.chunks.empty() && moment_numel == 0) moment_numel = kMomentAlign;  // only empty AdamW pieces: set pointers
     sh.chunks_dev = DeviceBuffer(backend_, sh.chunks.size() * sizeof(ShardChunk));
     copy_async(backend_, sh.chunks_dev.data(), sh.chunks.data(), sh.chunks.size() * sizeof(ShardChunk), nullptr);
-    sh.master = DeviceBuffer(backend_, static_cast<std::size_t>(n) * 4);
+    // The fp32 master: the whole shard, or with remainders only the Muon pieces (compact).
+    sh.remainder = settings_.adam.master_storage == MasterStorage::bf16_remainder &&
+                   L.buffers()[b].dtype == DType::bf16 && L.buffers()[b].storage != kQuantizedStorage;
+    std::int64_t master_numel = sh.remainder ? 0 : n;
+    for (const auto& seg : L.segments(static_cast<int>(b), rank)) {
+      ParamPiece& ps = pieces_[static_cast<std::size_t>(seg.param)];
+      ps.remainder = sh.remainder && !ps.muon;
+      ps.master_offset = sh.remainder ? (ps.muon ? master_numel : 0) : ps.shard_offset;
+      if (sh.remainder && ps.muon) master_numel += ps.length;
+    }
+    if (sh.remainder) {
+      sh.remainders = DeviceBuffer(backend_, static_cast<std::size_t>(n) * sizeof(std::uint16_t));
+      fill_zero_async(backend_, sh.remainders.data(), sh.remainders.bytes(), nullptr);
+    }
+    sh.master = DeviceBuffer(backend_, static_cast<std::size_t>(master_numel) * 4);
     sh.exp_avg = DeviceBuffer(backend_, static_cast<std::size_t>(moment_numel) * size_of(settings_.adam.moment_dtype));
     sh.exp_avg_sq = DeviceBuffer(backend_, static_cast<std::size_t>(moment_numel) * size_of(settings_.adam.moment_dtype));
     fill_zero_async(backend_, sh.master.data(), sh.master.bytes(), nullptr);
@@ -135,16 +149,26 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
     sh.param_dtype = L.buffers()[b].dtype;
     cfg.write_params = true;
     cfg.moment_dtype = settings_.adam.moment_dtype;
+    cfg.master_storage = sh.remainder ? MasterStorage::bf16_remainder : MasterStorage::fp32;
     cfg.groups = groups;
     ShardPointers& p = sh.ptrs;
     p.chunks = sh.chunks_dev.as<ShardChunk>();
     p.num_chunks = static_cast<std::int64_t>(sh.chunks.size());
     p.shard_numel = n;
     p.moment_numel = moment_numel;
-    p.master = sh.master.as<float>();
+    p.master = sh.remainder ? nullptr : sh.master.as<float>();
+    p.remainders = sh.remainder ? sh.remainders.as<std::uint16_t>() : nullptr;
     p.exp_avg = sh.exp_avg.data();
     p.exp_avg_sq = sh.exp_avg_sq.data();
   }
+  SHARDOPT_REQUIRE(settings_.adam.master_storage != MasterStorage::bf16_remainder ||
+                       std::any_of(shards_.begin(), shards_.end(), [](const BufferShard& sh) { return sh.remainder; }),
+                   ErrorCode::InvalidArgument,
+                   settings_.options_name +
+                       "::master_storage is bf16_remainder, but no parameter is a native bf16 tensor: remainders "
+                       "complete a bf16 parameter to its fp32 master (f32 and f16 parameters, and MXFP8 / NVFP4 "
+                       "parameters, whose master is their only full-precision copy, keep an fp32 master). Give "
+                       "the parameters dtype bf16 (param_dtype) or use MasterStorage::fp32");
   scalars_ = DeviceBuffer(backend_, sizeof(StepScalars));
   const StepScalars init{};
   copy_async(backend_, scalars_.data(), &init, sizeof init, nullptr);
@@ -163,6 +187,8 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
 void ShardEngine::bind(int buffer, const void* grads, void* params) {
   SHARDOPT_REQUIRE(buffer >= 0 && buffer < static_cast<int>(shards_.size()), ErrorCode::Internal, "bad buffer index");
   BufferShard& sh = shards_[static_cast<std::size_t>(buffer)];
+  SHARDOPT_REQUIRE(!sh.remainder || params != nullptr, ErrorCode::Internal,
+                   "a buffer whose master is kept as remainders was bound without its bf16 parameters");
   sh.ptrs.grads = grads;
   sh.ptrs.params = params;
   sh.config.write_params = params != nullptr;
@@ -186,7 +212,7 @@ void ShardEngine::bind_muon() {
     if (ps.length == 0) continue;
     const BufferShard& sh = shards_[static_cast<std::size_t>(ps.buffer)];
     st[p].grad = static_cast<const char*>(sh.ptrs.grads) + storage_offset(ps) * size_of(settings_.grad_dtype);
-    st[p].master = sh.master.as<float>() + ps.shard_offset;
+    st[p].master = sh.master.as<float>() + ps.master_offset;
     st[p].param = sh.ptrs.params == nullptr ? nullptr
                                             : static_cast<char*>(sh.ptrs.params) + storage_offset(ps) * size_of(sh.param_dtype);
     st[p].param_dtype = sh.param_dtype;
@@ -204,24 +230,57 @@ void ShardEngine::check_muon_agreement(const Communicator& comm) const {
                      "every rank the same specs and options");
 }
 
-float* ShardEngine::master(int buffer) const {
-  SHARDOPT_REQUIRE(buffer >= 0 && buffer < static_cast<int>(shards_.size()), ErrorCode::Internal, "bad buffer index");
-  return shards_[static_cast<std::size_t>(buffer)].master.as<float>();
+float* ShardEngine::master_of(int param) const {
+  const ParamPiece& ps = piece(param);
+  if (ps.length == 0 || ps.remainder) return nullptr;
+  return shards_[static_cast<std::size_t>(ps.buffer)].master.as<float>() + ps.master_offset;
+}
+
+bool ShardEngine::has_remainders() const noexcept {
+  return std::any_of(shards_.begin(), shards_.end(), [](const BufferShard& sh) { return sh.remainder; });
+}
+
+template <class F>
+void ShardEngine::for_own_ranges(std::size_t b, F&& f) const {
+  const Layout& L = layout_;
+  for (int bk : L.buffers()[b].buckets) {
+    const Range own = L.shard_range(bk, rank_);
+    const std::int64_t shard_offset = L.buckets()[static_cast<std::size_t>(bk)].shard_offset;
+    f(settings_.shard_addressed ? shard_offset : own.begin, shard_offset, own.size());
+  }
 }
 
 void ShardEngine::publish_master(Stream stream) {
   const Layout& L = layout_;
   for (std::size_t b = 0; b < L.buffers().size(); ++b) {
-    if (shards_[b].ptrs.params == nullptr) continue;
+    BufferShard& sh = shards_[b];
+    if (sh.ptrs.params == nullptr) continue;
     const DType dt = L.buffers()[b].dtype;
-    auto* params = static_cast<char*>(shards_[b].ptrs.params);
-    for (int bk : L.buffers()[b].buckets) {
-      const Range own = L.shard_range(bk, rank_);
-      const std::int64_t shard_offset = L.buckets()[static_cast<std::size_t>(bk)].shard_offset;
-      const std::int64_t dst = settings_.shard_addressed ? shard_offset : own.begin;
-      kernels::convert(shards_[b].master.as<float>() + shard_offset, DType::f32,
-                       params + static_cast<std::size_t>(dst) * size_of(dt), dt, own.size(), backend_, stream);
+    auto* params = static_cast<char*>(sh.ptrs.params);
+    if (sh.remainder) {
+      // A staged master (a loaded checkpoint) goes back into the parameters and their
+      // remainders; without one the parameters already are the master.
+      if (sh.staging) {
+        for_own_ranges(b, [&](std::int64_t dst, std::int64_t shard, std::int64_t n) {
+          kernels::remainder_split(sh.staging.as<float>() + shard, reinterpret_cast<std::uint16_t*>(params) + dst,
+                                   sh.remainders.as<std::uint16_t>() + shard, n, backend_, stream);
+        });
+      }
+      // The Muon pieces keep an fp32 master: their parameters are it, rounded to nearest even.
+      for (const ParamPiece& ps : pieces_)
+        if (ps.buffer == static_cast<int>(b) && ps.muon && ps.length > 0)
+          kernels::convert(sh.master.as<float>() + ps.master_offset, DType::f32,
+                           params + storage_offset(ps) * size_of(dt), dt, ps.length, backend_, stream);
+      continue;
     }
+    for_own_ranges(b, [&](std::int64_t dst, std::int64_t shard, std::int64_t n) {
+      kernels::convert(sh.master.as<float>() + shard, DType::f32, params + static_cast<std::size_t>(dst) * size_of(dt),
+                       dt, n, backend_, stream);
+    });
+  }
+  if (std::any_of(shards_.begin(), shards_.end(), [](const BufferShard& sh) { return bool(sh.staging); })) {
+    synchronize(backend_, stream);  // the split has read the staging array
+    drop_staged_master();
   }
   initialized_ = true;
 }
@@ -229,18 +288,43 @@ void ShardEngine::publish_master(Stream stream) {
 void ShardEngine::init_master(Stream stream) {
   const Layout& L = layout_;
   for (std::size_t b = 0; b < L.buffers().size(); ++b) {
+    BufferShard& sh = shards_[b];
     const DType dt = L.buffers()[b].dtype;
-    const auto* params = static_cast<const char*>(shards_[b].ptrs.params);
+    const auto* params = static_cast<const char*>(sh.ptrs.params);
     if (params == nullptr) continue;
-    for (int bk : L.buffers()[b].buckets) {
-      const Range own = L.shard_range(bk, rank_);
-      const std::int64_t shard_offset = L.buckets()[static_cast<std::size_t>(bk)].shard_offset;
-      const std::int64_t src = settings_.shard_addressed ? shard_offset : own.begin;
-      kernels::convert(params + static_cast<std::size_t>(src) * size_of(dt), dt, shards_[b].master.as<float>() + shard_offset,
-                       DType::f32, own.size(), backend_, stream);
+    if (sh.remainder) {  // the bf16 parameters are the master exactly: zero remainders
+      fill_zero_async(backend_, sh.remainders.data(), sh.remainders.bytes(), stream);
+      for (const ParamPiece& ps : pieces_)
+        if (ps.buffer == static_cast<int>(b) && ps.muon && ps.length > 0)
+          kernels::convert(params + storage_offset(ps) * size_of(dt), dt, sh.master.as<float>() + ps.master_offset,
+                           DType::f32, ps.length, backend_, stream);
+      continue;
     }
+    for_own_ranges(b, [&](std::int64_t src, std::int64_t shard, std::int64_t n) {
+      kernels::convert(params + static_cast<std::size_t>(src) * size_of(dt), dt, sh.master.as<float>() + shard,
+                       DType::f32, n, backend_, stream);
+    });
   }
   initialized_ = true;
+}
+
+void ShardEngine::stage_master(Stream stream) {
+  for (std::size_t b = 0; b < shards_.size(); ++b) {
+    BufferShard& sh = shards_[b];
+    if (!sh.remainder || sh.staging) continue;
+    SHARDOPT_REQUIRE(!is_capturing(backend_, stream), ErrorCode::CaptureRefused,
+                     "a checkpoint of remainder-kept masters allocates a staging array; save or load outside a capture");
+    sh.staging = DeviceBuffer(backend_, static_cast<std::size_t>(sh.ptrs.shard_numel) * sizeof(float));
+    const auto* params = static_cast<const std::uint16_t*>(sh.ptrs.params);
+    for_own_ranges(b, [&](std::int64_t src, std::int64_t shard, std::int64_t n) {
+      kernels::remainder_join(params + src, sh.remainders.as<std::uint16_t>() + shard, sh.staging.as<float>() + shard, n,
+                              backend_, stream);
+    });
+  }
+}
+
+void ShardEngine::drop_staged_master() noexcept {
+  for (BufferShard& sh : shards_) sh.staging = DeviceBuffer();
 }
 
 void ShardEngine::throw_not_initialized(std::string_view call, std::string_view init_calls) {
@@ -427,7 +511,15 @@ ShardView ShardEngine::piece_view(int param, const DeviceBuffer& buf, DType dtyp
 }
 
 ShardView ShardEngine::master_view(int param) const {
-  return piece_view(param, shards_[static_cast<std::size_t>(piece(param).buffer)].master, DType::f32);
+  const ParamPiece& ps = piece(param);
+  const BufferShard& sh = shards_[static_cast<std::size_t>(ps.buffer)];
+  if (!ps.remainder) return piece_view(param, sh.master, DType::f32, ps.shard_offset - ps.master_offset);
+  SHARDOPT_REQUIRE(sh.staging, ErrorCode::Unsupported,
+                   "parameter '" + layout_.specs()[static_cast<std::size_t>(param)].name +
+                       "' keeps no fp32 master (master_storage = bf16_remainder): its master is the bf16 parameter "
+                       "plus a 16-bit remainder, rebuilt inside the step and in checkpoints. Write its bf16 "
+                       "parameter and call init_master, or load a checkpoint; shard_param shows it");
+  return piece_view(param, sh.staging, DType::f32);
 }
 // A Muon parameter has no Adam moments: an empty view (no elements, no data).
 ShardView ShardEngine::moment_view(int param, const DeviceBuffer& buf) const {
@@ -435,6 +527,16 @@ ShardView ShardEngine::moment_view(int param, const DeviceBuffer& buf) const {
   if (!ps.muon) return piece_view(param, buf, settings_.adam.moment_dtype, ps.moment_shift);
   ShardView v;
   v.dtype = settings_.adam.moment_dtype;
+  v.shape = {0};
+  v.strides = {1};
+  v.param_offset = ps.param_offset;
+  return v;
+}
+ShardView ShardEngine::remainder_view(int param) const {
+  const ParamPiece& ps = piece(param);
+  if (ps.remainder) return piece_view(param, shards_[static_cast<std::size_t>(ps.buffer)].remainders, DType::u16);
+  ShardView v;
+  v.dtype = DType::u16;
   v.shape = {0};
   v.strides = {1};
   v.param_offset = ps.param_offset;
@@ -477,8 +579,9 @@ void ShardEngine::add_memory(MemoryReport& r) const {
   const std::int64_t msize = static_cast<std::int64_t>(size_of(settings_.adam.moment_dtype));
   for (const auto& sh : shards_) {
     r.master += static_cast<std::int64_t>(sh.master.bytes());
+    r.remainders += static_cast<std::int64_t>(sh.remainders.bytes());
     r.moments += static_cast<std::int64_t>(sh.exp_avg.bytes() + sh.exp_avg_sq.bytes());
-    r.padding += (sh.ptrs.shard_numel - sh.real_numel) * (4 + 2 * msize);
+    r.padding += (sh.ptrs.shard_numel - sh.real_numel) * ((sh.remainder ? 2 : 4) + 2 * msize);
   }
   for (const auto& [key, buf] : copies_) r.copies += static_cast<std::int64_t>(buf.bytes());
   if (muon_) muon_->add_memory(r);
@@ -555,7 +658,7 @@ std::vector<MasterPiece> master_pieces(const ShardEngine& engine, const Layout& 
   std::vector<MasterPiece> out(L.params().size());
   for (std::size_t p = 0; p < out.size(); ++p) {
     const ParamPiece& piece = engine.piece(static_cast<int>(p));
-    out[p] = {piece.length == 0 ? nullptr : engine.master(piece.buffer) + piece.shard_offset, piece.param_offset,
+    out[p] = {engine.master_of(static_cast<int>(p)), piece.param_offset,
               piece.shard_offset, piece.length};
   }
   return out;

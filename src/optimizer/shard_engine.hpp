@@ -59,6 +59,10 @@ struct ParamPiece {
   std::int64_t length = 0;
   std::int64_t moment_shift = 0;   ///< the moments sit at shard_offset - moment_shift (ShardChunk's)
   bool muon = false;               ///< in a Muon group: no Adam moments
+  /// The master is the bf16 parameter plus a remainder (MasterStorage::bf16_remainder):
+  /// no fp32 master of its own.
+  bool remainder = false;
+  std::int64_t master_offset = 0;  ///< within the buffer's fp32 master array (unless remainder)
 };
 
 class ShardEngine {
@@ -86,8 +90,17 @@ class ShardEngine {
   void require_initialized(std::string_view call, std::string_view init_calls) const {
     if (!initialized_) throw_not_initialized(call, init_calls);
   }
-  /// fp32 master of this rank's shard of buffer `buffer` (shard_numel elements).
-  float* master(int buffer) const;
+  /// The fp32 master of param i's piece (null for an empty piece, or one whose master is
+  /// its bf16 parameter plus a remainder: ParamPiece::remainder).
+  float* master_of(int param) const;
+  /// True when some buffer keeps its master as bf16 parameters plus remainders.
+  bool has_remainders() const noexcept;
+  /// Checkpoints of remainder buffers: stage_master rebuilds their fp32 master into a
+  /// staging array that master_view then shows (written on `stream`; allocated here, so
+  /// not inside a capture); publish_master splits it back into parameters and remainders
+  /// and frees it; drop_staged_master frees it unchanged. No-ops without remainders.
+  void stage_master(Stream stream);
+  void drop_staged_master() noexcept;
   /// The device-side step: lr (slot or schedule), inverse loss scale, grad norm over the
   /// shard (one Sum all-reduce over `norm_comm` when it has several ranks), found-inf,
   /// clip coefficient, Adam on every buffer (prologue once).
@@ -118,9 +131,12 @@ class ShardEngine {
   std::pair<std::size_t, std::size_t> bucket_chunks(int bucket) const;
 
   const ParamPiece& piece(int param) const;
-  /// This rank's piece of param i in the master / moments.
+  /// This rank's piece of param i in the master / moments. A remainder piece's master is
+  /// shown only while staged (stage_master); otherwise Error(Unsupported).
   ShardView master_view(int param) const;
   ShardView exp_avg_view(int param) const;
+  /// This rank's piece of param i's remainders (u16; empty, no data, unless ParamPiece::remainder).
+  ShardView remainder_view(int param) const;
   ShardView exp_avg_sq_view(int param) const;
   /// This rank's piece of param i in the bound parameter storage (its buffer's dtype;
   /// data null where the piece is empty or the buffer was bound without params).
@@ -159,6 +175,7 @@ class ShardEngine {
   /// Adds master, moments, this shard's padding in them and the cast copies to a report.
   void add_memory(MemoryReport& r) const;
   const EngineSettings& settings() const noexcept { return settings_; }
+  Backend backend() const noexcept { return backend_; }
 
  private:
   struct BufferShard {
@@ -167,6 +184,11 @@ class ShardEngine {
     DeviceBuffer norm_chunks_dev;    // every chunk, for the gradient norm (only with Muon)
     std::int64_t num_norm_chunks = 0;
     DeviceBuffer master, exp_avg, exp_avg_sq;  // the moments leave the Muon pieces out
+    // MasterStorage::bf16_remainder on a native bf16 buffer: the masters' low halves (by
+    // shard offset); `master` then holds only the Muon pieces' fp32 masters, and
+    // `staging` the rebuilt fp32 master while a checkpoint needs it.
+    bool remainder = false;
+    DeviceBuffer remainders, staging;
     AdamConfig config;
     ShardPointers ptrs;
     std::int64_t real_numel = 0;
@@ -176,6 +198,11 @@ class ShardEngine {
   };
   ShardView piece_view(int param, const DeviceBuffer& buf, DType dtype, std::int64_t shift = 0) const;
   ShardView moment_view(int param, const DeviceBuffer& buf) const;
+  // Calls f(dst, own) for each bucket of buffer b: `own` this rank's range in the bucket's
+  // buffer coordinates, `shard` its first shard offset, `dst` where it sits in the bound
+  // param / grad storage.
+  template <class F>
+  void for_own_ranges(std::size_t b, F&& f) const;
   std::size_t storage_offset(const ParamPiece& ps) const;
 
   Backend backend_;

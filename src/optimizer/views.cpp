@@ -30,6 +30,7 @@ std::string MemoryReport::to_string() const {
   row("params       ", params);
   row("grads        ", grads);
   row("master       ", master);
+  row("remainders   ", remainders);
   row("moments      ", moments);
   row("copies       ", copies);
   row("pool         ", pool);

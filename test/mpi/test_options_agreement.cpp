@@ -80,6 +80,7 @@ TEST(OptionsAgreementHost, DistributedAdamOptionsThatDifferAreNamed) {
       {"groups", "{decay{weight_decay=0.20000000000000001", [](auto& o) { o.groups["decay"] = AdamGroup{0.2, 1.0}; }},
       {"clip_max_norm", "2", [](auto& o) { o.clip_max_norm = 2.0f; }},
       {"moment_dtype", "bf16", [](auto& o) { o.moment_dtype = DType::bf16; }},
+      {"master_storage", "bf16_remainder", [](auto& o) { o.master_storage = MasterStorage::bf16_remainder; }},
       {"lr_schedule", "constant(", [](auto& o) { o.lr_schedule = LrSchedule::constant(1e-3f); }},
       {"microbatches", "2", [](auto& o) { o.microbatches = 2; }},
       {"grad_dtype", "bf16", [](auto& o) { o.grad_dtype = DType::bf16; }},
@@ -142,6 +143,7 @@ TEST(OptionsAgreementHost, FsdpOptionsThatDifferAreNamed) {
       {"default_group", "{weight_decay=0.01", [](auto& o) { o.default_group = AdamGroup{0.01, 1.0}; }},
       {"groups", "{decay{weight_decay=0.20000000000000001", [](auto& o) { o.groups["decay"] = AdamGroup{0.2, 1.0}; }},
       {"moment_dtype", "bf16", [](auto& o) { o.moment_dtype = DType::bf16; }},
+      {"master_storage", "bf16_remainder", [](auto& o) { o.master_storage = MasterStorage::bf16_remainder; }},
       {"lr_schedule", "constant(", [](auto& o) { o.lr_schedule = LrSchedule::constant(1e-3f); }},
       {"microbatches", "2", [](auto& o) { o.microbatches = 2; }},
   };

@@ -43,6 +43,14 @@ void check_config(const AdamConfig& c) {
   SHARDOPT_REQUIRE(!c.write_params || is_float_storage(c.param_dtype), ErrorCode::InvalidArgument,
                    std::string("AdamConfig::param_dtype is ") + to_string(c.param_dtype) +
                        "; use f32, bf16 or f16, or set write_params = false");
+  SHARDOPT_REQUIRE(c.master_storage == MasterStorage::fp32 ||
+                       (c.master_storage == MasterStorage::bf16_remainder && c.write_params &&
+                        c.param_dtype == DType::bf16),
+                   ErrorCode::InvalidArgument,
+                   std::string("AdamConfig::master_storage is ") + to_string(c.master_storage) +
+                       ", which needs write_params = true and param_dtype bf16 (the master is the bf16 parameter "
+                       "plus its remainder); param_dtype is " + to_string(c.param_dtype) +
+                       (c.write_params ? "" : " and write_params is false") + ": use MasterStorage::fp32");
 }
 
 AdamPrologueParams prologue_params(const AdamConfig& c) {
@@ -73,21 +81,24 @@ AdamApplyLaunch prepare_apply(const AdamConfig& config, const ShardPointers& sha
   v.param = config.param_dtype;
   v.write_params = config.write_params;
   v.decoupled = config.decoupled_weight_decay;
+  v.remainder = config.master_storage == MasterStorage::bf16_remainder;
   AdamApplyParams& a = L.params;
   a.scalars = scalars;
   a.num_chunks = shard.num_chunks;
   if (shard.num_chunks == 0) return L;
-  SHARDOPT_REQUIRE(shard.chunks != nullptr && shard.grads != nullptr && shard.master != nullptr &&
-                       shard.exp_avg != nullptr && shard.exp_avg_sq != nullptr,
+  SHARDOPT_REQUIRE(shard.chunks != nullptr && shard.grads != nullptr && shard.exp_avg != nullptr &&
+                       shard.exp_avg_sq != nullptr && (v.remainder ? shard.remainders != nullptr : shard.master != nullptr),
                    ErrorCode::InvalidArgument,
-                   "ShardPointers: chunks, grads, master, exp_avg and exp_avg_sq must all be set");
+                   std::string("ShardPointers: chunks, grads, exp_avg, exp_avg_sq and ") +
+                       (v.remainder ? "remainders (MasterStorage::bf16_remainder)" : "master") + " must all be set");
   SHARDOPT_REQUIRE(!config.write_params || shard.params != nullptr, ErrorCode::InvalidArgument,
                    "ShardPointers::params is null but AdamConfig::write_params is true; give the param "
                    "buffer or set write_params = false");
   a.chunks = shard.chunks;
   a.grads = shard.grads;
   a.params = config.write_params ? shard.params : nullptr;
-  a.master = shard.master;
+  a.master = v.remainder ? nullptr : shard.master;
+  a.remainder = v.remainder ? shard.remainders : nullptr;
   a.exp_avg = shard.exp_avg;
   a.exp_avg_sq = shard.exp_avg_sq;
   a.num_groups = static_cast<int>(config.groups.size());
@@ -98,7 +109,8 @@ AdamApplyLaunch prepare_apply(const AdamConfig& config, const ShardPointers& sha
   for (std::size_t g = 0; g < config.groups.size(); ++g)
     a.consts.l2[g] = static_cast<float>(config.groups[g].weight_decay);
   a.amax = amax;
-  a.vector_ok = aligned16(a.grads) && aligned16(a.master) && aligned16(a.exp_avg) && aligned16(a.exp_avg_sq) &&
+  a.vector_ok = aligned16(a.grads) && aligned16(v.remainder ? static_cast<const void*>(a.remainder) : a.master) &&
+                aligned16(a.exp_avg) && aligned16(a.exp_avg_sq) &&
                 (!config.write_params || aligned16(a.params));
   if (backend == Backend::Host) {
     // The table is host memory here: check it once, before anything is enqueued.
@@ -145,6 +157,10 @@ void enqueue_apply(const AdamApplyLaunch& L, Backend backend, Stream stream) {
 }
 
 }  // namespace
+
+const char* to_string(MasterStorage m) noexcept {
+  return m == MasterStorage::bf16_remainder ? "bf16_remainder" : "fp32";
+}
 
 std::vector<ShardChunk> split_shard_chunks(const std::vector<ShardChunk>& pieces, std::int64_t max_chunk) {
   SHARDOPT_REQUIRE(max_chunk > 0, ErrorCode::InvalidArgument,

@@ -2,7 +2,9 @@
 // pass that walks the shard's chunk table (one block per chunk, grid-stride over
 // chunks), with 16-byte vector accesses in each chunk's aligned body and scalar code
 // for its head and tail. The element math is adam_math.cuh, shared with the host twin.
-// For NVFP4 buffers a second instantiation also emits the partial amaxes of the new
+// Buffers whose master is the bf16 parameter plus a remainder have their own variants
+// (AdamVariant::remainder): they read and write the two 16-bit halves instead of an fp32
+// master. For NVFP4 buffers a second instantiation also emits the partial amaxes of the new
 // master while it is in registers (AmaxSink; the others compile NoAmax, which is nothing).
 #include <cuda_runtime.h>
 
@@ -29,7 +31,15 @@ __device__ __forceinline__ void adam_vectors(const AdamApplyParams& a, const Ada
   for (int u = 0; u < U; ++u) {
     const std::int64_t e = (k + static_cast<std::int64_t>(u) * kAdamThreads) * V;
     load_vec<Tr::grad, V, true>(a.grads, b0 + e, g[u]);
-    load_vec<DType::f32, V, false>(a.master, s0 + e, p[u]);
+    if constexpr (Tr::remainder) {  // the master from the bf16 param and its remainder
+      alignas(16) std::uint16_t hi[V], lo[V];
+      load_bits16<V>(a.params, b0 + e, hi);
+      load_bits16<V>(a.remainder, s0 + e, lo);
+#pragma unroll
+      for (int i = 0; i < V; ++i) p[u][i] = num::remainder_join(hi[i], lo[i]);
+    } else {
+      load_vec<DType::f32, V, false>(a.master, s0 + e, p[u]);
+    }
     load_vec<Tr::moment, V, false>(a.exp_avg, s0 - ms + e, m[u]);
     load_vec<Tr::moment, V, false>(a.exp_avg_sq, s0 - ms + e, v[u]);
   }
@@ -42,10 +52,21 @@ __device__ __forceinline__ void adam_vectors(const AdamApplyParams& a, const Ada
   for (int u = 0; u < U; ++u) {
     const std::int64_t e = (k + static_cast<std::int64_t>(u) * kAdamThreads) * V;
     sink.template vector<V>(i0 + e, p[u]);
-    store_vec<DType::f32, V>(a.master, s0 + e, p[u]);
     store_vec<Tr::moment, V>(a.exp_avg, s0 - ms + e, m[u]);
     store_vec<Tr::moment, V>(a.exp_avg_sq, s0 - ms + e, v[u]);
-    if constexpr (Tr::write_params) store_vec<Tr::param, V>(a.params, b0 + e, p[u]);
+    if constexpr (Tr::remainder) {
+      alignas(16) std::uint16_t hi[V], lo[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        hi[i] = num::remainder_split_param(p[u][i]);
+        lo[i] = num::remainder_split_low(p[u][i]);
+      }
+      store_bits16<V>(a.params, b0 + e, hi);
+      store_bits16<V>(a.remainder, s0 + e, lo);
+    } else {
+      store_vec<DType::f32, V>(a.master, s0 + e, p[u]);
+      if constexpr (Tr::write_params) store_vec<Tr::param, V>(a.params, b0 + e, p[u]);
+    }
   }
 }
 
@@ -234,7 +255,7 @@ void launch_adam_apply(const AdamVariant& v, const AdamApplyParams& a, Stream st
   // One block per chunk up to a cap; the kernel strides over the rest.
   const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>(a.num_chunks, std::int64_t{1} << 20));
   const auto s = reinterpret_cast<cudaStream_t>(stream);
-  dispatch_adam_variant(v, [&]<class Tr>() {
+  dispatch_adam_variant<true>(v, [&]<class Tr>() {
     if constexpr (!Tr::write_params) {  // only buffers without params (NVFP4) emit amaxes
       if (a.amax != nullptr) {
         adam_apply_amax_kernel<Tr><<<grid, kAdamThreads, 0, s>>>(a);
@@ -268,6 +289,10 @@ void adam_kernels_cuda(const KernelVisitor& visit) {
             // the NVFP4 amax-emitting variant of the buffers without parameter output
             if constexpr (!Tr::write_params) visit(kernel_symbol(adam_apply_amax_kernel<Tr>));
           });
+          if (params[out] == DType::bf16) {  // the bf16 buffers' remainder variant
+            const AdamVariant r{grad, moment, DType::bf16, true, decoupled, true};
+            dispatch_adam_variant<true>(r, [&]<class Tr>() { visit(kernel_symbol(adam_apply_kernel<Tr>)); });
+          }
         }
 }
 

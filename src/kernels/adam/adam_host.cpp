@@ -9,7 +9,7 @@ namespace shardopt::kernels {
 void host_adam_apply(const AdamVariant& v, const AdamApplyParams& a) {
   const bool skipped = a.scalars->found_inf != 0;  // a skipped step writes nothing
   if (skipped && a.amax == nullptr) return;
-  dispatch_adam_variant(v, [&]<class Tr>() {
+  dispatch_adam_variant<true>(v, [&]<class Tr>() {
     for (std::int64_t c = 0; c < a.num_chunks; ++c) {
       const ShardChunk& ch = a.chunks[c];
       const AdamAmaxChunk* t = a.amax != nullptr && a.amax[c].amax != nullptr ? &a.amax[c] : nullptr;

@@ -47,6 +47,9 @@ struct AdamVariant {
   DType param = DType::bf16;
   bool write_params = true;
   bool decoupled = true;
+  /// The master is the bf16 parameter plus a 16-bit remainder (needs bf16 params written):
+  /// no fp32 master is read or written (numerics.hpp, "bf16 parameter + 16-bit remainder").
+  bool remainder = false;
 };
 
 /// Inputs of the one-thread prologue (from AdamConfig, by value).
@@ -88,6 +91,7 @@ struct AdamApplyParams {
   const void* grads = nullptr;
   void* params = nullptr;
   float* master = nullptr;
+  std::uint16_t* remainder = nullptr;  ///< remainder variants: by shard index, instead of master
   void* exp_avg = nullptr;
   void* exp_avg_sq = nullptr;
   const StepScalars* scalars = nullptr;
@@ -199,13 +203,16 @@ SHARDOPT_HD constexpr int adam_vec_elems(DType grad, DType moment, DType param, 
 }
 
 /// A variant fixed at compile time.
-template <DType G, DType M, DType P, bool kWriteParams, bool kDecoupled>
+template <DType G, DType M, DType P, bool kWriteParams, bool kDecoupled, bool kRemainder = false>
 struct AdamTraits {
+  static_assert(!kRemainder || (kWriteParams && P == DType::bf16), "remainders go with written bf16 params");
   static constexpr DType grad = G;
   static constexpr DType moment = M;
   static constexpr DType param = P;
   static constexpr bool write_params = kWriteParams;
   static constexpr bool decoupled = kDecoupled;
+  /// The master is the bf16 param plus a remainder (AdamVariant::remainder).
+  static constexpr bool remainder = kRemainder;
   /// Elements per vector (adam_vec_elems).
   static constexpr int vec = adam_vec_elems(G, M, P, kWriteParams);
 };
@@ -239,16 +246,26 @@ SHARDOPT_HD float adam_scalar(const AdamApplyParams& a, const AdamStepValues& sv
   const float grad = num::Storage<Tr::grad>::load(static_cast<const GT*>(a.grads)[bi]);
   MT* m_ptr = static_cast<MT*>(a.exp_avg);
   MT* v_ptr = static_cast<MT*>(a.exp_avg_sq);
-  float p = a.master[si];
+  float p;
+  if constexpr (Tr::remainder) {
+    p = num::remainder_join(static_cast<const std::uint16_t*>(a.params)[bi], a.remainder[si]);
+  } else {
+    p = a.master[si];
+  }
   float m = num::Storage<Tr::moment>::load(m_ptr[si - ms]);
   float v = num::Storage<Tr::moment>::load(v_ptr[si - ms]);
   adam_element<Tr::decoupled>(a.consts, sv, grad, p, m, v);
-  a.master[si] = p;
   m_ptr[si - ms] = num::Storage<Tr::moment>::store(m);
   v_ptr[si - ms] = num::Storage<Tr::moment>::store(v);
-  if constexpr (Tr::write_params) {
-    using PT = storage_t<Tr::param>;
-    static_cast<PT*>(a.params)[bi] = num::Storage<Tr::param>::store(p);
+  if constexpr (Tr::remainder) {
+    static_cast<std::uint16_t*>(a.params)[bi] = num::remainder_split_param(p);
+    a.remainder[si] = num::remainder_split_low(p);
+  } else {
+    a.master[si] = p;
+    if constexpr (Tr::write_params) {
+      using PT = storage_t<Tr::param>;
+      static_cast<PT*>(a.params)[bi] = num::Storage<Tr::param>::store(p);
+    }
   }
   return p;
 }
@@ -275,9 +292,20 @@ SHARDOPT_HD ChunkSplit split_chunk(const ShardChunk& ch, int vec, bool vector_ok
 }
 
 /// Calls f.template operator()<Traits>() for the variant's compiled instantiation.
-template <class F>
+/// kWithRemainder: also the remainder variants (the plain Adam pass; other users of the
+/// element math keep an fp32 master and compile none of them).
+template <bool kWithRemainder = false, class F>
 void dispatch_adam_variant(const AdamVariant& v, F&& f) {
   auto with_p = [&]<DType G, DType M>() {
+    if constexpr (kWithRemainder) {
+      if (v.remainder) {
+        if (v.decoupled)
+          f.template operator()<AdamTraits<G, M, DType::bf16, true, true, true>>();
+        else
+          f.template operator()<AdamTraits<G, M, DType::bf16, true, false, true>>();
+        return;
+      }
+    }
     auto with_d = [&]<DType P, bool W>() {
       if (v.decoupled)
         f.template operator()<AdamTraits<G, M, P, W, true>>();

@@ -53,4 +53,29 @@ __device__ __forceinline__ void store_vec(void* base, std::int64_t idx, const fl
   }
 }
 
+/// Loads N consecutive 16-bit words at element index `idx` (2N bytes, aligned to
+/// min(16, that)) as they are: the raw bits of bf16 parameters and of remainders.
+template <int N>
+__device__ __forceinline__ void load_bits16(const void* base, std::int64_t idx, std::uint16_t (&out)[N]) {
+  static_assert(N == 8 || N == 4, "vectors are 8 or 16 bytes");
+  const std::uint16_t* src = static_cast<const std::uint16_t*>(base) + idx;
+  if constexpr (N == 8) {
+    *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(src);
+  } else {
+    *reinterpret_cast<uint2*>(out) = *reinterpret_cast<const uint2*>(src);
+  }
+}
+
+/// Stores N 16-bit words at element index `idx` (the counterpart of load_bits16).
+template <int N>
+__device__ __forceinline__ void store_bits16(void* base, std::int64_t idx, const std::uint16_t (&in)[N]) {
+  static_assert(N == 8 || N == 4, "vectors are 8 or 16 bytes");
+  std::uint16_t* dst = static_cast<std::uint16_t*>(base) + idx;
+  if constexpr (N == 8) {
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(in);
+  } else {
+    *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(in);
+  }
+}
+
 }  // namespace shardopt::kernels

@@ -18,6 +18,19 @@ void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::
 void accumulate(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, Backend backend,
                 Stream stream);
 
+/// master[i] = the fp32 master rebuilt from bf16 parameter bits params[i] and remainder
+/// remainders[i] (numerics.hpp, "bf16 parameter + 16-bit remainder"), for i < n. Capturable.
+void remainder_join(const std::uint16_t* params, const std::uint16_t* remainders, float* master, std::int64_t n,
+                    Backend backend, Stream stream);
+/// The reverse: params[i] and remainders[i] <- the split of master[i], for i < n.
+void remainder_split(const float* master, std::uint16_t* params, std::uint16_t* remainders, std::int64_t n,
+                     Backend backend, Stream stream);
+
+void remainder_join_cuda(const std::uint16_t* params, const std::uint16_t* remainders, float* master, std::int64_t n,
+                         Stream stream);
+void remainder_split_cuda(const float* master, std::uint16_t* params, std::uint16_t* remainders, std::int64_t n,
+                          Stream stream);
+
 void accumulate_cuda(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, Stream stream);
 void convert_cuda(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, Stream stream);
 
