@@ -153,6 +153,12 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
     } else if (opt == "--grad-dtype") {
       one_of(opt, val, {"bf16", "fp32"});
       o.grad_dtype = val;
+    } else if (opt == "--master") {
+      one_of(opt, val, {"fp32", "remainder"});
+      o.master = val;
+    } else if (opt == "--moments") {
+      one_of(opt, val, {"fp32", "bf16"});
+      o.moments = val;
     } else if (opt == "--experts") {
       one_of(opt, val, {"single", "discrete"});
       o.experts = val;
@@ -255,6 +261,9 @@ std::string usage() {
        "  --params bf16|mxfp8|nvfp4     parameter format (mxfp8 / nvfp4: 2-D weights stored as MXFP8 /\n"
        "                                NVFP4, decoded to bf16 for the GEMMs; --mode dist-adam only)\n"
        "  --grad-dtype fp32|bf16        gradient buffer dtype\n"
+       "  --master fp32|remainder       the optimizer's master: an fp32 copy, or the bf16 parameter + a 16-bit\n"
+       "                                remainder (exact, 2 bytes less per parameter; docs/state_precision.md)\n"
+       "  --moments fp32|bf16           dtype of the Adam moments\n"
        "  --experts single|discrete     one grouped tensor per MoE weight, or G tensors\n"
        "  --graph on|off                capture the whole iteration in one graph\n"
        "  --microbatches K  --steps S   (defaults 2, 100)\n"

@@ -66,6 +66,10 @@ struct TrainOptions {
   std::string optimizer = "adamw";
   std::string params = "bf16";       ///< bf16 | mxfp8 | nvfp4 (quantized weights; dist-adam only)
   std::string grad_dtype = "fp32";   ///< fp32 | bf16
+  /// --master: fp32 (an fp32 master copy) | remainder (bf16 parameters + 16-bit remainders,
+  /// MasterStorage::bf16_remainder; docs/state_precision.md)
+  std::string master = "fp32";
+  std::string moments = "fp32";      ///< --moments: fp32 | bf16 (AdamOptions::moment_dtype)
   std::string experts = "single";    ///< single (one grouped tensor) | discrete (G tensors)
   bool graph = true;                 ///< capture the iteration in one graph after warm-up
   int microbatches = 2;

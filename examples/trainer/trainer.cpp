@@ -28,6 +28,12 @@ shardopt::Backend choose_backend(const TrainOptions& o) {
 namespace {
 
 // --timeout-ms: both deadlines of the optimizer's watchdog (-1 keeps the library's).
+// --master and --moments: how the optimizer state is kept (docs/state_precision.md).
+void apply_state_precision(const TrainOptions& t, shardopt::AdamOptions& o) {
+  o.master_storage = t.master == "remainder" ? shardopt::MasterStorage::bf16_remainder : shardopt::MasterStorage::fp32;
+  o.moment_dtype = t.moments == "bf16" ? shardopt::DType::bf16 : shardopt::DType::f32;
+}
+
 void apply_timeout(const TrainOptions& t, shardopt::AdamOptions& o) {
   if (t.timeout_ms < 0) return;
   o.watchdog = shardopt::WatchdogOptions{std::chrono::milliseconds(t.timeout_ms),
@@ -132,6 +138,7 @@ Trainer::Trainer(const TrainOptions& options, shardopt::Communicator comm, Train
     else
       o.param_dtype = shardopt::DType::bf16;
     o.grad_dtype = grad_dtype;
+    apply_state_precision(options_, o);
     if (hooks_.bucket_numel > 0) o.bucket_numel = hooks_.bucket_numel;
     o.clip_max_norm = options_.clip;
     o.groups["decay"] = decay;
@@ -149,6 +156,7 @@ Trainer::Trainer(const TrainOptions& options, shardopt::Communicator comm, Train
     o.param_dtype = shardopt::DType::bf16;
     o.grad_dtype = grad_dtype;
     o.slot_grad_dtype = grad_dtype;
+    apply_state_precision(options_, o);
     if (hooks_.bucket_numel > 0) o.bucket_numel = hooks_.bucket_numel;
     o.clip_max_norm = options_.clip;
     o.groups["decay"] = decay;
@@ -394,6 +402,8 @@ shardopt::CheckpointUserData Trainer::checkpoint_user_data() {
       {"trainer.experts", options_.experts},
       {"trainer.params", options_.params},
       {"trainer.grad_dtype", options_.grad_dtype},
+      {"trainer.master", options_.master},
+      {"trainer.moments", options_.moments},
       {"trainer.size", options_.size},
       {"trainer.steps", std::to_string(options_.steps)},
       {"trainer.model", options_.model_kind},
