@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The README's "Measured" table is what scripts/plot_results.py generates from the
+"""docs/results.md's measured table is what scripts/plot_results.py generates from the
 committed bench/results: a result appended without regenerating the table fails here.
 Also checks the generation itself on made-up results: the last line of a (bench,
 config, device) is its current row, and rows outside the HEADLINE choice stay out."""
@@ -23,10 +23,10 @@ def load_module():
 
 def main():
     failures = []
-    # 1. The committed README is current.
+    # 1. The committed docs/results.md is current.
     r = subprocess.run([sys.executable, SCRIPT, "check"], capture_output=True, text=True)
     if r.returncode != 0:
-        failures.append("README table is stale: " + r.stdout + r.stderr)
+        failures.append("docs/results.md's table is stale: " + r.stdout + r.stderr)
 
     # 2. The generation on made-up results.
     mod = load_module()
@@ -53,10 +53,10 @@ def main():
         if "64MiB" in table:
             failures.append(f"a config outside HEADLINE is in the table:\n{table}")
         text = "intro\n" + mod.BEGIN + "\nold\n" + mod.END + "\nrest\n"
-        new = mod.readme_with_section(text, current)
+        new = mod.with_section(text, current)
         if not new.startswith("intro\n" + mod.BEGIN) or not new.endswith(mod.END + "\nrest\n") or "old" in new:
             failures.append("the section is not replaced between the markers:\n" + new)
-        if mod.readme_with_section(new, current) != new:
+        if mod.with_section(new, current) != new:
             failures.append("regenerating is not idempotent")
 
     for f in failures:
