@@ -8,6 +8,7 @@
 #include <shardopt/shardopt.hpp>  // everything else
 
 using namespace shardopt;
+
 // [readme:end]
 
 #include <cmath>
@@ -49,11 +50,9 @@ int main(int argc, char** argv) {
         ParamSpec::tensor("norm.weight", {64}, DType::bf16, "no_decay"),
         ParamSpec::grouped("moe.experts", /*members=*/4, {128, 64}),  // one tensor, 4 views
     };
-    // Backend::Cuda (the default): NCCL, one GPU per rank. Here: the host backend, MPI.
-    Communicator comm = communicator_from_mpi(MPI_COMM_WORLD, {Backend::Host});
-    HostStream host_stream;                      // on GPUs: your cudaStream_t
+    Communicator comm = communicator_from_mpi(MPI_COMM_WORLD, {Backend::Host});  // default: Cuda, NCCL
+    HostStream host_stream;                      // on GPUs: your cudaStream_t instead
     Stream stream = host_stream.handle();
-
     DistributedAdamOptions o;
     o.grad_dtype = DType::bf16;                  // decoupled bf16 grads, read directly by Adam
     o.clip_max_norm = 1.0f;
@@ -61,9 +60,8 @@ int main(int argc, char** argv) {
     o.lr_schedule = LrSchedule::warmup_cosine(1e-2f, 1e-3f, 5, 100);  // on the device
     o.microbatches = 4;
     DistributedAdam opt(comm, specs, o);         // checks that all ranks agree on the layout
-
-    std::vector<ParamView> w;                    // persistent views: pointer, shape, dtype
-    std::vector<GradView> g;                     // backward accumulates here (beta = 1 GEMMs)
+    std::vector<ParamView> w;                    // persistent views (pointer, shape, dtype):
+    std::vector<GradView> g;                     // backward accumulates into g (beta = 1 GEMMs)
     for (int i = 0; i < opt.num_params(); ++i) { w.push_back(opt.param(i)); g.push_back(opt.grad(i)); }
     // ... write initial weights into the param views, then:
     // [readme:end]
@@ -85,7 +83,6 @@ int main(int argc, char** argv) {
     const int steps = 20;
     // [readme:dist_adam]
     opt.init_master(stream);
-
     // Capture one iteration (microbatches, step, zero_grad) and replay it every step.
     StepGraph graph(opt, [&](Stream s, bool last) {
       forward_backward(s, opt.device_microbatch());   // read per-microbatch flags on the device
@@ -95,11 +92,8 @@ int main(int argc, char** argv) {
     for (int step = 1; step < steps; ++step) graph.replay(stream);
     StepScalars scalars = opt.read_scalars(stream);  // step, lr, grad norm, found-inf
 
-    // Checkpoints (docs/checkpoints.md): collective, every rank writes its own file.
-    opt.save(ckpt_dir + "/step-20", stream, {{"data_position", "123456"}});
-    SaveHandle h = opt.save_async(ckpt_dir + "/step-20b", stream);  // stalls only for a pinned copy
-    h.wait();                                    // on every rank; writes the index
-    CheckpointInfo ckpt = opt.load(ckpt_dir + "/step-20", stream);   // any world size, either front end
+    opt.save(ckpt_dir + "/step-20", stream, {{"data_position", "123456"}});  // docs/checkpoints.md
+    CheckpointInfo ckpt = opt.load(ckpt_dir + "/step-20", stream);  // any world size, either front end
     // [readme:end]
     const double last_loss = toy_loss(w);
     if (rank == 0)

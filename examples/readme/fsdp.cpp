@@ -1,5 +1,5 @@
 // The README's FSDP example as a complete program: a toy model of four units (every
-// weight pulled towards 0.25) trained for 20 eager iterations on the host backend.
+// weight pulled towards 0.25) trained for 100 eager iterations on the host backend.
 //   mpiexec -n 2 build/examples/readme/readme_fsdp [SHARD_GROUP_SIZE]
 // The lines between the [readme:fsdp] and [readme:end] markers are the README's code,
 // verbatim (examples/readme/check_readme_code.py, test readme_code_excerpts).
@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
     Communicator comm = communicator_from_mpi(MPI_COMM_WORLD, {Backend::Host});
     HostStream host_stream;
     Stream stream = host_stream.handle();
-    const int steps = 20;
+    const int steps = 100;
     // [readme:fsdp]
     // FSDP (ZeRO-3): only this rank's shard persists; a unit is gathered when it is used.
     std::vector<ParamSpec> specs = {
@@ -59,7 +59,6 @@ int main(int argc, char** argv) {
         ParamSpec::tensor("block.1.w", {64, 64}), ParamSpec::tensor("head.weight", {512, 64})};
     std::vector<FsdpUnit> units = {{"embed", 0, 1}, {"block.0", 1, 1}, {"block.1", 2, 1}, {"head", 3, 1}};
     FsdpOptions o;                               // the Adam options above, plus FSDP's own
-    o.lr_schedule = LrSchedule::constant(1e-2f);
     o.shard_group_size = shard_group_size;       // 0: shard over all ranks; k: HSDP, k ranks per shard
     Fsdp opt(comm, specs, units, o);
     // ... write initial weights into this rank's opt.shard_param(i) pieces, then:
