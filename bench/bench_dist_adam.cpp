@@ -421,11 +421,11 @@ void full_step(const Communicator& comm, Stream s, const Args& a, const std::str
     MasterStorage master;
     DType moments;
     double step_ms = 0, adam_ms = 0;
-    MemoryReport memory;
+    MemoryReport memory{};
   };
-  std::vector<StateMode> modes = {{"bf16p-bf16g-remainder", MasterStorage::bf16_remainder, DType::f32},
-                                  {"bf16p-bf16g-bf16moments", MasterStorage::fp32, DType::bf16},
-                                  {"bf16p-bf16g-remainder-bf16moments", MasterStorage::bf16_remainder, DType::bf16}};
+  std::vector<StateMode> modes = {{"bf16p-bf16g-remainder", MasterStorage::bf16_remainder, DType::f32, 0, 0, {}},
+                                  {"bf16p-bf16g-bf16moments", MasterStorage::fp32, DType::bf16, 0, 0, {}},
+                                  {"bf16p-bf16g-remainder-bf16moments", MasterStorage::bf16_remainder, DType::bf16, 0, 0, {}}};
   for (StateMode& md : modes) {
     DistributedAdamOptions mo = step_options();
     mo.master_storage = md.master;
