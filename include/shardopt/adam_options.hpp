@@ -31,7 +31,11 @@ struct AdamOptions {
   std::map<std::string, AdamGroup> groups;
   /// Global-norm clipping threshold; 0 disables clipping (the norm is still computed).
   float clip_max_norm = 0.0f;
-  /// Dtype of the Adam moments: f32, or bf16 (half the memory, see fused_adam.hpp).
+  /// Dtype of the Adam moments: f32; bf16 (half the memory); or q8_block, one byte per
+  /// element plus an fp32 scale per kMomentBlock (256) elements of a parameter (a quarter;
+  /// docs/state_precision.md). With q8_block the layout aligns parameters and shard slices
+  /// to the blocks. 8-bit moments serve native parameters only: with param_format Mxfp8 or
+  /// Nvfp4 the constructor throws Error(Unsupported).
   DType moment_dtype = DType::f32;
   /// How the fp32 master is kept (fused_adam.hpp, docs/state_precision.md): fp32 (4 bytes
   /// per element of the shard), or bf16_remainder, where a native bf16 parameter and a

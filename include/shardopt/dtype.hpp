@@ -17,6 +17,10 @@ enum class DType : std::uint8_t {
   e8m0,  ///< unsigned power-of-two scale: 2^(code-127); 0xFF is NaN, 0x00 decodes to 2^-127
   u32,   ///< 32-bit unsigned integer: flags, counters, ordered bit patterns of amaxes
   u16,   ///< 16-bit unsigned integer: the remainders that complete bf16 parameters to fp32
+  /// 8-bit block-quantized Adam moments: one byte per element, a code of a fixed 8-bit
+  /// map, and per block of kMomentBlock (256) elements of a parameter one fp32 scale
+  /// (AdamOptions::moment_dtype only; docs/state_precision.md).
+  q8_block,
 };
 
 /// Bytes per element.
@@ -29,7 +33,8 @@ constexpr std::size_t size_of(DType t) noexcept {
     case DType::u16: return 2;
     case DType::e4m3:
     case DType::e5m2:
-    case DType::e8m0: return 1;
+    case DType::e8m0:
+    case DType::q8_block: return 1;
   }
   return 0;
 }

@@ -26,6 +26,11 @@
 
 namespace shardopt {
 
+/// Elements of one parameter that share a scale in 8-bit moments (DType::q8_block): the
+/// blocks start at the parameter's first element, so a shard that starts on a block
+/// boundary of every parameter it holds updates them exactly as an unsharded run would.
+inline constexpr std::int64_t kMomentBlock = 256;
+
 /// Largest number of optimizer groups one launch takes.
 inline constexpr int kMaxAdamGroups = 8;
 
@@ -113,7 +118,9 @@ struct AdamConfig {
   DType grad_dtype = DType::f32;       ///< f32 main grads, or bf16 / f16 read directly
   DType param_dtype = DType::bf16;     ///< model-param output written in the same pass
   bool write_params = true;            ///< false: update the master only
-  DType moment_dtype = DType::f32;     ///< f32, or bf16 moments (see tests for accuracy)
+  /// f32, bf16, or q8_block: 8-bit codes plus one fp32 scale per kMomentBlock elements in
+  /// ShardPointers::exp_avg_scales / exp_avg_sq_scales (docs/state_precision.md).
+  DType moment_dtype = DType::f32;
   /// bf16_remainder: the master is the bf16 param plus ShardPointers::remainders (needs
   /// write_params and param_dtype bf16); ShardPointers::master is not used.
   MasterStorage master_storage = MasterStorage::fp32;
@@ -136,6 +143,13 @@ struct ShardPointers {
   std::uint16_t* remainders = nullptr; ///< the masters' low halves, by shard_offset (bf16_remainder)
   void* exp_avg = nullptr;             ///< first moment (moment_dtype), by shard_offset - moment_shift
   void* exp_avg_sq = nullptr;          ///< second moment (moment_dtype), by shard_offset - moment_shift
+  /// q8_block moments: the scales of exp_avg and exp_avg_sq, one float per block of
+  /// kMomentBlock moment elements (moment index / kMomentBlock). Every chunk's first moment
+  /// index (shard_offset - moment_shift) must then be a multiple of kMomentBlock, and a
+  /// chunk shorter than a multiple of it ends its parameter (the rest of that block is
+  /// padding no chunk holds).
+  float* exp_avg_scales = nullptr;
+  float* exp_avg_sq_scales = nullptr;
 };
 
 /// One Adam step over the shard: a one-thread prologue (if found_inf is clear: step += 1
@@ -143,7 +157,7 @@ struct ShardPointers {
 /// two launches whatever the shard holds. With found_inf set nothing is written (params,
 /// master, moments, step, derived values). Capturable: all per-step values are read from
 /// `scalars` when the kernels run. Throws Error(InvalidArgument) for a bad config
-/// (groups empty or more than kMaxAdamGroups, moment dtype not f32/bf16, ...) or
+/// (groups empty or more than kMaxAdamGroups, moment dtype not f32/bf16/q8_block, ...) or
 /// missing pointers; chunk group indices must be < config.groups.size().
 void fused_adam_step(const AdamConfig& config, const ShardPointers& shard, StepScalars* scalars,
                      Backend backend, Stream stream);

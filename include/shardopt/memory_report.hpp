@@ -17,6 +17,8 @@ struct MemoryReport {
   /// element of the shard, in place of `master`'s 4: AdamOptions::master_storage)
   std::int64_t remainders = 0;
   std::int64_t moments = 0;       ///< Adam moments of the shard (none for Muon pieces) and Muon's momentum
+  /// fp32 scales of 8-bit moments (moment_dtype q8_block): one per kMomentBlock elements of each moment
+  std::int64_t moment_scales = 0;
   std::int64_t copies = 0;        ///< cast copies made for external optimizers
   std::int64_t pool = 0;          ///< transient gather/grad slots (FSDP)
   std::int64_t mxfp8 = 0;         ///< MXFP8 parameter storage (data + scales)
@@ -26,7 +28,8 @@ struct MemoryReport {
 
   /// Sum of all categories except padding (which is already inside them).
   std::int64_t total() const noexcept {
-    return params + grads + master + remainders + moments + copies + pool + mxfp8 + nvfp4 + nccl_overhead;
+    return params + grads + master + remainders + moments + moment_scales + copies + pool + mxfp8 + nvfp4 +
+           nccl_overhead;
   }
   /// A multi-line human-readable table.
   std::string to_string() const;

@@ -234,6 +234,7 @@ SHARDOPT_HD std::uint32_t encode(DType t, float f) {
     case DType::e8m0: return f32_to_e8m0(f);
     case DType::u32: return static_cast<std::uint32_t>(f);
     case DType::u16: return static_cast<std::uint16_t>(f);
+    case DType::q8_block: return static_cast<std::uint8_t>(f);  // the code itself (its value needs its block's scale)
   }
   return 0;
 }
@@ -249,6 +250,7 @@ SHARDOPT_HD float decode(DType t, std::uint32_t bits) {
     case DType::e8m0: return e8m0_to_f32(static_cast<std::uint8_t>(bits));
     case DType::u32: return static_cast<float>(bits);
     case DType::u16: return static_cast<float>(bits & 0xFFFFu);
+    case DType::q8_block: return static_cast<float>(bits & 0xFFu);
   }
   return 0.0f;
 }

@@ -16,6 +16,7 @@ const char* to_string(DType t) noexcept {
     case DType::e8m0: return "e8m0";
     case DType::u32: return "u32";
     case DType::u16: return "u16";
+    case DType::q8_block: return "q8_block";
   }
   return "?";
 }
@@ -30,8 +31,9 @@ DType parse_dtype(std::string_view name) {
   if (n == "e8m0") return DType::e8m0;
   if (n == "u32") return DType::u32;
   if (n == "u16") return DType::u16;
+  if (n == "q8_block" || n == "q8") return DType::q8_block;
   SHARDOPT_REQUIRE(false, ErrorCode::InvalidArgument,
-                   "unknown dtype '" + n + "'; use one of f32, bf16, f16, e4m3, e5m2, e8m0, u32, u16");
+                   "unknown dtype '" + n + "'; use one of f32, bf16, f16, e4m3, e5m2, e8m0, u32, u16, q8_block");
 }
 
 }  // namespace shardopt

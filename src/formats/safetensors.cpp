@@ -75,6 +75,7 @@ const char* safetensors_dtype(DType t) noexcept {
     case DType::e8m0: return "F8_E8M0";
     case DType::u32: return "U32";
     case DType::u16: return "U16";
+    case DType::q8_block: return "U8";
   }
   return "?";
 }

@@ -331,7 +331,7 @@ std::string index_text(const CheckpointTarget& t, const std::vector<FileResult>&
                        const CheckpointUserData& user) {
   const Layout& L = *t.layout;
   const std::vector<ParamFacts> facts = param_facts(t);
-  const DType moment = t.engine->settings().adam.moment_dtype;
+  const DType moment = t.engine->checkpoint_moment_dtype();
   const int world = L.world_size();
   json::Value root = json::Value::object();
   root.set("format", kFormat);

@@ -217,7 +217,7 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
   SHARDOPT_TRACE("shardopt/checkpoint/load");
   require_not_capturing(t, stream, "load");
   const Layout& L = *t.layout;
-  const DType moment = t.engine->settings().adam.moment_dtype;
+  const DType moment = t.engine->checkpoint_moment_dtype();
   CheckpointInfo info;
   // Pass 1 reads every byte of every file this rank needs and checks it (header, sizes,
   // dtypes, checksum) without writing anything; the ranks agree; pass 2 reads the needed

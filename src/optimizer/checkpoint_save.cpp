@@ -41,7 +41,7 @@ SafetensorsWriter open_writer(const CheckpointTarget& t, const std::string& dir,
 }
 
 std::vector<Item> own_items(const CheckpointTarget& t) {
-  return rank_items(*t.layout, param_facts(t), muon_matrices_of(t), t.engine->settings().adam.moment_dtype,
+  return rank_items(*t.layout, param_facts(t), muon_matrices_of(t), t.engine->checkpoint_moment_dtype(),
                     t.shard_rank, /*with_params=*/true);
 }
 
@@ -99,7 +99,7 @@ SavedState current_state(const CheckpointTarget& t, Stream stream) {
 // ---------------------------------------------------------------- save
 
 StagedMaster::StagedMaster(ShardEngine& engine, Stream stream) : engine_(&engine) {
-  if (!engine.has_remainders()) return;
+  if (!engine.has_remainders() && engine.settings().adam.moment_dtype != DType::q8_block) return;
   engine.stage_master(stream);
   synchronize(engine.backend(), stream);  // readers copy or write it from the host
 }

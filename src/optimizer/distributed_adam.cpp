@@ -39,6 +39,7 @@ namespace {
 Layout make_layout(std::vector<ParamSpec> specs, int world, const DistributedAdamOptions& o) {
   LayoutOptions lo;
   lo.bucket_numel = o.bucket_numel;
+  detail::moment_layout_options(o, world, lo);
   if (o.param_format != ParamFormat::Native) {
     // Quantized parameters get a storage class of their own, so they never share a
     // buffer with native ones; the 1-D parameters stay native, in f32.

@@ -179,6 +179,7 @@ Layout Fsdp::Impl::make_layout(std::vector<ParamSpec> specs) {
   LayoutOptions lo;
   lo.bucket_numel = opt.bucket_numel;
   lo.param_units = unit_of_param;
+  detail::moment_layout_options(opt, shard_size, lo);
   // MXFP8: the quantized parameters form a buffer of their own (a unit then has a part
   // in each buffer).
   if (opt.param_format == ParamFormat::Mxfp8) lo.param_storage = detail::quantized_storage(specs);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <iterator>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <string>
 
@@ -13,6 +14,7 @@
 #include "comm/deadline.hpp"
 #include "core/check.hpp"
 #include "kernels/adam/adam_amax.hpp"
+#include "kernels/adam/adam_launch.hpp"
 #include "kernels/common/convert.hpp"
 #include "kernels/adam/step_control.hpp"
 #include "quantized/phase_probe.hpp"
@@ -24,8 +26,10 @@ namespace shardopt::detail {
 void validate(const AdamOptions& h, DType grad_dtype) {
   SHARDOPT_REQUIRE(is_float_storage(grad_dtype), ErrorCode::InvalidArgument,
                    std::string("grad_dtype ") + to_string(grad_dtype) + " is not one of f32, bf16, f16");
-  SHARDOPT_REQUIRE(h.moment_dtype == DType::f32 || h.moment_dtype == DType::bf16, ErrorCode::InvalidArgument,
-                   "moment_dtype must be f32 or bf16");
+  SHARDOPT_REQUIRE(h.moment_dtype == DType::f32 || h.moment_dtype == DType::bf16 || h.moment_dtype == DType::q8_block,
+                   ErrorCode::InvalidArgument,
+                   std::string("moment_dtype is ") + to_string(h.moment_dtype) +
+                       "; use f32, bf16 or q8_block (8-bit codes with a scale per block, docs/state_precision.md)");
   SHARDOPT_REQUIRE(h.clip_max_norm >= 0.0f, ErrorCode::InvalidArgument,
                    "clip_max_norm must be >= 0 (0 disables clipping)");
   SHARDOPT_REQUIRE(h.microbatches >= 1, ErrorCode::InvalidArgument, "microbatches must be >= 1");
@@ -34,17 +38,22 @@ void validate(const AdamOptions& h, DType grad_dtype) {
   SHARDOPT_REQUIRE(h.eps > 0.0 && std::isfinite(h.eps), ErrorCode::InvalidArgument, "eps must be positive and finite");
 }
 
+void moment_layout_options(const AdamOptions& adam, int world, LayoutOptions& lo) {
+  if (adam.moment_dtype != DType::q8_block) return;
+  lo.alignment = std::lcm(lo.alignment, kMomentBlock);
+  lo.pad_multiple = static_cast<std::int64_t>(world) * kMomentBlock;
+}
+
 namespace {
 
 // Adam's moments leave the Muon pieces out (docs/muon.md, "Memory per rank"): in shard
 // order, each run of Muon elements shifts the moments of the AdamW pieces after it down by
-// its length rounded down to a multiple of kMomentAlign, so that every moment keeps its
-// shard offset's alignment for the kernels' vector accesses. Sets the shift of each AdamW
+// its length rounded down to a multiple of `align`, so that every moment keeps its shard
+// offset's alignment: 16 for the kernels' vector accesses, a whole block of 8-bit moments
+// (kMomentBlock) so that their blocks stay the parameters'. Sets the shift of each AdamW
 // chunk and piece, marks the Muon pieces, and returns the moment arrays' length.
-constexpr std::int64_t kMomentAlign = 16;
-
 std::int64_t compact_moments(const Layout& L, int buffer, int rank, const std::vector<AdamGroup>& groups,
-                             std::vector<ShardChunk>& chunks, std::vector<ParamPiece>& pieces) {
+                             std::int64_t align, std::vector<ShardChunk>& chunks, std::vector<ParamPiece>& pieces) {
   const auto is_muon = [&](std::int32_t g) {
     return groups[static_cast<std::size_t>(g)].algorithm == GroupAlgorithm::Muon;
   };
@@ -59,14 +68,14 @@ std::int64_t compact_moments(const Layout& L, int buffer, int rank, const std::v
       run += seg.length;
       continue;
     }
-    shift += run / kMomentAlign * kMomentAlign;
+    shift += run / align * align;
     run = 0;
     ps.moment_shift = shift;
     shift_at[seg.shard_offset] = shift;
   }
   for (ShardChunk& c : chunks)
     if (!is_muon(c.group)) c.moment_shift = std::prev(shift_at.upper_bound(c.shard_offset))->second;
-  return L.buffers()[static_cast<std::size_t>(buffer)].shard_numel - shift - run / kMomentAlign * kMomentAlign;
+  return L.buffers()[static_cast<std::size_t>(buffer)].shard_numel - shift - run / align * align;
 }
 
 }  // namespace
@@ -90,6 +99,8 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
   if (has_muon(groups)) muon_ = std::make_unique<MuonPass>(backend_, L, rank, groups);
   pieces_.resize(L.params().size());
   shards_.resize(L.buffers().size());
+  const bool q8 = settings_.adam.moment_dtype == DType::q8_block;
+  const std::int64_t moment_align = q8 ? kMomentBlock : 16;
   for (std::size_t b = 0; b < L.buffers().size(); ++b) {
     BufferShard& sh = shards_[b];
     const std::int64_t n = L.buffers()[b].shard_numel;
@@ -107,7 +118,7 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
     }
     std::int64_t moment_numel = n;
     if (muon_) {  // the norm covers every gradient; Adam skips the Muon groups' chunks
-      moment_numel = compact_moments(L, static_cast<int>(b), rank, groups, sh.chunks, pieces_);
+      moment_numel = compact_moments(L, static_cast<int>(b), rank, groups, moment_align, sh.chunks, pieces_);
       sh.num_norm_chunks = static_cast<std::int64_t>(sh.chunks.size());
       sh.norm_chunks_dev = DeviceBuffer(backend_, sh.chunks.size() * sizeof(ShardChunk));
       copy_async(backend_, sh.norm_chunks_dev.data(), sh.chunks.data(), sh.chunks.size() * sizeof(ShardChunk), nullptr);
@@ -115,7 +126,19 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
         return groups[static_cast<std::size_t>(c.group)].algorithm == GroupAlgorithm::Muon;
       });
     }
-    if (!sh.chunks.empty() && moment_numel == 0) moment_numel = kMomentAlign;  // only empty AdamW pieces: set pointers
+    if (!sh.chunks.empty() && moment_numel == 0) moment_numel = moment_align;  // only empty AdamW pieces: set pointers
+    if (q8) {
+      SHARDOPT_REQUIRE(L.buffers()[b].storage != kQuantizedStorage, ErrorCode::Unsupported,
+                       settings_.options_name +
+                           "::moment_dtype q8_block: 8-bit moments apply to native parameters; MXFP8 and NVFP4 "
+                           "parameters update through their own fused passes, which keep f32 or bf16 moments. Use "
+                           "moment_dtype f32 or bf16 with a quantized param_format");
+      for (const ShardChunk& c : sh.chunks)
+        SHARDOPT_REQUIRE((c.shard_offset - c.moment_shift) % kMomentBlock == 0 && moment_numel % kMomentBlock == 0,
+                         ErrorCode::Internal,
+                         "8-bit moments need a layout whose parameter starts and shard slices are multiples of " +
+                             std::to_string(kMomentBlock) + " elements (moment_layout_options)");
+    }
     sh.chunks_dev = DeviceBuffer(backend_, sh.chunks.size() * sizeof(ShardChunk));
     copy_async(backend_, sh.chunks_dev.data(), sh.chunks.data(), sh.chunks.size() * sizeof(ShardChunk), nullptr);
     // The fp32 master: the whole shard, or with remainders only the Muon pieces (compact).
@@ -138,6 +161,13 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
     fill_zero_async(backend_, sh.master.data(), sh.master.bytes(), nullptr);
     fill_zero_async(backend_, sh.exp_avg.data(), sh.exp_avg.bytes(), nullptr);
     fill_zero_async(backend_, sh.exp_avg_sq.data(), sh.exp_avg_sq.bytes(), nullptr);
+    sh.q8 = q8;
+    if (q8) {  // one scale per block of each moment; zero scales decode every byte to 0
+      for (DeviceBuffer* s : {&sh.exp_avg_scales, &sh.exp_avg_sq_scales}) {
+        *s = DeviceBuffer(backend_, static_cast<std::size_t>(moment_numel / kMomentBlock) * sizeof(float));
+        fill_zero_async(backend_, s->data(), s->bytes(), nullptr);
+      }
+    }
 
     AdamConfig& cfg = sh.config;
     cfg.beta1 = settings_.adam.beta1;
@@ -160,6 +190,8 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
     p.remainders = sh.remainder ? sh.remainders.as<std::uint16_t>() : nullptr;
     p.exp_avg = sh.exp_avg.data();
     p.exp_avg_sq = sh.exp_avg_sq.data();
+    p.exp_avg_scales = q8 ? sh.exp_avg_scales.as<float>() : nullptr;
+    p.exp_avg_sq_scales = q8 ? sh.exp_avg_sq_scales.as<float>() : nullptr;
   }
   SHARDOPT_REQUIRE(settings_.adam.master_storage != MasterStorage::bf16_remainder ||
                        std::any_of(shards_.begin(), shards_.end(), [](const BufferShard& sh) { return sh.remainder; }),
@@ -278,8 +310,18 @@ void ShardEngine::publish_master(Stream stream) {
                        dt, n, backend_, stream);
     });
   }
-  if (std::any_of(shards_.begin(), shards_.end(), [](const BufferShard& sh) { return bool(sh.staging); })) {
-    synchronize(backend_, stream);  // the split has read the staging array
+  // Staged 8-bit moments (a loaded checkpoint): quantized once, by blocks.
+  for (BufferShard& sh : shards_) {
+    if (!sh.moment_staging[0]) continue;
+    const std::int64_t n = sh.ptrs.moment_numel;
+    kernels::q8_encode(sh.moment_staging[0].as<float>(), sh.exp_avg.as<std::uint8_t>(), sh.exp_avg_scales.as<float>(), n,
+                       false, backend_, stream);
+    kernels::q8_encode(sh.moment_staging[1].as<float>(), sh.exp_avg_sq.as<std::uint8_t>(),
+                       sh.exp_avg_sq_scales.as<float>(), n, true, backend_, stream);
+  }
+  if (std::any_of(shards_.begin(), shards_.end(),
+                  [](const BufferShard& sh) { return bool(sh.staging) || bool(sh.moment_staging[0]); })) {
+    synchronize(backend_, stream);  // the split and the quantize have read the staging arrays
     drop_staged_master();
   }
   initialized_ = true;
@@ -309,6 +351,17 @@ void ShardEngine::init_master(Stream stream) {
 }
 
 void ShardEngine::stage_master(Stream stream) {
+  for (BufferShard& sh : shards_) {
+    if (!sh.q8 || sh.moment_staging[0]) continue;
+    SHARDOPT_REQUIRE(!is_capturing(backend_, stream), ErrorCode::CaptureRefused,
+                     "a checkpoint of 8-bit moments allocates fp32 staging arrays; save or load outside a capture");
+    const std::int64_t n = sh.ptrs.moment_numel;
+    for (DeviceBuffer& s : sh.moment_staging) s = DeviceBuffer(backend_, static_cast<std::size_t>(n) * sizeof(float));
+    kernels::q8_decode(sh.exp_avg.as<std::uint8_t>(), sh.exp_avg_scales.as<float>(), sh.moment_staging[0].as<float>(), n,
+                       false, backend_, stream);
+    kernels::q8_decode(sh.exp_avg_sq.as<std::uint8_t>(), sh.exp_avg_sq_scales.as<float>(),
+                       sh.moment_staging[1].as<float>(), n, true, backend_, stream);
+  }
   for (std::size_t b = 0; b < shards_.size(); ++b) {
     BufferShard& sh = shards_[b];
     if (!sh.remainder || sh.staging) continue;
@@ -324,7 +377,14 @@ void ShardEngine::stage_master(Stream stream) {
 }
 
 void ShardEngine::drop_staged_master() noexcept {
-  for (BufferShard& sh : shards_) sh.staging = DeviceBuffer();
+  for (BufferShard& sh : shards_) {
+    sh.staging = DeviceBuffer();
+    for (DeviceBuffer& s : sh.moment_staging) s = DeviceBuffer();
+  }
+}
+
+DType ShardEngine::checkpoint_moment_dtype() const noexcept {
+  return settings_.adam.moment_dtype == DType::q8_block ? DType::f32 : settings_.adam.moment_dtype;
 }
 
 void ShardEngine::throw_not_initialized(std::string_view call, std::string_view init_calls) {
@@ -522,11 +582,14 @@ ShardView ShardEngine::master_view(int param) const {
   return piece_view(param, sh.staging, DType::f32);
 }
 // A Muon parameter has no Adam moments: an empty view (no elements, no data).
-ShardView ShardEngine::moment_view(int param, const DeviceBuffer& buf) const {
+ShardView ShardEngine::moment_view(int param, const DeviceBuffer& buf, int which) const {
   const ParamPiece& ps = piece(param);
-  if (!ps.muon) return piece_view(param, buf, settings_.adam.moment_dtype, ps.moment_shift);
+  const BufferShard& sh = shards_[static_cast<std::size_t>(ps.buffer)];
+  const bool staged = sh.q8 && sh.moment_staging[which];  // 8-bit moments decoded for a checkpoint
+  const DType dtype = staged ? DType::f32 : settings_.adam.moment_dtype;
+  if (!ps.muon) return piece_view(param, staged ? sh.moment_staging[which] : buf, dtype, ps.moment_shift);
   ShardView v;
-  v.dtype = settings_.adam.moment_dtype;
+  v.dtype = dtype;
   v.shape = {0};
   v.strides = {1};
   v.param_offset = ps.param_offset;
@@ -543,10 +606,10 @@ ShardView ShardEngine::remainder_view(int param) const {
   return v;
 }
 ShardView ShardEngine::exp_avg_view(int param) const {
-  return moment_view(param, shards_[static_cast<std::size_t>(piece(param).buffer)].exp_avg);
+  return moment_view(param, shards_[static_cast<std::size_t>(piece(param).buffer)].exp_avg, 0);
 }
 ShardView ShardEngine::exp_avg_sq_view(int param) const {
-  return moment_view(param, shards_[static_cast<std::size_t>(piece(param).buffer)].exp_avg_sq);
+  return moment_view(param, shards_[static_cast<std::size_t>(piece(param).buffer)].exp_avg_sq, 1);
 }
 
 void ShardEngine::set_step(std::int64_t step, Stream stream) {
@@ -581,6 +644,7 @@ void ShardEngine::add_memory(MemoryReport& r) const {
     r.master += static_cast<std::int64_t>(sh.master.bytes());
     r.remainders += static_cast<std::int64_t>(sh.remainders.bytes());
     r.moments += static_cast<std::int64_t>(sh.exp_avg.bytes() + sh.exp_avg_sq.bytes());
+    r.moment_scales += static_cast<std::int64_t>(sh.exp_avg_scales.bytes() + sh.exp_avg_sq_scales.bytes());
     r.padding += (sh.ptrs.shard_numel - sh.real_numel) * ((sh.remainder ? 2 : 4) + 2 * msize);
   }
   for (const auto& [key, buf] : copies_) r.copies += static_cast<std::int64_t>(buf.bytes());

@@ -50,6 +50,12 @@ struct EngineSettings {
 /// naming the bad one.
 void validate(const AdamOptions& adam, DType grad_dtype);
 
+/// The layout 8-bit moments need (moment_dtype q8_block; nothing otherwise): every
+/// parameter start and every shard slice on a multiple of kMomentBlock elements (the
+/// alignment raised to it, buckets padded to a multiple of world x kMomentBlock), so that
+/// each block of kMomentBlock elements of a parameter lies whole in one rank's shard.
+void moment_layout_options(const AdamOptions& adam, int world, LayoutOptions& lo);
+
 /// Where this rank's piece of one parameter lives (length 0: none).
 struct ParamPiece {
   int buffer = 0;
@@ -95,12 +101,17 @@ class ShardEngine {
   float* master_of(int param) const;
   /// True when some buffer keeps its master as bf16 parameters plus remainders.
   bool has_remainders() const noexcept;
-  /// Checkpoints of remainder buffers: stage_master rebuilds their fp32 master into a
-  /// staging array that master_view then shows (written on `stream`; allocated here, so
-  /// not inside a capture); publish_master splits it back into parameters and remainders
-  /// and frees it; drop_staged_master frees it unchanged. No-ops without remainders.
+  /// Checkpoints of remainder buffers and of 8-bit moments: stage_master rebuilds their
+  /// fp32 master (and decodes 8-bit moments) into staging arrays that master_view (and
+  /// the moment views, then f32) show (written on `stream`; allocated here, so not inside
+  /// a capture); publish_master splits the master back into parameters and remainders,
+  /// quantizes the moments again by blocks, and frees them; drop_staged_master frees them
+  /// unchanged. No-ops without remainders and 8-bit moments.
   void stage_master(Stream stream);
   void drop_staged_master() noexcept;
+  /// The dtype of the moments in checkpoint files: the moment dtype, f32 for q8_block
+  /// (saved decoded, model-space; docs/checkpoints.md).
+  DType checkpoint_moment_dtype() const noexcept;
   /// The device-side step: lr (slot or schedule), inverse loss scale, grad norm over the
   /// shard (one Sum all-reduce over `norm_comm` when it has several ranks), found-inf,
   /// clip coefficient, Adam on every buffer (prologue once).
@@ -189,6 +200,12 @@ class ShardEngine {
     // `staging` the rebuilt fp32 master while a checkpoint needs it.
     bool remainder = false;
     DeviceBuffer remainders, staging;
+    // DType::q8_block moments: `exp_avg` / `exp_avg_sq` hold the bytes, these the scales
+    // (one float per kMomentBlock); while a checkpoint needs them, moment_staging holds
+    // both moments decoded to fp32 (exp_avg, exp_avg_sq), and the moment views show them.
+    bool q8 = false;
+    DeviceBuffer exp_avg_scales, exp_avg_sq_scales;
+    DeviceBuffer moment_staging[2];
     AdamConfig config;
     ShardPointers ptrs;
     std::int64_t real_numel = 0;
@@ -197,7 +214,7 @@ class ShardEngine {
     DeviceBuffer amax_chunks;  // per chunk, where Adam emits NVFP4 partial amaxes (emit_amaxes)
   };
   ShardView piece_view(int param, const DeviceBuffer& buf, DType dtype, std::int64_t shift = 0) const;
-  ShardView moment_view(int param, const DeviceBuffer& buf) const;
+  ShardView moment_view(int param, const DeviceBuffer& buf, int which) const;
   // Calls f(dst, own) for each bucket of buffer b: `own` this rank's range in the bucket's
   // buffer coordinates, `shard` its first shard offset, `dst` where it sits in the bound
   // param / grad storage.

@@ -32,6 +32,7 @@ std::string MemoryReport::to_string() const {
   row("master       ", master);
   row("remainders   ", remainders);
   row("moments      ", moments);
+  row("moment scales", moment_scales);
   row("copies       ", copies);
   row("pool         ", pool);
   row("mxfp8        ", mxfp8);

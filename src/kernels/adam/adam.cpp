@@ -38,8 +38,9 @@ void check_config(const AdamConfig& c) {
   }
   SHARDOPT_REQUIRE(is_float_storage(c.grad_dtype), ErrorCode::InvalidArgument,
                    std::string("AdamConfig::grad_dtype is ") + to_string(c.grad_dtype) + "; use f32, bf16 or f16");
-  SHARDOPT_REQUIRE(c.moment_dtype == DType::f32 || c.moment_dtype == DType::bf16, ErrorCode::InvalidArgument,
-                   std::string("AdamConfig::moment_dtype is ") + to_string(c.moment_dtype) + "; use f32 or bf16");
+  SHARDOPT_REQUIRE(c.moment_dtype == DType::f32 || c.moment_dtype == DType::bf16 || c.moment_dtype == DType::q8_block,
+                   ErrorCode::InvalidArgument,
+                   std::string("AdamConfig::moment_dtype is ") + to_string(c.moment_dtype) + "; use f32, bf16 or q8_block");
   SHARDOPT_REQUIRE(!c.write_params || is_float_storage(c.param_dtype), ErrorCode::InvalidArgument,
                    std::string("AdamConfig::param_dtype is ") + to_string(c.param_dtype) +
                        "; use f32, bf16 or f16, or set write_params = false");
@@ -91,6 +92,13 @@ AdamApplyLaunch prepare_apply(const AdamConfig& config, const ShardPointers& sha
                    ErrorCode::InvalidArgument,
                    std::string("ShardPointers: chunks, grads, exp_avg, exp_avg_sq and ") +
                        (v.remainder ? "remainders (MasterStorage::bf16_remainder)" : "master") + " must all be set");
+  const bool q8 = v.moment == DType::q8_block;
+  SHARDOPT_REQUIRE(!q8 || (shard.exp_avg_scales != nullptr && shard.exp_avg_sq_scales != nullptr),
+                   ErrorCode::InvalidArgument,
+                   "ShardPointers: moment_dtype q8_block needs exp_avg_scales and exp_avg_sq_scales (one float per "
+                   "block of kMomentBlock moment elements)");
+  SHARDOPT_REQUIRE(!q8 || amax == nullptr, ErrorCode::InvalidArgument,
+                   "8-bit moments (q8_block) do not emit NVFP4 amaxes: NVFP4 buffers keep f32 or bf16 moments");
   SHARDOPT_REQUIRE(!config.write_params || shard.params != nullptr, ErrorCode::InvalidArgument,
                    "ShardPointers::params is null but AdamConfig::write_params is true; give the param "
                    "buffer or set write_params = false");
@@ -101,6 +109,8 @@ AdamApplyLaunch prepare_apply(const AdamConfig& config, const ShardPointers& sha
   a.remainder = v.remainder ? shard.remainders : nullptr;
   a.exp_avg = shard.exp_avg;
   a.exp_avg_sq = shard.exp_avg_sq;
+  a.exp_avg_scale = q8 ? shard.exp_avg_scales : nullptr;
+  a.exp_avg_sq_scale = q8 ? shard.exp_avg_sq_scales : nullptr;
   a.num_groups = static_cast<int>(config.groups.size());
   a.consts.beta2 = static_cast<float>(config.beta2);
   a.consts.one_minus_beta1 = static_cast<float>(1.0 - config.beta1);
@@ -127,6 +137,11 @@ AdamApplyLaunch prepare_apply(const AdamConfig& config, const ShardPointers& sha
                            " groups) or lies outside the shard of " + std::to_string(shard.shard_numel) +
                            " elements or its moments outside the " + std::to_string(moment_numel) +
                            " of exp_avg / exp_avg_sq");
+      SHARDOPT_REQUIRE(!q8 || (ch.shard_offset - ch.moment_shift) % kMomentBlock == 0, ErrorCode::InvalidArgument,
+                       "chunk " + std::to_string(c) + " starts at moment index " +
+                           std::to_string(ch.shard_offset - ch.moment_shift) + ", which is not a multiple of " +
+                           std::to_string(kMomentBlock) + ": 8-bit moments (q8_block) keep one scale per block of " +
+                           std::to_string(kMomentBlock) + " elements of a parameter, so every chunk starts a block");
       if (amax == nullptr || amax[c].amax == nullptr) continue;
       const kernels::AdamAmaxChunk& t = amax[c];
       SHARDOPT_REQUIRE(t.first >= 0 && t.member_numel > 0 && t.cols > 0 && t.member_numel % t.cols == 0 &&
@@ -149,11 +164,22 @@ void enqueue_prologue(const AdamPrologueParams& p, StepScalars* scalars, Backend
 
 void enqueue_apply(const AdamApplyLaunch& L, Backend backend, Stream stream) {
   if (L.params.num_chunks == 0) return;
+  const bool q8 = L.variant.moment == DType::q8_block;
   if (backend == Backend::Host) {
-    host_enqueue(stream, [v = L.variant, a = L.params] { kernels::host_adam_apply(v, a); });
+    host_enqueue(stream, [v = L.variant, a = L.params, q8] {
+      if (q8) {
+        kernels::host_adam_q8_apply(v, a);
+      } else {
+        kernels::host_adam_apply(v, a);
+      }
+    });
     return;
   }
-  kernels::launch_adam_apply(L.variant, L.params, stream);
+  if (q8) {
+    kernels::launch_adam_q8_apply(L.variant, L.params, stream);
+  } else {
+    kernels::launch_adam_apply(L.variant, L.params, stream);
+  }
 }
 
 }  // namespace

@@ -28,4 +28,21 @@ void launch_adam_apply(const AdamVariant& v, const AdamApplyParams& a, Stream st
 /// Host twin of the main pass (runs now; callers wrap it in host_enqueue).
 void host_adam_apply(const AdamVariant& v, const AdamApplyParams& a);
 
+/// The main pass over 8-bit moments (AdamVariant::moment q8_block, adam_q8.cuh): CUDA
+/// (adam_q8.cu) and its host twin.
+void launch_adam_q8_apply(const AdamVariant& v, const AdamApplyParams& a, Stream stream);
+void host_adam_q8_apply(const AdamVariant& v, const AdamApplyParams& a);
+
+/// Whole 8-bit moment arrays of n elements (a multiple of kMomentBlock) to fp32 values
+/// and back (encode: each block's scale is its max, moment_code.cuh); `second`: the
+/// second moment's map (bytes code sqrt(v)). CUDA; q8_decode / q8_encode dispatch.
+void launch_q8_decode(const std::uint8_t* codes, const float* scales, float* out, std::int64_t n, bool second,
+                      Stream stream);
+void launch_q8_encode(const float* in, std::uint8_t* codes, float* scales, std::int64_t n, bool second, Stream stream);
+/// The conversions on either backend (host: enqueued on the host stream).
+void q8_decode(const std::uint8_t* codes, const float* scales, float* out, std::int64_t n, bool second,
+               Backend backend, Stream stream);
+void q8_encode(const float* in, std::uint8_t* codes, float* scales, std::int64_t n, bool second, Backend backend,
+               Stream stream);
+
 }  // namespace shardopt::kernels

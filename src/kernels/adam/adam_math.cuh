@@ -94,6 +94,8 @@ struct AdamApplyParams {
   std::uint16_t* remainder = nullptr;  ///< remainder variants: by shard index, instead of master
   void* exp_avg = nullptr;
   void* exp_avg_sq = nullptr;
+  float* exp_avg_scale = nullptr;     ///< q8_block moments: one scale per kMomentBlock moment elements
+  float* exp_avg_sq_scale = nullptr;
   const StepScalars* scalars = nullptr;
   AdamElementConsts consts;
   int num_groups = 1;
@@ -236,27 +238,20 @@ SHARDOPT_HD AdamStepValues adam_step_values(const AdamApplyParams& a, int group)
   return v;
 }
 
-/// Updates one element by scalar accesses: shard index si, buffer index bi, moment index
-/// si - ms (ShardChunk::moment_shift). Returns the new master value.
+/// The master of one element (fp32 master, or bf16 parameter + remainder) at shard index
+/// si / buffer index bi.
 template <class Tr>
-SHARDOPT_HD float adam_scalar(const AdamApplyParams& a, const AdamStepValues& sv, std::int64_t si,
-                             std::int64_t bi, std::int64_t ms) {
-  using GT = storage_t<Tr::grad>;
-  using MT = storage_t<Tr::moment>;
-  const float grad = num::Storage<Tr::grad>::load(static_cast<const GT*>(a.grads)[bi]);
-  MT* m_ptr = static_cast<MT*>(a.exp_avg);
-  MT* v_ptr = static_cast<MT*>(a.exp_avg_sq);
-  float p;
+SHARDOPT_HD float adam_load_master(const AdamApplyParams& a, std::int64_t si, std::int64_t bi) {
   if constexpr (Tr::remainder) {
-    p = num::remainder_join(static_cast<const std::uint16_t*>(a.params)[bi], a.remainder[si]);
+    return num::remainder_join(static_cast<const std::uint16_t*>(a.params)[bi], a.remainder[si]);
   } else {
-    p = a.master[si];
+    return a.master[si];
   }
-  float m = num::Storage<Tr::moment>::load(m_ptr[si - ms]);
-  float v = num::Storage<Tr::moment>::load(v_ptr[si - ms]);
-  adam_element<Tr::decoupled>(a.consts, sv, grad, p, m, v);
-  m_ptr[si - ms] = num::Storage<Tr::moment>::store(m);
-  v_ptr[si - ms] = num::Storage<Tr::moment>::store(v);
+}
+
+/// Stores one element's new master (and its parameter when the variant writes them).
+template <class Tr>
+SHARDOPT_HD void adam_store_master(const AdamApplyParams& a, std::int64_t si, std::int64_t bi, float p) {
   if constexpr (Tr::remainder) {
     static_cast<std::uint16_t*>(a.params)[bi] = num::remainder_split_param(p);
     a.remainder[si] = num::remainder_split_low(p);
@@ -267,6 +262,25 @@ SHARDOPT_HD float adam_scalar(const AdamApplyParams& a, const AdamStepValues& sv
       static_cast<PT*>(a.params)[bi] = num::Storage<Tr::param>::store(p);
     }
   }
+}
+
+/// Updates one element by scalar accesses: shard index si, buffer index bi, moment index
+/// si - ms (ShardChunk::moment_shift). Returns the new master value.
+template <class Tr>
+SHARDOPT_HD float adam_scalar(const AdamApplyParams& a, const AdamStepValues& sv, std::int64_t si,
+                             std::int64_t bi, std::int64_t ms) {
+  using GT = storage_t<Tr::grad>;
+  using MT = storage_t<Tr::moment>;
+  const float grad = num::Storage<Tr::grad>::load(static_cast<const GT*>(a.grads)[bi]);
+  MT* m_ptr = static_cast<MT*>(a.exp_avg);
+  MT* v_ptr = static_cast<MT*>(a.exp_avg_sq);
+  float p = adam_load_master<Tr>(a, si, bi);
+  float m = num::Storage<Tr::moment>::load(m_ptr[si - ms]);
+  float v = num::Storage<Tr::moment>::load(v_ptr[si - ms]);
+  adam_element<Tr::decoupled>(a.consts, sv, grad, p, m, v);
+  m_ptr[si - ms] = num::Storage<Tr::moment>::store(m);
+  v_ptr[si - ms] = num::Storage<Tr::moment>::store(v);
+  adam_store_master<Tr>(a, si, bi, p);
   return p;
 }
 
@@ -293,8 +307,9 @@ SHARDOPT_HD ChunkSplit split_chunk(const ShardChunk& ch, int vec, bool vector_ok
 
 /// Calls f.template operator()<Traits>() for the variant's compiled instantiation.
 /// kWithRemainder: also the remainder variants (the plain Adam pass; other users of the
-/// element math keep an fp32 master and compile none of them).
-template <bool kWithRemainder = false, class F>
+/// element math keep an fp32 master and compile none of them). kMomentsOwn: the caller
+/// handles the moments itself (the 8-bit pass): only Traits with f32 moments are compiled.
+template <bool kWithRemainder = false, bool kMomentsOwn = false, class F>
 void dispatch_adam_variant(const AdamVariant& v, F&& f) {
   auto with_p = [&]<DType G, DType M>() {
     if constexpr (kWithRemainder) {
@@ -320,10 +335,13 @@ void dispatch_adam_variant(const AdamVariant& v, F&& f) {
     }
   };
   auto with_m = [&]<DType G>() {
-    if (v.moment == DType::bf16)
-      with_p.template operator()<G, DType::bf16>();
-    else
+    if constexpr (kMomentsOwn) {
       with_p.template operator()<G, DType::f32>();
+    } else if (v.moment == DType::bf16) {
+      with_p.template operator()<G, DType::bf16>();
+    } else {
+      with_p.template operator()<G, DType::f32>();
+    }
   };
   switch (v.grad) {
     case DType::f32: return with_m.template operator()<DType::f32>();

@@ -13,6 +13,7 @@ std::vector<KernelFile> kernel_files_cuda() {
 #if SHARDOPT_HAVE_CUDA
   return {
       adam_kernels_cuda,
+      adam_q8_kernels_cuda,
       convert_kernels_cuda,
       grad_norm_kernels_cuda,
       step_control_kernels_cuda,

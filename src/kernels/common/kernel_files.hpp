@@ -44,6 +44,7 @@ void* kernel_function_cuda(const void* kernel);
 
 // One per .cu file (defined at the end of that file).
 void adam_kernels_cuda(const KernelVisitor& visit);
+void adam_q8_kernels_cuda(const KernelVisitor& visit);
 void convert_kernels_cuda(const KernelVisitor& visit);
 void grad_norm_kernels_cuda(const KernelVisitor& visit);
 void step_control_kernels_cuda(const KernelVisitor& visit);
