@@ -36,6 +36,8 @@
 #                 racecheck + synccheck on the suites that launch the kernels with shared
 #                 memory, barriers or warp shuffles; full output in sanitize.log, one line
 #                 per run in summary.txt; the script exits non-zero when any run fails.
+#                 SAN_JOBS runs at a time (default 6), longest expected first, each with a
+#                 limit from its own expected time (see "The gate's scheduling" below).
 #                 SAN_ONLY=REGEX keeps the runs of the suites whose names match (a partial
 #                 check: the gate is the phase without it)
 set -uo pipefail
@@ -322,15 +324,80 @@ phase_gpt() {
 }
 
 # ---------------------------------------------------------------- sanitize
+# The gate's scheduling (issue 49). A sanitizer run's wall time depends on how many others
+# share the GPU and the host with it: gpu_mpi_trainer_n1's memcheck takes ~207 s alone on an
+# H100 and 271-307 s with 8 runs at a time; on an H200 at 8 at a time it ran past the old
+# fixed 320 s limit, and the gate said FAIL with 0 errors found. A limit is there to catch
+# a hang, not to time the run, so:
+#  - each run has an expected time, SAN_EXPECT below: the slowest of the five green gates
+#    of 2026-11-27 (SAN_JOBS=8, one GPU, 16 cores: four on an H100, one on an H200);
+#  - its limit is SAN_MARGIN x expected x load, and at least the floor (SAN_MEMCHECK_S per
+#    rank, SAN_CHECK_S). load is 1 up to the crowding the table was measured at (8 runs on
+#    one GPU, one run per 2 cores) and grows in proportion beyond it: more runs at a time,
+#    or fewer cores, stretch every limit, so the verdict does not depend on SAN_JOBS;
+#  - the runs start longest expected first (a run the table does not list counts as a
+#    long one), SAN_JOBS at a time: the long ones never start late behind short ones, and
+#    the phase ends near max(longest run, sum of runs / SAN_JOBS), ~5-6 min on one H100.
+#    (Running the long ones alone, the other way, would put their ~10 min, estimated, of
+#    sanitizing one after another into the phase.)
+#  - a timeout stays a FAIL (and the limit is in sanitize.log's header of the run).
+#    summary.txt keeps the order of declaration (the memcheck suites, then racecheck, then
+#    synccheck), whatever the order of starting.
+# A run that grows past its entry still passes up to the margin; update the entry from the
+# "(NNs)" of its ok line (taken at SAN_JOBS=8 on 16 cores) when it moves.
 CS="${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}"
-SAN_MEMCHECK_S="${SAN_MEMCHECK_S:-320}"  # per memcheck run (one whole binary; the trainer suite takes ~250 s)
-SAN_CHECK_S="${SAN_CHECK_S:-150}"        # per racecheck / synccheck run (filtered)
+SAN_MEMCHECK_S="${SAN_MEMCHECK_S:-320}"  # the least limit of a memcheck run, per rank
+SAN_CHECK_S="${SAN_CHECK_S:-150}"        # the least limit of a racecheck / synccheck run
+SAN_MARGIN="${SAN_MARGIN:-2}"            # limit = margin x expected x load (decimals allowed)
 SAN_JOBS="${SAN_JOBS:-6}"                # sanitizer runs at a time
 SAN_ONLY="${SAN_ONLY:-}"                 # a regex: only the runs whose suite name matches (default: all)
+SAN_CORES="${SAN_CORES:-$(nproc 2>/dev/null || echo 16)}"  # host cores (the budgets' load term)
 SAN_FAILED=0
 status=0
+# Expected seconds of each run ("TOOL LABEL"), at 8 at a time on one GPU and 16 cores.
+# memcheck gpu_mpi_trainer_n1: 307 s measured; 330 since the H200 run above ran past 320 s.
+declare -A SAN_EXPECT=(
+  ["memcheck gpu_mpi_trainer_n1"]=330           ["memcheck gpu_nvfp4"]=244
+  ["memcheck gpu_mpi_trainer_gpt_n1"]=172       ["memcheck gpu_mxfp8"]=140
+  ["racecheck gpu_mxfp8"]=112                   ["memcheck gpu_mxfp8_shard_batch"]=100
+  ["memcheck gpu_mpi_muon_n1"]=95               ["racecheck gpu_mpi_muon"]=76
+  ["racecheck gpu_mxfp8_shard_batch"]=68        ["synccheck gpu_mxfp8"]=61
+  ["memcheck gpu_mpi_checkpoint_n1"]=58         ["memcheck gpu_mpi_muon_checkpoint_n1"]=58
+  ["memcheck gpu_trainer_gpt_ops"]=55           ["synccheck gpu_mxfp8_shard_batch"]=50
+  ["memcheck gpu_mpi_nvfp4_params_n1"]=48       ["memcheck gpu_mxfp8_batch"]=42
+  ["memcheck gpu_adam_mxfp8"]=39                ["memcheck gpu_comm_self"]=38
+  ["memcheck gpu_mpi_distributed_adam_n1"]=38   ["memcheck gpu_mpi_fsdp_mxfp8_n1"]=38
+  ["memcheck gpu_mpi_kernel_preload_fsdp_n1"]=36 ["memcheck gpu_mpi_step_graph_stream_n1"]=34
+  ["memcheck gpu_mpi_watchdog_n1"]=33           ["memcheck gpu_mpi_kernel_preload_dist_adam_n1"]=32
+  ["memcheck gpu_mpi_bucket_store_n1"]=30       ["racecheck gpu_adam_amax"]=29
+  ["racecheck gpu_mxfp8_batch"]=29              ["memcheck gpu_piece_sum"]=23
+  ["racecheck gpu_nvfp4"]=23                    ["racecheck gpu_adam"]=22
+  ["racecheck gpu_dependent_launch"]=22         ["memcheck gpu_adam"]=21
+  ["synccheck gpu_mpi_muon"]=21                 ["synccheck gpu_dependent_launch"]=16
+  ["synccheck gpu_nvfp4"]=16                    ["memcheck gpu_dependent_launch"]=15
+  ["synccheck gpu_adam_amax"]=15                ["synccheck gpu_mxfp8_batch"]=14
+  ["memcheck gpu_adam_amax"]=7                  ["memcheck gpu_byte_copies"]=4
+  ["memcheck gpu_mxfp8_decode"]=4               ["racecheck gpu_adam_mxfp8"]=4
+  ["racecheck gpu_trainer_ops"]=4               ["synccheck gpu_adam"]=4
+  ["memcheck gpu_trainer_ops"]=3                ["synccheck gpu_adam_mxfp8"]=2
+  ["synccheck gpu_trainer_ops"]=1
+)
+SAN_EXPECT_MEMCHECK=150  # a memcheck run the table does not list (a new suite, the 2-rank run)
+SAN_EXPECT_CHECK=75      # a racecheck / synccheck run it does not list
 
-# One compute-sanitizer run: san_run TOOL LABEL TIMEOUT_S RANKS COMMAND...
+# The limit of one run: san_budget TOOL EXPECTED_S RANKS (the formula above).
+san_budget() {
+  local floor=$SAN_CHECK_S
+  [ "$1" = memcheck ] && floor=$((SAN_MEMCHECK_S * $3))
+  awk -v e="$2" -v m="$SAN_MARGIN" -v f="$floor" -v j="$SAN_JOBS" -v c="$SAN_CORES" 'BEGIN {
+    load = 1                                # measured at 8 runs on one GPU, 16 cores
+    if (j / 8 > load) load = j / 8          # more runs share the GPU
+    if (j * 2 / c > load) load = j * 2 / c  # more than one run per 2 cores
+    b = m * e * load; if (b > int(b)) b = int(b) + 1; if (b < f) b = f
+    print b }'
+}
+
+# One compute-sanitizer run: san_run_one SLOT TOOL LABEL LIMIT_S RANKS COMMAND...
 # RANKS: how many "... SUMMARY" lines the output must hold (one per process). PASS needs
 # exit 0, every summary present and 0 errors; a timeout, a missing summary, an error
 # count above 0 or a non-zero exit (a failing test, or exit 77: no GPU) is a FAIL line.
@@ -338,7 +405,8 @@ san_run_one() {  # slot, tool, label, limit, ranks, command...: output in $SAN_D
   local slot="$1" tool="$2" label="$3" limit="$4" ranks="$5"; shift 5
   local tmp="$SAN_DIR/$slot.log"
   local t0=$SECONDS
-  echo "===== $tool $label: $*" >"$SAN_DIR/$slot.head"
+  { echo "===== $tool $label: $*"
+    echo "===== limit ${limit}s, started $((t0 - SAN_T0))s into the phase"; } >"$SAN_DIR/$slot.head"
   timeout -k 15 "$limit" "$@" </dev/null >"$tmp" 2>&1
   local rc=$? dt=$((SECONDS - t0))
   local summaries errors warnings
@@ -368,17 +436,32 @@ san_run_one() {  # slot, tool, label, limit, ranks, command...: output in $SAN_D
   fi
 }
 
-# Runs san_run_one in the background, at most SAN_JOBS at a time (the sanitizers are
-# mostly host-bound; several share the GPU well). san_collect gathers the results in order.
-SAN_SLOT=0
-san_run() {  # tool, label, limit, ranks, command...
-  while [ "$(jobs -rp | wc -l)" -ge "$SAN_JOBS" ]; do wait -n || true; done
+# san_run TOOL LABEL RANKS COMMAND... queues a run (its slot: the order of declaration);
+# san_collect starts the queue longest expected first, at most SAN_JOBS at a time (the
+# sanitizers are mostly host-bound; several share the GPU well), waits for all, then
+# writes the results in slot order.
+san_reset() { SAN_SLOT=0; SAN_CMDS=(); SAN_ORDER=(); SAN_T0=$SECONDS; }
+san_reset
+san_run() {  # tool, label, ranks, command...
+  local tool="$1" label="$2" ranks="$3"; shift 3
+  local expected="${SAN_EXPECT[$tool $label]:-}"
+  if [ -z "$expected" ]; then
+    if [ "$tool" = memcheck ]; then expected=$SAN_EXPECT_MEMCHECK; else expected=$SAN_EXPECT_CHECK; fi
+  fi
   SAN_SLOT=$((SAN_SLOT + 1))
-  san_run_one "$(printf %03d "$SAN_SLOT")" "$@" &
+  SAN_CMDS[SAN_SLOT]="$(printf '%q ' "$(printf %03d "$SAN_SLOT")" "$tool" "$label" \
+    "$(san_budget "$tool" "$expected" "$ranks")" "$ranks" "$@")"
+  SAN_ORDER+=("$expected $SAN_SLOT")
 }
 san_collect() {
+  local order=() e i f slot line
+  [ "${#SAN_ORDER[@]}" -eq 0 ] || mapfile -t order < <(printf '%s\n' "${SAN_ORDER[@]}" | sort -k1,1nr -k2,2n)
+  for e in "${order[@]}"; do
+    i=${e#* }
+    while [ "$(jobs -rp | wc -l)" -ge "$SAN_JOBS" ]; do wait -n || true; done
+    eval "san_run_one ${SAN_CMDS[i]}" &
+  done
   wait
-  local f slot line
   for f in "$SAN_DIR"/*.status; do
     [ -e "$f" ] || continue
     slot=$(basename "$f" .status)
@@ -419,6 +502,7 @@ phase_sanitize() {
   "$CS" --version 2>&1 | tail -1 | tee -a "$SUMMARY"
   SAN_FAILED=0
   SAN_DIR=$(mktemp -d)
+  san_reset
   local cs_args=(--error-exitcode 1)
   local name exe ranks suites
   suites=$(gpu_suites gpu)
@@ -442,10 +526,10 @@ phase_sanitize() {
     api_args=()
     case "$name" in gpu_mpi_* | gpu_comm_self) api_args=(--report-api-errors no) ;; esac
     if [ "$ranks" -eq 0 ]; then
-      san_run memcheck "$name" "$SAN_MEMCHECK_S" 1 env "${test_env[@]}" \
+      san_run memcheck "$name" 1 env "${test_env[@]}" \
         "$CS" --tool memcheck "${cs_args[@]}" "${api_args[@]}" "$exe" "${test_args[@]}"
     else
-      san_run memcheck "$name" "$SAN_MEMCHECK_S" "$ranks" env "${test_env[@]}" SHARDOPT_TEST_NEEDS_GPU=1 SHARDOPT_BACKEND=cuda \
+      san_run memcheck "$name" "$ranks" env "${test_env[@]}" SHARDOPT_TEST_NEEDS_GPU=1 SHARDOPT_BACKEND=cuda \
         $MPIRUN -n "$ranks" "$CS" --tool memcheck "${cs_args[@]}" "${api_args[@]}" "$exe" "${test_args[@]}"
     fi
   done <<<"$suites"
@@ -489,7 +573,7 @@ phase_sanitize() {
       read -r bin filter <<<"$t"
       [ -z "$SAN_ONLY" ] || [[ "$(basename "$bin")" =~ $SAN_ONLY ]] || continue
       if [ ! -x "$BUILD/$bin" ]; then log "FAIL sanitize $tool $(basename "$bin"): $BUILD/$bin not built"; SAN_FAILED=1; continue; fi
-      san_run "$tool" "$(basename "$bin")" "$SAN_CHECK_S" 1 env SHARDOPT_SANITIZER_CASES=1 SHARDOPT_BACKEND=cuda "$CS" --tool "$tool" \
+      san_run "$tool" "$(basename "$bin")" 1 env SHARDOPT_SANITIZER_CASES=1 SHARDOPT_BACKEND=cuda "$CS" --tool "$tool" \
         "${cs_args[@]}" "$BUILD/$bin" --gtest_filter="$filter"
     done
   done
@@ -498,7 +582,7 @@ phase_sanitize() {
   if [ "$GPUS" -ge 2 ] && { [ -z "$SAN_ONLY" ] || [[ gpu_mpi_distributed_adam_n2 =~ $SAN_ONLY ]]; }; then
     exe=$(gpu_suites gpu-multi | awk '$1 == "gpu_mpi_distributed_adam_n2" { print $2 }')
     if [ -n "$exe" ]; then
-      san_run memcheck gpu_mpi_distributed_adam_n2 $((2 * SAN_MEMCHECK_S)) 2 env SHARDOPT_TEST_NEEDS_GPU=1 SHARDOPT_BACKEND=cuda \
+      san_run memcheck gpu_mpi_distributed_adam_n2 2 env SHARDOPT_TEST_NEEDS_GPU=1 SHARDOPT_BACKEND=cuda \
         $MPIRUN -n 2 "$CS" --tool memcheck "${cs_args[@]}" --report-api-errors no "$exe"
     else
       log "FAIL sanitize memcheck gpu_mpi_distributed_adam_n2: not in $BUILD"; SAN_FAILED=1
