@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # Installs what building and testing shardopt needs on a Debian/Ubuntu machine, as
 # root, skipping whatever is already there: a C++20 compiler, pkg-config, OpenMPI,
-# GoogleTest, nlohmann/json (apt), meson + ninja and numpy + safetensors (pip). Sourced by
+# GoogleTest, nlohmann/json, CLI11 (apt), meson + ninja and numpy + safetensors (pip). Sourced by
 # scripts/test.sh and scripts/run_main.sh; run_main.sh also calls shardopt_plot_deps
 # (matplotlib, for its loss curve). CUDA and NCCL are used when present, never installed.
+#
+# Offline (the GPU machine has no network): CLI11, the example trainer's option parser, is
+# header-only and comes from a Debian package kept in .deb/ at the repository root
+# (git-ignored; fill it once on a machine with the network: `mkdir -p .deb && cd .deb &&
+# apt-get download libcli11-dev`, and carry it with the tree). When the header is missing
+# and apt cannot install it, shardopt_deps unpacks that package: `dpkg -x
+# .deb/libcli11-dev_*.deb /`.
 set -euo pipefail
 
 shardopt_deps() {
@@ -17,14 +24,27 @@ shardopt_deps() {
   # The JSON parser of the library (meson finds it through pkg-config; without it meson
   # would fetch subprojects/nlohmann_json.wrap, which needs the network).
   [ -f /usr/include/nlohmann/json.hpp ] || pkgs+=(nlohmann-json3-dev)
+  # CLI11 parses the example trainer's options (examples/trainer/cli.cpp).
+  [ -f /usr/include/CLI/CLI.hpp ] || pkgs+=(libcli11-dev)
   command -v python3 >/dev/null 2>&1 || pkgs+=(python3)
   python3 -m pip --version >/dev/null 2>&1 || pkgs+=(python3-pip)
   command -v ninja >/dev/null 2>&1 || pkgs+=(ninja-build)
   if [ ${#pkgs[@]} -gt 0 ]; then
     echo "deps: apt-get install ${pkgs[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q
-    apt-get install -y -q --no-install-recommends "${pkgs[@]}"
+    if [ "${pkgs[*]}" = libcli11-dev ] && [ -n "$(shardopt_cli11_deb)" ]; then
+      # Only CLI11 missing, and its package at hand: apt may have no network (the GPU machine).
+      apt-get update -q && apt-get install -y -q --no-install-recommends libcli11-dev || true
+    else
+      apt-get update -q
+      apt-get install -y -q --no-install-recommends "${pkgs[@]}"
+    fi
+  fi
+  if [ ! -f /usr/include/CLI/CLI.hpp ]; then
+    local deb; deb=$(shardopt_cli11_deb)
+    [ -n "$deb" ] || { echo "deps: no CLI11 (libcli11-dev) and no .deb/libcli11-dev_*.deb to unpack" >&2; return 1; }
+    echo "deps: dpkg -x $deb / (CLI11, offline)"
+    dpkg -x "$deb" /
   fi
   # meson >= 1.3 from pip (Debian 12 ships 1.0).
   if ! meson --version 2>/dev/null | awk -F. '{exit !($1 > 1 || ($1 == 1 && $2 >= 3))}'; then
@@ -45,6 +65,12 @@ shardopt_deps() {
   fi
   # OpenMPI refuses to start as root unless told; tests run as root in containers.
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+}
+
+# The CLI11 package kept in .deb/ (see the top of this file), or nothing.
+shardopt_cli11_deb() {
+  local root; root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  compgen -G "$root/.deb/libcli11-dev_*.deb" | sort | tail -1 || true
 }
 
 # matplotlib for scripts/run_main.sh's loss curve and scripts/plot_results.py's pictures
