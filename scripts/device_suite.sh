@@ -472,7 +472,7 @@ phase_sanitize() {
   #                         (griddepcontrol wait / launch_dependents), eager and captured, behind
   #                         a producer kernel of the test (kernels/common/dependent_launch.cuh)
   #   gpu_trainer_ops       block_sum / block_max users and k_embed_links, k_dispatch_assign,
-  #                         k_sumsq_partial / k_sumsq_final (examples/trainer/cuda_ops.cu)
+  #                         k_sumsq_partial / k_sumsq_final (examples/trainer/cuda_*.cu)
   # (test/gpu/test_comm_kernels.cu's spin_then_fill_kernel has a barrier but runs only in
   # the 2- and 4-rank gpu_mpi_comm suites: see the 2-GPU memcheck below.)
   local targets=(
