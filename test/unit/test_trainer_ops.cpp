@@ -593,6 +593,17 @@ TEST(TrainerModel, Mxfp8ParametersNeedMixedPrecisionWeights) {
   EXPECT_THROW(m.forward(w, ops->stream()), std::logic_error);
 }
 
+// The message of the std::invalid_argument that `parse` throws on `args`, or "(accepted)".
+template <class Parse>
+std::string refusal(Parse parse, const std::vector<std::string>& args) {
+  try {
+    parse(args);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
 TEST(TrainerConfig, SizesAndOptions) {
   EXPECT_NEAR(static_cast<double>(model_size("1b").param_count()), 1.06e9, 0.01e9);
   EXPECT_EQ(model_size("tiny").capacity(), 20);
@@ -617,14 +628,7 @@ TEST(TrainerConfig, CheckpointOptions) {
   EXPECT_EQ(o.save_dir, "out/ckpt");
   EXPECT_EQ(o.save_every, 10);
   EXPECT_EQ(o.resume, "old/step-00030");
-  auto message = [](const std::vector<std::string>& args) {
-    try {
-      parse_options(args);
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string("(accepted)");
-  };
+  auto message = [](const std::vector<std::string>& args) { return refusal(parse_options, args); };
   EXPECT_NE(message({"--save-dir", "d", "--save-every", "0"}).find("at least 1"), std::string::npos);
   EXPECT_NE(message({"--save-dir", "d", "--save-every", "-3"}).find("at least 1"), std::string::npos);
   EXPECT_NE(message({"--save-dir", "d", "--save-every", "ten"}).find("takes an integer"), std::string::npos);
@@ -657,14 +661,7 @@ TEST(TrainerConfig, CommandLineOfTheProgram) {
   EXPECT_TRUE(parse_command_line({"-h"}).help);
   EXPECT_EQ(parse_command_line({}).program.expect_loss_below, -1.0);
   EXPECT_THROW(parse_options({"--metrics", "m.jsonl"}), std::invalid_argument);  // the program's, not a run's
-  auto message = [](const std::vector<std::string>& args) {
-    try {
-      parse_command_line(args);
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string("(accepted)");
-  };
+  auto message = [](const std::vector<std::string>& args) { return refusal(parse_command_line, args); };
   EXPECT_EQ(message({"--bogus"}), "unknown option '--bogus' (see --help)");
   EXPECT_EQ(message({"--moments", "int8"}), "--moments takes one of fp32, bf16, not 'int8'");
   EXPECT_EQ(message({"--graph", "maybe"}), "--graph takes on or off, not 'maybe'");
