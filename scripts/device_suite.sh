@@ -67,6 +67,10 @@ phase_build() {
   # device's compiler may warn where CI's does not) is built again without it, so that the
   # tests and benchmarks still run: summary.txt then says BUILD WARNINGS with the first
   # warnings, and the script exits non-zero.
+  # CLI11 (the example trainer's options, header-only): the device has no network, so when
+  # the header is missing scripts/deps.sh unpacks the package carried in .deb/ (git-ignored).
+  bash -c 'source scripts/deps.sh && shardopt_cli11' >>"$OUT/build.log" 2>&1 ||
+    log "NO CLI11: carry .deb/libcli11-dev_*.deb (apt-get download libcli11-dev) to build the trainer"
   { [ -f "$BUILD/build.ninja" ] ||
       meson setup "$BUILD" -Dcuda-arch=90 -Dbuildtype=release -Dwerror=true; } >>"$OUT/build.log" 2>&1
   if ninja -C "$BUILD" >>"$OUT/build.log" 2>&1; then
@@ -552,7 +556,7 @@ phase_sanitize() {
   #                         (griddepcontrol wait / launch_dependents), eager and captured, behind
   #                         a producer kernel of the test (kernels/common/dependent_launch.cuh)
   #   gpu_trainer_ops       block_sum / block_max users and k_embed_links, k_dispatch_assign,
-  #                         k_sumsq_partial / k_sumsq_final (examples/trainer/cuda_ops.cu)
+  #                         k_sumsq_partial / k_sumsq_final (examples/trainer/cuda_*.cu)
   # (test/gpu/test_comm_kernels.cu's spin_then_fill_kernel has a barrier but runs only in
   # the 2- and 4-rank gpu_mpi_comm suites: see the 2-GPU memcheck below.)
   local targets=(

@@ -102,12 +102,34 @@ struct TrainOptions {
 /// digits, zero-padded, so that the names sort by step).
 std::string checkpoint_dir(const std::string& save_dir, std::int64_t step);
 
-/// Parses the trainer's command line (argv[1..]); throws std::invalid_argument with a
-/// message naming the bad option. Size overrides: --vocab --hidden --layers --mlp
-/// --num-experts --expert-mlp --tokens --capacity-factor --heads --context.
+/// The program's options beyond the training run (main.cpp): the files it writes besides
+/// checkpoints, and the checks of its exit code.
+struct ProgramOptions {
+  std::string metrics_path;              ///< --metrics FILE: rank 0 writes one JSON line per step
+  std::string save_init;                 ///< --save-init DIR: the initial weights as a checkpoint of step 0
+  double expect_loss_below = -1.0;       ///< --expect-loss-below X: exit 1 unless the last loss is below (< 0: off)
+  double expect_val_loss_below = -1.0;   ///< --expect-val-loss-below X: the same for the final validation loss
+};
+
+/// The program's whole command line.
+struct CommandLine {
+  TrainOptions train;
+  ProgramOptions program;
+  bool help = false;  ///< --help / -h was given: print usage() and do nothing else
+};
+
+// The command line (cli.cpp, with CLI11). Bad input throws std::invalid_argument with a
+// message naming the option. Size overrides (--vocab --hidden --layers --mlp --num-experts
+// --expert-mlp --tokens --capacity-factor --heads --context) apply to the named size.
+
+/// Parses the program's command line (argv[1..]).
+CommandLine parse_command_line(const std::vector<std::string>& args);
+
+/// Parses the options of a training run only (tests, the benchmark): the program's own
+/// options (--metrics ...) are unknown here.
 TrainOptions parse_options(const std::vector<std::string>& args);
 
-/// The usage text of the trainer.
+/// The --help text of the trainer (CLI11's, from the options' declarations).
 std::string usage();
 
 }  // namespace trainer

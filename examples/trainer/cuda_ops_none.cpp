@@ -1,4 +1,4 @@
-// cuda_ops_none.cpp - stands in for cuda_ops.cu in builds without CUDA: the trainer then
+// cuda_ops_none.cpp - stands in for the cuda_*.cu files in builds without CUDA: the trainer then
 // runs only on the host backend.
 #include <stdexcept>
 

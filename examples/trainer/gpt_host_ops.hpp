@@ -1,7 +1,8 @@
 // gpt_host_ops.hpp - the GPT model's own operations in plain C++ (positions, GELU, causal
 // softmax, text windows), generic in their storage types like host_ops.hpp: instantiated
 // in mixed precision for the host backend and in double precision for the gradient checks.
-// The CUDA kernels (cuda_ops.cu) implement the same formulas.
+// The CUDA kernels (cuda_embed.cu, cuda_activation.cu, cuda_attention.cu, cuda_data.cu)
+// implement the same formulas.
 #pragma once
 
 #include <cmath>

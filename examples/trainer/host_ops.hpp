@@ -3,8 +3,8 @@
 // Instantiated in mixed precision (fp32 activations and accumulation, bf16 GEMM inputs
 // and parameters) for the host backend, and in double precision for the gradient checks
 // (test/unit/test_trainer_ops.cpp), so the backward formulas checked against finite
-// differences are the ones the host trainer runs. The CUDA kernels (cuda_ops.cu)
-// implement the same formulas; test/gpu/test_trainer_ops_gpu.cpp compares them.
+// differences are the ones the host trainer runs. The CUDA kernels (cuda_*.cu, one file
+// per op family) implement the same formulas; test/gpu/test_trainer_ops_gpu.cpp compares them.
 #pragma once
 
 #include <algorithm>

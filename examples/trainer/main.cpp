@@ -23,7 +23,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -61,46 +60,28 @@ std::string rate(double tokens_per_s) {
 }
 
 int run(int argc, char** argv, int world_rank) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  double expect_below = -1.0, expect_val_below = -1.0;
-  std::string metrics_path, save_init;
-  std::vector<std::string> rest;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--help" || args[i] == "-h") {
+  // Option errors are the same on every rank and come before any collective: every rank
+  // returns, rank 0 says why.
+  trainer::CommandLine line;
+  shardopt::Backend backend = shardopt::Backend::Host;
+  try {
+    line = trainer::parse_command_line(std::vector<std::string>(argv + 1, argv + argc));
+    if (line.help) {
       if (world_rank == 0) std::printf("%s", trainer::usage().c_str());
       return 0;
     }
-    if (args[i] == "--metrics" && i + 1 < args.size()) {
-      metrics_path = args[++i];
-      continue;
-    }
-    if (args[i] == "--save-init" && i + 1 < args.size()) {
-      save_init = args[++i];
-      continue;
-    }
-    if (args[i] == "--expect-val-loss-below" && i + 1 < args.size()) {
-      expect_val_below = std::atof(args[++i].c_str());
-      continue;
-    }
-    if (args[i] == "--expect-loss-below" && i + 1 < args.size()) {
-      expect_below = std::atof(args[++i].c_str());
-      continue;
-    }
-    rest.push_back(args[i]);
-  }
-  // Option errors are the same on every rank and come before any collective: every rank
-  // returns, rank 0 says why.
-  trainer::TrainOptions o;
-  shardopt::Backend backend = shardopt::Backend::Host;
-  try {
-    o = trainer::parse_options(rest);
-    trainer::prepare_task(o);
-    trainer::check_supported(o);
-    backend = trainer::choose_backend(o);
+    trainer::prepare_task(line.train);
+    trainer::check_supported(line.train);
+    backend = trainer::choose_backend(line.train);
   } catch (const std::exception& e) {
     if (world_rank == 0) std::fprintf(stderr, "trainer: %s\n", e.what());
     return 2;
   }
+  const trainer::TrainOptions& o = line.train;
+  const std::string& metrics_path = line.program.metrics_path;
+  const std::string& save_init = line.program.save_init;
+  const double expect_below = line.program.expect_loss_below;
+  const double expect_val_below = line.program.expect_val_loss_below;
   if (!o.save_dir.empty()) {
     // The checkpoints go into subdirectories of --save-dir: make it (and its parents) on
     // every rank; any rank's failure stops every rank here, before any other collective.

@@ -1,6 +1,7 @@
 // ops.hpp - every operation of the trainer's model, behind one interface with three
 // implementations:
-//   * CudaOps (cuda_ops.cu): CUDA kernels and cuBLAS (bf16 GEMMs, fp32 accumulation);
+//   * CudaOps (cuda_ops.cuh, one cuda_*.cu file per op family): CUDA kernels and cuBLAS
+//     (bf16 GEMMs, fp32 accumulation);
 //   * HostOps, mixed precision (host_ops.cpp): the same numerics in plain C++ on the host
 //     backend (bf16 GEMM inputs, fp32 activations and accumulation), each op enqueued with
 //     shardopt::host_enqueue so that a HostStream capture records it;

@@ -11,6 +11,7 @@
 #include <shardopt/error.hpp>
 
 #include "op_math.hpp"
+#include "state_precision.hpp"
 
 namespace trainer {
 
@@ -30,8 +31,8 @@ namespace {
 // --timeout-ms: both deadlines of the optimizer's watchdog (-1 keeps the library's).
 // --master and --moments: how the optimizer state is kept (docs/state_precision.md).
 void apply_state_precision(const TrainOptions& t, shardopt::AdamOptions& o) {
-  o.master_storage = t.master == "remainder" ? shardopt::MasterStorage::bf16_remainder : shardopt::MasterStorage::fp32;
-  o.moment_dtype = t.moments == "bf16" ? shardopt::DType::bf16 : shardopt::DType::f32;
+  o.master_storage = choice_value(kMasterChoices, "--master", t.master);
+  o.moment_dtype = choice_value(kMomentChoices, "--moments", t.moments);
 }
 
 void apply_timeout(const TrainOptions& t, shardopt::AdamOptions& o) {

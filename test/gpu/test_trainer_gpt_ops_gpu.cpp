@@ -1,4 +1,4 @@
-// The GPT's CUDA ops (examples/trainer/cuda_ops.cu: text windows, position embedding,
+// The GPT's CUDA ops (examples/trainer/cuda_*.cu: text windows, position embedding,
 // GELU, causal softmax; attention through cuBLAS strided-batched GEMMs) against the host
 // ops (mixed precision; those are checked against finite differences in
 // test/unit/test_trainer_gpt.cpp): bitwise where both compute the same fp32 expression in

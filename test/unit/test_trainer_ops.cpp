@@ -19,6 +19,7 @@
 #include "host_ops.hpp"
 #include "model.hpp"
 #include "model_spec.hpp"
+#include "state_precision.hpp"
 #include "trainer_check_util.hpp"
 #include "weights.hpp"
 
@@ -592,6 +593,17 @@ TEST(TrainerModel, Mxfp8ParametersNeedMixedPrecisionWeights) {
   EXPECT_THROW(m.forward(w, ops->stream()), std::logic_error);
 }
 
+// The message of the std::invalid_argument that `parse` throws on `args`, or "(accepted)".
+template <class Parse>
+std::string refusal(Parse parse, const std::vector<std::string>& args) {
+  try {
+    parse(args);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
 TEST(TrainerConfig, SizesAndOptions) {
   EXPECT_NEAR(static_cast<double>(model_size("1b").param_count()), 1.06e9, 0.01e9);
   EXPECT_EQ(model_size("tiny").capacity(), 20);
@@ -616,14 +628,7 @@ TEST(TrainerConfig, CheckpointOptions) {
   EXPECT_EQ(o.save_dir, "out/ckpt");
   EXPECT_EQ(o.save_every, 10);
   EXPECT_EQ(o.resume, "old/step-00030");
-  auto message = [](const std::vector<std::string>& args) {
-    try {
-      parse_options(args);
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string("(accepted)");
-  };
+  auto message = [](const std::vector<std::string>& args) { return refusal(parse_options, args); };
   EXPECT_NE(message({"--save-dir", "d", "--save-every", "0"}).find("at least 1"), std::string::npos);
   EXPECT_NE(message({"--save-dir", "d", "--save-every", "-3"}).find("at least 1"), std::string::npos);
   EXPECT_NE(message({"--save-dir", "d", "--save-every", "ten"}).find("takes an integer"), std::string::npos);
@@ -635,6 +640,41 @@ TEST(TrainerConfig, CheckpointOptions) {
   EXPECT_EQ(checkpoint_dir("out/ckpt/", 123456), "out/ckpt/step-123456");
   EXPECT_NE(usage().find("--save-every"), std::string::npos);
   EXPECT_NE(usage().find("--resume"), std::string::npos);
+}
+
+TEST(TrainerConfig, CommandLineOfTheProgram) {
+  // CLI11 (cli.cpp): the program's own options, --help winning over bad input, the choice
+  // tables of --master / --moments, and the help text generated from the declarations.
+  const CommandLine l = parse_command_line({"--metrics", "m.jsonl", "--save-init=init", "--expect-loss-below", "0.05",
+                                            "--expect-val-loss-below=1.5", "--master", "remainder", "--moments=bf16",
+                                            "--steps", "3", "--steps", "7", "--quiet"});
+  EXPECT_FALSE(l.help);
+  EXPECT_EQ(l.program.metrics_path, "m.jsonl");
+  EXPECT_EQ(l.program.save_init, "init");
+  EXPECT_DOUBLE_EQ(l.program.expect_loss_below, 0.05);
+  EXPECT_DOUBLE_EQ(l.program.expect_val_loss_below, 1.5);
+  EXPECT_EQ(l.train.master, "remainder");
+  EXPECT_EQ(l.train.moments, "bf16");
+  EXPECT_EQ(l.train.steps, 7);  // the last one given wins
+  EXPECT_TRUE(l.train.quiet);
+  EXPECT_TRUE(parse_command_line({"--steps", "ten", "--help"}).help);
+  EXPECT_TRUE(parse_command_line({"-h"}).help);
+  EXPECT_EQ(parse_command_line({}).program.expect_loss_below, -1.0);
+  EXPECT_THROW(parse_options({"--metrics", "m.jsonl"}), std::invalid_argument);  // the program's, not a run's
+  auto message = [](const std::vector<std::string>& args) { return refusal(parse_command_line, args); };
+  EXPECT_EQ(message({"--bogus"}), "unknown option '--bogus' (see --help)");
+  EXPECT_EQ(message({"--moments", "int8"}), "--moments takes one of fp32, bf16, not 'int8'");
+  EXPECT_EQ(message({"--graph", "maybe"}), "--graph takes on or off, not 'maybe'");
+  EXPECT_EQ(message({"--lr", "fast"}), "--lr takes a number, not 'fast'");
+  EXPECT_EQ(message({"--steps", "99999999999"}), "--steps 99999999999 is out of range");
+  EXPECT_EQ(message({"--timeout-ms", "-3"}), "--timeout-ms takes milliseconds >= 0 (0: off), not '-3'");
+  EXPECT_EQ(message({"--expect-loss-below"}), "--expect-loss-below needs a value");
+  const std::string help = usage();
+  for (const char* flag : {"--size", "--model", "--master", "--moments", "--metrics", "--expect-loss-below",
+                           "--save-init", "--capacity-factor", "--quiet", "--help"})
+    EXPECT_NE(help.find(flag), std::string::npos) << flag;
+  for (const Choice<shardopt::MasterStorage>& c : kMasterChoices) EXPECT_NE(help.find(c.help), std::string::npos);
+  EXPECT_EQ(help.find("host backend so far"), std::string::npos);  // Muon runs on GPUs too
 }
 
 TEST(TrainerConfig, GroupedExpertsAreNamedLikeDiscreteOnesInCheckpoints) {
