@@ -32,6 +32,7 @@ inline constexpr Choice<shardopt::MasterStorage> kMasterChoices[] = {
 inline constexpr Choice<shardopt::DType> kMomentChoices[] = {
     {"fp32", shardopt::DType::f32, "fp32"},
     {"bf16", shardopt::DType::bf16, "bf16"},
+    {"q8", shardopt::DType::q8_block, "8-bit codes + an fp32 scale per 256 elements (native parameters only)"},
 };
 
 /// The value of the choice named `name` in `table`; throws std::invalid_argument naming

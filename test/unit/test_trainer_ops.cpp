@@ -663,7 +663,7 @@ TEST(TrainerConfig, CommandLineOfTheProgram) {
   EXPECT_THROW(parse_options({"--metrics", "m.jsonl"}), std::invalid_argument);  // the program's, not a run's
   auto message = [](const std::vector<std::string>& args) { return refusal(parse_command_line, args); };
   EXPECT_EQ(message({"--bogus"}), "unknown option '--bogus' (see --help)");
-  EXPECT_EQ(message({"--moments", "int8"}), "--moments takes one of fp32, bf16, not 'int8'");
+  EXPECT_EQ(message({"--moments", "int8"}), "--moments takes one of fp32, bf16, q8, not 'int8'");
   EXPECT_EQ(message({"--graph", "maybe"}), "--graph takes on or off, not 'maybe'");
   EXPECT_EQ(message({"--lr", "fast"}), "--lr takes a number, not 'fast'");
   EXPECT_EQ(message({"--steps", "99999999999"}), "--steps 99999999999 is out of range");
