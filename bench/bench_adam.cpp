@@ -12,8 +12,9 @@
 // bytes per param) and "bf16grad-bf16param/1.5B/147" (bf16 grads read directly, fp32
 // master and moments, bf16 param output in the same pass: 2+4+8 read, 4+8+2 written =
 // 28 bytes per param); then the state precision modes (docs/state_precision.md): bf16
-// moments (20 bytes), the master as bf16 param + remainder (26), both (18), each timed
-// against its own byte limit. Each step (prologue + main pass) is replayed from a CUDA graph;
+// moments (20 bytes), the master as bf16 param + remainder (26), both (18), 8-bit block
+// moments with an fp32 master (16 + scales) and with remainders (14 + scales: the 4-byte
+// state), each timed against its own byte limit. Each step (prologue + main pass) is replayed from a CUDA graph;
 // median of --iters (>= 20) replays after warm-up, CUDA events around each
 // (bench/common/cuda_bench: time_ms, measure_copy, CapturedGraph).
 #include <algorithm>
@@ -121,17 +122,32 @@ std::vector<Config> configs() {
   rm.adam.moment_dtype = DType::bf16;
   rm.bytes_per_param = 18;  // read g 2, param 2, remainder 2, m 2, v 2; write param 2, remainder 2, m 2, v 2
   out.push_back(rm);
+  // 8-bit moments: one byte each, plus two fp32 scales per 256 elements read and written.
+  constexpr double kScales = 4.0 * 2 * 2 / static_cast<double>(kMomentBlock);
+  Config bq = b;
+  bq.name = "bf16grad-bf16param-q8moments/1.5B/147";
+  bq.adam.moment_dtype = DType::q8_block;
+  bq.bytes_per_param = 16 + kScales;  // read g 2, p 4, m 1, v 1; write p 4, m 1, v 1, param 2
+  bq.peer_key.clear();
+  out.push_back(bq);
+  Config rq = r;
+  rq.name = "bf16grad-remainder-q8moments/1.5B/147";
+  rq.adam.moment_dtype = DType::q8_block;
+  rq.bytes_per_param = 14 + kScales;  // read g 2, param 2, remainder 2, m 1, v 1; write param 2, remainder 2, m 1, v 1
+  out.push_back(rq);
   for (auto& c : out) c.adam.groups = {AdamGroup{0.1, 1.0}, AdamGroup{0.0, 1.0}};  // "decay", "no_decay"
   return out;
 }
 
 /// A one-rank layout with one bucket holding the whole model: the shard is one flat buffer
 /// and buffer offsets equal shard offsets.
-Layout one_bucket_layout(bool small) {
+/// `q8`: parameter starts on 8-bit moment blocks (what the optimizers' layouts do then).
+Layout one_bucket_layout(bool small, bool q8 = false) {
   presets::TransformerShape shape = presets::kLlama32_1B;
   if (small) shape = presets::TransformerShape{64, 2, 128, 32, 256};
   LayoutOptions opt;
   opt.bucket_numel = std::int64_t{1} << 40;
+  if (q8) opt.alignment = kMomentBlock;
   return Layout(presets::transformer(shape), 1, opt);
 }
 
@@ -144,15 +160,16 @@ std::int64_t chunk_elements(const std::vector<ShardChunk>& t) {
 // ------------------------------------------------------------------------ host smoke
 
 int host_smoke(const Options& o) {
-  const Layout layout = one_bucket_layout(true);
-  const auto table = shard_chunks(layout, 0, 0);
-  const std::int64_t n = layout.buffers()[0].shard_numel;
   for (const Config& c : configs()) {
+    const Layout layout = one_bucket_layout(true, c.adam.moment_dtype == DType::q8_block);
+    const auto table = shard_chunks(layout, 0, 0);
+    const std::int64_t n = layout.buffers()[0].shard_numel;
     std::vector<unsigned char> grads(static_cast<std::size_t>(n) * size_of(c.adam.grad_dtype), 0x3A),
         params(static_cast<std::size_t>(n) * 2, 0);
     std::vector<float> master(static_cast<std::size_t>(n), 0.01f), m(static_cast<std::size_t>(n), 0.0f),
         v(static_cast<std::size_t>(n), 0.0f);
     std::vector<std::uint16_t> remainders(static_cast<std::size_t>(n), 0);
+    std::vector<float> scales(static_cast<std::size_t>(2 * n / kMomentBlock), 0.0f);
     const bool rem = c.adam.master_storage == MasterStorage::bf16_remainder;
     if (rem) std::fill(params.begin(), params.end(), 0x3C);  // bf16 0x3C3C = 0.0115
     ShardPointers sp;
@@ -165,6 +182,8 @@ int host_smoke(const Options& o) {
     sp.remainders = rem ? remainders.data() : nullptr;
     sp.exp_avg = m.data();
     sp.exp_avg_sq = v.data();
+    sp.exp_avg_scales = scales.data();
+    sp.exp_avg_sq_scales = scales.data() + n / kMomentBlock;
     StepScalars s;
     s.lr = 1e-3f;
     std::vector<double> ms;
@@ -350,15 +369,19 @@ int cuda_bench(const Options& o) {
   const double copy_gbps = bench::measure_copy(std::size_t{2} << 30, st, iters, kWarmup).gbps;
   std::printf("device-to-device copy: %.1f GB/s (read + write) on %s\n", copy_gbps, device.c_str());
 
-  const Layout layout = one_bucket_layout(false);
-  const auto table = shard_chunks(layout, 0, 0);
-  const std::int64_t n = layout.buffers()[0].shard_numel;
-  const std::int64_t params = chunk_elements(table);
-  const std::size_t un = static_cast<std::size_t>(n);
-  DeviceBuffer d_table(Backend::Cuda, table.size() * sizeof(ShardChunk));
-  SHARDOPT_CUDA_CHECK(cudaMemcpy(d_table.data(), table.data(), table.size() * sizeof(ShardChunk), cudaMemcpyHostToDevice));
-  SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());  // a pageable copy may return before its DMA lands
   for (const Config& c : configs()) {
+    const bool q8 = c.adam.moment_dtype == DType::q8_block;
+    const Layout layout = one_bucket_layout(false, q8);
+    const auto table = shard_chunks(layout, 0, 0);
+    const std::int64_t n = layout.buffers()[0].shard_numel;
+    const std::int64_t params = chunk_elements(table);
+    const std::size_t un = static_cast<std::size_t>(n);
+    DeviceBuffer d_table(Backend::Cuda, table.size() * sizeof(ShardChunk));
+    SHARDOPT_CUDA_CHECK(
+        cudaMemcpy(d_table.data(), table.data(), table.size() * sizeof(ShardChunk), cudaMemcpyHostToDevice));
+    SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());  // a pageable copy may return before its DMA lands
+    DeviceBuffer scales(Backend::Cuda, q8 ? 2 * un / kMomentBlock * sizeof(float) : 0);
+    if (q8) SHARDOPT_CUDA_CHECK(cudaMemsetAsync(scales.data(), 0, scales.bytes(), stream));
     const bool rem = c.adam.master_storage == MasterStorage::bf16_remainder;
     const std::size_t msize = size_of(c.adam.moment_dtype);
     DeviceBuffer grads(Backend::Cuda, un * size_of(c.adam.grad_dtype)), master(Backend::Cuda, rem ? 0 : un * 4),
@@ -389,6 +412,8 @@ int cuda_bench(const Options& o) {
     sp.remainders = rem ? remainders.as<std::uint16_t>() : nullptr;
     sp.exp_avg = m.data();
     sp.exp_avg_sq = v.data();
+    sp.exp_avg_scales = q8 ? scales.as<float>() : nullptr;
+    sp.exp_avg_sq_scales = q8 ? scales.as<float>() + un / kMomentBlock : nullptr;
     double ms = 0;
     {
       const bench::CapturedGraph g(st, [&] { fused_adam_step(c.adam, sp, scal.as<StepScalars>(), Backend::Cuda, st); });
