@@ -117,6 +117,9 @@ DTYPES = {
     "BOOL": ("?", 1),
 }
 SHORT_DTYPE = {"f32": "F32", "bf16": "BF16", "f16": "F16"}
+# The file dtype of the moments per options.moment_dtype: 8-bit block moments (q8_block)
+# are saved decoded, as F32 (docs/checkpoints.md).
+MOMENT_FILE_DTYPE = dict(SHORT_DTYPE, q8_block="F32")
 HF_DEFAULT_SHARD_BYTES = 5_000_000_000
 
 
@@ -763,8 +766,8 @@ def verify(path):
                 and SHORT_DTYPE[tensors[tname]["param_dtype"]] != dt:
             problems.append(f"{tname}/param is {dt}, index.json says param_dtype "
                             f"{tensors[tname]['param_dtype']}")
-        if kind in ("exp_avg", "exp_avg_sq") and dt and moment_dtype in SHORT_DTYPE \
-                and SHORT_DTYPE[moment_dtype] != dt:
+        if kind in ("exp_avg", "exp_avg_sq") and dt and moment_dtype in MOMENT_FILE_DTYPE \
+                and MOMENT_FILE_DTYPE[moment_dtype] != dt:
             problems.append(f"{tname}/{kind} is {dt}, options.moment_dtype is {moment_dtype}")
         fmt = tensors[tname].get("format", "native")
         if fmt != "mxfp8" and kind.startswith("mxfp8_"):

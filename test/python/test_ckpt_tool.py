@@ -741,6 +741,36 @@ def test_same_tensors(d, other):
     print(f"{compared} tensors of {d} equal those of {other}")
 
 
+def test_q8_moments(model, tmp):
+    """8-bit block moments (options.moment_dtype "q8_block") are saved decoded, as F32:
+    verify takes F32 moments under that option and flags BF16 ones."""
+    import copy
+    m32 = copy.deepcopy(model)
+    for t in m32.values():
+        for kind in ("exp_avg", "exp_avg_sq"):
+            if kind in t["kinds"]:
+                bits = t["kinds"][kind][1].astype(np.uint32) << 16
+                t["kinds"][kind] = ("F32", bits.view(np.float32))
+
+    def q8_option(path):
+        ip = os.path.join(path, "index.json")
+        with open(ip) as f:
+            index = json.load(f)
+        index["options"]["moment_dtype"] = "q8_block"
+        with open(ip, "w") as f:
+            json.dump(index, f, indent=1)
+
+    ok = os.path.join(tmp, "q8-f32")
+    write_checkpoint(ok, m32, 2, [1500])
+    q8_option(ok)
+    res = run("verify", ok)
+    check(res[0] == 0, f"verify of F32 moments under q8_block: exit {res[0]}:\n{res[1]}{res[2]}")
+    bad = os.path.join(tmp, "q8-bf16")
+    write_checkpoint(bad, model, 2, [1500])
+    q8_option(bad)
+    expect_bad(bad, "bf16 moments under q8_block", ["embed/exp_avg is BF16, options.moment_dtype is q8_block"])
+
+
 def test_env():
     d = os.environ.get("SHARDOPT_CKPT_DIR")
     if not d:
@@ -818,6 +848,7 @@ def main():
         test_corruptions(good, model, tmp)
         test_hostile(good, tmp)
         test_export(os.path.join(tmp, "ckpt-w2"), model, tmp)
+        test_q8_moments(model, tmp)
         test_env()
         test_muon(tmp)
         nv = make_nvfp4_model()
