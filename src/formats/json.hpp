@@ -1,118 +1,30 @@
-// json.hpp - a small JSON value with a strict parser and a deterministic writer, for
-// safetensors headers and checkpoint index files.
+// json.hpp - JSON for safetensors headers and checkpoint index files: nlohmann/json's DOM
+// (objects in insertion order), plus what it lacks.
 //
-// Numbers are kept as a double, and also as an exact int64 when the value is integral
-// and fits (so 2^53 + 1 written as an integer reads back exactly). Objects keep their
-// insertion order and refuse duplicate keys when parsed. Every parse error is
-// Error(InvalidArgument) naming what is wrong and the byte offset where.
-// Parsing is nlohmann/json's SAX parser (no recursion: any depth of text is refused
-// cleanly past kMaxDepth); writing is ours, because its number and escape forms are the
-// checkpoint format (docs/decisions.md, issue 32).
+// Added here: a strict parse() whose every error is Error(InvalidArgument) naming what is
+// wrong and the byte offset where, that refuses duplicate keys and nesting deeper than
+// kMaxDepth (without recursion, however deep the text), and keeps "-0" a negative zero;
+// a deterministic write() whose number forms are the checkpoint format (docs/checkpoints.md:
+// integral values as integers, others in the shortest form that reads back to the same
+// double; nlohmann's dump() differs); and typed access that throws Error, not
+// nlohmann's exceptions.
 #pragma once
 
-#include <concepts>
-#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <type_traits>
-#include <utility>
-#include <variant>
-#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace shardopt::json {
 
-class Value;
-/// A JSON array.
-using Array = std::vector<Value>;
-/// A JSON object: (key, value) pairs in insertion order, keys unique.
-using Object = std::vector<std::pair<std::string, Value>>;
-
-/// The type of a Value.
-enum class Kind { Null, Bool, Number, String, Array, Object };
-
-/// A JSON number: a double, plus the exact integer when the value is integral and fits int64.
-struct Number {
-  double value = 0.0;
-  bool is_int = false;  ///< `integer` holds the exact value
-  std::int64_t integer = 0;
-  friend bool operator==(const Number&, const Number&) = default;
-};
-
-/// One JSON value. Default-constructed it is null.
-class Value {
- public:
-  Value() = default;
-  Value(std::nullptr_t) {}
-  Value(bool b) : v_(b) {}
-  /// Any integer type (not bool): exact when it fits int64, else a double.
-  template <std::integral T>
-    requires(!std::same_as<T, bool>)
-  Value(T i) : v_(make_integer(i)) {}
-  /// A double. NaN and infinities are refused by the writer (JSON has none).
-  template <std::floating_point T>
-  Value(T d) : v_(make_double(static_cast<double>(d))) {}
-  Value(const char* s) : v_(std::string(s)) {}
-  Value(std::string s) : v_(std::move(s)) {}
-  Value(std::string_view s) : v_(std::string(s)) {}
-  Value(Array a) : v_(std::move(a)) {}
-  Value(Object o) : v_(std::move(o)) {}
-
-  /// An empty array / object (spelled out because `{}` is ambiguous).
-  static Value array() { return Value(Array{}); }
-  static Value object() { return Value(Object{}); }
-
-  Kind kind() const noexcept { return static_cast<Kind>(v_.index()); }
-  bool is_null() const noexcept { return kind() == Kind::Null; }
-  bool is_bool() const noexcept { return kind() == Kind::Bool; }
-  bool is_number() const noexcept { return kind() == Kind::Number; }
-  /// A number whose exact int64 value is known.
-  bool is_integer() const noexcept { return is_number() && std::get<Number>(v_).is_int; }
-  bool is_string() const noexcept { return kind() == Kind::String; }
-  bool is_array() const noexcept { return kind() == Kind::Array; }
-  bool is_object() const noexcept { return kind() == Kind::Object; }
-
-  /// Typed access; each throws Error(InvalidArgument) naming the expected and actual type.
-  bool as_bool() const;
-  double as_double() const;
-  /// The exact integer; throws unless is_integer().
-  std::int64_t as_int() const;
-  const std::string& as_string() const;
-  const Array& as_array() const;
-  Array& as_array();
-  const Object& as_object() const;
-  Object& as_object();
-
-  /// Object member `key`, or nullptr when absent (or when this is not an object). Linear.
-  const Value* find(std::string_view key) const noexcept;
-  /// Object member `key`; throws Error(InvalidArgument) when absent or not an object.
-  const Value& at(std::string_view key) const;
-  /// Sets object member `key` (replacing it in place, or appending); returns it.
-  /// A null value becomes an empty object first.
-  Value& set(std::string key, Value value);
-  /// Appends to an array (a null value becomes an empty array first).
-  void push_back(Value value);
-  /// Elements of an array or members of an object; 0 for other kinds.
-  std::size_t size() const noexcept;
-
-  /// Structural equality (objects compare in order; numbers by value, and int-ness).
-  friend bool operator==(const Value& a, const Value& b);
-
- private:
-  template <typename T>
-  static Number make_integer(T i) {
-    if constexpr (std::is_signed_v<T>) {
-      return Number{static_cast<double>(i), true, static_cast<std::int64_t>(i)};
-    } else {
-      if (static_cast<std::uint64_t>(i) <= static_cast<std::uint64_t>(INT64_MAX))
-        return Number{static_cast<double>(i), true, static_cast<std::int64_t>(i)};
-      return Number{static_cast<double>(i), false, 0};
-    }
-  }
-  static Number make_double(double d) noexcept;
-
-  std::variant<std::nullptr_t, bool, Number, std::string, Array, Object> v_{nullptr};
-};
+/// A JSON value: nlohmann's DOM, objects keeping insertion order. Numbers are int64,
+/// uint64 or double, as nlohmann holds them.
+using Value = nlohmann::ordered_json;
+/// A JSON array's elements.
+using Array = Value::array_t;
+/// A JSON object's (key, value) pairs, in insertion order.
+using Object = Value::object_t;
 
 /// Nesting deeper than this (arrays and objects) is refused by parse().
 inline constexpr int kMaxDepth = 64;
@@ -123,15 +35,37 @@ inline constexpr int kMaxDepth = 64;
 Value parse(std::string_view text);
 
 /// Writes `value` deterministically. indent < 0: compact, no spaces; indent >= 0: one member
-/// per line indented by `indent` spaces a level. Integers are written exactly, other numbers
-/// in the shortest form that reads back to the same double. Throws Error(InvalidArgument)
-/// for NaN/Inf or a string that is not valid UTF-8.
+/// per line indented by `indent` spaces a level. Integers (and doubles with an integral
+/// value in the int64 range, but -0) are written exactly, other numbers in the shortest form
+/// that reads back to the same double. Throws Error(InvalidArgument) for NaN/Inf or a
+/// string that is not valid UTF-8.
 std::string write(const Value& value, int indent = -1);
 
-/// Appends `s` as a quoted, escaped JSON string. Throws for invalid UTF-8.
+/// Appends `s` as a quoted, escaped JSON string. Throws Error(InvalidArgument) for invalid
+/// UTF-8, naming the offset of the bad byte.
 void write_string(std::string& out, std::string_view s);
 
 /// Whether `s` is valid UTF-8 (no overlong forms, no surrogates, <= U+10FFFF).
-bool is_valid_utf8(std::string_view s) noexcept;
+bool is_valid_utf8(std::string_view s);
+
+/// A number whose exact int64 value is known: an integer in the int64 range, or a double
+/// with an integral value in it (not -0).
+bool is_integer(const Value& v) noexcept;
+
+/// Typed access; each throws Error(InvalidArgument) naming the expected and actual type.
+bool as_bool(const Value& v);
+double as_double(const Value& v);
+/// The exact integer; throws unless is_integer(v).
+std::int64_t as_int(const Value& v);
+const std::string& as_string(const Value& v);
+const Array& as_array(const Value& v);
+Array& as_array(Value& v);
+const Object& as_object(const Value& v);
+Object& as_object(Value& v);
+
+/// Object member `key`, or nullptr when absent (or when `v` is not an object).
+const Value* find(const Value& v, std::string_view key) noexcept;
+/// Object member `key`; throws Error(InvalidArgument) when absent or not an object.
+const Value& at(const Value& v, std::string_view key);
 
 }  // namespace shardopt::json

@@ -159,21 +159,21 @@ void SafetensorsWriter::write_header() {
                    "write_header() called twice for '" + path_ + "'");
   const std::string placeholder = std::string(kChecksumPrefix) + "00000000";
   json::Value meta = json::Value::object();
-  for (const auto& [k, v] : metadata_) meta.set(k, json::Value(v));
-  meta.set(std::string(kChecksumKey), json::Value(placeholder));
+  for (const auto& [k, v] : metadata_) meta[k] = json::Value(v);
+  meta[std::string(kChecksumKey)] = json::Value(placeholder);
   json::Value header = json::Value::object();
-  header.set(std::string(kMetadataKey), std::move(meta));
+  header[std::string(kMetadataKey)] = std::move(meta);
   for (const SafetensorsEntry& e : tensors_) {
     json::Value shape = json::Value::array();
     for (const std::uint64_t d : e.shape) shape.push_back(json::Value(d));
     json::Value t = json::Value::object();
-    t.set("dtype", json::Value(e.dtype));
-    t.set("shape", std::move(shape));
+    t["dtype"] = json::Value(e.dtype);
+    t["shape"] = std::move(shape);
     json::Value offsets = json::Value::array();
     offsets.push_back(json::Value(e.begin));
     offsets.push_back(json::Value(e.end));
-    t.set("data_offsets", std::move(offsets));
-    header.set(e.name, std::move(t));
+    t["data_offsets"] = std::move(offsets);
+    header[e.name] = std::move(t);
   }
   std::string text = json::write(header);
   // Inside a JSON string every '"' is escaped, so this key-value text is found only where
@@ -326,12 +326,12 @@ void SafetensorsReader::parse_header(std::string_view text) {
     fail(std::string("corrupt header (byte offsets count from the header start, file byte 8): ") + e.what());
   }
   if (!header.is_object()) fail("the header is not a JSON object");
-  for (const auto& [name, value] : header.as_object()) {
+  for (const auto& [name, value] : json::as_object(header)) {
     if (name == kMetadataKey) {
       if (!value.is_object()) fail("\"__metadata__\" is not an object of strings");
-      for (const auto& [k, v] : value.as_object()) {
+      for (const auto& [k, v] : json::as_object(value)) {
         if (!v.is_string()) fail("metadata value of \"" + k + "\" is not a string");
-        metadata_.emplace_back(k, v.as_string());
+        metadata_.emplace_back(k, json::as_string(v));
       }
       continue;
     }
@@ -340,26 +340,26 @@ void SafetensorsReader::parse_header(std::string_view text) {
     SafetensorsEntry e;
     e.name = name;
     bool has_dtype = false, has_shape = false, has_offsets = false;
-    for (const auto& [k, v] : value.as_object()) {
+    for (const auto& [k, v] : json::as_object(value)) {
       if (k == "dtype") {
         if (!v.is_string()) fail(where + "\"dtype\" is not a string");
-        e.dtype = v.as_string();
+        e.dtype = json::as_string(v);
         has_dtype = true;
       } else if (k == "shape") {
         if (!v.is_array()) fail(where + "\"shape\" is not an array");
-        for (const json::Value& d : v.as_array()) {
-          if (!d.is_integer() || d.as_int() < 0) fail(where + "\"shape\" holds a value that is not a non-negative integer");
-          e.shape.push_back(static_cast<std::uint64_t>(d.as_int()));
+        for (const json::Value& d : json::as_array(v)) {
+          if (!json::is_integer(d) || json::as_int(d) < 0) fail(where + "\"shape\" holds a value that is not a non-negative integer");
+          e.shape.push_back(static_cast<std::uint64_t>(json::as_int(d)));
         }
         has_shape = true;
       } else if (k == "data_offsets") {
         if (!v.is_array() || v.size() != 2) fail(where + "\"data_offsets\" is not an array of two integers");
-        const json::Value& b = v.as_array()[0];
-        const json::Value& x = v.as_array()[1];
-        if (!b.is_integer() || !x.is_integer() || b.as_int() < 0 || x.as_int() < b.as_int())
+        const json::Value& b = json::as_array(v)[0];
+        const json::Value& x = json::as_array(v)[1];
+        if (!json::is_integer(b) || !json::is_integer(x) || json::as_int(b) < 0 || json::as_int(x) < json::as_int(b))
           fail(where + "\"data_offsets\" is not [begin, end] with 0 <= begin <= end");
-        e.begin = static_cast<std::uint64_t>(b.as_int());
-        e.end = static_cast<std::uint64_t>(x.as_int());
+        e.begin = static_cast<std::uint64_t>(json::as_int(b));
+        e.end = static_cast<std::uint64_t>(json::as_int(x));
         has_offsets = true;
       } else {
         fail(where + "unknown key \"" + k + "\" (expected dtype, shape, data_offsets)");

@@ -275,47 +275,47 @@ namespace {
 
 json::Value options_json(const AdamOptions& a) {
   json::Value o = json::Value::object();
-  o.set("beta1", a.beta1);
-  o.set("beta2", a.beta2);
-  o.set("eps", a.eps);
-  o.set("decoupled_weight_decay", a.decoupled_weight_decay);
-  o.set("clip_max_norm", static_cast<double>(a.clip_max_norm));
-  o.set("moment_dtype", to_string(a.moment_dtype));
-  o.set("master_storage", to_string(a.master_storage));
-  o.set("microbatches", static_cast<std::int64_t>(a.microbatches));
+  o["beta1"] = a.beta1;
+  o["beta2"] = a.beta2;
+  o["eps"] = a.eps;
+  o["decoupled_weight_decay"] = a.decoupled_weight_decay;
+  o["clip_max_norm"] = static_cast<double>(a.clip_max_norm);
+  o["moment_dtype"] = to_string(a.moment_dtype);
+  o["master_storage"] = to_string(a.master_storage);
+  o["microbatches"] = static_cast<std::int64_t>(a.microbatches);
   auto group = [](const AdamGroup& g) {
     json::Value v = json::Value::object();
-    v.set("weight_decay", g.weight_decay);
-    v.set("lr_scale", g.lr_scale);
+    v["weight_decay"] = g.weight_decay;
+    v["lr_scale"] = g.lr_scale;
     if (g.algorithm == GroupAlgorithm::Muon) {  // AdamW groups read as before
       const MuonSettings& m = g.muon;
-      v.set("algorithm", to_string(g.algorithm));
+      v["algorithm"] = to_string(g.algorithm);
       json::Value mv = json::Value::object();
-      mv.set("momentum", m.momentum);
-      mv.set("nesterov", m.nesterov);
-      mv.set("ns_steps", static_cast<std::int64_t>(m.ns_steps));
+      mv["momentum"] = m.momentum;
+      mv["nesterov"] = m.nesterov;
+      mv["ns_steps"] = static_cast<std::int64_t>(m.ns_steps);
       json::Value c = json::Value::array();
       for (const double x : m.ns_coefficients) c.push_back(x);
-      mv.set("ns_coefficients", std::move(c));
-      mv.set("eps", m.eps);
-      mv.set("weight_decay", m.weight_decay);
-      mv.set("adjust_lr", to_string(m.adjust_lr));
-      v.set("muon", std::move(mv));
+      mv["ns_coefficients"] = std::move(c);
+      mv["eps"] = m.eps;
+      mv["weight_decay"] = m.weight_decay;
+      mv["adjust_lr"] = to_string(m.adjust_lr);
+      v["muon"] = std::move(mv);
     }
     return v;
   };
-  o.set("default_group", group(a.default_group));
+  o["default_group"] = group(a.default_group);
   json::Value groups = json::Value::object();
-  for (const auto& [name, g] : a.groups) groups.set(name, group(g));
-  o.set("groups", std::move(groups));
+  for (const auto& [name, g] : a.groups) groups[name] = group(g);
+  o["groups"] = std::move(groups);
   json::Value s = json::Value::object();
   const char* kinds[] = {"host", "constant", "warmup_cosine"};
-  s.set("kind", kinds[static_cast<int>(a.lr_schedule.kind)]);
-  s.set("peak", static_cast<double>(a.lr_schedule.peak));
-  s.set("min_lr", static_cast<double>(a.lr_schedule.min_lr));
-  s.set("warmup_steps", a.lr_schedule.warmup_steps);
-  s.set("total_steps", a.lr_schedule.total_steps);
-  o.set("lr_schedule", std::move(s));
+  s["kind"] = kinds[static_cast<int>(a.lr_schedule.kind)];
+  s["peak"] = static_cast<double>(a.lr_schedule.peak);
+  s["min_lr"] = static_cast<double>(a.lr_schedule.min_lr);
+  s["warmup_steps"] = a.lr_schedule.warmup_steps;
+  s["total_steps"] = a.lr_schedule.total_steps;
+  o["lr_schedule"] = std::move(s);
   return o;
 }
 
@@ -334,19 +334,19 @@ std::string index_text(const CheckpointTarget& t, const std::vector<FileResult>&
   const DType moment = t.engine->checkpoint_moment_dtype();
   const int world = L.world_size();
   json::Value root = json::Value::object();
-  root.set("format", kFormat);
-  root.set("format_version", kFormatVersion);
-  root.set("world_size", static_cast<std::int64_t>(world));
+  root["format"] = kFormat;
+  root["format_version"] = kFormatVersion;
+  root["world_size"] = static_cast<std::int64_t>(world);
   json::Value jf = json::Value::array();
   for (int r = 0; r < world; ++r) {
     json::Value f = json::Value::object();
-    f.set("file", file_name(r, world));
-    f.set("rank", static_cast<std::int64_t>(r));
-    f.set("bytes", static_cast<std::int64_t>(files[static_cast<std::size_t>(r)].bytes));
-    f.set("checksum", checksum_text(files[static_cast<std::size_t>(r)].crc));
+    f["file"] = file_name(r, world);
+    f["rank"] = static_cast<std::int64_t>(r);
+    f["bytes"] = static_cast<std::int64_t>(files[static_cast<std::size_t>(r)].bytes);
+    f["checksum"] = checksum_text(files[static_cast<std::size_t>(r)].crc);
     jf.push_back(std::move(f));
   }
-  root.set("files", std::move(jf));
+  root["files"] = std::move(jf);
   json::Value tensors = json::Value::object();
   for (std::size_t p = 0; p < L.specs().size(); ++p) {
     const ParamSpec& spec = L.specs()[p];
@@ -355,16 +355,16 @@ std::string index_text(const CheckpointTarget& t, const std::vector<FileResult>&
       json::Value d = json::Value::object();
       json::Value shape = json::Value::array();
       for (std::int64_t x : member) shape.push_back(x);
-      d.set("shape", std::move(shape));
+      d["shape"] = std::move(shape);
       const bool quantized = facts[p].mxfp8 || facts[p].nvfp4;
-      d.set("param_dtype", quantized ? "bf16" : to_string(facts[p].param_dtype));
-      d.set("format", facts[p].mxfp8 ? "mxfp8" : facts[p].nvfp4 ? "nvfp4" : "native");
-      d.set("group", spec.group);
-      d.set("algorithm", facts[p].muon ? "muon" : "adamw");
-      tensors.set(spec.member_name(m), std::move(d));
+      d["param_dtype"] = quantized ? "bf16" : to_string(facts[p].param_dtype);
+      d["format"] = facts[p].mxfp8 ? "mxfp8" : facts[p].nvfp4 ? "nvfp4" : "native";
+      d["group"] = spec.group;
+      d["algorithm"] = facts[p].muon ? "muon" : "adamw";
+      tensors[spec.member_name(m)] = std::move(d);
     }
   }
-  root.set("tensors", std::move(tensors));
+  root["tensors"] = std::move(tensors);
   // Slices of every kind, from every rank's items (computed here from the layout).
   std::map<std::string, json::Value> slices;
   std::vector<std::string> order;
@@ -377,24 +377,24 @@ std::string index_text(const CheckpointTarget& t, const std::vector<FileResult>&
         order.push_back(key);
       }
       json::Value s = json::Value::object();
-      s.set("file", static_cast<std::int64_t>(r));
-      s.set("offset", it.offset);
-      s.set("length", it.length);
+      s["file"] = static_cast<std::int64_t>(r);
+      s["offset"] = it.offset;
+      s["length"] = it.length;
       found->second.push_back(std::move(s));
     }
   }
   json::Value js = json::Value::object();
-  for (const std::string& k : order) js.set(k, std::move(slices[k]));
-  root.set("slices", std::move(js));
+  for (const std::string& k : order) js[k] = std::move(slices[k]);
+  root["slices"] = std::move(js);
   json::Value state = json::Value::object();
-  state.set("step", st.step);
-  state.set("loss_scale", static_cast<double>(st.loss_scale));
-  state.set("lr", static_cast<double>(st.lr));
-  root.set("state", std::move(state));
-  root.set("options", options_json(t.engine->settings().adam));
+  state["step"] = st.step;
+  state["loss_scale"] = static_cast<double>(st.loss_scale);
+  state["lr"] = static_cast<double>(st.lr);
+  root["state"] = std::move(state);
+  root["options"] = options_json(t.engine->settings().adam);
   json::Value u = json::Value::object();
-  for (const auto& [k, v] : user) u.set(k, v);
-  root.set("user", std::move(u));
+  for (const auto& [k, v] : user) u[k] = v;
+  root["user"] = std::move(u);
   return json::write(root, 1) + "\n";
 }
 

@@ -58,7 +58,7 @@ struct Read {
 // reverse); empty otherwise. Neither is converted into the other (docs/checkpoints.md).
 std::string other_algorithm(const json::Value& slices, const Item& it, const std::string& dir) {
   const bool want_muon = it.kind == Kind::MuonMomentum;
-  if (want_muon ? slices.find(it.tensor + "/exp_avg") == nullptr : slices.find(it.tensor + "/muon_momentum") == nullptr)
+  if (want_muon ? json::find(slices, it.tensor + "/exp_avg") == nullptr : json::find(slices, it.tensor + "/muon_momentum") == nullptr)
     return {};
   const std::string saved = want_muon ? "AdamW" : "Muon", here = want_muon ? "Muon" : "AdamW";
   return "checkpoint '" + dir + "' holds the " + saved + " state of parameter '" + it.tensor + "' (" +
@@ -70,7 +70,7 @@ std::string other_algorithm(const json::Value& slices, const Item& it, const std
 }
 
 const json::Value& member(const json::Value& v, std::string_view key, const std::string& where) {
-  const json::Value* found = v.find(key);
+  const json::Value* found = json::find(v, key);
   if (found == nullptr)
     throw Error(ErrorCode::InvalidArgument, where + " has no \"" + std::string(key) + "\"; it is not a shardopt checkpoint index");
   return *found;
@@ -91,14 +91,14 @@ std::string not_plain_name(const std::string& name) {
 // The index's file list: one file per saving rank (world_size of them), each a plain
 // file name inside `dir`.
 void check_file_list(const json::Value& index, const std::string& dir, const std::string& where) {
-  const std::int64_t world = member(index, "world_size", where).as_int();
-  const json::Array& files = member(index, "files", where).as_array();
+  const std::int64_t world = json::as_int(member(index, "world_size", where));
+  const json::Array& files = json::as_array(member(index, "files", where));
   if (world < 1 || static_cast<std::uint64_t>(world) != files.size())
     throw Error(ErrorCode::InvalidArgument, where + " gives world_size " + std::to_string(world) + " but lists " +
                                                 std::to_string(files.size()) +
                                                 " files (one per saving rank); the index is corrupt");
   for (std::size_t f = 0; f < files.size(); ++f) {
-    const std::string& name = member(files[f], "file", where).as_string();
+    const std::string& name = json::as_string(member(files[f], "file", where));
     const std::string why = not_plain_name(name);
     if (!why.empty()) {
       std::string shown;  // printable: a hostile name may hold control characters
@@ -132,9 +132,9 @@ json::Value read_index(const std::string& dir) {
     throw Error(ErrorCode::InvalidArgument, path + " is not valid JSON (" + e.what() + "); the checkpoint is corrupt");
   }
   const std::string where = path;
-  if (!index.is_object() || member(index, "format", where).as_string() != kFormat)
+  if (!index.is_object() || json::as_string(member(index, "format", where)) != kFormat)
     throw Error(ErrorCode::InvalidArgument, path + " is not a shardopt checkpoint index (no \"format\": \"" + kFormat + "\")");
-  const std::int64_t version = member(index, "format_version", where).as_int();
+  const std::int64_t version = json::as_int(member(index, "format_version", where));
   if (version > kFormatVersion)
     throw Error(ErrorCode::Unsupported, "'" + dir + "' was written in checkpoint format version " + std::to_string(version) +
                                             ", newer than this shardopt reads (" + std::to_string(kFormatVersion) +
@@ -237,24 +237,24 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
     const json::Value& tensors = member(index, "tensors", where);
     const json::Value& slices = member(index, "slices", where);
     const json::Value& state = member(index, "state", where);
-    info.step = member(state, "step", where).as_int();
-    info.loss_scale = static_cast<float>(member(state, "loss_scale", where).as_double());
-    info.lr = static_cast<float>(member(state, "lr", where).as_double());
-    info.saved_world_size = static_cast<int>(member(index, "world_size", where).as_int());
-    if (const json::Value* u = index.find("user"))
-      for (const auto& [k, v] : u->as_object()) info.user[k] = v.as_string();
-    if (const json::Value* o = index.find("options")) info.options_json = json::write(*o);
+    info.step = json::as_int(member(state, "step", where));
+    info.loss_scale = static_cast<float>(json::as_double(member(state, "loss_scale", where)));
+    info.lr = static_cast<float>(json::as_double(member(state, "lr", where)));
+    info.saved_world_size = static_cast<int>(json::as_int(member(index, "world_size", where)));
+    if (const json::Value* u = json::find(index, "user"))
+      for (const auto& [k, v] : json::as_object(*u)) info.user[k] = json::as_string(v);
+    if (const json::Value* o = json::find(index, "options")) info.options_json = json::write(*o);
     // Every model tensor of this optimizer exists there, with its shape.
     for (const ParamSpec& spec : L.specs()) {
       const Shape shape = spec.member_shapes.empty() ? spec.shape : spec.member_shapes.front();
       for (int m = 0; m < spec.members(); ++m) {
         const std::string name = spec.member_name(m);
-        const json::Value* d = tensors.find(name);
+        const json::Value* d = json::find(tensors, name);
         if (d == nullptr)
           throw Error(ErrorCode::InvalidArgument, "checkpoint '" + dir + "' has no tensor '" + name +
                                                       "'; it was saved from another model (or with other names)");
         Shape saved;
-        for (const json::Value& x : member(*d, "shape", where).as_array()) saved.push_back(x.as_int());
+        for (const json::Value& x : json::as_array(member(*d, "shape", where))) saved.push_back(json::as_int(x));
         if (saved != shape) {
           auto str = [](const Shape& s) {
             std::string out = "[";
@@ -271,15 +271,15 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
     // Plan the reads, file by file.
     for (std::size_t i = 0; i < items.size(); ++i) {
       const Item& it = items[i];
-      const json::Value* list = slices.find(it.key());
+      const json::Value* list = json::find(slices, it.key());
       if (list == nullptr) {
         const std::string other = other_algorithm(slices, it, dir);
         throw Error(ErrorCode::InvalidArgument,
                     other.empty() ? "checkpoint '" + dir + "' holds no '" + it.key() + "' slices" : other);
       }
       std::int64_t covered = 0;
-      for (const json::Value& s : list->as_array()) {
-        const std::int64_t so = member(s, "offset", where).as_int(), sl = member(s, "length", where).as_int();
+      for (const json::Value& s : json::as_array(*list)) {
+        const std::int64_t so = json::as_int(member(s, "offset", where)), sl = json::as_int(member(s, "length", where));
         if (so < 0 || sl < 0 || sl > INT64_MAX - so)
           throw Error(ErrorCode::InvalidArgument, where + ": a '" + it.key() + "' slice has offset " +
                                                       std::to_string(so) + " and length " + std::to_string(sl) +
@@ -303,7 +303,7 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
                                                         : e.exp_avg_sq_view(it.param);
           r.dst = static_cast<char*>(v.data) + static_cast<std::size_t>(it.src + (lo - it.offset)) * size_of(it.dtype);
         }
-        plan[member(s, "file", where).as_int()].push_back(std::move(r));
+        plan[json::as_int(member(s, "file", where))].push_back(std::move(r));
       }
       if (covered != it.length)
         throw Error(ErrorCode::InvalidArgument, "checkpoint '" + dir + "': the '" + it.key() + "' slices cover " +
@@ -313,22 +313,22 @@ CheckpointInfo load_checkpoint(const CheckpointTarget& t, const std::string& dir
                                                     ") this rank needs; the index is corrupt");
     }
     // One sequential pass per file: checksum every byte, copy out the parts needed.
-    const auto& file_list = files.as_array();
+    const auto& file_list = json::as_array(files);
     for (auto& [f, reads] : plan) {
       if (f < 0 || f >= static_cast<std::int64_t>(file_list.size()))
         throw Error(ErrorCode::InvalidArgument, where + " names file " + std::to_string(f) + " of " +
                                                     std::to_string(file_list.size()) + "; the index is corrupt");
       const json::Value& fd = file_list[static_cast<std::size_t>(f)];
-      const std::string path = join(dir, member(fd, "file", where).as_string());
+      const std::string path = join(dir, json::as_string(member(fd, "file", where)));
       if (!exists(path))
         throw Error(ErrorCode::InvalidArgument, "checkpoint file '" + path + "' is missing; the checkpoint is incomplete");
       SafetensorsReader& reader = *(open_files[f] = std::make_unique<SafetensorsReader>(path));  // validates the header
-      const std::uint64_t want = static_cast<std::uint64_t>(member(fd, "bytes", where).as_int());
+      const std::uint64_t want = static_cast<std::uint64_t>(json::as_int(member(fd, "bytes", where)));
       if (reader.file_bytes() != want)
         throw Error(ErrorCode::InvalidArgument, "checkpoint file '" + path + "' has " + std::to_string(reader.file_bytes()) +
                                                     " bytes but the index says " + std::to_string(want) + "; it is damaged");
       const std::string* recorded = reader.find_metadata(kChecksumKey);
-      if (recorded == nullptr || *recorded != member(fd, "checksum", where).as_string())
+      if (recorded == nullptr || *recorded != json::as_string(member(fd, "checksum", where)))
         throw Error(ErrorCode::InvalidArgument, "checkpoint file '" + path + "' does not carry the checksum the index "
                                                     "names; it belongs to another save");
       for (Read& r : reads) {

@@ -549,9 +549,9 @@ inline void case_nvfp4_saved_planes(Backend b) {
     std::size_t data = 0;
   };
   std::vector<Parsed> files;
-  for (const json::Value& f : index.find("files")->as_array()) {
+  for (const json::Value& f : json::as_array(json::at(index, "files"))) {
     Parsed p;
-    p.bytes = file_bytes(ck + "/" + f.find("file")->as_string());
+    p.bytes = file_bytes(ck + "/" + json::as_string(json::at(f, "file")));
     std::uint64_t n = 0;
     std::memcpy(&n, p.bytes.data(), 8);
     p.header = json::parse(std::string(p.bytes.begin() + 8, p.bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n)));
@@ -562,17 +562,17 @@ inline void case_nvfp4_saved_planes(Backend b) {
   auto assemble = [&](const std::string& name, const std::string& kind, std::size_t elem, std::size_t n) {
     std::vector<std::uint8_t> out(n, 0);
     std::vector<int> seen(n, 0);
-    const json::Value* list = index.find("slices")->find(name + "/" + kind);
+    const json::Value* list = json::find(json::at(index, "slices"), name + "/" + kind);
     EXPECT_NE(list, nullptr) << name << "/" << kind;
     if (list == nullptr) return out;
-    for (const json::Value& sl : list->as_array()) {
-      const Parsed& f = files[static_cast<std::size_t>(sl.find("file")->as_int())];
-      const std::int64_t off = sl.find("offset")->as_int(), len = sl.find("length")->as_int();
-      const json::Value* t = f.header.find(name + "/" + kind + "@" + std::to_string(off));
+    for (const json::Value& sl : json::as_array(*list)) {
+      const Parsed& f = files[static_cast<std::size_t>(json::as_int(json::at(sl, "file")))];
+      const std::int64_t off = json::as_int(json::at(sl, "offset")), len = json::as_int(json::at(sl, "length"));
+      const json::Value* t = json::find(f.header, name + "/" + kind + "@" + std::to_string(off));
       EXPECT_NE(t, nullptr);
       if (t == nullptr) continue;
-      EXPECT_EQ(t->find("dtype")->as_string(), elem == 1 ? "U8" : "F32");
-      const std::int64_t begin = t->find("data_offsets")->as_array()[0].as_int();
+      EXPECT_EQ(json::as_string(json::at(*t, "dtype")), elem == 1 ? "U8" : "F32");
+      const std::int64_t begin = json::as_int(json::as_array(json::at(*t, "data_offsets"))[0]);
       for (std::int64_t k = 0; k < len * static_cast<std::int64_t>(elem); ++k) {
         const auto at = static_cast<std::size_t>(off) * elem + static_cast<std::size_t>(k);
         if (at >= n) continue;
@@ -593,7 +593,7 @@ inline void case_nvfp4_saved_planes(Backend b) {
       const std::string name = spec.member_name(m);
       SCOPED_TRACE(name);
       const nvfp4_ref::Quantized want = read_nvfp4_member(x, i, m);
-      EXPECT_EQ(index.find("tensors")->find(name)->find("format")->as_string(), "nvfp4");
+      EXPECT_EQ(json::as_string(json::at(json::at(json::at(index, "tensors"), name), "format")), "nvfp4");
       EXPECT_EQ(assemble(name, "nvfp4_data", 1, static_cast<std::size_t>(v.shape.data_bytes())), want.data);
       EXPECT_EQ(assemble(name, "nvfp4_scale", 1, static_cast<std::size_t>(v.shape.scale_numel())), want.scale);
       EXPECT_EQ(assemble(name, "nvfp4_amax", 4, 4), bytes_of(want.amax));
@@ -748,9 +748,9 @@ inline void expect_load_error(DistributedAdam& opt, const std::string& dir, cons
 
 /// Member `key` of JSON object `v`, to change in place.
 inline json::Value& member_ref(json::Value& v, const std::string& key) {
-  for (auto& [k, x] : v.as_object())
-    if (k == key) return x;
-  throw std::runtime_error("the JSON object has no member '" + key + "'");
+  const auto it = v.find(key);
+  if (it == v.end()) throw std::runtime_error("the JSON object has no member '" + key + "'");
+  return *it;
 }
 
 /// Rewrites `file` as its 8-byte little-endian header length `length`, `header` and its
@@ -774,9 +774,9 @@ inline void edit_last_tensor(const std::string& file, const std::function<void(j
   for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[static_cast<std::size_t>(i)];
   json::Value h = json::parse(std::string(bytes.begin() + 8, bytes.begin() + static_cast<std::ptrdiff_t>(8 + n)));
   json::Value* last = nullptr;
-  for (auto& [name, t] : h.as_object())
-    if (name != "__metadata__" && (last == nullptr || t.at("data_offsets").as_array()[1].as_int() >
-                                                          last->at("data_offsets").as_array()[1].as_int()))
+  for (auto& [name, t] : h.items())
+    if (name != "__metadata__" && (last == nullptr || json::as_int(json::as_array(t.at("data_offsets"))[1]) >
+                                                          json::as_int(json::as_array(last->at("data_offsets"))[1])))
       last = &t;
   edit(member_ref(*last, "shape"), member_ref(*last, "data_offsets"));
   const std::string text = json::write(h);
@@ -795,8 +795,8 @@ inline void edit_index(const std::string& dir, const std::function<void(json::Va
 /// The last slice listed of the first "/master" kind in an index: a piece only its
 /// saving rank reads back, at the highest offset of its tensor.
 inline json::Value& last_master_slice(json::Value& index) {
-  for (auto& [key, list] : member_ref(index, "slices").as_object())
-    if (key.size() > 7 && key.compare(key.size() - 7, 7, "/master") == 0) return list.as_array().back();
+  for (auto& [key, list] : member_ref(index, "slices").items())
+    if (key.size() > 7 && key.compare(key.size() - 7, 7, "/master") == 0) return list.back();
   throw std::runtime_error("the index has no master slices");
 }
 
@@ -894,29 +894,29 @@ inline void case_bad_checkpoints(Backend b) {
                    edit_last_tensor(d + last_file, [](json::Value& shape, json::Value& off) {
                      // Shape and offsets agree, but the data would run 1 MiB elements
                      // past the end of the file.
-                     const std::int64_t n = shape.as_array()[0].as_int();
-                     const std::int64_t b0 = off.as_array()[0].as_int(), e0 = off.as_array()[1].as_int();
+                     const std::int64_t n = json::as_int(json::as_array(shape)[0]);
+                     const std::int64_t b0 = json::as_int(json::as_array(off)[0]), e0 = json::as_int(json::as_array(off)[1]);
                      const std::int64_t grow = std::int64_t{1} << 20;
-                     shape.as_array()[0] = json::Value(n + grow);
-                     off.as_array()[1] = json::Value(e0 + grow * ((e0 - b0) / n));
+                     json::as_array(shape)[0] = json::Value(n + grow);
+                     json::as_array(off)[1] = json::Value(e0 + grow * ((e0 - b0) / n));
                    });
                  }),
                  "file is truncated: its header describes");
   expect_refused(variant("offsets-reversed", [&](const std::string& d) {
                    edit_last_tensor(d + last_file, [](json::Value&, json::Value& off) {
-                     std::swap(off.as_array()[0], off.as_array()[1]);
+                     std::swap(json::as_array(off)[0], json::as_array(off)[1]);
                    });
                  }),
                  "is not [begin, end] with 0 <= begin <= end");
   expect_refused(variant("shape-2p62", [&](const std::string& d) {
                    edit_last_tensor(d + last_file, [](json::Value& shape, json::Value&) {
-                     shape.as_array()[0] = json::Value(std::int64_t{1} << 62);
+                     json::as_array(shape)[0] = json::Value(std::int64_t{1} << 62);
                    });
                  }),
                  "shape [4611686018427387904] of");
   expect_refused(variant("shape-negative", [&](const std::string& d) {
                    edit_last_tensor(d + last_file, [](json::Value& shape, json::Value&) {
-                     shape.as_array()[0] = json::Value(std::int64_t{-3});
+                     json::as_array(shape)[0] = json::Value(std::int64_t{-3});
                    });
                  }),
                  "not a non-negative integer");
@@ -948,7 +948,7 @@ inline void case_bad_checkpoints(Backend b) {
   auto name_file = [&](const std::string& tag, const std::string& name) {
     return variant(tag, [&](const std::string& d) {
       edit_index(d, [&](json::Value& index) {
-        member_ref(member_ref(index, "files").as_array()[static_cast<std::size_t>(w - 1)], "file") = json::Value(name);
+        member_ref(json::as_array(member_ref(index, "files"))[static_cast<std::size_t>(w - 1)], "file") = json::Value(name);
       });
     });
   };
@@ -958,7 +958,7 @@ inline void case_bad_checkpoints(Backend b) {
   expect_refused(variant("name-moved", [&](const std::string& d) {
                    std::filesystem::rename(d + last_file, d + "/../moved-" + last_file.substr(1));
                    edit_index(d, [&](json::Value& index) {
-                     member_ref(member_ref(index, "files").as_array()[static_cast<std::size_t>(w - 1)], "file") =
+                     member_ref(json::as_array(member_ref(index, "files"))[static_cast<std::size_t>(w - 1)], "file") =
                          json::Value("../moved-" + last_file.substr(1));
                    });
                  }),

@@ -269,7 +269,7 @@ inline void edit_momentum_entry(const std::string& dir, int file, int world, con
   for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[static_cast<std::size_t>(i)];
   json::Value h = json::parse(std::string(bytes.begin() + 8, bytes.begin() + static_cast<std::ptrdiff_t>(8 + n)));
   bool found = false;
-  for (auto& [name, t] : h.as_object())
+  for (auto& [name, t] : json::as_object(h))
     if (!found && name.find("/muon_momentum@") != std::string::npos) {
       edit(t);
       found = true;
@@ -279,7 +279,7 @@ inline void edit_momentum_entry(const std::string& dir, int file, int world, con
   put_header(path, text.size(), text);
   const auto size = static_cast<std::int64_t>(file_bytes(path).size());
   edit_index(dir, [&](json::Value& index) {
-    member_ref(member_ref(index, "files").as_array()[static_cast<std::size_t>(file)], "bytes") = json::Value(size);
+    member_ref(json::as_array(member_ref(index, "files"))[static_cast<std::size_t>(file)], "bytes") = json::Value(size);
   });
 }
 
@@ -336,15 +336,15 @@ inline void case_refusals(Backend b) {
   expect_refused_unchanged(x, twin, variant("momentum-bf16", [w](const std::string& d) {
                              edit_momentum_entry(d, 0, w, [](json::Value& t) {
                                member_ref(t, "dtype") = json::Value("BF16");
-                               auto& shape = member_ref(t, "shape").as_array();
-                               shape[0] = json::Value(shape[0].as_int() * 2);  // the same bytes
+                               auto& shape = json::as_array(member_ref(t, "shape"));
+                               shape[0] = json::Value(json::as_int(shape[0]) * 2);  // the same bytes
                              });
                            }),
                            {"Muon's momentum is saved as F32 only"}, step);
   expect_refused_unchanged(x, twin, variant("momentum-2d", [w](const std::string& d) {
                              edit_momentum_entry(d, 0, w, [](json::Value& t) {
-                               auto& shape = member_ref(t, "shape").as_array();
-                               const std::int64_t n = shape[0].as_int();
+                               auto& shape = json::as_array(member_ref(t, "shape"));
+                               const std::int64_t n = json::as_int(shape[0]);
                                shape[0] = json::Value(n / 8);  // the same elements, 2-D
                                shape.push_back(json::Value(std::int64_t{8}));
                              });
@@ -352,10 +352,10 @@ inline void case_refusals(Backend b) {
                            {"is not a 1-D slice"}, step);
   expect_refused_unchanged(x, twin, variant("momentum-length", [](const std::string& d) {
                              edit_index(d, [](json::Value& index) {
-                               for (auto& [key, list] : member_ref(index, "slices").as_object())
+                               for (auto& [key, list] : json::as_object(member_ref(index, "slices")))
                                  if (key == "wq/muon_momentum") {
-                                   auto& sl = list.as_array()[0];
-                                   member_ref(sl, "length") = json::Value(member_ref(sl, "length").as_int() - 16);
+                                   auto& sl = json::as_array(list)[0];
+                                   member_ref(sl, "length") = json::Value(json::as_int(member_ref(sl, "length")) - 16);
                                  }
                              });
                            }),
@@ -363,15 +363,15 @@ inline void case_refusals(Backend b) {
   expect_refused_unchanged(x, twin, variant("momentum-none", [](const std::string& d) {
                              edit_index(d, [](json::Value& index) {
                                json::Value kept = json::Value::object();
-                               for (auto& [key, list] : member_ref(index, "slices").as_object())
-                                 if (key != "wo/muon_momentum") kept.set(key, list);
+                               for (auto& [key, list] : json::as_object(member_ref(index, "slices")))
+                                 if (key != "wo/muon_momentum") kept[key] = list;
                                member_ref(index, "slices") = std::move(kept);
                              });
                            }),
                            {"holds no 'wo/muon_momentum' slices"}, step);
   expect_refused_unchanged(x, twin, variant("tensor-shape", [](const std::string& d) {
                              edit_index(d, [](json::Value& index) {
-                               auto& shape = member_ref(member_ref(member_ref(index, "tensors"), "wq"), "shape").as_array();
+                               auto& shape = json::as_array(member_ref(member_ref(member_ref(index, "tensors"), "wq"), "shape"));
                                std::swap(shape[0], shape[1]);
                              });
                            }),

@@ -29,20 +29,20 @@ struct Param {
 
 MuonSettings settings_of(const json::Value& c) {
   MuonSettings s;
-  const std::string gemm = c.at("gemm").as_string(), adjust = c.at("adjust_lr").as_string();
+  const std::string gemm = json::as_string(json::at(c, "gemm")), adjust = json::as_string(json::at(c, "adjust_lr"));
   SHARDOPT_REQUIRE(gemm == "bf16" || gemm == "f32", ErrorCode::InvalidArgument, "gemm must be bf16 or f32");
   SHARDOPT_REQUIRE(adjust == "original" || adjust == "match_rms_adamw", ErrorCode::InvalidArgument,
                    "adjust_lr must be original or match_rms_adamw");
   s.gemm = gemm == "bf16" ? MuonGemm::Bf16 : MuonGemm::F32;
   s.adjust_lr = adjust == "original" ? MuonLrAdjust::Original : MuonLrAdjust::MatchRmsAdamW;
-  s.nesterov = c.at("nesterov").as_bool();
-  s.momentum = c.at("momentum").as_double();
-  s.weight_decay = c.at("weight_decay").as_double();
-  s.ns_steps = static_cast<int>(c.at("ns_steps").as_int());
-  s.eps = c.at("eps").as_double();
-  const json::Array& co = c.at("ns_coefficients").as_array();
+  s.nesterov = json::as_bool(json::at(c, "nesterov"));
+  s.momentum = json::as_double(json::at(c, "momentum"));
+  s.weight_decay = json::as_double(json::at(c, "weight_decay"));
+  s.ns_steps = static_cast<int>(json::as_int(json::at(c, "ns_steps")));
+  s.eps = json::as_double(json::at(c, "eps"));
+  const json::Array& co = json::as_array(json::at(c, "ns_coefficients"));
   SHARDOPT_REQUIRE(co.size() == 3, ErrorCode::InvalidArgument, "ns_coefficients needs 3 numbers");
-  for (std::size_t i = 0; i < 3; ++i) s.ns_coefficients[i] = co[i].as_double();
+  for (std::size_t i = 0; i < 3; ++i) s.ns_coefficients[i] = json::as_double(co[i]);
   return s;
 }
 
@@ -106,17 +106,17 @@ int run(const std::string& dir, Backend b) {
   SHARDOPT_REQUIRE(text != nullptr, ErrorCode::InvalidArgument, "inputs.safetensors has no 'muon_check' metadata");
   const json::Value meta = json::parse(*text);
   std::vector<Param> params;
-  for (const json::Value& p : meta.at("params").as_array()) {
-    Param x{p.at("name").as_string(), {}};
-    for (const json::Value& d : p.at("shape").as_array()) x.shape.push_back(static_cast<std::uint64_t>(d.as_int()));
+  for (const json::Value& p : json::as_array(json::at(meta, "params"))) {
+    Param x{json::as_string(json::at(p, "name")), {}};
+    for (const json::Value& d : json::as_array(json::at(p, "shape"))) x.shape.push_back(static_cast<std::uint64_t>(json::as_int(d)));
     SHARDOPT_REQUIRE(x.shape.size() == 2 || x.shape.size() == 3, ErrorCode::InvalidArgument,
                      "parameter '" + x.name + "' must be 2-D (a matrix) or 3-D (experts x rows x cols)");
     params.push_back(std::move(x));
   }
   std::vector<double> lrs;
-  for (const json::Value& l : meta.at("lrs").as_array()) lrs.push_back(l.as_double());
-  for (const json::Value& c : meta.at("cases").as_array()) {
-    const std::string name = c.at("name").as_string();
+  for (const json::Value& l : json::as_array(json::at(meta, "lrs"))) lrs.push_back(json::as_double(l));
+  for (const json::Value& c : json::as_array(json::at(meta, "cases"))) {
+    const std::string name = json::as_string(json::at(c, "name"));
     run_case(b, in, params, c, lrs, dir + "/ours_" + name + ".safetensors");
     std::printf("muon_torch_run: case %s done on %s\n", name.c_str(), b == Backend::Cuda ? "cuda" : "host");
   }

@@ -66,11 +66,11 @@ TEST(JsonErrors, NameTheOffendingByte) {
 TEST(JsonErrors, NegativeZeroKeepsItsSign) {
   for (const std::string text : {"-0", "[-0]", "{\"z\": -0 }"}) {
     const json::Value v = json::parse(text);
-    const json::Value& z = v.is_number() ? v : v.is_array() ? v.as_array()[0] : v.at("z");
-    EXPECT_FALSE(z.is_integer()) << text;
-    EXPECT_TRUE(std::signbit(z.as_double())) << text;
+    const json::Value& z = v.is_number() ? v : v.is_array() ? json::as_array(v)[0] : v.at("z");
+    EXPECT_FALSE(json::is_integer(z)) << text;
+    EXPECT_TRUE(std::signbit(json::as_double(z))) << text;
   }
-  EXPECT_TRUE(json::parse("[0]").as_array()[0].is_integer());
+  EXPECT_TRUE(json::is_integer(json::as_array(json::parse("[0]"))[0]));
   EXPECT_EQ(json::parse("[10,-10]"), json::parse("[10, -10]"));
 }
 

@@ -41,24 +41,24 @@ void expect_error(F&& f, ErrorCode code, std::initializer_list<std::string> part
 
 TEST(Json, RoundTripsEveryKind) {
   json::Value v = json::Value::object();
-  v.set("null", nullptr);
-  v.set("t", true);
-  v.set("f", false);
-  v.set("int", 42);
-  v.set("neg", -7);
-  v.set("big", std::int64_t{9007199254740993});  // 2^53 + 1: not a double
-  v.set("min", std::numeric_limits<std::int64_t>::min());
-  v.set("max", std::numeric_limits<std::int64_t>::max());
-  v.set("dbl", 0.1);
-  v.set("str", "a \"quoted\" \\ / \b\f\n\r\t \x01\x1f\x7f é 名 😀");
+  v["null"] = nullptr;
+  v["t"] = true;
+  v["f"] = false;
+  v["int"] = 42;
+  v["neg"] = -7;
+  v["big"] = std::int64_t{9007199254740993};  // 2^53 + 1: not a double
+  v["min"] = std::numeric_limits<std::int64_t>::min();
+  v["max"] = std::numeric_limits<std::int64_t>::max();
+  v["dbl"] = 0.1;
+  v["str"] = "a \"quoted\" \\ / \b\f\n\r\t \x01\x1f\x7f é 名 😀";
   json::Value arr = json::Value::array();
   arr.push_back(1);
   arr.push_back("two");
   arr.push_back(json::Value::array());
   arr.push_back(json::Value::object());
-  v.set("arr", arr);
-  v.set("z_last", 1);
-  v.set("a_after_z", 2);  // insertion order, not sorted
+  v["arr"] = arr;
+  v["z_last"] = 1;
+  v["a_after_z"] = 2;  // insertion order, not sorted
   for (const int indent : {-1, 0, 2}) {
     const std::string text = json::write(v, indent);
     const json::Value back = json::parse(text);
@@ -69,7 +69,7 @@ TEST(Json, RoundTripsEveryKind) {
   EXPECT_LT(compact.find("\"z_last\""), compact.find("\"a_after_z\""));
   EXPECT_NE(compact.find("\\u0001"), std::string::npos);
   EXPECT_NE(compact.find("\\u007f"), std::string::npos);
-  EXPECT_EQ(json::parse(compact).at("big").as_int(), 9007199254740993);
+  EXPECT_EQ(json::as_int(json::parse(compact).at("big")), 9007199254740993);
   EXPECT_EQ(json::write(json::parse("[1,2]"), 2), "[\n  1,\n  2\n]");
 }
 
@@ -86,30 +86,30 @@ TEST(Json, NumbersRoundTripExactly) {
   for (const double d : values) {
     const json::Value back = json::parse(json::write(json::Value(d)));
     ASSERT_TRUE(back.is_number());
-    const double r = back.as_double();
+    const double r = json::as_double(back);
     EXPECT_EQ(std::memcmp(&r, &d, sizeof d), 0) << json::write(json::Value(d));
   }
-  EXPECT_TRUE(json::Value(3.0).is_integer());
+  EXPECT_TRUE(json::is_integer(json::Value(3.0)));
   EXPECT_EQ(json::write(json::Value(3.0)), "3");
   EXPECT_EQ(json::write(json::Value(-0.0)), "-0");
-  EXPECT_FALSE(json::Value(0.5).is_integer());
-  EXPECT_TRUE(json::parse("1e3").is_integer());
-  EXPECT_EQ(json::parse("1e3").as_int(), 1000);
-  EXPECT_EQ(json::parse("-9223372036854775808").as_int(), std::numeric_limits<std::int64_t>::min());
+  EXPECT_FALSE(json::is_integer(json::Value(0.5)));
+  EXPECT_TRUE(json::is_integer(json::parse("1e3")));
+  EXPECT_EQ(json::as_int(json::parse("1e3")), 1000);
+  EXPECT_EQ(json::as_int(json::parse("-9223372036854775808")), std::numeric_limits<std::int64_t>::min());
   const json::Value huge = json::parse("18446744073709551615");  // beyond int64: a double
-  EXPECT_FALSE(huge.is_integer());
-  EXPECT_DOUBLE_EQ(huge.as_double(), 18446744073709551615.0);
-  EXPECT_FALSE(json::Value(std::numeric_limits<std::uint64_t>::max()).is_integer());
-  EXPECT_EQ(json::parse("1e-400").as_double(), 0.0);  // underflow is harmless
+  EXPECT_FALSE(json::is_integer(huge));
+  EXPECT_DOUBLE_EQ(json::as_double(huge), 18446744073709551615.0);
+  EXPECT_FALSE(json::is_integer(json::Value(std::numeric_limits<std::uint64_t>::max())));
+  EXPECT_EQ(json::as_double(json::parse("1e-400")), 0.0);  // underflow is harmless
   expect_error([] { json::write(json::Value(std::nan(""))); }, ErrorCode::InvalidArgument, {"NaN"});
   expect_error([] { json::write(json::Value(INFINITY)); }, ErrorCode::InvalidArgument, {"infinite"});
 }
 
 TEST(Json, StringsAndEscapes) {
-  EXPECT_EQ(json::parse(R"("\u00e9\u540d")").as_string(), "é名");
-  EXPECT_EQ(json::parse(R"("\ud83d\ude00")").as_string(), "\xF0\x9F\x98\x80");
-  EXPECT_EQ(json::parse(R"("\"\\\/\b\f\n\r\t")").as_string(), "\"\\/\b\f\n\r\t");
-  EXPECT_EQ(json::parse("\"raw é 😀\"").as_string(), "raw é 😀");
+  EXPECT_EQ(json::as_string(json::parse(R"("\u00e9\u540d")")), "é名");
+  EXPECT_EQ(json::as_string(json::parse(R"("\ud83d\ude00")")), "\xF0\x9F\x98\x80");
+  EXPECT_EQ(json::as_string(json::parse(R"("\"\\\/\b\f\n\r\t")")), "\"\\/\b\f\n\r\t");
+  EXPECT_EQ(json::as_string(json::parse("\"raw é 😀\"")), "raw é 😀");
   EXPECT_EQ(json::parse(" \t\r\n{ \"a\" : [ ] } \n").at("a").size(), 0u);
   std::string out;
   expect_error([&] { json::write_string(out, "bad \xff byte"); }, ErrorCode::InvalidArgument, {"UTF-8", "offset 4"});
@@ -119,15 +119,15 @@ TEST(Json, StringsAndEscapes) {
 
 TEST(Json, AccessorsNameTheTypes) {
   const json::Value v = json::parse(R"({"a": "x", "n": 1.5})");
-  expect_error([&] { (void)v.at("a").as_int(); }, ErrorCode::InvalidArgument, {"a string", "expected a number"});
-  expect_error([&] { (void)v.at("n").as_int(); }, ErrorCode::InvalidArgument, {"not an integer"});
-  expect_error([&] { (void)v.at("missing"); }, ErrorCode::InvalidArgument, {"no member \"missing\""});
-  EXPECT_EQ(v.find("missing"), nullptr);
+  expect_error([&] { (void)json::as_int(v.at("a")); }, ErrorCode::InvalidArgument, {"a string", "expected a number"});
+  expect_error([&] { (void)json::as_int(v.at("n")); }, ErrorCode::InvalidArgument, {"not an integer"});
+  expect_error([&] { (void)json::at(v, "missing"); }, ErrorCode::InvalidArgument, {"no member \"missing\""});
+  EXPECT_EQ(json::find(v, "missing"), nullptr);
   json::Value o;
-  o.set("k", 1);
-  o.set("k", 2);
+  o["k"] = 1;
+  o["k"] = 2;
   EXPECT_EQ(o.size(), 1u);
-  EXPECT_EQ(o.at("k").as_int(), 2);
+  EXPECT_EQ(json::as_int(o.at("k")), 2);
 }
 
 TEST(Json, RejectsMalformedText) {
