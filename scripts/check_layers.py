@@ -114,6 +114,7 @@ PUBLIC_HEADER_LAYER = {
     "checkpoint.hpp": "optimizer",    # src/optimizer/checkpoint.cpp (SaveHandle)
     "distributed_adam.hpp": "optimizer",  # src/optimizer/distributed_adam.cpp
     "fsdp.hpp": "optimizer",       # src/optimizer/fsdp.cpp
+    "sharded_optimizer.hpp": "optimizer",  # src/optimizer/sharded_optimizer.cpp
     "memory_report.hpp": "optimizer",
     "param_format.hpp": "optimizer",  # header-only enum (ParamFormat)  # src/optimizer/views.cpp (MemoryReport::to_string)
     "step_graph.hpp": "optimizer", # src/optimizer/step_graph.cpp

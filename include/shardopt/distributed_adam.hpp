@@ -41,6 +41,7 @@
 #include "shardopt/nvfp4_param.hpp"
 #include "shardopt/param_spec.hpp"
 #include "shardopt/schedule.hpp"
+#include "shardopt/sharded_optimizer.hpp"
 #include "shardopt/views.hpp"
 
 namespace shardopt {
@@ -95,13 +96,12 @@ struct DistributedAdamOptions : AdamOptions {
   ParamFormat param_format = ParamFormat::Native;
 };
 
-namespace detail {
-class StepTarget;
-}
-
 /// Distributed Adam over a BucketStore. Move-only: a moved-from optimizer may only be
-/// destroyed or assigned to; its other calls throw Error(InvalidState).
-class DistributedAdam {
+/// destroyed or assigned to; its other calls throw Error(InvalidState). The calls it
+/// shares with Fsdp (shard views, scalars, checkpoints, memory) are ShardedOptimizer's:
+/// shardopt/sharded_optimizer.hpp. Its save() and load() first land the gathers still in
+/// flight.
+class DistributedAdam : public ShardedOptimizer {
  public:
   /// Collective over `comm`: checks that every rank passes the same options that change
   /// the math or the collectives (every field above but persistent_grad_copies; an
@@ -114,11 +114,8 @@ class DistributedAdam {
   DistributedAdam(DistributedAdam&&) noexcept;
   DistributedAdam& operator=(DistributedAdam&&) noexcept;
 
-  const Layout& layout() const;
   const Communicator& comm() const;
   const DistributedAdamOptions& options() const;
-  Backend backend() const;
-  int num_params() const;
   int param_index(const std::string& name) const;
 
   /// Persistent views of the whole parameter / gradient (identical on every call).
@@ -129,18 +126,6 @@ class DistributedAdam {
   /// Views of member m of a grouped parameter.
   ParamView member_param(int i, int m) const;
   GradView member_grad(int i, int m) const;
-  /// This rank's piece of parameter i in the param buffer / in the fp32 master
-  /// (shard_param of an MXFP8 or NVFP4 parameter is Error(InvalidArgument): it has no param
-  /// buffer).
-  ShardView shard_param(int i) const;
-  ShardView shard_master(int i) const;
-  /// With AdamOptions::master_storage = bf16_remainder: this rank's piece of parameter i's
-  /// 16-bit remainders (u16, parallel to its piece of the param buffer, shard_param); the
-  /// two rebuild the fp32 master (shardopt/numerics.hpp, num::remainder_join). Empty (no
-  /// elements, no data) for a parameter that keeps an fp32 master.
-  ShardView shard_remainder(int i) const;
-  /// True when parameter i is stored as MXFP8 (param_format Mxfp8 and two or more dims).
-  bool is_mxfp8(int i) const;
   /// The persistent MXFP8 storage of parameter i (Error(InvalidArgument) for a native one).
   /// Its bytes are the step's result once the bucket is Idle (after step(), or after
   /// wait_param in deferred mode).
@@ -150,15 +135,6 @@ class DistributedAdam {
   /// The persistent NVFP4 storage of parameter i (Error(InvalidArgument) for another),
   /// current under the same conditions as mxfp8_param.
   Nvfp4View nvfp4_param(int i) const;
-  /// This rank's piece of parameter i's Adam moments (moment_dtype), e.g. for checkpoints;
-  /// empty (no elements, no data) for a parameter in a Muon group, which has none.
-  ShardView shard_exp_avg(int i) const;
-  ShardView shard_exp_avg_sq(int i) const;
-  /// This rank's piece of parameter i's reduced gradient in `dtype`: a view of the grad
-  /// buffer when `dtype` is the buffer's dtype, else a cast copy written on `stream`
-  /// (allocated on first use; released by zero_grad unless persistent_grad_copies).
-  /// The hook for external optimizers. Valid after reduce_grads() on the same stream.
-  ShardView shard_grad(int i, DType dtype, Stream stream);
 
   /// Seeds the fp32 master from this rank's param slices, then all-gathers the params so
   /// every rank holds the owners' values. Call once after writing initial params: until
@@ -215,62 +191,10 @@ class DistributedAdam {
   /// the calls made so far; Idle after every non-deferred or captured step).
   GatherState gather_state(int bucket) const;
 
-  /// Learning rate for LrSchedule::Kind::Host: written to a pinned host slot that every
-  /// (replayed) step copies to the device.
-  void set_lr(float lr);
-  /// Loss scale: gradients are divided by it (pinned slot, like set_lr).
-  void set_loss_scale(float scale);
-  /// Device-resident step values: step count, lr, norm, clip coefficient, found-inf.
-  StepScalars* device_scalars() const;
-  /// Copies the device scalars to the host after `stream`'s work, waiting as synchronize()
-  /// does (refused while `stream` is capturing).
-  StepScalars read_scalars(Stream stream) const;
-  /// Blocks until the work queued on `stream` so far has finished, within the wait_timeout
-  /// of AdamOptions::watchdog (0: no limit). Error(Timeout) when it passes, or once the
-  /// step watchdog gave up a replayed iteration (a dead or stuck rank; the communicator
-  /// is then aborted and every later call that needs it throws Error(Timeout) too). Use
-  /// it instead of a bare stream synchronization where a hang must become an error.
-  void synchronize(Stream stream) const;
-  /// Device-resident microbatch state and its advance (index + 1 mod microbatches).
-  MicrobatchState* device_microbatch() const;
-  void advance_microbatch(Stream stream);
-
-  /// Writes a checkpoint of this optimizer into directory `dir` (created if missing; a
-  /// checkpoint already there is replaced): per parameter, in model space, the fp32 master,
-  /// the moments and the parameter as the trainer sees it, plus the step count, the lr
-  /// slot, the loss scale, the Adam options and `user` (docs/checkpoints.md). Collective:
-  /// every rank writes only its own file, through a small pinned staging buffer; rank 0
-  /// writes the index last. Waits for `stream`'s work first; not inside a capture.
-  /// Error on every rank if any rank fails (the directory then has no index).
-  void save(const std::string& dir, Stream stream, const CheckpointUserData& user = {});
-  /// The same, without blocking training: the state is copied into pinned host memory on
-  /// a side stream (`stream` waits only for that copy) and a background thread writes the
-  /// file. Call wait() on the handle (on every rank) to finish it; a later save, load or
-  /// destruction of this optimizer waits for it first.
-  SaveHandle save_async(const std::string& dir, Stream stream, const CheckpointUserData& user = {});
-  /// Loads a checkpoint written by any shardopt optimizer in any layout (other world size,
-  /// bucket size, DistributedAdam or Fsdp, grouped or discrete members, bf16 or MXFP8
-  /// parameters): each rank reads only the slices it needs, checks every file's checksum,
-  /// then writes master and moments into the existing buffers (views and captured graphs
-  /// stay valid), sets the step count, lr slot and loss scale, and publishes the
-  /// parameters from the master. Collective. Any bad input (missing or truncated file,
-  /// checksum mismatch, missing tensor, other shape, newer format, a directory without
-  /// an index) is an Error on every rank, and nothing in the optimizer changes.
-  CheckpointInfo load(const std::string& dir, Stream stream);
-
-  /// Bytes per rank by category.
-  MemoryReport memory() const;
-  /// Throws Error(CaptureRefused) naming the option to change if capturing a step now
-  /// would allocate or free memory inside it (a graph replay would then use freed
-  /// pointers). StepGraph calls this.
-  void check_capturable() const;
-
   class Impl;
 
  private:
-  friend class StepGraph;
-  detail::StepTarget& step_target();
-  std::unique_ptr<Impl> impl_;
+  Impl& impl() const;  // the state, through ShardedOptimizer::front()
 };
 
 }  // namespace shardopt

@@ -61,6 +61,7 @@
 #include "shardopt/param_format.hpp"
 #include "shardopt/param_spec.hpp"
 #include "shardopt/schedule.hpp"
+#include "shardopt/sharded_optimizer.hpp"
 #include "shardopt/views.hpp"
 
 namespace shardopt {
@@ -144,14 +145,15 @@ struct FsdpOptions : AdamOptions {
   ParamFormat param_format = ParamFormat::Native;
 };
 
-namespace detail {
-class StepTarget;
-}
-
 /// Fully sharded data parallel with a fused Adam on the shard. Move-only: a moved-from
 /// optimizer may only be destroyed or assigned to; its other calls throw
-/// Error(InvalidState).
-class Fsdp {
+/// Error(InvalidState). The calls it shares with DistributedAdam (shard views, scalars,
+/// checkpoints, memory) are ShardedOptimizer's: shardopt/sharded_optimizer.hpp. Here
+/// memory() counts the persistent shard, the moments and the pool (two param slots, one
+/// grad slot; with MXFP8 one columnwise slot, and `mxfp8` = the shard planes + whole
+/// scales; docs/mxfp8.md); shard_param(i) is the parameter shard (the pieces
+/// init_master reads).
+class Fsdp : public ShardedOptimizer {
  public:
   /// Collective over `comm`. Checks that every rank passes the same options (every field
   /// above but persistent_grad_copies: Error(LayoutMismatch) on every rank naming the first
@@ -164,10 +166,7 @@ class Fsdp {
   Fsdp(Fsdp&&) noexcept;
   Fsdp& operator=(Fsdp&&) noexcept;
 
-  const Layout& layout() const;
   const FsdpOptions& options() const;
-  Backend backend() const;
-  int num_params() const;
   int num_units() const;
   int unit_of(int param) const;
   /// This rank within its shard group, the shard group size, and the number of replicas.
@@ -188,8 +187,6 @@ class Fsdp {
   /// have been for `pass` (Error(InvalidArgument) naming the plane otherwise; a native
   /// parameter or a unit not gathered yet: Error(InvalidArgument) / Error(InvalidState)).
   Mxfp8PassView mxfp8_param(int i, FsdpPass pass) const;
-  /// True when parameter i is MXFP8 (param_format Mxfp8 and two or more dims).
-  bool is_mxfp8(int i) const;
   /// Ends a forward-only pass (evaluation) without backward or step: `stream` waits for
   /// the gathers still prefetched, and the next wait_param starts an iteration. Before
   /// the order is learned it forgets the calls so far. Error(InvalidState) after a
@@ -213,19 +210,6 @@ class Fsdp {
   /// Zeroes the persistent gradient shard; releases cast copies unless persistent.
   void zero_grad(Stream stream);
 
-  /// This rank's piece of parameter i: params (write initial values here, then call
-  /// init_master), fp32 master, moments (empty for a parameter in a Muon group: it has
-  /// none), and the reduced gradient (a view in the shard's
-  /// dtype, or a cast copy for an external optimizer). shard_param of an MXFP8 parameter
-  /// is Error(InvalidArgument): it has no parameter shard (write shard_master).
-  ShardView shard_param(int i) const;
-  ShardView shard_master(int i) const;
-  /// With master_storage = bf16_remainder: this rank's piece of parameter i's 16-bit
-  /// remainders (u16, parallel to shard_param(i)); empty for a parameter with an fp32 master.
-  ShardView shard_remainder(int i) const;
-  ShardView shard_exp_avg(int i) const;
-  ShardView shard_exp_avg_sq(int i) const;
-  ShardView shard_grad(int i, DType dtype, Stream stream);
   /// Seeds the fp32 master from the parameter shard. Until init_master or load has run,
   /// step(), wait_param() and grad_ready() throw Error(InvalidState).
   void init_master(Stream stream);
@@ -235,68 +219,16 @@ class Fsdp {
   /// (init_master is Error(InvalidState) with them).
   void init_from_master(Stream stream);
 
-  /// Learning rate (LrSchedule::Kind::Host) and loss scale: pinned host slots that every
-  /// (replayed) step copies to the device, as in DistributedAdam.
-  void set_lr(float lr);
-  void set_loss_scale(float scale);
-  /// Device-resident step values: step count, lr, norm, clip coefficient, found-inf.
-  StepScalars* device_scalars() const;
-  /// Copies the device scalars to the host after `stream`'s work, waiting as synchronize()
-  /// does (refused while `stream` is capturing).
-  StepScalars read_scalars(Stream stream) const;
-  /// Blocks until the work queued on `stream` so far has finished, within the wait_timeout
-  /// of AdamOptions::watchdog (0: no limit). Error(Timeout) when it passes, or once the
-  /// step watchdog gave up a replayed iteration (a dead or stuck rank; the communicator
-  /// is then aborted and every later call that needs it throws Error(Timeout) too). Use
-  /// it instead of a bare stream synchronization where a hang must become an error.
-  void synchronize(Stream stream) const;
-  MicrobatchState* device_microbatch() const;
-  void advance_microbatch(Stream stream);
-
   /// The stream the parameter gathers run on (nullptr on the host backend); exposed so
   /// that tests can delay it and prove the compute stream never reads a slot early.
   Stream gather_stream() const;
   /// The learned order of units (empty until the first step()).
   const std::vector<int>& unit_order() const;
-  /// Writes a checkpoint of this optimizer into directory `dir` (created if missing; a
-  /// checkpoint already there is replaced): per parameter, in model space, the fp32 master,
-  /// the moments and the parameter as the trainer sees it (MXFP8 parameters: this rank's
-  /// shard of both data planes and its share of the scales, as DistributedAdam writes
-  /// them), plus the step count, the lr
-  /// slot, the loss scale, the Adam options and `user` (docs/checkpoints.md). Collective:
-  /// every rank writes only its own file, through a small pinned staging buffer; rank 0
-  /// writes the index last. Waits for `stream`'s work first; not inside a capture.
-  /// Error on every rank if any rank fails (the directory then has no index).
-  void save(const std::string& dir, Stream stream, const CheckpointUserData& user = {});
-  /// The same, without blocking training: the state is copied into pinned host memory on
-  /// a side stream (`stream` waits only for that copy) and a background thread writes the
-  /// file. Call wait() on the handle (on every rank) to finish it; a later save, load or
-  /// destruction of this optimizer waits for it first.
-  SaveHandle save_async(const std::string& dir, Stream stream, const CheckpointUserData& user = {});
-  /// Loads a checkpoint written by any shardopt optimizer in any layout (other world size,
-  /// bucket size, DistributedAdam or Fsdp, grouped or discrete members, bf16 or MXFP8
-  /// parameters): each rank reads only the slices it needs, checks every file's checksum,
-  /// then writes master and moments into the existing buffers (views and captured graphs
-  /// stay valid), sets the step count, lr slot and loss scale, and publishes the
-  /// parameters from the master (MXFP8: quantized afresh, as init_from_master does, so
-  /// the planes equal the saving run's bitwise). Collective. Any bad input (missing or truncated file,
-  /// checksum mismatch, missing tensor, other shape, newer format, a directory without
-  /// an index) is an Error on every rank, and nothing in the optimizer changes.
-  CheckpointInfo load(const std::string& dir, Stream stream);
-
-  /// Persistent shard + moments + pool (two param slots, one grad slot; with MXFP8 one
-  /// columnwise slot, and `mxfp8` = the shard planes + whole scales; docs/mxfp8.md).
-  MemoryReport memory() const;
-  /// Error(CaptureRefused) when capturing now would allocate or free inside the graph
-  /// (order not learned yet, or cast copies without persistent_grad_copies).
-  void check_capturable() const;
 
   class Impl;
 
  private:
-  friend class StepGraph;
-  detail::StepTarget& step_target();
-  std::unique_ptr<Impl> impl_;
+  Impl& impl() const;  // the state, through ShardedOptimizer::front()
 };
 
 }  // namespace shardopt

@@ -25,6 +25,7 @@
 #include "shardopt/param_spec.hpp"
 #include "shardopt/presets.hpp"
 #include "shardopt/schedule.hpp"
+#include "shardopt/sharded_optimizer.hpp"
 #include "shardopt/step_graph.hpp"
 #include "shardopt/views.hpp"
 #include "shardopt/watchdog.hpp"

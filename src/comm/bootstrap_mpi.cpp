@@ -8,6 +8,7 @@
 #include "comm/mpi_comm.hpp"
 #include "comm/nccl_comm.hpp"
 #include "core/check.hpp"
+#include "core/device_guard.hpp"
 #include "shardopt/mpi.hpp"
 
 namespace shardopt {
@@ -76,13 +77,7 @@ Communicator communicator_from_mpi(MPI_Comm comm, MpiBootstrapOptions options) {
                 " are visible; start at most one rank per GPU on each node or pass MpiBootstrapOptions::device";
     }
   }
-#if SHARDOPT_HAVE_CUDA
-  if (problem.empty()) {
-    const cudaError_t err = cudaSetDevice(device);
-    if (err != cudaSuccess)
-      problem = std::string("cudaSetDevice(") + std::to_string(device) + ") failed: " + cudaGetErrorString(err);
-  }
-#endif
+  if (problem.empty()) problem = detail::make_device_current(device);
   agree(comm, problem, nccl_compiled() ? ErrorCode::InvalidArgument : ErrorCode::Unsupported, "device selection");
 
   // 2. Rank 0's unique id, broadcast.

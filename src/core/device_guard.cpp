@@ -25,10 +25,19 @@ int current_device() {
   SHARDOPT_CUDA_CHECK(cudaGetDevice(&device));
   return device;
 }
+
+std::string make_device_current(int device) {
+  const cudaError_t err = cudaSetDevice(device);
+  if (err == cudaSuccess) return {};
+  return std::string("cudaSetDevice(") + std::to_string(device) + ") failed: " + cudaGetErrorString(err);
+}
 #else
 DeviceGuard::DeviceGuard(int device) { (void)device; }
 DeviceGuard::~DeviceGuard() = default;
 int current_device() { return -1; }
+std::string make_device_current(int device) {
+  return "cudaSetDevice(" + std::to_string(device) + "): this build of shardopt has no CUDA";
+}
 #endif
 
 }  // namespace shardopt::detail

@@ -3,6 +3,8 @@
 // In a build without CUDA it does nothing, so callers need no #if.
 #pragma once
 
+#include <string>
+
 namespace shardopt::detail {
 
 class DeviceGuard {
@@ -22,5 +24,10 @@ class DeviceGuard {
 /// The calling thread's current CUDA device (Error(Cuda) if the query fails); -1 in a
 /// build without CUDA.
 int current_device();
+
+/// Makes `device` the calling thread's current CUDA device for good (no restore), for a
+/// caller that must tell the other ranks before it throws: "" when it worked, else why not
+/// ("cudaSetDevice(d) failed: ..."). A build without CUDA answers that it has no CUDA.
+std::string make_device_current(int device);
 
 }  // namespace shardopt::detail

@@ -9,7 +9,6 @@
 
 #include "comm/comm_impl.hpp"
 #include "core/check.hpp"
-#include "core/live.hpp"
 #include "core/memory.hpp"
 #include "core/trace.hpp"
 #include "kernels/common/convert.hpp"
@@ -24,7 +23,7 @@
 #include "optimizer/kernel_preload.hpp"
 #include "optimizer/options_agreement.hpp"
 #include "optimizer/shard_engine.hpp"
-#include "optimizer/step_target.hpp"
+#include "optimizer/front_end.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt {
@@ -106,7 +105,7 @@ BucketStore make_store(const Communicator& comm, std::vector<ParamSpec> specs, c
 
 }  // namespace
 
-class DistributedAdam::Impl final : public detail::StepTarget {
+class DistributedAdam::Impl final : public detail::FrontEnd {
  public:
   Impl(Communicator c, std::vector<ParamSpec> specs, DistributedAdamOptions o)
       : comm(std::move(c)),
@@ -255,7 +254,7 @@ class DistributedAdam::Impl final : public detail::StepTarget {
 
   ~Impl() override { detail::orphan_save(last_save); }
 
-  detail::CheckpointTarget checkpoint_target() {
+  detail::CheckpointTarget checkpoint_target() override {
     detail::CheckpointTarget t;
     t.backend = backend;
     t.layout = &store.layout();
@@ -278,6 +277,23 @@ class DistributedAdam::Impl final : public detail::StepTarget {
       return detail::nvfp4_view(*mx.format(), p);
     };
     return t;
+  }
+
+  // ShardedOptimizer's interface (optimizer/front_end.hpp).
+  detail::ShardEngine& engine() override { return state; }
+  const Layout& model_layout() const override { return store.layout(); }
+  bool stored_mxfp8(int i) const override { return stored_as(i, ParamFormat::Mxfp8); }
+  ShardView param_shard(int i) override;
+  ShardView grad_shard(int i, DType dtype, Stream stream) override;
+  MemoryReport memory_report() const override;
+  void settle_all(Stream stream) override { settle(0, num_buckets(), stream); }
+  void require_publishable(const char* call) const override { require_no_live_grads(call); }
+  // The parameters from the master: native slices converted and all-gathered, quantized
+  // buckets quantized afresh and gathered, every bucket settled.
+  void publish_master(Stream stream) override {
+    state.publish_master(stream);
+    dispatch(0, num_buckets(), stream);
+    settle(0, num_buckets(), stream);
   }
 
   // StepGraph's interface.
@@ -316,19 +332,14 @@ class DistributedAdam::Impl final : public detail::StepTarget {
   // quantized buckets' regions, which the step's landing zeroed.
   std::vector<std::vector<detail::GradBytes>> zero_all, zero_after_step;
   bool grads_live = false;     // grad_ready / reduce_grads since the last step / zero_grad
-  std::shared_ptr<detail::SaveJob> last_save;  // the last save_async (a later save waits for it)
-  std::shared_ptr<DeviceBuffer> snapshot_pool;  // save_async's pinned snapshot, kept between saves
 };
 
+DistributedAdam::Impl& DistributedAdam::impl() const { return static_cast<Impl&>(front()); }
+
 namespace {
-DistributedAdam::Impl& live(const std::unique_ptr<DistributedAdam::Impl>& impl) {
-  return detail::live(impl, "DistributedAdam");
-}
-}  // namespace
-
-detail::StepTarget& DistributedAdam::step_target() { return live(impl_); }
-
-DistributedAdam::DistributedAdam(Communicator comm, std::vector<ParamSpec> specs, DistributedAdamOptions options) {
+// The checks before the state is made, then the state (the constructor's body).
+std::unique_ptr<DistributedAdam::Impl> make_impl(Communicator comm, std::vector<ParamSpec> specs,
+                                                 DistributedAdamOptions options) {
   SHARDOPT_REQUIRE(comm.valid(), ErrorCode::InvalidArgument, "DistributedAdam needs a valid Communicator");
   detail::preload_step_kernels(comm);  // before any collective: optimizer/kernel_preload.hpp
   // The deadlines first (they bound the agreement's own all-gathers), then the options,
@@ -338,18 +349,19 @@ DistributedAdam::DistributedAdam(Communicator comm, std::vector<ParamSpec> specs
   detail::validate(options, options.grad_dtype);
   SHARDOPT_REQUIRE(options.gather_pipeline >= 1, ErrorCode::InvalidArgument,
                    "gather_pipeline must be >= 1 (1 = no pipelining)");
-  impl_ = std::make_unique<Impl>(std::move(comm), std::move(specs), std::move(options));
+  return std::make_unique<DistributedAdam::Impl>(std::move(comm), std::move(specs), std::move(options));
 }
+}  // namespace
+
+DistributedAdam::DistributedAdam(Communicator comm, std::vector<ParamSpec> specs, DistributedAdamOptions options)
+    : ShardedOptimizer(make_impl(std::move(comm), std::move(specs), std::move(options)), "DistributedAdam") {}
 
 DistributedAdam::~DistributedAdam() = default;
 DistributedAdam::DistributedAdam(DistributedAdam&&) noexcept = default;
 DistributedAdam& DistributedAdam::operator=(DistributedAdam&&) noexcept = default;
 
-const Layout& DistributedAdam::layout() const { return live(impl_).store.layout(); }
-const Communicator& DistributedAdam::comm() const { return live(impl_).comm; }
-const DistributedAdamOptions& DistributedAdam::options() const { return live(impl_).opt; }
-Backend DistributedAdam::backend() const { return live(impl_).backend; }
-int DistributedAdam::num_params() const { return static_cast<int>(layout().params().size()); }
+const Communicator& DistributedAdam::comm() const { return impl().comm; }
+const DistributedAdamOptions& DistributedAdam::options() const { return impl().opt; }
 int DistributedAdam::param_index(const std::string& name) const { return layout().param_index(name); }
 
 namespace {
@@ -359,20 +371,20 @@ const char* view_call(ParamFormat f) { return f == ParamFormat::Nvfp4 ? "nvfp4_p
 }  // namespace
 
 ParamView DistributedAdam::param(int i) const {
-  (void)live(impl_).state.piece(i);
-  SHARDOPT_REQUIRE(!live(impl_).mx.is_param(i), ErrorCode::InvalidArgument,
-                   "param(" + param_name(layout(), i) + "): an " + live(impl_).mx.name() +
-                       " parameter has no bf16 view (param_format " + to_string(live(impl_).opt.param_format) +
-                       "); read its storage with " + view_call(live(impl_).opt.param_format) + "(i)");
+  (void)impl().state.piece(i);
+  SHARDOPT_REQUIRE(!impl().mx.is_param(i), ErrorCode::InvalidArgument,
+                   "param(" + param_name(layout(), i) + "): an " + impl().mx.name() +
+                       " parameter has no bf16 view (param_format " + to_string(impl().opt.param_format) +
+                       "); read its storage with " + view_call(impl().opt.param_format) + "(i)");
   const auto& spec = layout().specs()[static_cast<std::size_t>(i)];
   const DType dt = layout().buffers()[static_cast<std::size_t>(layout().params()[static_cast<std::size_t>(i)].buffer)].dtype;
-  return ParamView{contiguous_view(live(impl_).store.param_data(i), spec.shape, dt)};
+  return ParamView{contiguous_view(impl().store.param_data(i), spec.shape, dt)};
 }
 
 GradView DistributedAdam::grad(int i) const {
-  (void)live(impl_).state.piece(i);
+  (void)impl().state.piece(i);
   const auto& spec = layout().specs()[static_cast<std::size_t>(i)];
-  return GradView{contiguous_view(live(impl_).store.grad_data(i), spec.shape, live(impl_).opt.grad_dtype)};
+  return GradView{contiguous_view(impl().store.grad_data(i), spec.shape, impl().opt.grad_dtype)};
 }
 
 namespace {
@@ -399,8 +411,8 @@ GradView DistributedAdam::member_grad(int i, int m) const {
                             member_shape_of(layout().specs()[static_cast<std::size_t>(i)]), whole.dtype)};
 }
 
-ShardView DistributedAdam::shard_param(int i) const {
-  Impl& m = live(impl_);
+ShardView DistributedAdam::Impl::param_shard(int i) {
+  Impl& m = *this;
   (void)m.state.piece(i);
   SHARDOPT_REQUIRE(!m.mx.is_param(i), ErrorCode::InvalidArgument,
                    "shard_param(" + param_name(m.store.layout(), i) + "): an " + m.mx.name() +
@@ -409,10 +421,7 @@ ShardView DistributedAdam::shard_param(int i) const {
   return m.state.param_view(i);
 }
 
-ShardView DistributedAdam::shard_master(int i) const { return live(impl_).state.master_view(i); }
-
-bool DistributedAdam::is_mxfp8(int i) const { return live(impl_).stored_as(i, ParamFormat::Mxfp8); }
-bool DistributedAdam::is_nvfp4(int i) const { return live(impl_).stored_as(i, ParamFormat::Nvfp4); }
+bool DistributedAdam::is_nvfp4(int i) const { return impl().stored_as(i, ParamFormat::Nvfp4); }
 
 namespace {
 // Error(InvalidArgument) unless parameter i is stored in `want`, saying why and what to
@@ -431,59 +440,52 @@ void require_view(const DistributedAdam::Impl& m, int i, ParamFormat want) {
 }  // namespace
 
 Mxfp8View DistributedAdam::mxfp8_param(int i) const {
-  require_view(live(impl_), i, ParamFormat::Mxfp8);
-  return detail::mxfp8_view(*live(impl_).mx.format(), i);
+  require_view(impl(), i, ParamFormat::Mxfp8);
+  return detail::mxfp8_view(*impl().mx.format(), i);
 }
 
 Nvfp4View DistributedAdam::nvfp4_param(int i) const {
-  require_view(live(impl_), i, ParamFormat::Nvfp4);
-  return detail::nvfp4_view(*live(impl_).mx.format(), i);
+  require_view(impl(), i, ParamFormat::Nvfp4);
+  return detail::nvfp4_view(*impl().mx.format(), i);
 }
-ShardView DistributedAdam::shard_remainder(int i) const { return live(impl_).state.remainder_view(i); }
-ShardView DistributedAdam::shard_exp_avg(int i) const { return live(impl_).state.exp_avg_view(i); }
-ShardView DistributedAdam::shard_exp_avg_sq(int i) const { return live(impl_).state.exp_avg_sq_view(i); }
 
-ShardView DistributedAdam::shard_grad(int i, DType dtype, Stream stream) {
-  Impl& m = live(impl_);
-  return m.state.grad_view(i, dtype, stream,
-                           "shard_grad(" + param_name(m.store.layout(), i) + ", " + to_string(dtype) + ")");
+ShardView DistributedAdam::Impl::grad_shard(int i, DType dtype, Stream stream) {
+  return state.grad_view(i, dtype, stream, "shard_grad(" + param_name(store.layout(), i) + ", " + to_string(dtype) + ")");
 }
 
 void DistributedAdam::init_master(Stream stream) {
-  SHARDOPT_REQUIRE(!live(impl_).mx.any(), ErrorCode::InvalidState,
-                   std::string("init_master seeds the master from the param views, which ") + live(impl_).mx.name() +
+  SHARDOPT_REQUIRE(!impl().mx.any(), ErrorCode::InvalidState,
+                   std::string("init_master seeds the master from the param views, which ") + impl().mx.name() +
                        " parameters do not have; write "
                    "the initial values into shard_master(i) and call init_from_master(stream)");
-  live(impl_).wait_pending_gathers(stream);
-  live(impl_).state.init_master(stream);
+  impl().wait_pending_gathers(stream);
+  impl().state.init_master(stream);
   const int nb = static_cast<int>(layout().buckets().size());
-  for (int b = 0; b < nb; ++b) live(impl_).store.start_param_gather(b, stream);
-  for (int b = 0; b < nb; ++b) live(impl_).store.wait_param_gather(b, stream);
+  for (int b = 0; b < nb; ++b) impl().store.start_param_gather(b, stream);
+  for (int b = 0; b < nb; ++b) impl().store.wait_param_gather(b, stream);
 }
 
 void DistributedAdam::init_from_master(Stream stream) {
-  Impl& m = live(impl_);
+  Impl& m = impl();
   const int nb = m.num_buckets();
   m.settle(0, nb, stream);
   m.require_no_live_grads("init_from_master");
-  m.state.publish_master(stream);
-  m.dispatch(0, nb, stream);
-  m.settle(0, nb, stream);
+  m.publish_master(stream);
 }
 
 void DistributedAdam::grad_ready(int i, Stream stream) {
-  (void)live(impl_).state.piece(i);
-  if (!live(impl_).state.initialized())
-    live(impl_).state.require_initialized("grad_ready(" + param_name(layout(), i) + ")", kInitCalls);
-  live(impl_).require_mx_idle(layout().params()[static_cast<std::size_t>(i)].bucket,
+  (void)impl().state.piece(i);
+  if (!impl().state.initialized())
+    impl().state.require_initialized("grad_ready(" + param_name(layout(), i) + ")", kInitCalls);
+  impl().require_mx_idle(layout().params()[static_cast<std::size_t>(i)].bucket,
                          "grad_ready(" + param_name(layout(), i) + ")");
-  if (!live(impl_).grad_sync || !live(impl_).opt.overlap_grad_reduce) return;
-  live(impl_).grads_live = true;
-  live(impl_).store.grad_ready(i, stream);
+  if (!impl().grad_sync || !impl().opt.overlap_grad_reduce) return;
+  impl().grads_live = true;
+  impl().store.grad_ready(i, stream);
 }
 
-void DistributedAdam::set_grad_sync(bool enabled) { live(impl_).grad_sync = enabled; }
-bool DistributedAdam::grad_sync() const { return live(impl_).grad_sync; }
+void DistributedAdam::set_grad_sync(bool enabled) { impl().grad_sync = enabled; }
+bool DistributedAdam::grad_sync() const { return impl().grad_sync; }
 
 void DistributedAdam::Impl::reduce_grads(Stream stream) {
   state.require_initialized("reduce_grads()", kInitCalls);
@@ -541,7 +543,7 @@ void DistributedAdam::Impl::step(Stream stream) {
 }
 
 void DistributedAdam::gather_params(Stream stream) {
-  Impl& m = live(impl_);
+  Impl& m = impl();
   m.state.require_initialized("gather_params()", kInitCalls);
   const bool defer = m.opt.overlap_param_gather && !is_capturing(m.backend, stream);
   const int nb = m.num_buckets();
@@ -559,15 +561,15 @@ void DistributedAdam::wait_param(int bucket, Stream stream) {
   SHARDOPT_REQUIRE(bucket >= 0 && bucket < static_cast<int>(layout().buckets().size()), ErrorCode::OutOfRange,
                    "bucket " + std::to_string(bucket) + " is out of range [0, " +
                        std::to_string(layout().buckets().size()) + ")");
-  live(impl_).settle(bucket, bucket + 1, stream);
+  impl().settle(bucket, bucket + 1, stream);
 }
 
 GatherState DistributedAdam::gather_state(int bucket) const {
   SHARDOPT_REQUIRE(bucket >= 0 && bucket < static_cast<int>(layout().buckets().size()), ErrorCode::OutOfRange,
                    "gather_state: bucket " + std::to_string(bucket) + " is out of range [0, " +
                        std::to_string(layout().buckets().size()) + ")");
-  if (live(impl_).mx.is_bucket(bucket)) return live(impl_).mx.state(bucket);
-  return live(impl_).store.param_gather_pending(bucket) ? GatherState::InFlight : GatherState::Idle;
+  if (impl().mx.is_bucket(bucket)) return impl().mx.state(bucket);
+  return impl().store.param_gather_pending(bucket) ? GatherState::InFlight : GatherState::Idle;
 }
 
 void DistributedAdam::Impl::zero_grad(Stream stream, bool after_step) {
@@ -593,67 +595,24 @@ void DistributedAdam::Impl::zero_grad(Stream stream, bool after_step) {
   m.state.release_copies(stream);
 }
 
-void DistributedAdam::set_lr(float lr) { live(impl_).state.set_lr(lr); }
-void DistributedAdam::set_loss_scale(float scale) { live(impl_).state.set_loss_scale(scale); }
-StepScalars* DistributedAdam::device_scalars() const { return live(impl_).state.scalars(); }
-StepScalars DistributedAdam::read_scalars(Stream stream) const {
-  return live(impl_).state.read_scalars(live(impl_).comm, stream);
-}
-void DistributedAdam::synchronize(Stream stream) const {
-  detail::CommAccess::require(live(impl_).comm).synchronize(stream, "DistributedAdam::synchronize");
-}
-MicrobatchState* DistributedAdam::device_microbatch() const { return live(impl_).state.microbatch(); }
-void DistributedAdam::advance_microbatch(Stream stream) { live(impl_).state.advance_microbatch(stream); }
-
-MemoryReport DistributedAdam::memory() const {
-  const Impl& m = live(impl_);
+MemoryReport DistributedAdam::Impl::memory_report() const {
+  const Impl& m = *this;
+  const Layout& L = store.layout();
   MemoryReport r;
   r.params = static_cast<std::int64_t>(m.store.param_bytes());
   r.grads = static_cast<std::int64_t>(m.store.grad_bytes() + m.store.reduce_scratch_bytes());
   (m.opt.param_format == ParamFormat::Nvfp4 ? r.nvfp4 : r.mxfp8) = static_cast<std::int64_t>(m.mx.storage_bytes());
   r.nccl_overhead = static_cast<std::int64_t>(m.store.allocator_overhead_bytes());
   m.state.add_memory(r);  // master, moments, their shard padding, cast copies
-  for (std::size_t b = 0; b < layout().buffers().size(); ++b) {
-    const BufferLayout& buf = layout().buffers()[b];
+  for (std::size_t b = 0; b < L.buffers().size(); ++b) {
+    const BufferLayout& buf = L.buffers()[b];
     std::int64_t real = 0;
-    for (int p : buf.params) real += layout().params()[static_cast<std::size_t>(p)].numel;
+    for (int p : buf.params) real += L.params()[static_cast<std::size_t>(p)].numel;
     const std::size_t param_size = m.store.has_params(static_cast<int>(b)) ? size_of(buf.dtype) : 0;
     r.padding += (buf.numel - real) * static_cast<std::int64_t>(param_size + size_of(m.opt.grad_dtype));
   }
   return r;
 }
-
-void DistributedAdam::save(const std::string& dir, Stream stream, const CheckpointUserData& user) {
-  Impl& m = live(impl_);
-  detail::wait_save(m.last_save);
-  m.settle(0, m.num_buckets(), stream);  // every parameter current (MXFP8 storage landed)
-  detail::save_checkpoint(m.checkpoint_target(), dir, stream, user);
-}
-
-SaveHandle DistributedAdam::save_async(const std::string& dir, Stream stream, const CheckpointUserData& user) {
-  Impl& m = live(impl_);
-  detail::wait_save(m.last_save);
-  m.settle(0, m.num_buckets(), stream);
-  m.last_save = detail::save_checkpoint_async(m.checkpoint_target(), dir, stream, user, m.snapshot_pool);
-  return SaveHandle(m.last_save);
-}
-
-CheckpointInfo DistributedAdam::load(const std::string& dir, Stream stream) {
-  Impl& m = live(impl_);
-  detail::wait_save(m.last_save);
-  const int nb = m.num_buckets();
-  m.settle(0, nb, stream);
-  m.require_no_live_grads("load");
-  CheckpointInfo info = detail::load_checkpoint(m.checkpoint_target(), dir, stream);
-  // The parameters from the loaded master: native slices converted and all-gathered,
-  // MXFP8 storage quantized afresh (bitwise what the saving run held).
-  m.state.publish_master(stream);
-  m.dispatch(0, nb, stream);
-  m.settle(0, nb, stream);
-  return info;
-}
-
-void DistributedAdam::check_capturable() const { live(impl_).state.check_capturable(); }
 
 void DistributedAdam::Impl::step_and_zero_grad(Stream s) {
   step(s);
@@ -662,8 +621,8 @@ void DistributedAdam::Impl::step_and_zero_grad(Stream s) {
 
 void DistributedAdam::Impl::join_reductions(Stream s) { reduce_grads(s); }
 
-void DistributedAdam::reduce_grads(Stream stream) { live(impl_).reduce_grads(stream); }
-void DistributedAdam::step(Stream stream) { live(impl_).step(stream); }
-void DistributedAdam::zero_grad(Stream stream) { live(impl_).zero_grad(stream); }
+void DistributedAdam::reduce_grads(Stream stream) { impl().reduce_grads(stream); }
+void DistributedAdam::step(Stream stream) { impl().step(stream); }
+void DistributedAdam::zero_grad(Stream stream) { impl().zero_grad(stream); }
 
 }  // namespace shardopt

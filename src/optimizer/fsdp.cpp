@@ -261,7 +261,7 @@ void Fsdp::Impl::reduce_f32(char* at, std::int64_t count, void* shard_at, Stream
   kernels::piece_sum(sum, backend, rs);
 }
 
-detail::StepTarget& Fsdp::step_target() { return live(impl_); }
+Fsdp::Impl& Fsdp::impl() const { return static_cast<Impl&>(front()); }
 
 namespace {
 // Every parameter Fsdp stores natively (all of them; with Mxfp8 those it does not
@@ -292,9 +292,10 @@ void check_spec_dtypes(const Communicator& comm, const std::vector<ParamSpec>& s
                     " in param_dtype: set FsdpOptions::param_dtype = " + have + ", or give the spec dtype " + want);
   }
 }
-}  // namespace
 
-Fsdp::Fsdp(Communicator comm, std::vector<ParamSpec> specs, std::vector<FsdpUnit> units, FsdpOptions options) {
+// The checks before the state is made, then the state (the constructor's body).
+std::unique_ptr<Fsdp::Impl> make_impl(Communicator comm, std::vector<ParamSpec> specs, std::vector<FsdpUnit> units,
+                                      FsdpOptions options) {
   SHARDOPT_REQUIRE(comm.valid(), ErrorCode::InvalidArgument, "Fsdp needs a valid Communicator");
   detail::preload_step_kernels(comm);  // before any collective: optimizer/kernel_preload.hpp
   // The deadlines first (they bound the agreement's own all-gathers, and the shard and
@@ -304,35 +305,36 @@ Fsdp::Fsdp(Communicator comm, std::vector<ParamSpec> specs, std::vector<FsdpUnit
   detail::check_options_agree(comm, "FsdpOptions", detail::fsdp_fields(options));
   detail::validate(options, options.grad_dtype);
   check_spec_dtypes(comm, specs, options);
-  impl_ = std::make_unique<Impl>(std::move(comm), std::move(specs), std::move(units), std::move(options));
+  return std::make_unique<Fsdp::Impl>(std::move(comm), std::move(specs), std::move(units), std::move(options));
 }
+}  // namespace
+
+Fsdp::Fsdp(Communicator comm, std::vector<ParamSpec> specs, std::vector<FsdpUnit> units, FsdpOptions options)
+    : ShardedOptimizer(make_impl(std::move(comm), std::move(specs), std::move(units), std::move(options)), "Fsdp") {}
 
 Fsdp::~Fsdp() = default;
 Fsdp::Fsdp(Fsdp&&) noexcept = default;
 Fsdp& Fsdp::operator=(Fsdp&&) noexcept = default;
 
-const Layout& Fsdp::layout() const { return live(impl_).layout; }
-const FsdpOptions& Fsdp::options() const { return live(impl_).opt; }
-Backend Fsdp::backend() const { return live(impl_).backend; }
-int Fsdp::num_params() const { return static_cast<int>(live(impl_).layout.params().size()); }
-int Fsdp::num_units() const { return static_cast<int>(live(impl_).units.size()); }
-int Fsdp::shard_rank() const { return live(impl_).shard_comm.rank(); }
-int Fsdp::shard_size() const { return live(impl_).shard_size; }
-int Fsdp::replicas() const { return live(impl_).world.size() / live(impl_).shard_size; }
+const FsdpOptions& Fsdp::options() const { return impl().opt; }
+int Fsdp::num_units() const { return static_cast<int>(impl().units.size()); }
+int Fsdp::shard_rank() const { return impl().shard_comm.rank(); }
+int Fsdp::shard_size() const { return impl().shard_size; }
+int Fsdp::replicas() const { return impl().world.size() / impl().shard_size; }
 
 int Fsdp::unit_of(int param) const {
-  (void)live(impl_).state.piece(param);
-  return live(impl_).unit_of_param[static_cast<std::size_t>(param)];
+  (void)impl().state.piece(param);
+  return impl().unit_of_param[static_cast<std::size_t>(param)];
 }
 
-bool Fsdp::is_mxfp8(int i) const {
-  const Impl& m = live(impl_);
+bool Fsdp::Impl::stored_mxfp8(int i) const {
+  const Impl& m = *this;
   (void)m.state.piece(i);
   return m.mx_mode() && m.quantized[static_cast<std::size_t>(m.layout.params()[static_cast<std::size_t>(i)].buffer)];
 }
 
 std::vector<GradView> Fsdp::grad_slot(int unit, Stream stream) {
-  Impl& m = live(impl_);
+  Impl& m = impl();
   m.check_unit(unit);
   SHARDOPT_REQUIRE(m.grad_unit < 0, ErrorCode::InvalidState,
                    "grad_slot('" + m.unit_name(unit) + "') while unit '" +
@@ -358,7 +360,7 @@ std::vector<GradView> Fsdp::grad_slot(int unit, Stream stream) {
 }
 
 void Fsdp::grad_ready(int unit, Stream stream) {
-  Impl& m = live(impl_);
+  Impl& m = impl();
   SHARDOPT_TRACE_INDEXED("shardopt/reduce_scatter unit", unit);
   m.check_unit(unit);
   if (!m.state.initialized())
@@ -437,57 +439,42 @@ void Fsdp::Impl::zero_grad(Stream stream) {
   m.state.release_copies(stream);
 }
 
-void Fsdp::step(Stream stream) { live(impl_).step(stream); }
-void Fsdp::zero_grad(Stream stream) { live(impl_).zero_grad(stream); }
+void Fsdp::step(Stream stream) { impl().step(stream); }
+void Fsdp::zero_grad(Stream stream) { impl().zero_grad(stream); }
 
-ShardView Fsdp::shard_param(int i) const {
-  SHARDOPT_REQUIRE(!is_mxfp8(i), ErrorCode::InvalidArgument,
-                   "shard_param('" + live(impl_).layout.specs()[static_cast<std::size_t>(i)].name +
+ShardView Fsdp::Impl::param_shard(int i) {
+  SHARDOPT_REQUIRE(!stored_mxfp8(i), ErrorCode::InvalidArgument,
+                   "shard_param('" + layout.specs()[static_cast<std::size_t>(i)].name +
                        "'): an MXFP8 parameter has no parameter shard; write its fp32 master through shard_master(i) "
                        "and publish it with init_from_master");
-  return live(impl_).state.param_view(i);
+  return state.param_view(i);
 }
 
-ShardView Fsdp::shard_master(int i) const { return live(impl_).state.master_view(i); }
-ShardView Fsdp::shard_remainder(int i) const { return live(impl_).state.remainder_view(i); }
-ShardView Fsdp::shard_exp_avg(int i) const { return live(impl_).state.exp_avg_view(i); }
-ShardView Fsdp::shard_exp_avg_sq(int i) const { return live(impl_).state.exp_avg_sq_view(i); }
-
-ShardView Fsdp::shard_grad(int i, DType dtype, Stream stream) {
-  Impl& m = live(impl_);
+ShardView Fsdp::Impl::grad_shard(int i, DType dtype, Stream stream) {
+  Impl& m = *this;
   (void)m.state.piece(i);  // the index check, before the name is looked up
   const std::string& name = m.layout.specs()[static_cast<std::size_t>(i)].name;
   return m.state.grad_view(i, dtype, stream, "shard_grad('" + name + "', " + to_string(dtype) + ")");
 }
 
 void Fsdp::init_master(Stream stream) {
-  SHARDOPT_REQUIRE(!live(impl_).mx_mode(), ErrorCode::InvalidState,
+  SHARDOPT_REQUIRE(!impl().mx_mode(), ErrorCode::InvalidState,
                    "init_master seeds the master from the parameter shards, which MXFP8 parameters do not have; "
                    "write the initial values into shard_master(i) and call init_from_master(stream)");
-  live(impl_).state.init_master(stream);
+  impl().state.init_master(stream);
 }
 
 void Fsdp::init_from_master(Stream stream) {
-  Impl& m = live(impl_);
+  Impl& m = impl();
   SHARDOPT_REQUIRE(m.grad_unit < 0 && m.pos == 0, ErrorCode::InvalidState,
                    "init_from_master in the middle of an iteration; call it before the first wait_param or after "
                    "step()");
   m.publish_master(stream);
 }
-void Fsdp::set_lr(float lr) { live(impl_).state.set_lr(lr); }
-void Fsdp::set_loss_scale(float scale) { live(impl_).state.set_loss_scale(scale); }
-StepScalars* Fsdp::device_scalars() const { return live(impl_).state.scalars(); }
-StepScalars Fsdp::read_scalars(Stream stream) const { return live(impl_).state.read_scalars(live(impl_).world, stream); }
-void Fsdp::synchronize(Stream stream) const {
-  detail::CommAccess::require(live(impl_).world).synchronize(stream, "Fsdp::synchronize");
-}
-MicrobatchState* Fsdp::device_microbatch() const { return live(impl_).state.microbatch(); }
-void Fsdp::advance_microbatch(Stream stream) { live(impl_).state.advance_microbatch(stream); }
+Stream Fsdp::gather_stream() const { return impl().gather_stream.get(); }
 
-Stream Fsdp::gather_stream() const { return live(impl_).gather_stream.get(); }
-
-MemoryReport Fsdp::memory() const {
-  const Impl& m = live(impl_);
+MemoryReport Fsdp::Impl::memory_report() const {
+  const Impl& m = *this;
   MemoryReport r;
   for (std::size_t b = 0; b < m.layout.buffers().size(); ++b) {
     r.params += static_cast<std::int64_t>(m.param_shards[b].bytes());
@@ -499,35 +486,12 @@ MemoryReport Fsdp::memory() const {
                                      m.col_slot.bytes());
   m.state.add_memory(r);  // master, moments, their shard padding, cast copies
   std::vector<std::int64_t> real(m.layout.buffers().size(), 0);
-  for (int i = 0; i < num_params(); ++i) real[static_cast<std::size_t>(m.state.piece(i).buffer)] += m.state.piece(i).length;
+  for (int i = 0; i < static_cast<int>(m.layout.params().size()); ++i) real[static_cast<std::size_t>(m.state.piece(i).buffer)] += m.state.piece(i).length;
   for (std::size_t b = 0; b < real.size(); ++b) {
     const std::size_t param_size = m.quantized[b] ? 2 : m.psize;  // MXFP8: one byte in each shard plane
     r.padding += (m.layout.buffers()[b].shard_numel - real[b]) * static_cast<std::int64_t>(param_size + m.gsize);
   }
   return r;
 }
-
-void Fsdp::save(const std::string& dir, Stream stream, const CheckpointUserData& user) {
-  Impl& m = live(impl_);
-  detail::wait_save(m.last_save);
-  detail::save_checkpoint(m.checkpoint_target(), dir, stream, user);
-}
-
-SaveHandle Fsdp::save_async(const std::string& dir, Stream stream, const CheckpointUserData& user) {
-  Impl& m = live(impl_);
-  detail::wait_save(m.last_save);
-  m.last_save = detail::save_checkpoint_async(m.checkpoint_target(), dir, stream, user, m.snapshot_pool);
-  return SaveHandle(m.last_save);
-}
-
-CheckpointInfo Fsdp::load(const std::string& dir, Stream stream) {
-  Impl& m = live(impl_);
-  detail::wait_save(m.last_save);
-  CheckpointInfo info = detail::load_checkpoint(m.checkpoint_target(), dir, stream);
-  m.publish_master(stream);  // the parameter shard (MXFP8: its planes and scales) from the loaded master
-  return info;
-}
-
-void Fsdp::check_capturable() const { live(impl_).check_step_capturable(); }
 
 }  // namespace shardopt

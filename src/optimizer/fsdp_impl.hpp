@@ -15,19 +15,18 @@
 #include <vector>
 
 #include "core/check.hpp"
-#include "core/live.hpp"
 #include "core/memory.hpp"
 #include "core/streams.hpp"
 #include "optimizer/checkpoint.hpp"
 #include "optimizer/shard_engine.hpp"
-#include "optimizer/step_target.hpp"
+#include "optimizer/front_end.hpp"
 #include "quantized/quantized_params.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/fsdp.hpp"
 
 namespace shardopt {
 
-class Fsdp::Impl final : public detail::StepTarget {
+class Fsdp::Impl final : public detail::FrontEnd {
  public:
   // One layout buffer's part of a unit: its element range there, and where the part
   // starts in the unit's gradient slot (`grad_at`) and in its parameter place (`at`:
@@ -115,12 +114,20 @@ class Fsdp::Impl final : public detail::StepTarget {
 
 
   // ---- the rest (fsdp.cpp)
-  detail::CheckpointTarget checkpoint_target();
+  detail::CheckpointTarget checkpoint_target() override;
 
   // The parameters from the master (init_from_master, load): the native parameter shard
   // converted, the MXFP8 shard planes and whole scales quantized (the sharded quantize of
   // step(), so the planes equal those of a run that never stopped).
-  void publish_master(Stream stream);
+  void publish_master(Stream stream) override;
+
+  // ShardedOptimizer's interface (optimizer/front_end.hpp).
+  detail::ShardEngine& engine() override { return state; }
+  const Layout& model_layout() const override { return layout; }
+  bool stored_mxfp8(int i) const override;
+  ShardView param_shard(int i) override;
+  ShardView grad_shard(int i, DType dtype, Stream stream) override;
+  MemoryReport memory_report() const override;
 
   // StepGraph's interface: FSDP captures only as one whole iteration (its gathers differ
   // per position in the learned order).
@@ -212,8 +219,6 @@ class Fsdp::Impl final : public detail::StepTarget {
   std::vector<int> place_of = std::vector<int>(units.size(), -1);  // MXFP8 plane: half 0/1, or 2 (columnwise slot)
   std::vector<FsdpPass> pass_now = std::vector<FsdpPass>(units.size(), FsdpPass::Forward);
   std::size_t pending_mx = npos;  // a Backward position's MXFP8 gather waits for grad_ready
-  std::shared_ptr<detail::SaveJob> last_save;  // the last save_async (a later save waits for it)
-  std::shared_ptr<DeviceBuffer> snapshot_pool;  // save_async's pinned snapshot, kept between saves
   int next_slot = 0, next_half = 0;
   int grad_unit = -1;
   bool reduce_pending = false;
@@ -227,10 +232,5 @@ class Fsdp::Impl final : public detail::StepTarget {
   // the gradient shard at `shard_at`, on the reduce stream `rs`.
   void reduce_f32(char* at, std::int64_t count, void* shard_at, Stream rs);
 };
-
-// The Impl of a live Fsdp; a moved-from one refuses every call (Error(InvalidState)).
-inline Fsdp::Impl& live(const std::unique_ptr<Fsdp::Impl>& impl) {
-  return detail::live(impl, "Fsdp");
-}
 
 }  // namespace shardopt

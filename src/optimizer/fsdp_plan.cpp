@@ -11,7 +11,7 @@
 namespace shardopt {
 
 std::vector<ParamView> Fsdp::wait_param(int unit, Stream stream) {
-  Impl& m = live(impl_);
+  Impl& m = impl();
   SHARDOPT_REQUIRE(!m.mx_mode(), ErrorCode::InvalidArgument,
                    "wait_param(unit, stream) with MXFP8 parameters: name the pass, wait_param(unit, "
                    "FsdpPass::Forward or FsdpPass::Backward, stream); each pass gathers only its plane");
@@ -19,7 +19,7 @@ std::vector<ParamView> Fsdp::wait_param(int unit, Stream stream) {
 }
 
 std::vector<ParamView> Fsdp::wait_param(int unit, FsdpPass pass, Stream stream) {
-  return live(impl_).wait_param(unit, pass, stream);
+  return impl().wait_param(unit, pass, stream);
 }
 
 std::vector<ParamView> Fsdp::Impl::wait_param(int unit, std::optional<FsdpPass> pass, Stream stream) {
@@ -121,7 +121,7 @@ std::size_t Fsdp::Impl::next_mx(std::size_t k) const {
 }
 
 void Fsdp::end_forward_only(Stream stream) {
-  Impl& m = live(impl_);
+  Impl& m = impl();
   SHARDOPT_REQUIRE(m.grad_unit < 0, ErrorCode::InvalidState,
                    "end_forward_only while unit '" + (m.grad_unit >= 0 ? m.unit_name(m.grad_unit) : std::string()) +
                        "' holds the gradient slot; a forward-only pass takes no gradient slot");
@@ -153,7 +153,7 @@ void Fsdp::end_forward_only(Stream stream) {
 
 const std::vector<int>& Fsdp::unit_order() const {
   static const std::vector<int> none;
-  return live(impl_).learned ? live(impl_).order : none;
+  return impl().learned ? impl().order : none;
 }
 
 void Fsdp::Impl::check_step_capturable() const {

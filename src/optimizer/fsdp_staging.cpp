@@ -123,7 +123,7 @@ void Fsdp::Impl::land_mx(std::size_t k, Stream stream) {
 }
 
 Mxfp8PassView Fsdp::mxfp8_param(int i, FsdpPass pass) const {
-  const Impl& m = live(impl_);
+  const Impl& m = impl();
   (void)m.state.piece(i);
   const auto& pl = m.layout.params()[static_cast<std::size_t>(i)];
   const std::string& name = m.layout.specs()[static_cast<std::size_t>(i)].name;
@@ -157,9 +157,9 @@ Mxfp8PassView Fsdp::mxfp8_param(int i, FsdpPass pass) const {
 
 GatherState Fsdp::staging_state(int half) const {
   SHARDOPT_REQUIRE(half == 0 || half == 1, ErrorCode::OutOfRange, "staging_state: half must be 0 or 1");
-  return live(impl_).staging[static_cast<std::size_t>(half)];
+  return impl().staging[static_cast<std::size_t>(half)];
 }
 
-FsdpGatherStats Fsdp::gather_stats() const { return live(impl_).stats; }
+FsdpGatherStats Fsdp::gather_stats() const { return impl().stats; }
 
 }  // namespace shardopt

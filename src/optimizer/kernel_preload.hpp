@@ -6,19 +6,14 @@
 // (the 4-GPU HSDP fault case, docs/faults.md).
 #pragma once
 
-#include <vector>
-
 #include "kernels/common/kernel_files.hpp"
 #include "shardopt/communicator.hpp"
 
 namespace shardopt::detail {
 
-/// Every .cu file whose kernels an optimizer can launch: those of src/kernels and the
-/// landing's byte copies (empty in a build without CUDA).
-std::vector<kernels::KernelFile> step_kernel_files_cuda();
-
-/// Loads every kernel of step_kernel_files_cuda() on the communicator's device, once per
-/// process and device (later calls return at once). Host backend: nothing.
+/// Loads every kernel of kernels::kernel_files_cuda() (every .cu file of src/kernels: all
+/// an optimizer can launch) on the communicator's device, once per process and device
+/// (later calls return at once). Host backend: nothing.
 void preload_step_kernels(const Communicator& comm);
 
 }  // namespace shardopt::detail

@@ -33,7 +33,7 @@ class Mxfp8Format final : public StoredFormat {
   }
   // Nothing is staged: phase 2 writes the storage (shard planes, or this rank's slice of
   // the bucket's gather planes), so there are no landing copies.
-  void landing(int, std::vector<BytePiece>&) const override {}
+  void landing(int, std::vector<kernels::BytePiece>&) const override {}
   std::size_t storage_bytes() const override { return storage_.bytes() + planes_.bytes(); }
   std::vector<GatherPlane> gather_planes(int b) const override;
   BufferToRegister gather_memory() const override {

@@ -64,7 +64,7 @@ class Nvfp4Format final : public StoredFormat {
   std::uint8_t* exchange_end(int b) const override { return at(bucket_[static_cast<std::size_t>(b)].amax_end); }
   void partials(int b, Stream stream) const override { nvfp4_partial_amax_batch(batch(b), backend_, stream); }
   void quantize(int b, Stream stream) const override { quantize_nvfp4_shard_batch(batch(b), backend_, stream); }
-  void landing(int b, std::vector<BytePiece>& table) const override;
+  void landing(int b, std::vector<kernels::BytePiece>& table) const override;
 
   Nvfp4View view(int param) const;
   std::optional<kernels::AdamAmaxChunk> adam_amax(int param) const;
@@ -173,7 +173,7 @@ Nvfp4Format::Nvfp4Format(const FormatContext& ctx) : StoredFormat(ctx) {
   synchronize(backend_, nullptr);
 }
 
-void Nvfp4Format::landing(int bucket, std::vector<BytePiece>& table) const {
+void Nvfp4Format::landing(int bucket, std::vector<kernels::BytePiece>& table) const {
   if (writes_storage()) return;  // phase 2 wrote the storage itself
   const Layout& L = layout_;
   const Staging& st = staging_[static_cast<std::size_t>(bucket)];
@@ -195,11 +195,11 @@ void Nvfp4Format::landing(int bucket, std::vector<BytePiece>& table) const {
         const auto prev = last_byte.find({seg.param, mp.member, mp.range.begin});
         SHARDOPT_REQUIRE(prev != last_byte.end(), ErrorCode::Internal,
                          "NVFP4 landing: no piece ends where a piece starts mid-byte");
-        table.push_back(BytePiece{src, dst + bytes.begin, 1, prev->second});
+        table.push_back(kernels::BytePiece{src, dst + bytes.begin, 1, prev->second});
       }
       const std::int64_t first = bytes.begin + (shared_front ? 1 : 0);
       const std::int64_t last = bytes.end - (shared_back ? 1 : 0);
-      if (last > first) split_copy(table, src + (first - bytes.begin), dst + first, last - first);
+      if (last > first) kernels::split_copy(table, src + (first - bytes.begin), dst + first, last - first);
       if (shared_back) last_byte[{seg.param, mp.member, mp.range.end}] = src + (bytes.size() - 1);
     });
   }

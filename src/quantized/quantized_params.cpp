@@ -103,7 +103,7 @@ void QuantizedParams::make_format(int rank, const std::vector<MasterPiece>& mast
   format_ = make(ctx);
 
   // The landings in bucket order (a run of buckets is one sub-table).
-  std::vector<BytePiece> table;
+  std::vector<kernels::BytePiece> table;
   for (std::size_t b = 0; b < L.buckets().size(); ++b) {
     BucketInfo& bi = bucket_[b];
     if (!bi.quantized) continue;
@@ -113,7 +113,7 @@ void QuantizedParams::make_format(int rank, const std::vector<MasterPiece>& mast
     l.end = static_cast<std::int64_t>(table.size());
     for (std::int64_t k = l.begin; k < l.end; ++k) l.bytes += table[static_cast<std::size_t>(k)].bytes;
   }
-  pieces_ = DeviceBuffer(backend_, table.size() * sizeof(BytePiece));
+  pieces_ = DeviceBuffer(backend_, table.size() * sizeof(kernels::BytePiece));
   copy_async(backend_, pieces_.data(), table.data(), pieces_.bytes(), nullptr);
   synchronize(backend_, nullptr);
   warm_up();
@@ -302,7 +302,7 @@ void QuantizedParams::consume(BucketStore& store, int first, int last, Stream st
     auto landing = [&](int k) -> const Landing& { return bucket_[static_cast<std::size_t>(k)].landing; };
     const std::int64_t copies = landing(e - 1).end - landing(b).begin;  // none where phase 2 wrote the storage
     if (copies > 0) phase_mark("landing", stream);
-    copy_pieces(pieces_.as<BytePiece>() + landing(b).begin, copies, backend_, stream);
+    kernels::copy_pieces(pieces_.as<kernels::BytePiece>() + landing(b).begin, copies, backend_, stream);
     for (int k = b; k < e; ++k) landed_total.fetch_add(landing(k).bytes, std::memory_order_relaxed);
     // The staging bytes (and whatever else the region held) must not meet the next
     // backward: the region is zero from here on (staging in a gradient region must be

@@ -26,7 +26,7 @@
 
 #include "core/memory.hpp"
 #include "core/streams.hpp"
-#include "quantized/byte_copies.hpp"
+#include "kernels/common/byte_copies.hpp"
 #include "shardopt/bucket_store.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/layout.hpp"
@@ -109,7 +109,7 @@ class QuantizedFormat {
   virtual const char* partials_mark() const { return "amax"; }
   virtual const char* quantize_mark() const { return "quantize"; }
   /// Appends bucket b's landing copies (every rank's staged bytes -> storage).
-  virtual void landing(int bucket, std::vector<BytePiece>& table) const = 0;
+  virtual void landing(int bucket, std::vector<kernels::BytePiece>& table) const = 0;
   /// Bytes of the persistent storage (data, scales, exchange buffers, alignment gaps).
   virtual std::size_t storage_bytes() const = 0;
   /// Bucket b's own gather planes (BucketStore::set_gather_planes) when the format keeps
@@ -272,7 +272,7 @@ class QuantizedParams {
   std::vector<Staging> staging_;
   BucketStore* store_ = nullptr;  // DistributedAdam's: the in-place gathers' owner
   std::unique_ptr<QuantizedFormat> format_;
-  DeviceBuffer pieces_;  // BytePiece table of every quantized bucket's landing
+  DeviceBuffer pieces_;  // kernels::BytePiece table of every quantized bucket's landing
   // The format's gather memory registered with the communicator: declared after format_,
   // so deregistered before the memory is freed.
   std::vector<BufferRegistration> registrations_;

@@ -1,4 +1,4 @@
-// byte_copies_cases.hpp - the landing copy table (src/optimizer/byte_copies.*): pieces of
+// byte_copies_cases.hpp - the landing copy table (src/kernels/common/byte_copies.*): pieces of
 // at most kBytePieceMax bytes that cover every copy exactly, run in one launch on either
 // backend; the result is checked against plain memcpy into a host image. Shared by
 // test/unit (host twin) and test/gpu (the CUDA kernel, co-aligned and misaligned pieces).
@@ -13,18 +13,18 @@
 
 #include "common/device_copy.hpp"
 #include "core/memory.hpp"
-#include "quantized/byte_copies.hpp"
+#include "kernels/common/byte_copies.hpp"
 #include "shardopt/backend.hpp"
 
 namespace shardopt::test {
 
 /// Runs `table` (uploaded to the backend) on `dst` (n bytes) and counts the bytes that
 /// then differ from `want`.
-inline std::size_t run_pieces_and_count_diffs(Backend b, const std::vector<detail::BytePiece>& table, void* dst,
+inline std::size_t run_pieces_and_count_diffs(Backend b, const std::vector<kernels::BytePiece>& table, void* dst,
                                               const std::vector<std::uint8_t>& want) {
-  DeviceBuffer dtable(b, table.size() * sizeof(detail::BytePiece));
+  DeviceBuffer dtable(b, table.size() * sizeof(kernels::BytePiece));
   bytes_to_device(b, dtable.data(), table.data(), dtable.bytes());
-  detail::copy_pieces(dtable.as<detail::BytePiece>(), static_cast<std::int64_t>(table.size()), b, nullptr);
+  kernels::copy_pieces(dtable.as<kernels::BytePiece>(), static_cast<std::int64_t>(table.size()), b, nullptr);
   std::vector<std::uint8_t> got(want.size());
   bytes_to_host(b, got.data(), dst, want.size());
   std::size_t differ = 0;
@@ -43,7 +43,7 @@ inline void case_copy_pieces_match_memcpy(Backend b, std::uint32_t seed) {
   DeviceBuffer dsrc(b, arena), ddst(b, arena);
   bytes_to_device(b, dsrc.data(), src.data(), arena);
   bytes_to_device(b, ddst.data(), dst_want.data(), arena);
-  std::vector<detail::BytePiece> table;
+  std::vector<kernels::BytePiece> table;
   std::size_t cursor_src = 0, cursor_dst = 0;
   const std::int64_t lengths[] = {0, 1, 15, 16, 17, 31, 100, 4096, 65535, 65536, 65537, 200001};
   for (int k = 0; cursor_src + 300000 < arena && cursor_dst + 300000 < arena; ++k) {
@@ -52,14 +52,14 @@ inline void case_copy_pieces_match_memcpy(Backend b, std::uint32_t seed) {
     const std::size_t s = cursor_src + rng() % 16;
     const std::size_t shift = k % 2 == 0 ? 0 : 1 + rng() % 15;
     const std::size_t d = (cursor_dst + 15) / 16 * 16 + (s + shift) % 16;
-    detail::split_copy(table, dsrc.as<std::uint8_t>() + s, ddst.as<std::uint8_t>() + d, n);
+    kernels::split_copy(table, dsrc.as<std::uint8_t>() + s, ddst.as<std::uint8_t>() + d, n);
     std::memcpy(dst_want.data() + d, src.data() + s, static_cast<std::size_t>(n));
     cursor_src = s + static_cast<std::size_t>(n) + 1;
     cursor_dst = d + static_cast<std::size_t>(n) + 1;
   }
   for (const auto& p : table) {
     EXPECT_GT(p.bytes, 0);
-    EXPECT_LE(p.bytes, detail::kBytePieceMax);
+    EXPECT_LE(p.bytes, kernels::kBytePieceMax);
   }
   EXPECT_EQ(run_pieces_and_count_diffs(b, table, ddst.data(), dst_want), 0u) << table.size() << " pieces";
 }
@@ -78,12 +78,12 @@ inline void case_or_pieces(Backend b) {
   bytes_to_device(b, dlo.data(), lo.data(), n);
   bytes_to_device(b, dhi.data(), hi.data(), n);
   bytes_to_device(b, ddst.data(), want.data(), n);
-  std::vector<detail::BytePiece> table;
+  std::vector<kernels::BytePiece> table;
   // Alternating: 1 shared byte (OR), a run of plain bytes from `lo`, 3 shared bytes.
   for (std::size_t at = 0; at + 40 < n; at += 40) {
     table.push_back({dlo.as<std::uint8_t>() + at, ddst.as<std::uint8_t>() + at, 1, dhi.as<std::uint8_t>() + at});
     want[at] = static_cast<std::uint8_t>(lo[at] | hi[at]);
-    detail::split_copy(table, dlo.as<std::uint8_t>() + at + 1, ddst.as<std::uint8_t>() + at + 1, 30);
+    kernels::split_copy(table, dlo.as<std::uint8_t>() + at + 1, ddst.as<std::uint8_t>() + at + 1, 30);
     for (std::size_t k = 1; k < 31; ++k) want[at + k] = lo[at + k];
     table.push_back({dhi.as<std::uint8_t>() + at + 33, ddst.as<std::uint8_t>() + at + 33, 3, dlo.as<std::uint8_t>() + at + 33});
     for (std::size_t k = 33; k < 36; ++k) want[at + k] = static_cast<std::uint8_t>(lo[at + k] | hi[at + k]);

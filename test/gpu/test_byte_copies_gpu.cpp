@@ -1,4 +1,4 @@
-// The landing copy kernel (src/optimizer/byte_copies.cu): the same copies as plain
+// The landing copy kernel (src/kernels/common/byte_copies.cu): the same copies as plain
 // memcpy, for co-aligned pieces (16-byte vector body) and misaligned ones (bytes).
 #include "common/byte_copies_cases.hpp"
 

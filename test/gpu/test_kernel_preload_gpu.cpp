@@ -62,7 +62,7 @@ struct DeviceKernel {
 // from the driver's enumeration.
 std::vector<DeviceKernel> module_kernels(const Driver& d) {
   std::set<CUmodule> modules;
-  for (kernels::KernelFile file : detail::step_kernel_files_cuda()) {
+  for (kernels::KernelFile file : kernels::kernel_files_cuda()) {
     const void* first = nullptr;
     file([&](const void* k) {
       if (first == nullptr) first = k;
@@ -113,7 +113,7 @@ const char* const kOneKernelPerFile[] = {
     "tile_kernel",              // kernels/nvfp4/nvfp4.cu
     "shard_tile_kernel",        // kernels/nvfp4/nvfp4_shard.cu
     "decode_list_kernel",       // kernels/nvfp4/nvfp4_decode.cu
-    "copy_pieces_kernel",       // quantized/byte_copies.cu
+    "copy_pieces_kernel",       // kernels/common/byte_copies.cu
 };
 
 // Runs `construct` once in this process: lazy loading must be on, some kernel unloaded

@@ -5,11 +5,11 @@ namespace {
 using namespace shardopt;
 
 TEST(ByteCopies, SplitCoversEveryByteInBoundedPieces) {
-  std::vector<detail::BytePiece> t;
+  std::vector<kernels::BytePiece> t;
   std::vector<std::uint8_t> a(300000), c(300000);
-  detail::split_copy(t, a.data(), c.data(), 0);
+  kernels::split_copy(t, a.data(), c.data(), 0);
   EXPECT_TRUE(t.empty());
-  detail::split_copy(t, a.data() + 3, c.data() + 5, 200001);
+  kernels::split_copy(t, a.data() + 3, c.data() + 5, 200001);
   ASSERT_EQ(t.size(), 4u);
   std::int64_t total = 0;
   for (std::size_t k = 0; k < t.size(); ++k) {

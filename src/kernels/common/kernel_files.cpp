@@ -25,6 +25,7 @@ std::vector<KernelFile> kernel_files_cuda() {
       nvfp4_kernels_cuda,
       nvfp4_shard_kernels_cuda,
       nvfp4_decode_kernels_cuda,
+      byte_copies_kernels_cuda,
   };
 #else
   return {};

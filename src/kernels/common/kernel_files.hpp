@@ -49,6 +49,7 @@ void convert_kernels_cuda(const KernelVisitor& visit);
 void grad_norm_kernels_cuda(const KernelVisitor& visit);
 void step_control_kernels_cuda(const KernelVisitor& visit);
 void piece_sum_kernels_cuda(const KernelVisitor& visit);
+void byte_copies_kernels_cuda(const KernelVisitor& visit);
 void mxfp8_kernels_cuda(const KernelVisitor& visit);
 void mxfp8_batch_kernels_cuda(const KernelVisitor& visit);
 void mxfp8_shard_kernels_cuda(const KernelVisitor& visit);

@@ -12,11 +12,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/common/kernel_files.hpp"
 #include "shardopt/backend.hpp"
-#include "shardopt_config.h"
 
-namespace shardopt::detail {
+namespace shardopt::kernels {
 
 /// One copy of `bytes` bytes (the destination ranges of a table never overlap).
 struct BytePiece {
@@ -43,8 +41,4 @@ void copy_pieces(const BytePiece* pieces, std::int64_t count, Backend backend, S
 /// without CUDA refuses it (Error(Unsupported)).
 void copy_pieces_cuda(const BytePiece* pieces, std::int64_t count, Stream stream);
 
-/// Visits the kernel of byte_copies.cu (a kernels::KernelFile, for the optimizers' loading
-/// of every kernel before their first collective: optimizer/kernel_preload.hpp).
-void byte_copies_kernels_cuda(const kernels::KernelVisitor& visit);
-
-}  // namespace shardopt::detail
+}  // namespace shardopt::kernels

@@ -1,7 +1,8 @@
 #include "core/check.hpp"
-#include "quantized/byte_copies.hpp"
+#include "kernels/common/byte_copies.hpp"
+#include "kernels/common/kernel_files.hpp"
 
-namespace shardopt::detail {
+namespace shardopt::kernels {
 namespace {
 
 constexpr int kThreads = 256;
@@ -47,10 +48,7 @@ void copy_pieces_cuda(const BytePiece* pieces, std::int64_t count, Stream stream
   }
 }
 
-}  // namespace shardopt::detail
+// Every kernel of this file, for load_step_kernels (kernel_files.hpp).
+void byte_copies_kernels_cuda(const KernelVisitor& visit) { visit(kernel_symbol(copy_pieces_kernel)); }
 
-namespace shardopt::detail {
-
-void byte_copies_kernels_cuda(const kernels::KernelVisitor& visit) { visit(kernels::kernel_symbol(copy_pieces_kernel)); }
-
-}  // namespace shardopt::detail
+}  // namespace shardopt::kernels

@@ -1,4 +1,4 @@
-#include "quantized/byte_copies.hpp"
+#include "kernels/common/byte_copies.hpp"
 
 #include <cstring>
 
@@ -6,7 +6,7 @@
 #include "shardopt/error.hpp"
 #include "shardopt/host_stream.hpp"
 
-namespace shardopt::detail {
+namespace shardopt::kernels {
 
 void split_copy(std::vector<BytePiece>& table, const std::uint8_t* src, std::uint8_t* dst, std::int64_t bytes) {
   for (std::int64_t done = 0; done < bytes; done += kBytePieceMax) {
@@ -37,7 +37,7 @@ void copy_pieces(const BytePiece* pieces, std::int64_t count, Backend backend, S
 
 #if !SHARDOPT_HAVE_CUDA
 // A build without CUDA compiles no .cu file: the launch refuses.
-void copy_pieces_cuda(const BytePiece*, std::int64_t, Stream) { no_cuda("copy_pieces"); }
+void copy_pieces_cuda(const BytePiece*, std::int64_t, Stream) { detail::no_cuda("copy_pieces"); }
 #endif
 
-}  // namespace shardopt::detail
+}  // namespace shardopt::kernels
