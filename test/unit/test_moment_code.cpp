@@ -71,6 +71,27 @@ TEST(MomentCode, NearestEntryAsDocumented) {
   EXPECT_EQ(kernels::nearest_code(kMomentMaps.first, 128, std::nanf("")), 0);
 }
 
+// The kernels find the nearest entry from a guess (decade, then one multiply) and a short
+// walk; it must give nearest_code's index for every input: every float in [0, 1] whose bits
+// step by 64 (16.6 million values), both maps, the entries, the midpoints between them
+// (the ties) and their neighbours.
+TEST(MomentCode, GuessedIndexEqualsTheSearch) {
+  for (bool second : {false, true}) {
+    const float* map = second ? kMomentMaps.second : kMomentMaps.first;
+    const int n = second ? 256 : 128;
+    for (std::uint32_t bits = 0; bits <= 0x3F800000u; bits += 64) {
+      const float a = shardopt::num::f32_from_bits(bits);
+      ASSERT_EQ(kernels::nearest_code_guessed(map, n, a, second), kernels::nearest_code(map, n, a)) << a;
+    }
+    for (int i = 0; i + 1 < n; ++i) {
+      const float mid = map[i] + (map[i + 1] - map[i]) / 2;  // the ties
+      for (float a : {map[i], std::nextafter(map[i], 0.0f), std::nextafter(map[i], 2.0f), mid,
+                      std::nextafter(mid, 0.0f), std::nextafter(mid, 2.0f)})
+        ASSERT_EQ(kernels::nearest_code_guessed(map, n, a, second), kernels::nearest_code(map, n, a)) << a;
+    }
+  }
+}
+
 // Decoding a block and encoding it again gives its bytes and scale back: what makes a
 // checkpoint (saved decoded, F32) resume bitwise. Zero scale: every byte decodes to 0.
 TEST(MomentCode, DecodeThenEncodeIsExact) {

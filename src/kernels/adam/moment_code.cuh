@@ -73,10 +73,43 @@ SHARDOPT_HD int nearest_code(const float* map, int n, float a) {
   return map[hi] - a < a - map[lo] ? hi : lo;
 }
 
+/// nearest_code of a map of kMomentMaps' shape, found from a guess instead of a binary
+/// search: the decade of a by comparisons with its bounds, its interval by one multiply,
+/// then a walk to the largest entry <= a (a step or two) and the same choice between it
+/// and the next. The same index as nearest_code for every a (the walk ends where the
+/// search does), in a few reads of the map instead of log2(n). `second`: which map (the
+/// first's decades are e = 1..6 with 2^e codes, the second's e = 0..6 with 2^(e+1)).
+SHARDOPT_HD int nearest_code_guessed(const float* map, int n, float a, bool second) {
+  if (!(a > 0.0f)) return 0;
+  if (a >= map[n - 1]) return n - 1;
+  // Decade e holds [10^(e-7), 10^(e-6)); its codes start at index 2^e - 1 (first map) or
+  // 2^(e+1) - 1 (second map) and number 2^e or 2^(e+1).
+  int e = 0;
+  float top = 1e-6f;  // 10^(e-6), the decade's upper end
+  if (a >= 1e-6f) e = 1, top = 1e-5f;
+  if (a >= 1e-5f) e = 2, top = 1e-4f;
+  if (a >= 1e-4f) e = 3, top = 1e-3f;
+  if (a >= 1e-3f) e = 4, top = 1e-2f;
+  if (a >= 1e-2f) e = 5, top = 1e-1f;
+  if (a >= 1e-1f) e = 6, top = 1.0f;
+  const int lowest = second ? 0 : 1;
+  int g = 0;
+  if (e >= lowest && a >= 0.1f * top) {
+    const int count = second ? 2 << e : 1 << e;
+    const float t = (a / top - 0.1f) * (static_cast<float>(count) / 0.9f);
+    int k = static_cast<int>(t);
+    k = k < 0 ? 0 : (k >= count ? count - 1 : k);
+    g = count - 1 + k;
+  }
+  while (g + 1 < n && map[g + 1] <= a) ++g;
+  while (g > 0 && map[g] > a) --g;
+  return map[g + 1] - a < a - map[g] ? g + 1 : g;
+}
+
 /// The byte of first-moment value m in a block of scale `scale` (= the block's max |m|).
 SHARDOPT_HD std::uint8_t encode_first_moment(const float* first, float m, float scale) {
   if (!(scale > 0.0f)) return 0;
-  const int k = nearest_code(first, 128, fabsf(m) / scale);
+  const int k = nearest_code_guessed(first, 128, fabsf(m) / scale, false);
   return static_cast<std::uint8_t>(k != 0 && std::signbit(m) ? (0x80 | k) : k);
 }
 
@@ -90,7 +123,7 @@ SHARDOPT_HD float decode_first_moment(const float* first, std::uint8_t c, float 
 /// block's max r).
 SHARDOPT_HD std::uint8_t encode_second_moment(const float* second, float r, float scale) {
   if (!(scale > 0.0f)) return 0;
-  return static_cast<std::uint8_t>(nearest_code(second, 256, r / scale));
+  return static_cast<std::uint8_t>(nearest_code_guessed(second, 256, r / scale, true));
 }
 
 /// The second-moment value of byte c in a block of scale `scale`: (second[c] * scale)^2.
