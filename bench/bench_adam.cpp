@@ -128,7 +128,8 @@ std::vector<Config> configs() {
   bq.name = "bf16grad-bf16param-q8moments/1.5B/147";
   bq.adam.moment_dtype = DType::q8_block;
   bq.bytes_per_param = 16 + kScales;  // read g 2, p 4, m 1, v 1; write p 4, m 1, v 1, param 2
-  bq.peer_key.clear();
+  bq.peer_key = "bnb_q8_ms";  // bench/peers/bnb_adam_peer.py
+  bq.peer_desc = "bitsandbytes AdamW8bit (bf16 params and grads, no fp32 master), eager steps";
   out.push_back(bq);
   Config rq = r;
   rq.name = "bf16grad-remainder-q8moments/1.5B/147";
@@ -429,7 +430,7 @@ int cuda_bench(const Options& o) {
     r.device = device;
     r.ours_ms = ms;
     r.limit_ms = bytes / (copy_gbps * 1e9) * 1e3;
-    if (!peer_text.empty() && !c.peer_key.empty()) {
+    if (!peer_text.empty() && !c.peer_key.empty() && json_number(peer_text, c.peer_key)) {
       r.peer = c.peer_desc;
       r.peer_ms = json_number(peer_text, c.peer_key);
       if (auto pc = json_number(peer_text, "copy_gbps")) r.numbers["peer_copy_gbps"] = *pc;
