@@ -105,6 +105,13 @@ bench_line() { grep -hE '^\{"bench"' "$@" | tee -a "$SUMMARY"; }
 phase_adam() {
   log "== adam"
   python3 bench/peers/adam_peer.py --out $T/peer_adam.json >>"$OUT/bench.log" 2>&1 || log "adam peer failed"
+  # The 8-bit moment row's peer: bitsandbytes (not installed on the GPU machine: install its
+  # wheel first, e.g. pip install --no-deps .wheels/bitsandbytes-*.whl, carried with the tree).
+  if python3 -c 'import bitsandbytes' >/dev/null 2>&1; then
+    (cd bench/peers && python3 bnb_adam_peer.py --out $T/peer_adam.json) >>"$OUT/bench.log" 2>&1 || log "bnb peer failed"
+  else
+    log "adam: bitsandbytes does not import: the q8 row has no peer"
+  fi
   "$BUILD/bench/bench_adam" --peer-json $T/peer_adam.json --results bench/results >$T/b.log 2>&1
   cat $T/b.log >>"$OUT/bench.log"; bench_line $T/b.log
   mkdir -p $T/adam_check
