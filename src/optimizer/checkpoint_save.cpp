@@ -99,7 +99,7 @@ SavedState current_state(const CheckpointTarget& t, Stream stream) {
 // ---------------------------------------------------------------- save
 
 StagedMaster::StagedMaster(ShardEngine& engine, Stream stream) : engine_(&engine) {
-  if (!engine.has_remainders() && engine.settings().adam.moment_dtype != DType::q8_block) return;
+  if (!engine.has_staged_state()) return;
   engine.stage_master(stream);
   synchronize(engine.backend(), stream);  // readers copy or write it from the host
 }

@@ -268,8 +268,8 @@ float* ShardEngine::master_of(int param) const {
   return shards_[static_cast<std::size_t>(ps.buffer)].master.as<float>() + ps.master_offset;
 }
 
-bool ShardEngine::has_remainders() const noexcept {
-  return std::any_of(shards_.begin(), shards_.end(), [](const BufferShard& sh) { return sh.remainder; });
+bool ShardEngine::has_staged_state() const noexcept {
+  return std::any_of(shards_.begin(), shards_.end(), [](const BufferShard& sh) { return sh.remainder || sh.q8; });
 }
 
 template <class F>

@@ -99,8 +99,9 @@ class ShardEngine {
   /// The fp32 master of param i's piece (null for an empty piece, or one whose master is
   /// its bf16 parameter plus a remainder: ParamPiece::remainder).
   float* master_of(int param) const;
-  /// True when some buffer keeps its master as bf16 parameters plus remainders.
-  bool has_remainders() const noexcept;
+  /// True when a checkpoint needs stage_master: some buffer keeps its master as bf16
+  /// parameters plus remainders, or its moments in 8 bits.
+  bool has_staged_state() const noexcept;
   /// Checkpoints of remainder buffers and of 8-bit moments: stage_master rebuilds their
   /// fp32 master (and decodes 8-bit moments) into staging arrays that master_view (and
   /// the moment views, then f32) show (written on `stream`; allocated here, so not inside

@@ -18,21 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "moment_maps_doc.hpp"
 #include "state_precision_cases.hpp"
 
 namespace shardopt::test {
-
-/// The documented maps, computed here in double: the first moment's 128 magnitudes and
-/// the second moment's 256 square roots, ascending (0, decades of midpoints, 1).
-inline std::vector<double> doc_map(bool second) {
-  std::vector<double> m{0.0};
-  for (int e = second ? 0 : 1; e <= 6; ++e) {
-    const int n = second ? 2 << e : 1 << e;
-    for (int k = 0; k < n; ++k) m.push_back(std::pow(10.0, e - 6) * (0.1 + 0.9 * (k + 0.5) / n));
-  }
-  m.push_back(1.0);
-  return m;
-}
 
 /// Half the gap between the two map entries around a in [0, 1] (the largest error of
 /// rounding a to its nearest entry).

@@ -8,22 +8,13 @@
 #include <random>
 #include <vector>
 
+#include "common/moment_maps_doc.hpp"
 #include "kernels/adam/moment_code.cuh"
 
 namespace {
 using namespace shardopt;
 using kernels::kMomentMaps;
-
-// 0; per decade e (10^(e-6) x [0.1, 1)) n equal intervals, each coded by its midpoint; 1.
-std::vector<double> doc_map(bool second) {
-  std::vector<double> m{0.0};
-  for (int e = second ? 0 : 1; e <= 6; ++e) {
-    const int n = second ? 2 << e : 1 << e;
-    for (int k = 0; k < n; ++k) m.push_back(std::pow(10.0, e - 6) * (0.1 + 0.9 * (k + 0.5) / n));
-  }
-  m.push_back(1.0);
-  return m;
-}
+using test::doc_map;
 
 TEST(MomentCode, MapsAreTheDocumentedOnes) {
   for (bool second : {false, true}) {
