@@ -4,6 +4,8 @@
 // bench/peers/adam_peer.py, passed with --peer-json).
 //
 //   bench_adam [--peer-json FILE] [--results DIR] [--iters N]      CUDA benchmark
+//              [--only TEXT]                                       (only the configs whose
+//                                                                  name contains TEXT)
 //   bench_adam --backend host --small                              host smoke run (seconds)
 //   bench_adam --torch-check-dir DIR                               inputs + our 100 steps for
 //                                                                  bench/peers/adam_torch_check.py
@@ -52,6 +54,7 @@ struct Options {
   bool small = false;
   int iters = 50;
   std::string peer_json, results, torch_dir;
+  std::string only;  ///< run only the configs whose name contains this (empty: all)
   std::string command;
 };
 
@@ -371,6 +374,7 @@ int cuda_bench(const Options& o) {
   std::printf("device-to-device copy: %.1f GB/s (read + write) on %s\n", copy_gbps, device.c_str());
 
   for (const Config& c : configs()) {
+    if (c.name.find(o.only) == std::string::npos) continue;
     const bool q8 = c.adam.moment_dtype == DType::q8_block;
     const Layout layout = one_bucket_layout(false, q8);
     const auto table = shard_chunks(layout, 0, 0);
@@ -389,8 +393,10 @@ int cuda_bench(const Options& o) {
         remainders(Backend::Cuda, rem ? un * 2 : 0), m(Backend::Cuda, un * msize), v(Backend::Cuda, un * msize),
         scal(Backend::Cuda, sizeof(StepScalars));
     DeviceBuffer out(Backend::Cuda, c.adam.write_params ? un * size_of(c.adam.param_dtype) : 0);
-    // Small finite values everywhere (0x3C3C3C3C = 0.0115, bf16 0x3A3A = 7.1e-4).
-    SHARDOPT_CUDA_CHECK(cudaMemsetAsync(grads.data(), 0x3A, grads.bytes(), stream));
+    // Gradients uniform in [-1e-3, 1e-3], different in every element, so that the 8-bit
+    // moments of a block spread over their codes (the encode does its whole search, as it
+    // does in training); small finite values elsewhere (0x3C3C3C3C = 0.0115).
+    bench::fill_random(grads.data(), c.adam.grad_dtype, n, 7, 1e-3f, st);
     if (rem) {  // the master is the bf16 param 0x3C3C plus a zero remainder
       SHARDOPT_CUDA_CHECK(cudaMemsetAsync(out.data(), 0x3C, out.bytes(), stream));
       SHARDOPT_CUDA_CHECK(cudaMemsetAsync(remainders.data(), 0, remainders.bytes(), stream));
@@ -468,10 +474,11 @@ int main(int argc, char** argv) {
     else if (a == "--small") o.small = true;
     else if (a == "--torch-check-dir") o.torch_dir = next();
     else if (a == "--backend") o.backend = next() == "host" ? Backend::Host : Backend::Cuda;
+    else if (a == "--only") o.only = next();
     else {
       std::fprintf(stderr,
                    "usage: bench_adam [--peer-json FILE] [--results DIR] [--iters N] [--backend cuda|host] "
-                   "[--small] [--torch-check-dir DIR]\n");
+                   "[--small] [--torch-check-dir DIR] [--only TEXT]\n");
       return 2;
     }
   }

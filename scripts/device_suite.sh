@@ -556,6 +556,8 @@ phase_sanitize() {
   #   gpu_nvfp4             the tiled NVFP4 kernels (nvfp4.cu, nvfp4_shard.cu: warp shuffles;
   #                         one warp per tile), whole tensor, batch and sharded
   #   gpu_adam_amax         adam_apply_kernel's NVFP4 amax-emitting variant (shared slots, atomics)
+  #   gpu_adam_q8           adam_q8_kernel (adam_q8.cu): the maps in shared memory, the block
+  #                         scales by warp shuffles
   #   gpu_adam_mxfp8        adam_owned_kernel (mxfp8_shard.cu): Adam over owned MXFP8 tile rows, both
   #                         planes quantized from the new masters (shared memory, barriers)
   #   gpu_mpi_muon          the Muon kernels of muon.cu (block reductions), one rank as a singleton
@@ -573,6 +575,7 @@ phase_sanitize() {
     "test/gpu_mxfp8_shard_batch Mxfp8ShardBatchGpu.OwnedPassesMixedListsOverWorldsOf1To8KernelEqualsHostTwinAndOracle:Mxfp8ShardBatchGpu.OwnedPassesBoundariesMisalignmentSpecialsAndSmallTensorsKernelEqualsHostTwin:Mxfp8ShardBatchGpu.AFirstUseUnderCaptureWorks:Mxfp8ShardBatchGpu.MixedListsOverWorldsOf1To8KernelEqualsHostTwinAndOracle:Mxfp8ShardBatchGpu.ScaleLayoutsAndListOrdersKernelEqualsHostTwin:Mxfp8ShardBatchGpu.MisalignedMastersAndDataPlanesKernelEqualsHostTwin:Mxfp8ShardBatchGpu.SpecialValuesInMidBlockRangesKernelEqualsHostTwin"
     "test/gpu_nvfp4 Nvfp4Gpu.TiledShapes:Nvfp4Gpu.TiledUnalignedBuffers:Nvfp4Gpu.TiledBatchEqualsHostBatch:Nvfp4Gpu.TiledShardedProtocol:Nvfp4Gpu.TiledShardBatchEqualsPerTensorCallsAndOracle"
     "test/gpu_adam_amax AdamAmaxGpu.EmitsThePartialAmaxesOfEveryRank"
+    "test/gpu_adam_q8 AdamQ8Gpu.*"
     "test/gpu_adam_mxfp8 AdamMxfp8Gpu.SanitizerSized:AdamMxfp8Gpu.KernelEqualsHostTwinAndReplays"
     "test/gpu_dependent_launch DependentLaunchGpu.*"
     "test/gpu_mpi_muon MuonGpu.Bf16GemmUpdateWithinTheDerivedBound:MuonGpu.BatchedEqualShapesEqualOneByOneBitwise:MuonGpu.FoundInfChangesNothing"

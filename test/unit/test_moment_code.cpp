@@ -31,7 +31,7 @@ TEST(MomentCode, MapsAreTheDocumentedOnes) {
   // A worked example (docs): the first map's decade 1e-1..1 has 64 codes; 0.5 lies
   // between 0.1 + 0.9 x 27.5/64 = 0.48672 and 0.1 + 0.9 x 28.5/64 = 0.50078.
   EXPECT_FLOAT_EQ(kMomentMaps.first[1 + 2 + 4 + 8 + 16 + 32 + 28], 0.50078125f);
-  EXPECT_EQ(kernels::encode_first_moment(kMomentMaps.first, -0.25f, 0.5f), 0x80 | (1 + 2 + 4 + 8 + 16 + 32 + 28));
+  EXPECT_EQ(kernels::encode_first_moment(kMomentMaps, -0.25f, 0.5f), 0x80 | (1 + 2 + 4 + 8 + 16 + 32 + 28));
 }
 
 TEST(MomentCode, NearestEntryAsDocumented) {
@@ -62,23 +62,35 @@ TEST(MomentCode, NearestEntryAsDocumented) {
   EXPECT_EQ(kernels::nearest_code(kMomentMaps.first, 128, std::nanf("")), 0);
 }
 
-// The kernels find the nearest entry from a guess (decade, then one multiply) and a short
-// walk; it must give nearest_code's index for every input: every float in [0, 1] whose bits
-// step by 64 (16.6 million values), both maps, the entries, the midpoints between them
-// (the ties) and their neighbours.
-TEST(MomentCode, GuessedIndexEqualsTheSearch) {
+// The kernels start the nearest-entry search at a table entry keyed by the float's top
+// bits and walk from there; it must give nearest_code's index for every input: every float
+// in [0, 1] whose bits step by 64 (16.6 million values), both maps, the entries, the
+// midpoints between them (the ties), their neighbours, and the first float of every key.
+TEST(MomentCode, IndexedSearchEqualsTheSearch) {
   for (bool second : {false, true}) {
     const float* map = second ? kMomentMaps.second : kMomentMaps.first;
+    const std::uint8_t* start = second ? kMomentMaps.second_start : kMomentMaps.first_start;
     const int n = second ? 256 : 128;
     for (std::uint32_t bits = 0; bits <= 0x3F800000u; bits += 64) {
       const float a = shardopt::num::f32_from_bits(bits);
-      ASSERT_EQ(kernels::nearest_code_guessed(map, n, a, second), kernels::nearest_code(map, n, a)) << a;
+      ASSERT_EQ(kernels::nearest_code_indexed(map, start, n, a), kernels::nearest_code(map, n, a)) << a;
     }
     for (int i = 0; i + 1 < n; ++i) {
       const float mid = map[i] + (map[i + 1] - map[i]) / 2;  // the ties
       for (float a : {map[i], std::nextafter(map[i], 0.0f), std::nextafter(map[i], 2.0f), mid,
                       std::nextafter(mid, 0.0f), std::nextafter(mid, 2.0f)})
-        ASSERT_EQ(kernels::nearest_code_guessed(map, n, a, second), kernels::nearest_code(map, n, a)) << a;
+        ASSERT_EQ(kernels::nearest_code_indexed(map, start, n, a), kernels::nearest_code(map, n, a)) << a;
+    }
+    for (std::uint32_t key = kernels::kStartKeyLow; key < kernels::kStartKeyLow + kernels::kStartKeys; ++key) {
+      const float a = shardopt::num::f32_from_bits(key << kernels::kStartShift);
+      ASSERT_EQ(kernels::nearest_code_indexed(map, start, n, a), kernels::nearest_code(map, n, a)) << a;
+      // The table's promise: its entry is the largest <= the key's smallest float, and the
+      // key's span [a, next key's a) holds at most one more entry (the one step).
+      const int entry = start[key - kernels::kStartKeyLow];
+      const float next = shardopt::num::f32_from_bits((key + 1) << kernels::kStartShift);
+      ASSERT_LE(map[entry], a) << a;
+      ASSERT_GT(map[entry + 1], a) << a;
+      ASSERT_TRUE(entry + 2 >= n || map[entry + 2] >= next) << "two entries in the span of key " << key;
     }
   }
 }
@@ -90,17 +102,17 @@ TEST(MomentCode, DecodeThenEncodeIsExact) {
     for (int c = 0; c < 256; ++c) {
       const auto code = static_cast<std::uint8_t>(c);
       if ((c & 0x7F) != 0 || c == 0) {  // 0x80 (a negative zero) is never written
-        const float m = kernels::decode_first_moment(kMomentMaps.first, code, scale);
-        EXPECT_EQ(kernels::encode_first_moment(kMomentMaps.first, m, scale), code) << c << " at " << scale;
+        const float m = kernels::decode_first_moment(kMomentMaps, code, scale);
+        EXPECT_EQ(kernels::encode_first_moment(kMomentMaps, m, scale), code) << c << " at " << scale;
       }
-      const float v = kernels::decode_second_moment(kMomentMaps.second, code, scale);
-      EXPECT_EQ(kernels::encode_second_moment(kMomentMaps.second, std::sqrt(v), scale), code) << c << " at " << scale;
+      const float v = kernels::decode_second_moment(kMomentMaps, code, scale);
+      EXPECT_EQ(kernels::encode_second_moment(kMomentMaps, std::sqrt(v), scale), code) << c << " at " << scale;
     }
-    EXPECT_EQ(kernels::decode_first_moment(kMomentMaps.first, 0x7F, scale), scale);
-    EXPECT_EQ(kernels::decode_first_moment(kMomentMaps.first, 0xFF, scale), -scale);
+    EXPECT_EQ(kernels::decode_first_moment(kMomentMaps, 0x7F, scale), scale);
+    EXPECT_EQ(kernels::decode_first_moment(kMomentMaps, 0xFF, scale), -scale);
   }
-  EXPECT_EQ(kernels::encode_first_moment(kMomentMaps.first, 1.0f, 0.0f), 0);
-  EXPECT_EQ(kernels::decode_second_moment(kMomentMaps.second, 200, 0.0f), 0.0f);
+  EXPECT_EQ(kernels::encode_first_moment(kMomentMaps, 1.0f, 0.0f), 0);
+  EXPECT_EQ(kernels::decode_second_moment(kMomentMaps, 200, 0.0f), 0.0f);
 }
 
 }  // namespace

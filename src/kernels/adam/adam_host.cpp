@@ -57,8 +57,8 @@ void host_adam_q8_apply(const AdamVariant& v, const AdamApplyParams& a) {
           r_max = std::fmax(r_max, r[i]);
         }
         for (std::int64_t i = 0; i < n; ++i) {
-          mc[m0 + e0 + i] = encode_first_moment(kMomentMaps.first, m[i], m_max);
-          vc[m0 + e0 + i] = encode_second_moment(kMomentMaps.second, r[i], r_max);
+          mc[m0 + e0 + i] = encode_first_moment(kMomentMaps, m[i], m_max);
+          vc[m0 + e0 + i] = encode_second_moment(kMomentMaps, r[i], r_max);
           adam_store_master<Tr>(a, ch.shard_offset + e0 + i, ch.buffer_offset + e0 + i, p[i]);
         }
         a.exp_avg_scale[block] = m_max;

@@ -5,6 +5,7 @@
 // element math is adam_q8.cuh's, shared with the host twin.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/check.hpp"
@@ -21,12 +22,18 @@ constexpr int kPerLane = static_cast<int>(kMomentBlock) / kWarp;  // 8
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 static_assert(kPerLane == 8, "one 8-byte word of codes per lane");
 
-__constant__ MomentMaps kDeviceMaps = make_moment_maps();
+// Global memory, not __constant__: every thread of a block copies a different word (the
+// constant cache serializes a warp's different addresses).
+__device__ const MomentMaps kDeviceMaps = make_moment_maps();
 
-/// The maps in shared memory (their lookups depend on the data).
+/// The maps and their start tables in shared memory (their lookups depend on the data),
+/// copied as 4-byte words.
 __device__ __forceinline__ void load_maps(MomentMaps& maps) {
-  for (int i = threadIdx.x; i < 128; i += blockDim.x) maps.first[i] = kDeviceMaps.first[i];
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) maps.second[i] = kDeviceMaps.second[i];
+  static_assert(sizeof(MomentMaps) % 4 == 0 && alignof(MomentMaps) == 4);
+  constexpr int kWords = static_cast<int>(sizeof(MomentMaps) / 4);
+  const auto* from = reinterpret_cast<const std::uint32_t*>(&kDeviceMaps);
+  auto* to = reinterpret_cast<std::uint32_t*>(&maps);
+  for (int i = threadIdx.x; i < kWords; i += blockDim.x) to[i] = from[i];
   __syncthreads();
 }
 
@@ -36,63 +43,82 @@ __device__ __forceinline__ float warp_max(float x) {
   return x;
 }
 
-/// One lane's 8 elements of one block: chunk-relative first element e0, n of them valid.
+/// A lane's 8 code bytes as one 8-byte value (little-endian: byte i is element i), and
+/// back: one vector access each, whatever the compiler makes of a byte array.
+__device__ __forceinline__ uint2 pack_codes(const std::uint8_t (&c)[kPerLane]) {
+  std::uint32_t w[2] = {0, 0};
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) w[i / 4] |= static_cast<std::uint32_t>(c[i]) << (8 * (i % 4));
+  return make_uint2(w[0], w[1]);
+}
+
+__device__ __forceinline__ void unpack_codes(uint2 v, std::uint8_t (&c)[kPerLane]) {
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) c[i] = static_cast<std::uint8_t>(((i < 4 ? v.x : v.y) >> (8 * (i % 4))) & 0xFFu);
+}
+
+/// Where one lane's 8 elements of one block lie, and how many of them are valid.
+struct LaneSlice {
+  std::int64_t si0 = 0, bi0 = 0, mi0 = 0;  ///< shard, buffer and moment index of the first
+  int n = 0;                               ///< valid elements, 0..8
+  bool vec = false;                        ///< all 8 valid and aligned: vector accesses
+};
+
+/// The lane's slice of chunk-relative block b. A full lane with aligned offsets takes
+/// vector accesses (every array's base is 16-byte aligned when vector_ok; codes are 8
+/// bytes at a multiple of 8).
+__device__ __forceinline__ LaneSlice lane_slice(const AdamApplyParams& a, const ShardChunk& ch, std::int64_t b,
+                                                int lane) {
+  LaneSlice s;
+  const std::int64_t e0 = b * kMomentBlock + lane * kPerLane;
+  const std::int64_t left = ch.length - e0;
+  s.n = left <= 0 ? 0 : (left >= kPerLane ? kPerLane : static_cast<int>(left));
+  s.si0 = ch.shard_offset + e0;
+  s.bi0 = ch.buffer_offset + e0;
+  s.mi0 = ch.shard_offset - ch.moment_shift + e0;
+  s.vec = s.n == kPerLane && a.vector_ok && s.bi0 % kPerLane == 0 && s.si0 % kPerLane == 0;
+  return s;
+}
+
+/// Loads the slice's moment bytes, gradients and masters.
 template <class Tr>
-__device__ __forceinline__ void q8_lane(const AdamApplyParams& a, const AdamStepValues& sv, const MomentMaps& maps,
-                                        const ShardChunk& ch, std::int64_t e0, int n, std::int64_t block) {
-  const std::int64_t si0 = ch.shard_offset + e0, bi0 = ch.buffer_offset + e0;
-  const std::int64_t mi0 = ch.shard_offset - ch.moment_shift + e0;
-  auto* mc = static_cast<std::uint8_t*>(a.exp_avg);
-  auto* vc = static_cast<std::uint8_t*>(a.exp_avg_sq);
-  // A full lane with aligned offsets takes vector accesses (every array's base is
-  // 16-byte aligned when vector_ok; codes are 8 bytes at a multiple of 8).
-  const bool vec = n == kPerLane && a.vector_ok && bi0 % kPerLane == 0 && si0 % kPerLane == 0;
-  std::uint8_t m_code[kPerLane] = {}, v_code[kPerLane] = {};
-  float g[kPerLane] = {}, p[kPerLane] = {};
-  if (vec) {
-    *reinterpret_cast<uint2*>(m_code) = *reinterpret_cast<const uint2*>(mc + mi0);
-    *reinterpret_cast<uint2*>(v_code) = *reinterpret_cast<const uint2*>(vc + mi0);
-    load_vec<Tr::grad, kPerLane, true>(a.grads, bi0, g);
+__device__ __forceinline__ void load_slice(const AdamApplyParams& a, const LaneSlice& s, std::uint8_t (&m_code)[kPerLane],
+                                           std::uint8_t (&v_code)[kPerLane], float (&g)[kPerLane],
+                                           float (&p)[kPerLane]) {
+  const auto* mc = static_cast<const std::uint8_t*>(a.exp_avg);
+  const auto* vc = static_cast<const std::uint8_t*>(a.exp_avg_sq);
+  if (s.vec) {
+    unpack_codes(*reinterpret_cast<const uint2*>(mc + s.mi0), m_code);
+    unpack_codes(*reinterpret_cast<const uint2*>(vc + s.mi0), v_code);
+    load_vec<Tr::grad, kPerLane, true>(a.grads, s.bi0, g);
     if constexpr (Tr::remainder) {
       std::uint16_t hi[kPerLane], lo[kPerLane];
-      load_bits16<kPerLane>(a.params, bi0, hi);
-      load_bits16<kPerLane>(a.remainder, si0, lo);
+      load_bits16<kPerLane>(a.params, s.bi0, hi);
+      load_bits16<kPerLane>(a.remainder, s.si0, lo);
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) p[i] = num::remainder_join(hi[i], lo[i]);
     } else {
-      load_vec<DType::f32, kPerLane, false>(a.master, si0, p);
+      load_vec<DType::f32, kPerLane, false>(a.master, s.si0, p);
     }
   } else {
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
-      if (i >= n) break;
-      m_code[i] = mc[mi0 + i];
-      v_code[i] = vc[mi0 + i];
-      g[i] = adam_q8_load_grad<Tr>(a, bi0 + i);
-      p[i] = adam_load_master<Tr>(a, si0 + i, bi0 + i);
+      m_code[i] = v_code[i] = 0;
+      g[i] = p[i] = 0.0f;
+      if (i < s.n) {
+        m_code[i] = mc[s.mi0 + i];
+        v_code[i] = vc[s.mi0 + i];
+        g[i] = adam_q8_load_grad<Tr>(a, s.bi0 + i);
+        p[i] = adam_load_master<Tr>(a, s.si0 + i, s.bi0 + i);
+      }
     }
   }
-  const float m_scale = a.exp_avg_scale[block], r_scale = a.exp_avg_sq_scale[block];
-  float m[kPerLane] = {}, r[kPerLane] = {};
-  float m_max = 0.0f, r_max = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    if (i < n) {
-      adam_q8_element<Tr::decoupled>(a.consts, sv, maps, g[i], p[i], m_code[i], v_code[i], m_scale, r_scale, m[i], r[i]);
-      m_max = fmaxf(m_max, fabsf(m[i]));
-      r_max = fmaxf(r_max, r[i]);
-    }
-  }
-  m_max = warp_max(m_max);  // every lane of the block's warp takes part, valid or not
-  r_max = warp_max(r_max);
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    m_code[i] = i < n ? encode_first_moment(maps.first, m[i], m_max) : 0;
-    v_code[i] = i < n ? encode_second_moment(maps.second, r[i], r_max) : 0;
-  }
-  if (vec) {
-    *reinterpret_cast<uint2*>(mc + mi0) = *reinterpret_cast<const uint2*>(m_code);
-    *reinterpret_cast<uint2*>(vc + mi0) = *reinterpret_cast<const uint2*>(v_code);
+}
+
+/// Stores the slice's new masters (and parameters): they do not wait for the new scales.
+template <class Tr>
+__device__ __forceinline__ void store_masters(const AdamApplyParams& a, const LaneSlice& s, const float (&p)[kPerLane]) {
+  if (s.vec) {
     if constexpr (Tr::remainder) {
       std::uint16_t hi[kPerLane], lo[kPerLane];
 #pragma unroll
@@ -100,29 +126,100 @@ __device__ __forceinline__ void q8_lane(const AdamApplyParams& a, const AdamStep
         hi[i] = num::remainder_split_param(p[i]);
         lo[i] = num::remainder_split_low(p[i]);
       }
-      store_bits16<kPerLane>(a.params, bi0, hi);
-      store_bits16<kPerLane>(a.remainder, si0, lo);
+      store_bits16<kPerLane>(a.params, s.bi0, hi);
+      store_bits16<kPerLane>(a.remainder, s.si0, lo);
     } else {
-      store_vec<DType::f32, kPerLane>(a.master, si0, p);
-      if constexpr (Tr::write_params) store_vec<Tr::param, kPerLane>(a.params, bi0, p);
+      store_vec<DType::f32, kPerLane>(a.master, s.si0, p);
+      if constexpr (Tr::write_params) store_vec<Tr::param, kPerLane>(a.params, s.bi0, p);
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      if (i >= n) break;
-      mc[mi0 + i] = m_code[i];
-      vc[mi0 + i] = v_code[i];
-      adam_store_master<Tr>(a, si0 + i, bi0 + i, p[i]);
-    }
-  }
-  if ((threadIdx.x & (kWarp - 1)) == 0) {
-    a.exp_avg_scale[block] = m_max;
-    a.exp_avg_sq_scale[block] = r_max;
+    for (int i = 0; i < kPerLane; ++i)
+      if (i < s.n) adam_store_master<Tr>(a, s.si0 + i, s.bi0 + i, p[i]);
   }
 }
 
+/// Encodes and stores the slice's moment bytes under the block's new scales.
+__device__ __forceinline__ void store_codes(const AdamApplyParams& a, const MomentMaps& maps, const LaneSlice& s,
+                                            const float (&m)[kPerLane], const float (&r)[kPerLane], float m_max,
+                                            float r_max) {
+  auto* mc = static_cast<std::uint8_t*>(a.exp_avg);
+  auto* vc = static_cast<std::uint8_t*>(a.exp_avg_sq);
+  std::uint8_t m_code[kPerLane], v_code[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    m_code[i] = i < s.n ? encode_first_moment(maps, m[i], m_max) : 0;
+    v_code[i] = i < s.n ? encode_second_moment(maps, r[i], r_max) : 0;
+  }
+  if (s.vec) {
+    __stwb(reinterpret_cast<uint2*>(mc + s.mi0), pack_codes(m_code));
+    __stwb(reinterpret_cast<uint2*>(vc + s.mi0), pack_codes(v_code));
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (i < s.n) {
+        mc[s.mi0 + i] = m_code[i];
+        vc[s.mi0 + i] = v_code[i];
+      }
+  }
+}
+
+/// One warp's update of kBlocksPerWarp consecutive blocks of a chunk, from chunk-relative
+/// block b (blocks past the chunk's end have no valid element). The loads of all of them
+/// are issued before any math, and the masters are stored before the scale reductions,
+/// so that a lane keeps more bytes in flight and fewer values live across the shuffles.
+template <class Tr, int kBlocks>
+__device__ __forceinline__ void q8_blocks(const AdamApplyParams& a, const AdamStepValues& sv, const MomentMaps& maps,
+                                          const ShardChunk& ch, std::int64_t b, std::int64_t first_block, int lane) {
+  LaneSlice s[kBlocks];
+  std::uint8_t m_code[kBlocks][kPerLane], v_code[kBlocks][kPerLane];
+  float g[kBlocks][kPerLane], p[kBlocks][kPerLane];
+  float m_scale[kBlocks], r_scale[kBlocks];
+  const std::int64_t blocks = (ch.length + kMomentBlock - 1) / kMomentBlock;
+#pragma unroll
+  for (int j = 0; j < kBlocks; ++j) {
+    s[j] = lane_slice(a, ch, b + j, lane);
+    load_slice<Tr>(a, s[j], m_code[j], v_code[j], g[j], p[j]);
+    const bool live = b + j < blocks;
+    m_scale[j] = live ? a.exp_avg_scale[first_block + b + j] : 0.0f;
+    r_scale[j] = live ? a.exp_avg_sq_scale[first_block + b + j] : 0.0f;
+  }
+  float m[kBlocks][kPerLane], r[kBlocks][kPerLane], m_max[kBlocks], r_max[kBlocks];
+#pragma unroll
+  for (int j = 0; j < kBlocks; ++j) {
+    m_max[j] = r_max[j] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      m[j][i] = r[j][i] = 0.0f;
+      if (i < s[j].n) {
+        adam_q8_element<Tr::decoupled>(a.consts, sv, maps, g[j][i], p[j][i], m_code[j][i], v_code[j][i], m_scale[j],
+                                       r_scale[j], m[j][i], r[j][i]);
+        m_max[j] = fmaxf(m_max[j], fabsf(m[j][i]));
+        r_max[j] = fmaxf(r_max[j], r[j][i]);
+      }
+    }
+    store_masters<Tr>(a, s[j], p[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < kBlocks; ++j) {  // every lane of the warp takes part, valid or not
+    m_max[j] = warp_max(m_max[j]);
+    r_max[j] = warp_max(r_max[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < kBlocks; ++j) {
+    store_codes(a, maps, s[j], m[j], r[j], m_max[j], r_max[j]);
+    if (lane == 0 && b + j < blocks) {
+      a.exp_avg_scale[first_block + b + j] = m_max[j];
+      a.exp_avg_sq_scale[first_block + b + j] = r_max[j];
+    }
+  }
+}
+
+/// Blocks a warp updates together (q8_blocks).
+constexpr int kBlocksPerWarp = 1;
+
 template <class Tr>
-__global__ void __launch_bounds__(kAdamThreads) adam_q8_kernel(const AdamApplyParams a) {
+__global__ void __launch_bounds__(kAdamThreads, 3) adam_q8_kernel(const AdamApplyParams a) {
   if (a.scalars->found_inf != 0) return;  // a skipped step writes nothing
   __shared__ MomentMaps maps;
   load_maps(maps);
@@ -134,12 +231,8 @@ __global__ void __launch_bounds__(kAdamThreads) adam_q8_kernel(const AdamApplyPa
     const AdamStepValues sv = adam_step_values(a, ch.group);
     const std::int64_t first_block = (ch.shard_offset - ch.moment_shift) / kMomentBlock;
     const std::int64_t blocks = (ch.length + kMomentBlock - 1) / kMomentBlock;
-    for (std::int64_t b = warp; b < blocks; b += kWarps) {
-      const std::int64_t e0 = b * kMomentBlock + lane * kPerLane;
-      const std::int64_t left = ch.length - e0;
-      const int n = left <= 0 ? 0 : (left >= kPerLane ? kPerLane : static_cast<int>(left));
-      q8_lane<Tr>(a, sv, maps, ch, e0, n, first_block + b);
-    }
+    for (std::int64_t b = std::int64_t{warp} * kBlocksPerWarp; b < blocks; b += kWarps * kBlocksPerWarp)
+      q8_blocks<Tr, kBlocksPerWarp>(a, sv, maps, ch, b, first_block, lane);
   }
 }
 
@@ -151,7 +244,7 @@ __global__ void q8_decode_kernel(const std::uint8_t* __restrict__ codes, const f
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const float s = scales[i / kMomentBlock];
-    out[i] = second ? decode_second_moment(maps.second, codes[i], s) : decode_first_moment(maps.first, codes[i], s);
+    out[i] = second ? decode_second_moment(maps, codes[i], s) : decode_first_moment(maps, codes[i], s);
   }
 }
 
@@ -176,7 +269,7 @@ __global__ void q8_encode_kernel(const float* __restrict__ in, std::uint8_t* __r
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i)
       codes[b * kMomentBlock + lane * kPerLane + i] =
-          second ? encode_second_moment(maps.second, x[i], mx) : encode_first_moment(maps.first, x[i], mx);
+          second ? encode_second_moment(maps, x[i], mx) : encode_first_moment(maps, x[i], mx);
     if (lane == 0) scales[b] = mx;
   }
 }
@@ -190,6 +283,8 @@ unsigned grid_for(std::int64_t items, int per_block) {
 
 void launch_adam_q8_apply(const AdamVariant& v, const AdamApplyParams& a, Stream stream) {
   if (a.num_chunks <= 0) return;
+  // One block per chunk up to a cap (the kernel strides over the rest); each block copies
+  // the maps (7.4 KB) from global memory once: under 1% of a full chunk's bytes.
   const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>(a.num_chunks, std::int64_t{1} << 20));
   dispatch_adam_variant<true, true>(v, [&]<class Tr>() {
     adam_q8_kernel<Tr><<<grid, kAdamThreads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(a);

@@ -26,8 +26,8 @@ template <bool kDecoupled>
 SHARDOPT_HD void adam_q8_element(const AdamElementConsts& c, const AdamStepValues& sv, const MomentMaps& maps,
                                  float grad, float& p, std::uint8_t m_code, std::uint8_t v_code, float m_scale,
                                  float r_scale, float& m, float& r) {
-  m = decode_first_moment(maps.first, m_code, m_scale);
-  float v = decode_second_moment(maps.second, v_code, r_scale);
+  m = decode_first_moment(maps, m_code, m_scale);
+  float v = decode_second_moment(maps, v_code, r_scale);
   adam_element<kDecoupled>(c, sv, grad, p, m, v);
   r = sqrtf(v);
 }

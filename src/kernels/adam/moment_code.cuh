@@ -24,10 +24,23 @@
 
 namespace shardopt::kernels {
 
-/// The two maps, ascending; entry 0 is 0, the last is 1.
+/// Where the nearest-code search starts: a float a in [2^-23, 1) is keyed by its exponent
+/// and its top kStartBits mantissa bits (its bits >> kStartShift, less kStartKeyLow); the
+/// key's entry is the largest map index whose value is <= the smallest float of that key.
+/// At 7 bits a key spans 1/128 of a binade, which holds at most one entry of either map
+/// (MomentCode.IndexedSearchEqualsTheSearch checks every key), so the search ends after
+/// one step.
+inline constexpr int kStartBits = 7;
+inline constexpr int kStartShift = 23 - kStartBits;
+inline constexpr std::uint32_t kStartKeyLow = 104u << kStartBits;  ///< biased exponent 104: 2^-23
+inline constexpr int kStartKeys = (127 - 104) << kStartBits;        ///< 2944 keys, up to 1
+
+/// The two maps, ascending; entry 0 is 0, the last is 1; and each map's start table.
 struct MomentMaps {
   float first[128];   ///< magnitudes of the first moment: 0, decades 10^-5..1 (2^e codes in decade e), 1
   float second[256];  ///< square roots of the second moment: 0, decades 10^-6..1 (2^(e+1) codes), 1
+  std::uint8_t first_start[kStartKeys];   ///< search starts in `first` (kStartBits)
+  std::uint8_t second_start[kStartKeys];  ///< search starts in `second`
 };
 
 /// Builds the maps in double, each entry rounded once to float (the same IEEE operations
@@ -49,6 +62,20 @@ constexpr MomentMaps make_moment_maps() {
     for (int k = 0; k < n; ++k) maps.second[j++] = static_cast<float>(kDecade[e] * (0.1 + 0.9 * ((k + 0.5) / n)));
   }
   maps.second[j] = 1.0f;
+  // Start tables: the smallest float of key k is 2^(x - 127) (1 + f / 2^kStartBits) for
+  // biased exponent x = 104 + k / 2^kStartBits and mantissa bits f = k mod 2^kStartBits,
+  // exact in double; its entry is the largest index whose value is <= it.
+  double binade = 1.0;
+  for (int x = 127; x > 104; --x) binade /= 2.0;  // 2^-23
+  int g1 = 0, g2 = 0;
+  for (int k = 0; k < kStartKeys; ++k) {
+    if (k > 0 && k % (1 << kStartBits) == 0) binade *= 2.0;
+    const double low = binade * (1.0 + static_cast<double>(k % (1 << kStartBits)) / (1 << kStartBits));
+    while (g1 + 1 < 128 && static_cast<double>(maps.first[g1 + 1]) <= low) ++g1;
+    while (g2 + 1 < 256 && static_cast<double>(maps.second[g2 + 1]) <= low) ++g2;
+    maps.first_start[k] = static_cast<std::uint8_t>(g1);
+    maps.second_start[k] = static_cast<std::uint8_t>(g2);
+  }
   return maps;
 }
 
@@ -73,62 +100,42 @@ SHARDOPT_HD int nearest_code(const float* map, int n, float a) {
   return map[hi] - a < a - map[lo] ? hi : lo;
 }
 
-/// nearest_code of a map of kMomentMaps' shape, found from a guess instead of a binary
-/// search: the decade of a by comparisons with its bounds, its interval by one multiply,
-/// then a walk to the largest entry <= a (a step or two) and the same choice between it
-/// and the next. The same index as nearest_code for every a (the walk ends where the
-/// search does), in a few reads of the map instead of log2(n). `second`: which map (the
-/// first's decades are e = 1..6 with 2^e codes, the second's e = 0..6 with 2^(e+1)).
-SHARDOPT_HD int nearest_code_guessed(const float* map, int n, float a, bool second) {
+/// nearest_code of a map with a start table (MomentMaps): the table's entry for a's key,
+/// one step up when the next entry is <= a too (a key's span holds at most one entry),
+/// then nearest_code's choice between it and the next. The same index as nearest_code for
+/// every a, in three reads and no loop (no divergence in a warp).
+SHARDOPT_HD int nearest_code_indexed(const float* map, const std::uint8_t* start, int n, float a) {
   if (!(a > 0.0f)) return 0;
   if (a >= map[n - 1]) return n - 1;
-  // Decade e holds [10^(e-7), 10^(e-6)); its codes start at index 2^e - 1 (first map) or
-  // 2^(e+1) - 1 (second map) and number 2^e or 2^(e+1).
-  int e = 0;
-  float top = 1e-6f;  // 10^(e-6), the decade's upper end
-  if (a >= 1e-6f) e = 1, top = 1e-5f;
-  if (a >= 1e-5f) e = 2, top = 1e-4f;
-  if (a >= 1e-4f) e = 3, top = 1e-3f;
-  if (a >= 1e-3f) e = 4, top = 1e-2f;
-  if (a >= 1e-2f) e = 5, top = 1e-1f;
-  if (a >= 1e-1f) e = 6, top = 1.0f;
-  const int lowest = second ? 0 : 1;
-  int g = 0;
-  if (e >= lowest && a >= 0.1f * top) {
-    const int count = second ? 2 << e : 1 << e;
-    const float t = (a / top - 0.1f) * (static_cast<float>(count) / 0.9f);
-    int k = static_cast<int>(t);
-    k = k < 0 ? 0 : (k >= count ? count - 1 : k);
-    g = count - 1 + k;
-  }
-  while (g + 1 < n && map[g + 1] <= a) ++g;
-  while (g > 0 && map[g] > a) --g;
+  const std::uint32_t key = num::f32_bits(a) >> kStartShift;  // a < 1: key < 127 << kStartBits
+  int g = key < kStartKeyLow ? 0 : start[key - kStartKeyLow];
+  g += map[g + 1] <= a ? 1 : 0;  // g + 1 <= n - 1: map[n - 1] = 1 > a
   return map[g + 1] - a < a - map[g] ? g + 1 : g;
 }
 
 /// The byte of first-moment value m in a block of scale `scale` (= the block's max |m|).
-SHARDOPT_HD std::uint8_t encode_first_moment(const float* first, float m, float scale) {
+SHARDOPT_HD std::uint8_t encode_first_moment(const MomentMaps& maps, float m, float scale) {
   if (!(scale > 0.0f)) return 0;
-  const int k = nearest_code_guessed(first, 128, fabsf(m) / scale, false);
+  const int k = nearest_code_indexed(maps.first, maps.first_start, 128, fabsf(m) / scale);
   return static_cast<std::uint8_t>(k != 0 && std::signbit(m) ? (0x80 | k) : k);
 }
 
 /// The first-moment value of byte c in a block of scale `scale`.
-SHARDOPT_HD float decode_first_moment(const float* first, std::uint8_t c, float scale) {
-  const float x = first[c & 0x7F] * scale;
+SHARDOPT_HD float decode_first_moment(const MomentMaps& maps, std::uint8_t c, float scale) {
+  const float x = maps.first[c & 0x7F] * scale;
   return (c & 0x80) != 0 ? -x : x;
 }
 
 /// The byte of second-moment square root r = sqrtf(v) in a block of scale `scale` (= the
 /// block's max r).
-SHARDOPT_HD std::uint8_t encode_second_moment(const float* second, float r, float scale) {
+SHARDOPT_HD std::uint8_t encode_second_moment(const MomentMaps& maps, float r, float scale) {
   if (!(scale > 0.0f)) return 0;
-  return static_cast<std::uint8_t>(nearest_code_guessed(second, 256, r / scale, true));
+  return static_cast<std::uint8_t>(nearest_code_indexed(maps.second, maps.second_start, 256, r / scale));
 }
 
 /// The second-moment value of byte c in a block of scale `scale`: (second[c] * scale)^2.
-SHARDOPT_HD float decode_second_moment(const float* second, std::uint8_t c, float scale) {
-  const float r = second[c] * scale;
+SHARDOPT_HD float decode_second_moment(const MomentMaps& maps, std::uint8_t c, float scale) {
+  const float r = maps.second[c] * scale;
   return r * r;
 }
 

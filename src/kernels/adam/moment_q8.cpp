@@ -23,8 +23,8 @@ void require_blocks(std::int64_t n) {
 void host_decode(const std::uint8_t* codes, const float* scales, float* out, std::int64_t n, bool second) {
   for (std::int64_t i = 0; i < n; ++i) {
     const float s = scales[i / kMomentBlock];
-    out[i] = second ? decode_second_moment(kMomentMaps.second, codes[i], s)
-                    : decode_first_moment(kMomentMaps.first, codes[i], s);
+    out[i] = second ? decode_second_moment(kMomentMaps, codes[i], s)
+                    : decode_first_moment(kMomentMaps, codes[i], s);
   }
 }
 
@@ -38,8 +38,8 @@ void host_encode(const float* in, std::uint8_t* codes, float* scales, std::int64
       mx = std::fmax(mx, second ? x[i] : std::fabs(x[i]));
     }
     for (std::int64_t i = 0; i < kMomentBlock; ++i)
-      codes[b * kMomentBlock + i] = second ? encode_second_moment(kMomentMaps.second, x[i], mx)
-                                           : encode_first_moment(kMomentMaps.first, x[i], mx);
+      codes[b * kMomentBlock + i] = second ? encode_second_moment(kMomentMaps, x[i], mx)
+                                           : encode_first_moment(kMomentMaps, x[i], mx);
     scales[b] = mx;
   }
 }
