@@ -108,6 +108,7 @@ class BucketStore {
   BucketStore(BucketStore&&) noexcept;
   BucketStore& operator=(BucketStore&&) noexcept;
 
+  /// The layout, communicator and options the store was built with.
   const Layout& layout() const noexcept;
   const Communicator& comm() const noexcept;
   const BucketStoreOptions& options() const noexcept;

@@ -127,7 +127,9 @@ class Communicator {
   /// outside [0, size) or a device that does not exist; Error(Unsupported) without NCCL.
   static Communicator from_unique_id(const UniqueId& id, int rank, int size, int device);
 
+  /// False for a default-constructed or moved-from communicator.
   bool valid() const noexcept { return impl_ != nullptr; }
+  /// This rank in [0, size()), the number of ranks, and where the collectives run.
   int rank() const;
   int size() const;
   Backend backend() const;

@@ -114,8 +114,12 @@ class DistributedAdam : public ShardedOptimizer {
   DistributedAdam(DistributedAdam&&) noexcept;
   DistributedAdam& operator=(DistributedAdam&&) noexcept;
 
+  /// The communicator the optimizer was built on (its collectives run on it).
   const Communicator& comm() const;
+  /// The options as passed to the constructor.
   const DistributedAdamOptions& options() const;
+  /// The index of the parameter named `name` in the specs' order (what param(i), grad(i)
+  /// and the other per-parameter calls take); Error(OutOfRange) for an unknown name.
   int param_index(const std::string& name) const;
 
   /// Persistent views of the whole parameter / gradient (identical on every call).

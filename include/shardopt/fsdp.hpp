@@ -166,8 +166,12 @@ class Fsdp : public ShardedOptimizer {
   Fsdp(Fsdp&&) noexcept;
   Fsdp& operator=(Fsdp&&) noexcept;
 
+  /// The options as passed to the constructor.
   const FsdpOptions& options() const;
+  /// The number of units (the constructor's `units`), each gathered and freed as a whole.
   int num_units() const;
+  /// The unit that holds parameter `param` (its index in the specs); Error(OutOfRange)
+  /// outside [0, number of parameters).
   int unit_of(int param) const;
   /// This rank within its shard group, the shard group size, and the number of replicas.
   int shard_rank() const;

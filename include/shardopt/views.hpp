@@ -22,6 +22,7 @@ struct TensorView {
   std::vector<std::int64_t> strides;  ///< in elements, row-major for every view shardopt makes
   DType dtype = DType::f32;
 
+  /// Elements of the shape, and their bytes in `dtype`.
   std::int64_t numel() const noexcept { return shardopt::numel(shape); }
   std::size_t bytes() const noexcept { return static_cast<std::size_t>(numel()) * size_of(dtype); }
   /// True when the strides are the row-major strides of the shape.
