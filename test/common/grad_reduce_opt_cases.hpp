@@ -74,8 +74,11 @@ inline OptReduceCheck dist_adam_reduce_known(Backend b, GradReducePrecision p) {
     offset = v.param_offset;
     return read_f32(b, v);
   };
-  auto values = [n](int i, std::int64_t j) {
-    std::vector<float> x;
+  // Per element: one reused buffer (an allocation per element is what the sanitized run,
+  // whose malloc unwinds the whole stack, pays most for).
+  std::vector<float> x;
+  auto values = [n, &x](int i, std::int64_t j) -> const std::vector<float>& {
+    x.clear();
     for (int r = 0; r < n; ++r) x.push_back(known_grad(r, i, j));
     return x;
   };
@@ -149,10 +152,11 @@ inline OptReduceCheck fsdp_reduce_known(Backend b, int shard_group, GradReducePr
     offset = v.param_offset;
     return read_f32(b, v);
   };
+  std::vector<float> replicas, x;  // reused per element (see above)
   auto oracle = [&](int i, std::int64_t j) {
-    std::vector<float> replicas;
+    replicas.clear();
     for (int q = 0; q < R; ++q) {
-      std::vector<float> x;
+      x.clear();
       for (int r = 0; r < S; ++r) x.push_back(known_grad(q * S + r, i, j));
       replicas.push_back(rank_order_sum(x, true));
     }

@@ -156,7 +156,11 @@ inline kernels::PieceSum sum_args(const void* pieces, DType in, int n, std::int6
 /// The oracle: element i of the n pieces (host bytes) summed by the plain rank-order loop.
 inline float rank_order_element(DType in, const Bytes& pieces, int n, std::int64_t count, std::int64_t i,
                                 bool average) {
-  std::vector<float> x;
+  // One buffer per thread, reused: this runs once per element of every case, and an
+  // allocation per call made the sanitized run (whose malloc unwinds the whole stack)
+  // spend a minute here at 8 ranks.
+  thread_local std::vector<float> x;
+  x.clear();
   for (int r = 0; r < n; ++r) x.push_back(static_cast<float>(element(in, pieces, static_cast<std::size_t>(r * count + i))));
   return rank_order_sum(x, average);
 }
