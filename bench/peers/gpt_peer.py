@@ -13,6 +13,7 @@ The same model, numbers and data as the trainer:
     sequence j of microbatch m of step s on rank r; validation batch k from val.bin with
     the evaluation seed;
   * optimizer: torch.optim.AdamW(fused=True) (betas 0.9/0.999, eps 1e-8) on the matrices
+    (or, with --optimizer adamw8bit, bitsandbytes' AdamW8bit with the same settings)
     and embeddings with --weight-decay, the norm weights without; gradient clipping at
     --clip (global norm); lr warm-up then cosine to lr * min_lr_ratio (the trainer's
     schedule); bf16 autocast with fp32 parameters; gradients averaged over microbatches
@@ -240,9 +241,12 @@ def train(a):
     model = Gpt().to(dev)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.999), eps=1e-8,
-                            fused=True)
+    groups = [{"params": decay, "weight_decay": a.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if a.optimizer == "adamw8bit":  # block-wise 8-bit moments (bitsandbytes), fp32 parameters
+        import bitsandbytes as bnb
+        opt = bnb.optim.AdamW8bit(groups, lr=a.lr, betas=(0.9, 0.999), eps=1e-8)
+    else:
+        opt = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.999), eps=1e-8, fused=True)
     net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local]) if distributed else model
     fwd = torch.compile(net) if a.compile else net
     warmup = a.warmup_steps if a.warmup_steps >= 0 else a.steps // 10
@@ -326,6 +330,9 @@ def main():
     ap.add_argument("--init", help="the trainer's --save-init checkpoint directory")
     ap.add_argument("--metrics", default="gpt_peer.jsonl")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
+    ap.add_argument("--optimizer", choices=["adamw", "adamw8bit"], default="adamw",
+                    help="adamw: torch.optim.AdamW(fused=True); adamw8bit: bitsandbytes.optim.AdamW8bit "
+                         "(8-bit block moments: the peer of the trainer's --moments q8)")
     # The trainer's defaults for --model gpt --size baby.
     ap.add_argument("--hidden", type=int, default=384)
     ap.add_argument("--layers", type=int, default=6)
