@@ -127,6 +127,20 @@ TEST(DocumentedErrorsHost, OptimizerSynchronizeAfterAMissedDeadlineIsTimeout) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// distributed_adam.hpp param_index: an unknown name is Error(OutOfRange); fsdp.hpp
+// unit_of: a parameter index outside [0, number of parameters) is Error(OutOfRange).
+TEST(DocumentedErrorsHost, UnknownParameterNameAndIndexAreOutOfRange) {
+  Communicator comm = make_comm(Backend::Host);
+  DistributedAdam opt(comm, small_model(), base_options(DType::f32));
+  EXPECT_EQ(opt.param_index(small_model()[1].name), 1);
+  expect_code([&] { (void)opt.param_index("no such parameter"); }, ErrorCode::OutOfRange, "no such parameter");
+  Fsdp f(comm, fsdp_model(), small_units(), fsdp_options(base_options(DType::bf16)));
+  EXPECT_EQ(f.unit_of(0), 0);
+  const int n = static_cast<int>(fsdp_model().size());
+  expect_code([&] { (void)f.unit_of(n); }, ErrorCode::OutOfRange, std::to_string(n));
+  expect_code([&] { (void)f.unit_of(-1); }, ErrorCode::OutOfRange, "-1");
+}
+
 // bucket_store.hpp, start_grad_reduce: a stream the backend cannot use (on the host
 // backend, a handle that is not a live HostStream) is Error(InvalidArgument), and the
 // bucket is not left pending.
