@@ -42,6 +42,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -425,22 +426,48 @@ void full_step(const Communicator& comm, Stream s, const Args& a, const std::str
   };
   std::vector<StateMode> modes = {{"bf16p-bf16g-remainder", MasterStorage::bf16_remainder, DType::f32, 0, 0, {}},
                                   {"bf16p-bf16g-bf16moments", MasterStorage::fp32, DType::bf16, 0, 0, {}},
-                                  {"bf16p-bf16g-remainder-bf16moments", MasterStorage::bf16_remainder, DType::bf16, 0, 0, {}}};
+                                  {"bf16p-bf16g-remainder-bf16moments", MasterStorage::bf16_remainder, DType::bf16, 0, 0, {}},
+                                  {"bf16p-bf16g-q8moments", MasterStorage::fp32, DType::q8_block, 0, 0, {}},
+                                  {"bf16p-bf16g-remainder-q8moments", MasterStorage::bf16_remainder, DType::q8_block, 0, 0, {}}};
   for (StateMode& md : modes) {
     DistributedAdamOptions mo = step_options();
     mo.master_storage = md.master;
     mo.moment_dtype = md.moments;
     md.step_ms = step_ms(comm, s, a, mo, &md.memory);
     const bool rem = md.master == MasterStorage::bf16_remainder;
-    const std::size_t msize = size_of(md.moments);
-    DeviceBuffer mm(Backend::Cuda, static_cast<std::size_t>(shard) * msize),
-        mv(Backend::Cuda, static_cast<std::size_t>(shard) * msize),
-        rr(Backend::Cuda, rem ? static_cast<std::size_t>(shard) * 2 : 0);
+    const bool q8 = md.moments == DType::q8_block;
+    // 8-bit moments have a layout of their own (parameters start on moment blocks): the
+    // Adam-alone limit runs on an optimizer of that layout, over its own shard and buffers.
+    std::optional<DistributedAdam> qopt;
+    if (q8) qopt.emplace(comm, specs, mo);
+    const Layout& ml = q8 ? qopt->layout() : L;
+    const std::int64_t mshard = ml.buffers()[0].shard_numel;
+    const auto mchunks = q8 ? shard_chunks(ml, 0, comm.rank()) : chunks;
+    DeviceBuffer mchunks_dev(Backend::Cuda, mchunks.size() * sizeof(ShardChunk));
+    SHARDOPT_CUDA_CHECK(cudaMemcpy(mchunks_dev.data(), mchunks.data(), mchunks_dev.bytes(), cudaMemcpyHostToDevice));
+    SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::size_t us = static_cast<std::size_t>(mshard);
+    const std::size_t msize = q8 ? 1 : size_of(md.moments);
+    DeviceBuffer mm(Backend::Cuda, us * msize), mv(Backend::Cuda, us * msize), rr(Backend::Cuda, rem ? us * 2 : 0),
+        mmaster(Backend::Cuda, q8 && !rem ? us * 4 : 0),
+        scales(Backend::Cuda, q8 ? 2 * us / static_cast<std::size_t>(kMomentBlock) * 4 : 0);
     SHARDOPT_CUDA_CHECK(cudaMemsetAsync(mm.data(), 0, mm.bytes(), reinterpret_cast<cudaStream_t>(s)));
     SHARDOPT_CUDA_CHECK(cudaMemsetAsync(mv.data(), 0, mv.bytes(), reinterpret_cast<cudaStream_t>(s)));
     if (rem) SHARDOPT_CUDA_CHECK(cudaMemsetAsync(rr.data(), 0, rr.bytes(), reinterpret_cast<cudaStream_t>(s)));
+    if (q8) SHARDOPT_CUDA_CHECK(cudaMemsetAsync(scales.data(), 0, scales.bytes(), reinterpret_cast<cudaStream_t>(s)));
+    if (q8 && !rem) bench::fill_random(mmaster.data(), DType::f32, mshard, 3, 0.05f, s);
     ShardPointers mp = ptrs;
-    mp.master = rem ? nullptr : master.as<float>();
+    if (q8) {
+      mp.chunks = mchunks_dev.as<ShardChunk>();
+      mp.num_chunks = static_cast<std::int64_t>(mchunks.size());
+      mp.shard_numel = mshard;
+      mp.grads = buffer_base<GradView>(*qopt, &DistributedAdam::grad);
+      mp.params = buffer_base<ParamView>(*qopt, &DistributedAdam::param);
+      bench::fill_random(const_cast<void*>(mp.grads), DType::bf16, ml.buffers()[0].numel, 5, 1e-3f, s);
+      mp.exp_avg_scales = scales.as<float>();
+      mp.exp_avg_sq_scales = scales.as<float>() + us / static_cast<std::size_t>(kMomentBlock);
+    }
+    mp.master = rem ? nullptr : (q8 ? mmaster.as<float>() : master.as<float>());
     mp.remainders = rem ? rr.as<std::uint16_t>() : nullptr;
     mp.exp_avg = mm.data();
     mp.exp_avg_sq = mv.data();
