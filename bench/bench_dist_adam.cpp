@@ -354,6 +354,7 @@ void add_memory(bench::Result& r, const MemoryReport& m) {
   r.numbers["mem_master_bytes"] = static_cast<double>(m.master);
   r.numbers["mem_moments_bytes"] = static_cast<double>(m.moments);
   r.numbers["mem_remainders_bytes"] = static_cast<double>(m.remainders);
+  r.numbers["mem_moment_scales_bytes"] = static_cast<double>(m.moment_scales);
   r.numbers["mem_total_bytes"] = static_cast<double>(m.total());
 }
 
