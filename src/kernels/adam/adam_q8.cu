@@ -164,59 +164,38 @@ __device__ __forceinline__ void store_codes(const AdamApplyParams& a, const Mome
   }
 }
 
-/// One warp's update of kBlocksPerWarp consecutive blocks of a chunk, from chunk-relative
-/// block b (blocks past the chunk's end have no valid element). The loads of all of them
-/// are issued before any math, and the masters are stored before the scale reductions,
-/// so that a lane keeps more bytes in flight and fewer values live across the shuffles.
-template <class Tr, int kBlocks>
-__device__ __forceinline__ void q8_blocks(const AdamApplyParams& a, const AdamStepValues& sv, const MomentMaps& maps,
-                                          const ShardChunk& ch, std::int64_t b, std::int64_t first_block, int lane) {
-  LaneSlice s[kBlocks];
-  std::uint8_t m_code[kBlocks][kPerLane], v_code[kBlocks][kPerLane];
-  float g[kBlocks][kPerLane], p[kBlocks][kPerLane];
-  float m_scale[kBlocks], r_scale[kBlocks];
-  const std::int64_t blocks = (ch.length + kMomentBlock - 1) / kMomentBlock;
+/// One warp's update of chunk-relative block b (a block past the chunk's end has no valid
+/// element). The masters are stored before the scale reductions, so that fewer values
+/// stay live across the shuffles. (Two blocks per warp, loads first, did not pay:
+/// docs/tuning.md.)
+template <class Tr>
+__device__ __forceinline__ void q8_block(const AdamApplyParams& a, const AdamStepValues& sv, const MomentMaps& maps,
+                                         const ShardChunk& ch, std::int64_t b, std::int64_t first_block, int lane) {
+  const LaneSlice s = lane_slice(a, ch, b, lane);
+  std::uint8_t m_code[kPerLane], v_code[kPerLane];
+  float g[kPerLane], p[kPerLane];
+  load_slice<Tr>(a, s, m_code, v_code, g, p);
+  const float m_scale = a.exp_avg_scale[first_block + b], r_scale = a.exp_avg_sq_scale[first_block + b];
+  float m[kPerLane], r[kPerLane], m_max = 0.0f, r_max = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kBlocks; ++j) {
-    s[j] = lane_slice(a, ch, b + j, lane);
-    load_slice<Tr>(a, s[j], m_code[j], v_code[j], g[j], p[j]);
-    const bool live = b + j < blocks;
-    m_scale[j] = live ? a.exp_avg_scale[first_block + b + j] : 0.0f;
-    r_scale[j] = live ? a.exp_avg_sq_scale[first_block + b + j] : 0.0f;
-  }
-  float m[kBlocks][kPerLane], r[kBlocks][kPerLane], m_max[kBlocks], r_max[kBlocks];
-#pragma unroll
-  for (int j = 0; j < kBlocks; ++j) {
-    m_max[j] = r_max[j] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      m[j][i] = r[j][i] = 0.0f;
-      if (i < s[j].n) {
-        adam_q8_element<Tr::decoupled>(a.consts, sv, maps, g[j][i], p[j][i], m_code[j][i], v_code[j][i], m_scale[j],
-                                       r_scale[j], m[j][i], r[j][i]);
-        m_max[j] = fmaxf(m_max[j], fabsf(m[j][i]));
-        r_max[j] = fmaxf(r_max[j], r[j][i]);
-      }
+  for (int i = 0; i < kPerLane; ++i) {
+    m[i] = r[i] = 0.0f;
+    if (i < s.n) {
+      adam_q8_element<Tr::decoupled>(a.consts, sv, maps, g[i], p[i], m_code[i], v_code[i], m_scale, r_scale, m[i],
+                                     r[i]);
+      m_max = fmaxf(m_max, fabsf(m[i]));
+      r_max = fmaxf(r_max, r[i]);
     }
-    store_masters<Tr>(a, s[j], p[j]);
   }
-#pragma unroll
-  for (int j = 0; j < kBlocks; ++j) {  // every lane of the warp takes part, valid or not
-    m_max[j] = warp_max(m_max[j]);
-    r_max[j] = warp_max(r_max[j]);
-  }
-#pragma unroll
-  for (int j = 0; j < kBlocks; ++j) {
-    store_codes(a, maps, s[j], m[j], r[j], m_max[j], r_max[j]);
-    if (lane == 0 && b + j < blocks) {
-      a.exp_avg_scale[first_block + b + j] = m_max[j];
-      a.exp_avg_sq_scale[first_block + b + j] = r_max[j];
-    }
+  store_masters<Tr>(a, s, p);
+  m_max = warp_max(m_max);  // every lane of the warp takes part, valid or not
+  r_max = warp_max(r_max);
+  store_codes(a, maps, s, m, r, m_max, r_max);
+  if (lane == 0) {
+    a.exp_avg_scale[first_block + b] = m_max;
+    a.exp_avg_sq_scale[first_block + b] = r_max;
   }
 }
-
-/// Blocks a warp updates together (q8_blocks).
-constexpr int kBlocksPerWarp = 1;
 
 template <class Tr>
 __global__ void __launch_bounds__(kAdamThreads, 3) adam_q8_kernel(const AdamApplyParams a) {
@@ -231,8 +210,7 @@ __global__ void __launch_bounds__(kAdamThreads, 3) adam_q8_kernel(const AdamAppl
     const AdamStepValues sv = adam_step_values(a, ch.group);
     const std::int64_t first_block = (ch.shard_offset - ch.moment_shift) / kMomentBlock;
     const std::int64_t blocks = (ch.length + kMomentBlock - 1) / kMomentBlock;
-    for (std::int64_t b = std::int64_t{warp} * kBlocksPerWarp; b < blocks; b += kWarps * kBlocksPerWarp)
-      q8_blocks<Tr, kBlocksPerWarp>(a, sv, maps, ch, b, first_block, lane);
+    for (std::int64_t b = warp; b < blocks; b += kWarps) q8_block<Tr>(a, sv, maps, ch, b, first_block, lane);
   }
 }
 

@@ -35,34 +35,29 @@ __device__ __forceinline__ void load_vec(const void* base, std::int64_t idx, flo
   for (int i = 0; i < N; ++i) out[i] = num::Storage<T>::load(raw[i]);
 }
 
-/// Packs 16 bytes of `raw` into one vector value. The stores below write such values with
-/// __stwb (a plain write-back store, emitted as one vector instruction): a copy out of a
-/// local array can come out of the compiler as several narrower stores, at up to half
-/// the bandwidth (bench_adam's bf16grad-bf16param row, H200: 21.2 ms instead of 11.9).
+/// 32-bit word j of `raw` (32-bit elements, or pairs of 16-bit ones, little-endian). The
+/// stores below write whole vector values built from such words with __stwb (a plain
+/// write-back store, emitted as one vector instruction): a copy out of a local array can
+/// come out of the compiler as several narrower stores, at up to half the bandwidth
+/// (bench_adam's bf16grad-bf16param row, H200: 21.2 ms instead of 11.9).
 template <class ST>
-__device__ __forceinline__ uint4 pack16(const ST* raw) {
+__device__ __forceinline__ std::uint32_t word_of(const ST* raw, int j) {
   if constexpr (sizeof(ST) == 4) {
-    return make_uint4(__float_as_uint(raw[0]), __float_as_uint(raw[1]), __float_as_uint(raw[2]),
-                      __float_as_uint(raw[3]));
+    return __float_as_uint(raw[j]);
   } else {
     static_assert(sizeof(ST) == 2, "16- and 32-bit elements");
-    auto pair = [&](int j) {
-      return static_cast<std::uint32_t>(raw[2 * j]) | (static_cast<std::uint32_t>(raw[2 * j + 1]) << 16);
-    };
-    return make_uint4(pair(0), pair(1), pair(2), pair(3));
+    return static_cast<std::uint32_t>(raw[2 * j]) | (static_cast<std::uint32_t>(raw[2 * j + 1]) << 16);
   }
 }
 
-/// Eight bytes of `raw` as one vector value (pack16's half).
+/// 16 and 8 bytes of `raw` as one vector value.
+template <class ST>
+__device__ __forceinline__ uint4 pack16(const ST* raw) {
+  return make_uint4(word_of(raw, 0), word_of(raw, 1), word_of(raw, 2), word_of(raw, 3));
+}
 template <class ST>
 __device__ __forceinline__ uint2 pack8(const ST* raw) {
-  if constexpr (sizeof(ST) == 4) {
-    return make_uint2(__float_as_uint(raw[0]), __float_as_uint(raw[1]));
-  } else {
-    static_assert(sizeof(ST) == 2, "16- and 32-bit elements");
-    return make_uint2(static_cast<std::uint32_t>(raw[0]) | (static_cast<std::uint32_t>(raw[1]) << 16),
-                      static_cast<std::uint32_t>(raw[2]) | (static_cast<std::uint32_t>(raw[3]) << 16));
-  }
+  return make_uint2(word_of(raw, 0), word_of(raw, 1));
 }
 
 /// Narrows N floats to dtype T and stores them at element index `idx`, in 16-byte (or one
