@@ -443,10 +443,14 @@ void full_step(const Communicator& comm, Stream s, const Args& a, const std::str
     if (q8) qopt.emplace(comm, specs, mo);
     const Layout& ml = q8 ? qopt->layout() : L;
     const std::int64_t mshard = ml.buffers()[0].shard_numel;
-    const auto mchunks = q8 ? shard_chunks(ml, 0, comm.rank()) : chunks;
-    DeviceBuffer mchunks_dev(Backend::Cuda, mchunks.size() * sizeof(ShardChunk));
-    SHARDOPT_CUDA_CHECK(cudaMemcpy(mchunks_dev.data(), mchunks.data(), mchunks_dev.bytes(), cudaMemcpyHostToDevice));
-    SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<ShardChunk> mchunks;  // the 8-bit layout's table (the others use `chunks_dev`)
+    DeviceBuffer mchunks_dev;
+    if (q8) {
+      mchunks = shard_chunks(ml, 0, comm.rank());
+      mchunks_dev = DeviceBuffer(Backend::Cuda, mchunks.size() * sizeof(ShardChunk));
+      SHARDOPT_CUDA_CHECK(cudaMemcpy(mchunks_dev.data(), mchunks.data(), mchunks_dev.bytes(), cudaMemcpyHostToDevice));
+      SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());
+    }
     const std::size_t us = static_cast<std::size_t>(mshard);
     const std::size_t msize = q8 ? 1 : size_of(md.moments);
     DeviceBuffer mm(Backend::Cuda, us * msize), mv(Backend::Cuda, us * msize), rr(Backend::Cuda, rem ? us * 2 : 0),
