@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -62,37 +63,106 @@ TEST(MomentCode, NearestEntryAsDocumented) {
   EXPECT_EQ(kernels::nearest_code(kMomentMaps.first, 128, std::nanf("")), 0);
 }
 
-// The kernels start the nearest-entry search at a table entry keyed by the float's top
-// bits and walk from there; it must give nearest_code's index for every input: every float
-// in [0, 1] whose bits step by 64 (16.6 million values), both maps, the entries, the
-// midpoints between them (the ties), their neighbours, and the first float of every key.
-TEST(MomentCode, IndexedSearchEqualsTheSearch) {
+// The kernels find a code through a table keyed by the float's top bits (one read and one
+// comparison); it must give nearest_code's index for every float. The rule is monotone in
+// a (checked on a sweep of 16.6 million floats, bits stepping by 64), so four floats per
+// key prove a key's whole span: its first and last float, and the two sides of the one
+// boundary its entry places (or none). Below the first key every float takes code 0.
+TEST(MomentCode, CodeTablesEqualTheRule) {
+  using shardopt::num::f32_from_bits;
+  ASSERT_TRUE(kMomentMaps.one_boundary_per_key);
   for (bool second : {false, true}) {
     const float* map = second ? kMomentMaps.second : kMomentMaps.first;
-    const std::uint8_t* start = second ? kMomentMaps.second_start : kMomentMaps.first_start;
+    const std::uint32_t* table = second ? kMomentMaps.second_codes : kMomentMaps.first_codes;
     const int n = second ? 256 : 128;
+    int last_code = 0;
     for (std::uint32_t bits = 0; bits <= 0x3F800000u; bits += 64) {
-      const float a = shardopt::num::f32_from_bits(bits);
-      ASSERT_EQ(kernels::nearest_code_indexed(map, start, n, a), kernels::nearest_code(map, n, a)) << a;
+      const float a = f32_from_bits(bits);
+      const int want = kernels::nearest_code(map, n, a);
+      ASSERT_GE(want, last_code) << "the rule is not monotone at " << a;
+      last_code = want;
+      ASSERT_EQ(kernels::nearest_code_keyed(table, n, a), want) << a;
     }
+    const float below = f32_from_bits((kernels::kKeyLow << kernels::kKeyShift) - 1);
+    ASSERT_EQ(kernels::nearest_code(map, n, below), 0);
+    ASSERT_EQ(kernels::nearest_code_keyed(table, n, below), 0);
+    int boundaries = 0;
+    for (int k = 0; k < kernels::kKeys; ++k) {
+      const std::uint32_t first = (kernels::kKeyLow + static_cast<std::uint32_t>(k)) << kernels::kKeyShift;
+      const std::uint32_t last = first | kernels::kKeyLowBits;
+      const std::uint32_t t = table[k] & kernels::kKeyLowBits;
+      std::vector<std::uint32_t> probes = {first, last};
+      if (t != kernels::kKeyLowBits) {
+        probes.push_back(first | t);
+        probes.push_back(first | (t + 1));
+        ++boundaries;
+        // The entry's boundary is one: the rule changes code exactly there.
+        ASSERT_EQ(kernels::nearest_code(map, n, f32_from_bits(first | (t + 1))),
+                  kernels::nearest_code(map, n, f32_from_bits(first | t)) + 1)
+            << "key " << k;
+      } else {
+        ASSERT_EQ(kernels::nearest_code(map, n, f32_from_bits(first)), kernels::nearest_code(map, n, f32_from_bits(last)))
+            << "key " << k << " has a boundary its entry misses";
+      }
+      for (std::uint32_t b : probes)
+        ASSERT_EQ(kernels::nearest_code_keyed(table, n, f32_from_bits(b)), kernels::nearest_code(map, n, f32_from_bits(b)))
+            << "key " << k << " float " << f32_from_bits(b);
+    }
+    // Nearly every boundary between two entries lies inside a key's span (one may fall on
+    // a span's last float, where the next key's entry starts with the next code).
+    EXPECT_GE(boundaries, n - 3) << (second ? "second" : "first");
     for (int i = 0; i + 1 < n; ++i) {
       const float mid = map[i] + (map[i + 1] - map[i]) / 2;  // the ties
       for (float a : {map[i], std::nextafter(map[i], 0.0f), std::nextafter(map[i], 2.0f), mid,
                       std::nextafter(mid, 0.0f), std::nextafter(mid, 2.0f)})
-        ASSERT_EQ(kernels::nearest_code_indexed(map, start, n, a), kernels::nearest_code(map, n, a)) << a;
+        ASSERT_EQ(kernels::nearest_code_keyed(table, n, a), kernels::nearest_code(map, n, a)) << a;
     }
-    for (std::uint32_t key = kernels::kStartKeyLow; key < kernels::kStartKeyLow + kernels::kStartKeys; ++key) {
-      const float a = shardopt::num::f32_from_bits(key << kernels::kStartShift);
-      ASSERT_EQ(kernels::nearest_code_indexed(map, start, n, a), kernels::nearest_code(map, n, a)) << a;
-      // The table's promise: its entry is the largest <= the key's smallest float, and the
-      // key's span [a, next key's a) holds at most one more entry (the one step).
-      const int entry = start[key - kernels::kStartKeyLow];
-      const float next = shardopt::num::f32_from_bits((key + 1) << kernels::kStartShift);
-      ASSERT_LE(map[entry], a) << a;
-      ASSERT_GT(map[entry + 1], a) << a;
-      ASSERT_TRUE(entry + 2 >= n || map[entry + 2] >= next) << "two entries in the span of key " << key;
+    for (float a : {0.0f, -0.0f, 1.0f, -1e-3f, std::nanf(""), 1e-30f, 0x1p-149f})
+      EXPECT_EQ(kernels::nearest_code_keyed(table, n, a), kernels::nearest_code(map, n, a)) << a;
+  }
+}
+
+// The encoders divide by the block's scale through its rounded reciprocal and a correction
+// (divide_by_scale); the quotient must be the IEEE division's for every 0 <= a <= scale
+// that can code to anything but 0 (quotients >= 2^-24). Scales across the fast range and
+// outside it (where the division itself runs), significands 1.0 and all ones among them,
+// a of every exponent from the scale's down 26 binades, any significand, up to the scale.
+TEST(MomentCode, DivisionByScaleIsTheDivision) {
+  using shardopt::num::f32_bits;
+  using shardopt::num::f32_from_bits;
+  std::mt19937_64 rng(11);
+  std::uniform_int_distribution<std::uint32_t> exponent(127 - 80, 127 + 80);
+  std::uniform_int_distribution<std::uint32_t> mantissa(0, 0x7FFFFF);
+  std::int64_t checked = 0, fast = 0;
+  for (int t = 0; t < 40000; ++t) {
+    const std::uint32_t man = t % 3 == 0 ? 0u : (t % 3 == 1 ? 0x7FFFFFu : mantissa(rng));
+    const float scale = f32_from_bits((exponent(rng) << 23) | man);
+    const kernels::CodeScale cs = kernels::code_scale(scale);
+    fast += cs.fast ? 1 : 0;
+    std::uniform_int_distribution<std::uint32_t> drop(0, 26);  // quotient exponents 0 .. -26
+    for (int k = 0; k < 100; ++k) {
+      float a = f32_from_bits(((f32_bits(scale) >> 23) - drop(rng)) << 23 | mantissa(rng));
+      if (k == 0 || a > scale) a = scale;
+      if (k == 1) a = std::nextafter(scale, 0.0f);
+      const float want = a / scale;
+      const float got = kernels::divide_by_scale(a, cs);
+      if (want >= 0x1p-24f) {
+        ASSERT_EQ(f32_bits(got), f32_bits(want)) << a << " / " << scale;
+        ++checked;
+      } else {
+        ASSERT_LT(got, 0x1p-23f) << a << " / " << scale;  // codes as 0, like the division
+      }
     }
   }
+  EXPECT_GT(checked, 3000000);
+  EXPECT_GT(fast, 30000);
+  EXPECT_LT(fast, 40000);  // some scales outside [2^-64, 2^64] take the division
+  EXPECT_FALSE(kernels::code_scale(0x1p-65f).fast);
+  EXPECT_FALSE(kernels::code_scale(0x1p65f).fast);
+  EXPECT_FALSE(kernels::code_scale(std::numeric_limits<float>::infinity()).fast);
+  EXPECT_FALSE(kernels::code_scale(std::nanf("")).fast);
+  EXPECT_TRUE(kernels::code_scale(0x1p-64f).fast);
+  EXPECT_TRUE(kernels::code_scale(0x1p64f).fast);
 }
 
 // Decoding a block and encoding it again gives its bytes and scale back: what makes a

@@ -175,10 +175,11 @@ struct AdamStepValues {
   float l2;            ///< float(weight_decay) of the group (Adam)
 };
 
-/// The update of one element: p (fp32 master), m, v (fp32 values of the moments).
+/// The update of one element, first part: the gradient's scaling, the decay (AdamW) or L2
+/// term (Adam), and the new moments. p (fp32 master), m, v (fp32 values of the moments).
 template <bool kDecoupled>
-SHARDOPT_HD void adam_element(const AdamElementConsts& c, const AdamStepValues& s, float grad,
-                              float& p, float& m, float& v) {
+SHARDOPT_HD void adam_moments(const AdamElementConsts& c, const AdamStepValues& s, float grad, float& p, float& m,
+                              float& v) {
   float g = grad * s.inv_loss_scale;
   g = g * s.clip_coef;
   if constexpr (kDecoupled) {
@@ -190,8 +191,26 @@ SHARDOPT_HD void adam_element(const AdamElementConsts& c, const AdamStepValues& 
   const float diff = g - m;
   m = w < 0.5f ? fmaf(w, diff, m) : fmaf(-diff, 1.0f - w, g);
   v = fmaf(c.one_minus_beta2 * g, g, v * c.beta2);
-  const float denom = sqrtf(v) * s.inv_bc2_sqrt + c.eps;
-  p = fmaf(-s.step_size, m / denom, p);
+}
+
+/// Second part: Adam's denominator from sqrt_v = sqrtf(new v).
+SHARDOPT_HD float adam_denominator(const AdamElementConsts& c, const AdamStepValues& s, float sqrt_v) {
+  return sqrt_v * s.inv_bc2_sqrt + c.eps;
+}
+
+/// Last part: the master's step by quotient = m / denominator.
+SHARDOPT_HD void adam_apply_quotient(const AdamStepValues& s, float quotient, float& p) {
+  p = fmaf(-s.step_size, quotient, p);
+}
+
+/// The update of one element: p (fp32 master), m, v (fp32 values of the moments). The three
+/// parts in order, with IEEE sqrtf and division between them (a kernel may interleave
+/// several elements between the parts: adam_q8.cu).
+template <bool kDecoupled>
+SHARDOPT_HD void adam_element(const AdamElementConsts& c, const AdamStepValues& s, float grad,
+                              float& p, float& m, float& v) {
+  adam_moments<kDecoupled>(c, s, grad, p, m, v);
+  adam_apply_quotient(s, m / adam_denominator(c, s, sqrtf(v)), p);
 }
 
 /// Storage element type of a dtype (f32 -> float, bf16/f16 -> uint16_t).

@@ -12,7 +12,9 @@
 #include "kernels/adam/adam_launch.hpp"
 #include "kernels/adam/adam_q8.cuh"
 #include "kernels/adam/adam_vec.cuh"
+#include "kernels/common/device_attribute.cuh"
 #include "kernels/common/kernel_files.hpp"
+#include "kernels/common/rn_fast_path.cuh"
 
 namespace shardopt::kernels {
 namespace {
@@ -26,7 +28,14 @@ static_assert(kPerLane == 8, "one 8-byte word of codes per lane");
 // constant cache serializes a warp's different addresses).
 __device__ const MomentMaps kDeviceMaps = make_moment_maps();
 
-/// The maps and their start tables in shared memory (their lookups depend on the data),
+/// Blocks of the 8-bit pass resident per SM (its launch bounds; the grid is as many).
+constexpr int kQ8BlocksPerSm = 3;
+
+/// Work units per chunk: the resident blocks stride over (chunk, slice) units, so that a
+/// launch over a few hundred chunks (one bucket) still spreads evenly over them.
+constexpr std::int64_t kQ8Slices = 8;
+
+/// The maps and their code tables in shared memory (their lookups depend on the data),
 /// copied as 4-byte words.
 __device__ __forceinline__ void load_maps(MomentMaps& maps) {
   static_assert(sizeof(MomentMaps) % 4 == 0 && alignof(MomentMaps) == 4);
@@ -145,11 +154,20 @@ __device__ __forceinline__ void store_codes(const AdamApplyParams& a, const Mome
                                             float r_max) {
   auto* mc = static_cast<std::uint8_t*>(a.exp_avg);
   auto* vc = static_cast<std::uint8_t*>(a.exp_avg_sq);
+  const CodeScale ms = code_scale(m_max), rs = code_scale(r_max);  // one reciprocal each per lane
   std::uint8_t m_code[kPerLane], v_code[kPerLane];
+  if (ms.fast && rs.fast) {  // the usual case: no branch per element
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    m_code[i] = i < s.n ? encode_first_moment(maps, m[i], m_max) : 0;
-    v_code[i] = i < s.n ? encode_second_moment(maps, r[i], r_max) : 0;
+    for (int i = 0; i < kPerLane; ++i) {
+      m_code[i] = encode_first_moment<true>(maps, m[i], ms);
+      v_code[i] = encode_second_moment<true>(maps, r[i], rs);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      m_code[i] = encode_first_moment(maps, m[i], ms);
+      v_code[i] = encode_second_moment(maps, r[i], rs);
+    }
   }
   if (s.vec) {
     __stwb(reinterpret_cast<uint2*>(mc + s.mi0), pack_codes(m_code));
@@ -176,16 +194,35 @@ __device__ __forceinline__ void q8_block(const AdamApplyParams& a, const AdamSte
   float g[kPerLane], p[kPerLane];
   load_slice<Tr>(a, s, m_code, v_code, g, p);
   const float m_scale = a.exp_avg_scale[first_block + b], r_scale = a.exp_avg_sq_scale[first_block + b];
-  float m[kPerLane], r[kPerLane], m_max = 0.0f, r_max = 0.0f;
+  // The element math in its parts, each over the lane's 8 elements (positions past the
+  // chunk's end compute on zeros and are neither stored nor counted): the square roots and
+  // divisions take their fast paths without a branch per element (rn_fast_path.cuh), and
+  // the lane redoes all 8 with sqrtf and / when any valid input lies outside their range.
+  float m[kPerLane], v[kPerLane], r[kPerLane], quot[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i)
+    adam_q8_moments<Tr::decoupled>(a.consts, sv, maps, g[i], p[i], m_code[i], v_code[i], m_scale, r_scale, m[i], v[i]);
+  bool exact = true;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
-    m[i] = r[i] = 0.0f;
-    if (i < s.n) {
-      adam_q8_element<Tr::decoupled>(a.consts, sv, maps, g[i], p[i], m_code[i], v_code[i], m_scale, r_scale, m[i],
-                                     r[i]);
-      m_max = fmaxf(m_max, fabsf(m[i]));
-      r_max = fmaxf(r_max, r[i]);
+    bool root_exact, quot_exact;
+    r[i] = sqrt_rn_fast(v[i], root_exact);
+    quot[i] = div_rn_fast(m[i], adam_denominator(a.consts, sv, r[i]), quot_exact);
+    exact = exact && (i >= s.n || (root_exact && quot_exact));
+  }
+  if (!exact) {
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      r[i] = sqrtf(v[i]);
+      quot[i] = m[i] / adam_denominator(a.consts, sv, r[i]);
     }
+  }
+  float m_max = 0.0f, r_max = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    adam_apply_quotient(sv, quot[i], p[i]);
+    m_max = fmaxf(m_max, i < s.n ? fabsf(m[i]) : 0.0f);
+    r_max = fmaxf(r_max, i < s.n ? r[i] : 0.0f);
   }
   store_masters<Tr>(a, s, p);
   m_max = warp_max(m_max);  // every lane of the warp takes part, valid or not
@@ -198,19 +235,23 @@ __device__ __forceinline__ void q8_block(const AdamApplyParams& a, const AdamSte
 }
 
 template <class Tr>
-__global__ void __launch_bounds__(kAdamThreads, 3) adam_q8_kernel(const AdamApplyParams a) {
+__global__ void __launch_bounds__(kAdamThreads, kQ8BlocksPerSm) adam_q8_kernel(const AdamApplyParams a) {
   if (a.scalars->found_inf != 0) return;  // a skipped step writes nothing
   __shared__ MomentMaps maps;
   load_maps(maps);
   const int lane = static_cast<int>(threadIdx.x) & (kWarp - 1);
   const int warp = static_cast<int>(threadIdx.x) / kWarp;
   constexpr int kWarps = kAdamThreads / kWarp;
-  for (std::int64_t c = blockIdx.x; c < a.num_chunks; c += gridDim.x) {
-    const ShardChunk ch = a.chunks[c];
+  // Work unit: slice j of chunk c, the chunk's blocks j * kWarps + warp + k * kQ8Slices *
+  // kWarps (k = 0, 1, ...): a full chunk of 65536 elements is 8 units of 32 blocks.
+  for (std::int64_t u = blockIdx.x; u < a.num_chunks * kQ8Slices; u += gridDim.x) {
+    const ShardChunk ch = a.chunks[u / kQ8Slices];
+    const std::int64_t blocks = (ch.length + kMomentBlock - 1) / kMomentBlock;
+    const std::int64_t b0 = (u % kQ8Slices) * kWarps + warp;
+    if (b0 >= blocks) continue;
     const AdamStepValues sv = adam_step_values(a, ch.group);
     const std::int64_t first_block = (ch.shard_offset - ch.moment_shift) / kMomentBlock;
-    const std::int64_t blocks = (ch.length + kMomentBlock - 1) / kMomentBlock;
-    for (std::int64_t b = warp; b < blocks; b += kWarps) q8_block<Tr>(a, sv, maps, ch, b, first_block, lane);
+    for (std::int64_t b = b0; b < blocks; b += kQ8Slices * kWarps) q8_block<Tr>(a, sv, maps, ch, b, first_block, lane);
   }
 }
 
@@ -261,9 +302,10 @@ unsigned grid_for(std::int64_t items, int per_block) {
 
 void launch_adam_q8_apply(const AdamVariant& v, const AdamApplyParams& a, Stream stream) {
   if (a.num_chunks <= 0) return;
-  // One block per chunk up to a cap (the kernel strides over the rest); each block copies
-  // the maps (7.4 KB) from global memory once: under 1% of a full chunk's bytes.
-  const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>(a.num_chunks, std::int64_t{1} << 20));
+  // As many blocks as stay resident (the kernel strides over the work units), so that each
+  // copies the maps and code tables (25 KB) once.
+  const std::int64_t resident = std::int64_t{kQ8BlocksPerSm} * std::max(1, device_attribute<cudaDevAttrMultiProcessorCount>());
+  const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>(a.num_chunks * kQ8Slices, resident));
   dispatch_adam_variant<true, true>(v, [&]<class Tr>() {
     adam_q8_kernel<Tr><<<grid, kAdamThreads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(a);
   });

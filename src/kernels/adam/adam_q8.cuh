@@ -20,16 +20,28 @@
 
 namespace shardopt::kernels {
 
-/// Step 1 for one element: grad, master p (in/out), the element's old bytes and the
-/// block's old scales; returns the new m and r = sqrtf(new v).
+/// Step 1's first part for one element: grad, master p (in/out), the element's old bytes
+/// and the block's old scales; returns the new m and v (adam_moments; p decayed).
+template <bool kDecoupled>
+SHARDOPT_HD void adam_q8_moments(const AdamElementConsts& c, const AdamStepValues& sv, const MomentMaps& maps,
+                                 float grad, float& p, std::uint8_t m_code, std::uint8_t v_code, float m_scale,
+                                 float r_scale, float& m, float& v) {
+  m = decode_first_moment(maps, m_code, m_scale);
+  v = decode_second_moment(maps, v_code, r_scale);
+  adam_moments<kDecoupled>(c, sv, grad, p, m, v);
+}
+
+/// Step 1 for one element: adam_q8_moments, then the master's update (adam_element's
+/// other parts); returns the new m and r = sqrtf(new v). The CUDA pass runs the same
+/// parts with sqrtf and the division's fast paths interleaved over a lane's elements.
 template <bool kDecoupled>
 SHARDOPT_HD void adam_q8_element(const AdamElementConsts& c, const AdamStepValues& sv, const MomentMaps& maps,
                                  float grad, float& p, std::uint8_t m_code, std::uint8_t v_code, float m_scale,
                                  float r_scale, float& m, float& r) {
-  m = decode_first_moment(maps, m_code, m_scale);
-  float v = decode_second_moment(maps, v_code, r_scale);
-  adam_element<kDecoupled>(c, sv, grad, p, m, v);
+  float v;
+  adam_q8_moments<kDecoupled>(c, sv, maps, grad, p, m_code, v_code, m_scale, r_scale, m, v);
   r = sqrtf(v);
+  adam_apply_quotient(sv, m / adam_denominator(c, sv, r), p);
 }
 
 /// The gradient of one element, widened to float.

@@ -24,27 +24,97 @@
 
 namespace shardopt::kernels {
 
-/// Where the nearest-code search starts: a float a in [2^-23, 1) is keyed by its exponent
-/// and its top kStartBits mantissa bits (its bits >> kStartShift, less kStartKeyLow); the
-/// key's entry is the largest map index whose value is <= the smallest float of that key.
-/// At 7 bits a key spans 1/128 of a binade, which holds at most one entry of either map
-/// (MomentCode.IndexedSearchEqualsTheSearch checks every key), so the search ends after
-/// one step.
-inline constexpr int kStartBits = 7;
-inline constexpr int kStartShift = 23 - kStartBits;
-inline constexpr std::uint32_t kStartKeyLow = 104u << kStartBits;  ///< biased exponent 104: 2^-23
-inline constexpr int kStartKeys = (127 - 104) << kStartBits;        ///< 2944 keys, up to 1
+/// How the code tables are keyed: a float a in [2^-23, 1) is keyed by its exponent and
+/// its top kKeyBits mantissa bits (its bits >> kKeyShift, less kKeyLow). At 7 bits a key
+/// spans 1/128 of a binade, which holds at most one boundary between two codes of either
+/// map (checked where the tables are built, and by MomentCode.CodeTablesEqualTheRule), so a
+/// table entry per key and one comparison give the code.
+inline constexpr int kKeyBits = 7;
+inline constexpr int kKeyShift = 23 - kKeyBits;
+inline constexpr std::uint32_t kKeyLow = 104u << kKeyBits;  ///< biased exponent 104: 2^-23
+inline constexpr int kKeys = (127 - 104) << kKeyBits;        ///< 2944 keys, up to 1
+inline constexpr std::uint32_t kKeyLowBits = (1u << kKeyShift) - 1;  ///< a's bits below its key
 
-/// The two maps, ascending; entry 0 is 0, the last is 1; and each map's start table.
+/// The two maps, ascending; entry 0 is 0, the last is 1; and each map's code table.
+/// A code table entry is (c << 16) | t for the key's span of floats: c is the code of the
+/// span's smallest float, and the floats of the span whose low 16 bits exceed t take code
+/// c + 1 (t = 0xFFFF: none do).
 struct MomentMaps {
   float first[128];   ///< magnitudes of the first moment: 0, decades 10^-5..1 (2^e codes in decade e), 1
   float second[256];  ///< square roots of the second moment: 0, decades 10^-6..1 (2^(e+1) codes), 1
-  std::uint8_t first_start[kStartKeys];   ///< search starts in `first` (kStartBits)
-  std::uint8_t second_start[kStartKeys];  ///< search starts in `second`
+  std::uint32_t first_codes[kKeys];   ///< code table of `first`
+  std::uint32_t second_codes[kKeys];  ///< code table of `second`
+  bool one_boundary_per_key;          ///< every key's span holds at most one code boundary
 };
 
-/// Builds the maps in double, each entry rounded once to float (the same IEEE operations
-/// wherever it is evaluated: the compiler computes it).
+namespace detail {
+
+/// 2^e in double, exact (|e| <= 1022), in a constant expression.
+constexpr double exact_pow2(int e) {
+  double r = 1.0;
+  double b = e < 0 ? 0.5 : 2.0;
+  for (int k = e < 0 ? -e : e; k > 0; k >>= 1, b *= b)
+    if ((k & 1) != 0) r *= b;
+  return r;
+}
+
+/// The value of the positive normal float with bits u, exact in double.
+constexpr double normal_float_value(std::uint32_t u) {
+  return exact_pow2(static_cast<int>(u >> 23) - 127) * (1.0 + static_cast<double>(u & 0x7FFFFFu) / 8388608.0);
+}
+
+/// The bits of x, a positive normal float's value held in double.
+constexpr std::uint32_t normal_float_bits(double x) {
+  int e = 0;
+  while (x >= exact_pow2(e + 1)) ++e;
+  while (x < exact_pow2(e)) --e;
+  return (static_cast<std::uint32_t>(e + 127) << 23) |
+         static_cast<std::uint32_t>((x / exact_pow2(e) - 1.0) * 8388608.0);
+}
+
+/// The rule's choice for a (a float's value) between entries lo < hi around it: the upper
+/// one when hi - a < a - lo, each difference rounded to float as the kernels compute it
+/// (both are exact in double: the values lie in [0, 1] and a >= 2^-23).
+constexpr bool takes_upper(double lo, double hi, double a) {
+  return static_cast<float>(hi - a) < static_cast<float>(a - lo);
+}
+
+/// Fills the code table of map (n entries): the boundaries first (for each pair of
+/// neighbours, the bits of the largest float that still takes the lower one, by bisection
+/// over the bits: takes_upper is monotone in a), then each key's entry. Returns false when
+/// a key's span holds two boundaries.
+constexpr bool build_code_table(const float* map, int n, std::uint32_t* table) {
+  std::uint32_t bound[255] = {};
+  for (int j = 0; j + 1 < n; ++j) {
+    std::uint32_t lo = j == 0 ? kKeyLow << kKeyShift : normal_float_bits(map[j]);  // takes the lower
+    std::uint32_t hi = normal_float_bits(map[j + 1]);                             // takes the upper
+    while (hi - lo > 1) {
+      const std::uint32_t mid = lo + (hi - lo) / 2;
+      if (takes_upper(map[j], map[j + 1], normal_float_value(mid))) {
+        hi = mid;
+      } else {
+        lo = mid;
+      }
+    }
+    bound[j] = lo;
+  }
+  bool one = true;
+  int c = 0;  // boundaries below the current key's smallest float
+  for (int k = 0; k < kKeys; ++k) {
+    const std::uint32_t first = (kKeyLow + static_cast<std::uint32_t>(k)) << kKeyShift;
+    const std::uint32_t last = first | kKeyLowBits;
+    while (c + 1 < n && bound[c] < first) ++c;
+    const bool inside = c + 1 < n && bound[c] < last;
+    if (inside && c + 2 < n && bound[c + 1] < last) one = false;
+    table[k] = (static_cast<std::uint32_t>(c) << 16) | (inside ? (bound[c] & kKeyLowBits) : kKeyLowBits);
+  }
+  return one;
+}
+
+}  // namespace detail
+
+/// Builds the maps in double, each entry rounded once to float, and their code tables (the
+/// same IEEE operations wherever it is evaluated: the compiler computes it).
 constexpr MomentMaps make_moment_maps() {
   constexpr double kDecade[7] = {1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0};
   MomentMaps maps{};
@@ -62,29 +132,22 @@ constexpr MomentMaps make_moment_maps() {
     for (int k = 0; k < n; ++k) maps.second[j++] = static_cast<float>(kDecade[e] * (0.1 + 0.9 * ((k + 0.5) / n)));
   }
   maps.second[j] = 1.0f;
-  // Start tables: the smallest float of key k is 2^(x - 127) (1 + f / 2^kStartBits) for
-  // biased exponent x = 104 + k / 2^kStartBits and mantissa bits f = k mod 2^kStartBits,
-  // exact in double; its entry is the largest index whose value is <= it.
-  double binade = 1.0;
-  for (int x = 127; x > 104; --x) binade /= 2.0;  // 2^-23
-  int g1 = 0, g2 = 0;
-  for (int k = 0; k < kStartKeys; ++k) {
-    if (k > 0 && k % (1 << kStartBits) == 0) binade *= 2.0;
-    const double low = binade * (1.0 + static_cast<double>(k % (1 << kStartBits)) / (1 << kStartBits));
-    while (g1 + 1 < 128 && static_cast<double>(maps.first[g1 + 1]) <= low) ++g1;
-    while (g2 + 1 < 256 && static_cast<double>(maps.second[g2 + 1]) <= low) ++g2;
-    maps.first_start[k] = static_cast<std::uint8_t>(g1);
-    maps.second_start[k] = static_cast<std::uint8_t>(g2);
-  }
+  const bool first_one = detail::build_code_table(maps.first, 128, maps.first_codes);
+  const bool second_one = detail::build_code_table(maps.second, 256, maps.second_codes);
+  maps.one_boundary_per_key = first_one && second_one;
   return maps;
 }
 
-/// The maps of the host twins (the CUDA kernels keep a __constant__ copy of the same value).
+/// The maps of the host twins (the CUDA kernels keep a copy of the same value).
 inline constexpr MomentMaps kMomentMaps = make_moment_maps();
+static_assert(kMomentMaps.one_boundary_per_key, "a key's span holds two code boundaries: raise kKeyBits");
+static_assert(kMomentMaps.first_codes[0] == kKeyLowBits && kMomentMaps.second_codes[0] == kKeyLowBits,
+              "key 0 (2^-23) must hold code 0 and no boundary: nearest_code_keyed reads it below 2^-23");
 
 /// Index of the entry of `map` (n ascending entries, map[0] = 0, map[n-1] = 1) nearest to
 /// a: the largest i with map[i] <= a, or i + 1 when map[i + 1] - a < a - map[i] (an exact
-/// tie goes to the smaller magnitude). a <= 0 and NaN give 0; a >= 1 gives n - 1.
+/// tie goes to the smaller magnitude). a <= 0 and NaN give 0; a >= 1 gives n - 1. The
+/// rule's definition: the kernels use nearest_code_keyed, which gives the same index.
 SHARDOPT_HD int nearest_code(const float* map, int n, float a) {
   if (!(a > 0.0f)) return 0;
   if (a >= map[n - 1]) return n - 1;
@@ -100,24 +163,65 @@ SHARDOPT_HD int nearest_code(const float* map, int n, float a) {
   return map[hi] - a < a - map[lo] ? hi : lo;
 }
 
-/// nearest_code of a map with a start table (MomentMaps): the table's entry for a's key,
-/// one step up when the next entry is <= a too (a key's span holds at most one entry),
-/// then nearest_code's choice between it and the next. The same index as nearest_code for
-/// every a, in three reads and no loop (no divergence in a warp).
-SHARDOPT_HD int nearest_code_indexed(const float* map, const std::uint8_t* start, int n, float a) {
-  if (!(a > 0.0f)) return 0;
-  if (a >= map[n - 1]) return n - 1;
-  const std::uint32_t key = num::f32_bits(a) >> kStartShift;  // a < 1: key < 127 << kStartBits
-  int g = key < kStartKeyLow ? 0 : start[key - kStartKeyLow];
-  g += map[g + 1] <= a ? 1 : 0;  // g + 1 <= n - 1: map[n - 1] = 1 > a
-  return map[g + 1] - a < a - map[g] ? g + 1 : g;
+/// nearest_code of a map (n entries) through its code table: one read and one comparison,
+/// no loop and no branch (no divergence in a warp). Floats below 2^-23 read key 0's entry,
+/// which places no boundary and code 0 (every map's first boundary lies above 2^-23).
+SHARDOPT_HD int nearest_code_keyed(const std::uint32_t* table, int n, float a) {
+  const std::uint32_t bits = num::f32_bits(a);
+  std::uint32_t key = bits >> kKeyShift;
+  key = key < kKeyLow ? kKeyLow : key;
+  key = key > kKeyLow + kKeys - 1 ? kKeyLow + kKeys - 1 : key;  // a >= 1, negative a, NaN: answered below
+  const std::uint32_t e = table[key - kKeyLow];
+  const int code = static_cast<int>(e >> 16) + ((bits & kKeyLowBits) > (e & kKeyLowBits) ? 1 : 0);
+  return !(a > 0.0f) ? 0 : (a >= 1.0f ? n - 1 : code);
 }
 
-/// The byte of first-moment value m in a block of scale `scale` (= the block's max |m|).
-SHARDOPT_HD std::uint8_t encode_first_moment(const MomentMaps& maps, float m, float scale) {
-  if (!(scale > 0.0f)) return 0;
-  const int k = nearest_code_indexed(maps.first, maps.first_start, 128, fabsf(m) / scale);
+/// A block's scale, ready to divide by: what divide_by_scale needs.
+struct CodeScale {
+  float scale = 0.0f;  ///< the block's largest magnitude
+  float inv = 0.0f;    ///< 1 / scale, rounded to nearest (used when `fast`)
+  bool fast = false;   ///< scale in [2^-64, 2^64]: divide_by_scale multiplies by `inv`
+};
+
+/// The CodeScale of `scale`: one reciprocal per block instead of a division per element.
+SHARDOPT_HD CodeScale code_scale(float scale) {
+  CodeScale s;
+  s.scale = scale;
+  s.fast = scale >= 0x1p-64f && scale <= 0x1p64f;
+#if defined(__CUDA_ARCH__)
+  s.inv = s.fast ? __frcp_rn(scale) : 0.0f;
+#else
+  s.inv = s.fast ? 1.0f / scale : 0.0f;
+#endif
+  return s;
+}
+
+/// a / s.scale rounded to nearest, as the IEEE division gives it, for 0 <= a <= s.scale
+/// (what the encoders divide). With `fast`: Markstein's correction of a * inv (with inv
+/// the rounded reciprocal and q a quotient within an ulp, q + (a - q scale) inv rounds to
+/// the quotient; a - q scale is exact), in a multiply and two fused multiply-adds. The
+/// scale's range keeps every intermediate normal for quotients >= 2^-24; smaller ones
+/// code as 0 either way. MomentCode.DivisionByScaleIsTheDivision checks it.
+/// kFastScale: the caller knows s.fast (no branch).
+template <bool kFastScale = false>
+SHARDOPT_HD float divide_by_scale(float a, const CodeScale& s) {
+  if (!kFastScale && !s.fast) return a / s.scale;
+  const float q = a * s.inv;
+  return fmaf(fmaf(-q, s.scale, a), s.inv, q);
+}
+
+/// The byte of first-moment value m in a block of scale s.scale (= the block's max |m|).
+/// kFastScale: the caller knows s.fast (divide_by_scale).
+template <bool kFastScale = false>
+SHARDOPT_HD std::uint8_t encode_first_moment(const MomentMaps& maps, float m, const CodeScale& s) {
+  if (!kFastScale && !(s.scale > 0.0f)) return 0;
+  const int k = nearest_code_keyed(maps.first_codes, 128, divide_by_scale<kFastScale>(fabsf(m), s));
   return static_cast<std::uint8_t>(k != 0 && std::signbit(m) ? (0x80 | k) : k);
+}
+
+/// encode_first_moment under a block scale given as a float.
+SHARDOPT_HD std::uint8_t encode_first_moment(const MomentMaps& maps, float m, float scale) {
+  return encode_first_moment(maps, m, code_scale(scale));
 }
 
 /// The first-moment value of byte c in a block of scale `scale`.
@@ -126,11 +230,17 @@ SHARDOPT_HD float decode_first_moment(const MomentMaps& maps, std::uint8_t c, fl
   return (c & 0x80) != 0 ? -x : x;
 }
 
-/// The byte of second-moment square root r = sqrtf(v) in a block of scale `scale` (= the
-/// block's max r).
+/// The byte of second-moment square root r = sqrtf(v) in a block of scale s.scale (= the
+/// block's max r). kFastScale: the caller knows s.fast.
+template <bool kFastScale = false>
+SHARDOPT_HD std::uint8_t encode_second_moment(const MomentMaps& maps, float r, const CodeScale& s) {
+  if (!kFastScale && !(s.scale > 0.0f)) return 0;
+  return static_cast<std::uint8_t>(nearest_code_keyed(maps.second_codes, 256, divide_by_scale<kFastScale>(r, s)));
+}
+
+/// encode_second_moment under a block scale given as a float.
 SHARDOPT_HD std::uint8_t encode_second_moment(const MomentMaps& maps, float r, float scale) {
-  if (!(scale > 0.0f)) return 0;
-  return static_cast<std::uint8_t>(nearest_code_indexed(maps.second, maps.second_start, 256, r / scale));
+  return encode_second_moment(maps, r, code_scale(scale));
 }
 
 /// The second-moment value of byte c in a block of scale `scale`: (second[c] * scale)^2.
