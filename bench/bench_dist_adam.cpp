@@ -687,7 +687,11 @@ void phase_rows(const Communicator& comm, Stream s, const Args& a, const std::st
   const double data_bytes = nv ? 0.5 : 2.0;  // per element, all planes
   std::map<std::string, double> bytes;
   // Adam: grad (2) + master, m, v read and written (24) (+ the bf16 param written: 2).
-  bytes["adam"] = shard * (o.param_format == ParamFormat::Native ? 28.0 : 26.0);
+  // Adam: bf16 grad read, fp32 master read and written, bf16 param written, both moments
+  // read and written (4 B each, or 1 B with 8-bit moments; their scales: 8 B per 256
+  // elements); MXFP8 / NVFP4 write no bf16 param.
+  const double moment_bytes = o.moment_dtype == DType::q8_block ? 4.0 + 16.0 / 256.0 : 16.0;
+  bytes["adam"] = shard * (10.0 + moment_bytes + (o.param_format == ParamFormat::Native ? 2.0 : 0.0));
   bytes["amax"] = q_shard * 4.0;                      // NVFP4's amax pass: the master read
   bytes["quantize"] = q_shard * (4.0 + data_bytes);   // the master read, the data written (MXFP8: the owned pass)
   bytes["landing"] = q_full * 2.0 * data_bytes;       // staging read, storage written
@@ -736,9 +740,11 @@ void phases(const Communicator& comm, Stream s, const Args& a, const std::string
   mx.param_format = ParamFormat::Mxfp8;
   DistributedAdamOptions nv = mx;
   nv.param_format = ParamFormat::Nvfp4;
+  DistributedAdamOptions q8 = step_options();  // the 8-bit moments' step (issue 46)
+  q8.moment_dtype = DType::q8_block;
   const std::string n = "/1.5B/147/n" + std::to_string(comm.size());
   for (const auto& [name, o] : std::vector<std::pair<std::string, DistributedAdamOptions>>{
-           {"bf16p-bf16g", step_options()}, {"mxfp8p-bf16g", mx}, {"nvfp4p-bf16g", nv}}) {
+           {"bf16p-bf16g", step_options()}, {"mxfp8p-bf16g", mx}, {"nvfp4p-bf16g", nv}, {"bf16p-bf16g-q8moments", q8}}) {
     const double graph = step_ms(comm, s, a, o);
     phase_rows(comm, s, a, device, cmd, name + n, o, graph, copy.gbps);
   }
