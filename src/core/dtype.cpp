@@ -32,8 +32,9 @@ DType parse_dtype(std::string_view name) {
   if (n == "u32") return DType::u32;
   if (n == "u16") return DType::u16;
   if (n == "q8_block" || n == "q8") return DType::q8_block;
-  SHARDOPT_REQUIRE(false, ErrorCode::InvalidArgument,
-                   "unknown dtype '" + n + "'; use one of f32, bf16, f16, e4m3, e5m2, e8m0, u32, u16, q8_block");
+  detail::throw_error(ErrorCode::InvalidArgument,
+                      "unknown dtype '" + n + "'; use one of f32, bf16, f16, e4m3, e5m2, e8m0, u32, u16, q8_block",
+                      __FILE__, __LINE__);
 }
 
 }  // namespace shardopt
