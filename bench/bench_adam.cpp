@@ -19,6 +19,8 @@
 // state), each timed against its own byte limit. Each step (prologue + main pass) is replayed from a CUDA graph;
 // median of --iters (>= 20) replays after warm-up, CUDA events around each
 // (bench/common/cuda_bench: time_ms, measure_copy, CapturedGraph).
+#include "bench_adam.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -40,26 +42,10 @@
 #include "shardopt/layout.hpp"
 #include "shardopt/numerics.hpp"
 #include "shardopt/presets.hpp"
-#include "shardopt_config.h"
 
-#if SHARDOPT_HAVE_CUDA
-#include "cuda_bench.hpp"
-#endif
+namespace shardopt::bench_adam {
 
-namespace {
-using namespace shardopt;
-
-struct Options {
-  Backend backend = Backend::Cuda;
-  bool small = false;
-  int iters = 50;
-  std::string peer_json, results, torch_dir;
-  std::string only;  ///< run only the configs whose name contains this (empty: all)
-  std::string command;
-};
-
-/// The numeric value of "key": in a flat JSON object written by adam_peer.py; nullopt if absent.
-[[maybe_unused]] std::optional<double> json_number(const std::string& text, const std::string& key) {
+std::optional<double> json_number(const std::string& text, const std::string& key) {
   const std::string k = "\"" + key + "\"";
   auto p = text.find(k);
   if (p == std::string::npos) return std::nullopt;
@@ -72,7 +58,7 @@ struct Options {
   return v;
 }
 
-[[maybe_unused]] std::string read_file(const std::string& path) {
+std::string read_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot read " + path);
   std::stringstream ss;
@@ -80,17 +66,11 @@ struct Options {
   return ss.str();
 }
 
-/// One benchmark configuration.
-struct Config {
-  std::string name;
-  AdamConfig adam;
-  double bytes_per_param;
-  std::string peer_key, peer_desc;
-};
-
 std::vector<Config> configs() {
   std::vector<Config> out;
-  Config f;
+  // Value-initialized ({}): GCC 12 at -O3 otherwise warns that AdamConfig's default group
+  // list "may be used uninitialized" (a false positive of its inlined vector copy).
+  Config f{};
   f.name = "fp32/1.5B/147";
   f.adam.grad_dtype = DType::f32;
   f.adam.write_params = false;
@@ -98,7 +78,7 @@ std::vector<Config> configs() {
   f.peer_key = "fp32_ms";
   f.peer_desc = "torch.optim.AdamW fused capturable graph";
   out.push_back(f);
-  Config b;
+  Config b{};
   b.name = "bf16grad-bf16param/1.5B/147";
   b.adam.grad_dtype = DType::bf16;
   b.adam.param_dtype = DType::bf16;
@@ -143,10 +123,7 @@ std::vector<Config> configs() {
   return out;
 }
 
-/// A one-rank layout with one bucket holding the whole model: the shard is one flat buffer
-/// and buffer offsets equal shard offsets.
-/// `q8`: parameter starts on 8-bit moment blocks (what the optimizers' layouts do then).
-Layout one_bucket_layout(bool small, bool q8 = false) {
+Layout one_bucket_layout(bool small, bool q8) {
   presets::TransformerShape shape = presets::kLlama32_1B;
   if (small) shape = presets::TransformerShape{64, 2, 128, 32, 256};
   LayoutOptions opt;
@@ -160,6 +137,8 @@ std::int64_t chunk_elements(const std::vector<ShardChunk>& t) {
   for (const auto& c : t) n += c.length;
   return n;
 }
+
+namespace {
 
 // ------------------------------------------------------------------------ host smoke
 
@@ -355,110 +334,12 @@ int torch_check_dump(const Options& o) {
   return 0;
 }
 
-// ------------------------------------------------------------------------ CUDA benchmark
-
-#if SHARDOPT_HAVE_CUDA
-int cuda_bench(const Options& o) {
-  const std::string device = bench::device_name();
-  std::string peer_text;
-  if (!o.peer_json.empty()) peer_text = read_file(o.peer_json);
-
-  cudaStream_t stream;
-  SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const Stream st = reinterpret_cast<Stream>(stream);
-  const int iters = std::max(o.iters, 20);
-  constexpr int kWarmup = 5;
-
-  // Device-to-device copy bandwidth (bytes read + written), 2 GiB each way.
-  const double copy_gbps = bench::measure_copy(std::size_t{2} << 30, st, iters, kWarmup).gbps;
-  std::printf("device-to-device copy: %.1f GB/s (read + write) on %s\n", copy_gbps, device.c_str());
-
-  for (const Config& c : configs()) {
-    if (c.name.find(o.only) == std::string::npos) continue;
-    const bool q8 = c.adam.moment_dtype == DType::q8_block;
-    const Layout layout = one_bucket_layout(false, q8);
-    const auto table = shard_chunks(layout, 0, 0);
-    const std::int64_t n = layout.buffers()[0].shard_numel;
-    const std::int64_t params = chunk_elements(table);
-    const std::size_t un = static_cast<std::size_t>(n);
-    DeviceBuffer d_table(Backend::Cuda, table.size() * sizeof(ShardChunk));
-    SHARDOPT_CUDA_CHECK(
-        cudaMemcpy(d_table.data(), table.data(), table.size() * sizeof(ShardChunk), cudaMemcpyHostToDevice));
-    SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());  // a pageable copy may return before its DMA lands
-    DeviceBuffer scales(Backend::Cuda, q8 ? 2 * un / kMomentBlock * sizeof(float) : 0);
-    if (q8) SHARDOPT_CUDA_CHECK(cudaMemsetAsync(scales.data(), 0, scales.bytes(), stream));
-    const bool rem = c.adam.master_storage == MasterStorage::bf16_remainder;
-    const std::size_t msize = size_of(c.adam.moment_dtype);
-    DeviceBuffer grads(Backend::Cuda, un * size_of(c.adam.grad_dtype)), master(Backend::Cuda, rem ? 0 : un * 4),
-        remainders(Backend::Cuda, rem ? un * 2 : 0), m(Backend::Cuda, un * msize), v(Backend::Cuda, un * msize),
-        scal(Backend::Cuda, sizeof(StepScalars));
-    DeviceBuffer out(Backend::Cuda, c.adam.write_params ? un * size_of(c.adam.param_dtype) : 0);
-    // Gradients uniform in [-1e-3, 1e-3], different in every element, so that the 8-bit
-    // moments of a block spread over their codes (the encode does its whole search, as it
-    // does in training); small finite values elsewhere (0x3C3C3C3C = 0.0115).
-    bench::fill_random(grads.data(), c.adam.grad_dtype, n, 7, 1e-3f, st);
-    if (rem) {  // the master is the bf16 param 0x3C3C plus a zero remainder
-      SHARDOPT_CUDA_CHECK(cudaMemsetAsync(out.data(), 0x3C, out.bytes(), stream));
-      SHARDOPT_CUDA_CHECK(cudaMemsetAsync(remainders.data(), 0, remainders.bytes(), stream));
-    } else {
-      SHARDOPT_CUDA_CHECK(cudaMemsetAsync(master.data(), 0x3C, master.bytes(), stream));
-    }
-    SHARDOPT_CUDA_CHECK(cudaMemsetAsync(m.data(), 0, m.bytes(), stream));
-    SHARDOPT_CUDA_CHECK(cudaMemsetAsync(v.data(), 0, v.bytes(), stream));
-    StepScalars s;
-    s.lr = 1e-4f;
-    SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(scal.data(), &s, sizeof s, cudaMemcpyHostToDevice, stream));
-    SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(stream));
-    ShardPointers sp;
-    sp.chunks = d_table.as<ShardChunk>();
-    sp.num_chunks = static_cast<std::int64_t>(table.size());
-    sp.shard_numel = n;
-    sp.grads = grads.data();
-    sp.params = out.data();
-    sp.master = rem ? nullptr : master.as<float>();
-    sp.remainders = rem ? remainders.as<std::uint16_t>() : nullptr;
-    sp.exp_avg = m.data();
-    sp.exp_avg_sq = v.data();
-    sp.exp_avg_scales = q8 ? scales.as<float>() : nullptr;
-    sp.exp_avg_sq_scales = q8 ? scales.as<float>() + un / kMomentBlock : nullptr;
-    double ms = 0;
-    {
-      const bench::CapturedGraph g(st, [&] { fused_adam_step(c.adam, sp, scal.as<StepScalars>(), Backend::Cuda, st); });
-      ms = bench::time_ms(st, kWarmup, iters, [&] { g.launch(st); });
-    }
-    StepScalars after;
-    SHARDOPT_CUDA_CHECK(cudaMemcpy(&after, scal.data(), sizeof after, cudaMemcpyDeviceToHost));
-
-    const double bytes = c.bytes_per_param * static_cast<double>(params);
-    bench::Result r;
-    r.bench = "adam_step";
-    r.config = c.name;
-    r.device = device;
-    r.ours_ms = ms;
-    r.limit_ms = bytes / (copy_gbps * 1e9) * 1e3;
-    if (!peer_text.empty() && !c.peer_key.empty() && json_number(peer_text, c.peer_key)) {
-      r.peer = c.peer_desc;
-      r.peer_ms = json_number(peer_text, c.peer_key);
-      if (auto pc = json_number(peer_text, "copy_gbps")) r.numbers["peer_copy_gbps"] = *pc;
-    }
-    r.numbers["gbps"] = bytes / (ms * 1e-3) / 1e9;
-    r.numbers["copy_gbps"] = copy_gbps;
-    r.numbers["bytes_per_param"] = c.bytes_per_param;
-    r.numbers["params"] = static_cast<double>(params);
-    r.numbers["tensors"] = static_cast<double>(layout.params().size());
-    r.numbers["chunks"] = static_cast<double>(table.size());
-    r.numbers["steps_run"] = static_cast<double>(after.step);
-    r.command = o.command;
-    bench::write(r, o.results);
-  }
-  SHARDOPT_CUDA_CHECK(cudaStreamDestroy(stream));
-  return 0;
-}
-#endif
-
 }  // namespace
+}  // namespace shardopt::bench_adam
 
 int main(int argc, char** argv) {
+  using namespace shardopt;
+  using namespace shardopt::bench_adam;
   Options o;
   o.command = bench::command_line(argc, argv);
   o.backend = cuda_device_count() > 0 ? Backend::Cuda : Backend::Host;
@@ -485,12 +366,7 @@ int main(int argc, char** argv) {
   try {
     if (!o.torch_dir.empty()) return torch_check_dump(o);
     if (o.backend == Backend::Host) return host_smoke(o);
-#if SHARDOPT_HAVE_CUDA
-    return cuda_bench(o);
-#else
-    std::fprintf(stderr, "bench_adam: no CUDA in this build; run with --backend host --small\n");
-    return 77;
-#endif
+    return run_device(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_adam: %s\n", e.what());
     return 1;

@@ -66,11 +66,9 @@
 #include "buffers/piece_reduce.hpp"
 #include "kernels/common/kernel_files.hpp"
 #include "kernels/common/piece_sum.hpp"
+#include "cuda_bench.hpp"
 #include "mpi_bench.hpp"
 #include "results.hpp"
-#if SHARDOPT_HAVE_CUDA
-#include "cuda_bench.hpp"
-#endif
 #include "shardopt/bucket_store.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/watchdog.hpp"
@@ -216,28 +214,20 @@ Times measure(const Communicator& comm, Stream stream, int iters, int warmup, co
     }
     if (!label.empty()) progress(comm.rank(), label + ": timed loop done");
   } else {
-#if SHARDOPT_HAVE_CUDA
-    auto s = reinterpret_cast<cudaStream_t>(stream);
-    std::vector<cudaEvent_t> ev(static_cast<std::size_t>(2 * iters + 1));
-    for (auto& e : ev) SHARDOPT_CUDA_CHECK(cudaEventCreate(&e));
-    SHARDOPT_CUDA_CHECK(cudaEventRecord(ev[0], s));
+    bench::EventMarks ev(2 * iters + 1);
+    ev.record(0, stream);
     for (int i = 0; i < iters; ++i) {
       ours();
-      SHARDOPT_CUDA_CHECK(cudaEventRecord(ev[static_cast<std::size_t>(2 * i + 1)], s));
+      ev.record(2 * i + 1, stream);
       peer();
-      SHARDOPT_CUDA_CHECK(cudaEventRecord(ev[static_cast<std::size_t>(2 * i + 2)], s));
+      ev.record(2 * i + 2, stream);
     }
     if (!label.empty()) progress(comm.rank(), label + ": timed loop enqueued, waiting for it");
     comm.synchronize(stream);
     for (int i = 0; i < iters; ++i) {
-      float a = 0, b = 0;
-      SHARDOPT_CUDA_CHECK(cudaEventElapsedTime(&a, ev[static_cast<std::size_t>(2 * i)], ev[static_cast<std::size_t>(2 * i + 1)]));
-      SHARDOPT_CUDA_CHECK(cudaEventElapsedTime(&b, ev[static_cast<std::size_t>(2 * i + 1)], ev[static_cast<std::size_t>(2 * i + 2)]));
-      t.ours[static_cast<std::size_t>(i)] = a;
-      t.peer[static_cast<std::size_t>(i)] = b;
+      t.ours[static_cast<std::size_t>(i)] = ev.ms(2 * i, 2 * i + 1);
+      t.peer[static_cast<std::size_t>(i)] = ev.ms(2 * i + 1, 2 * i + 2);
     }
-    for (auto& e : ev) (void)cudaEventDestroy(e);
-#endif
   }
   // An iteration lasts as long as its slowest rank.
   MPI_Allreduce(MPI_IN_PLACE, t.ours.data(), iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -464,13 +454,11 @@ void f32_accumulate_rows(const Options& opt, const Communicator& comm, Stream st
   kernels::load_step_kernels(opt.backend);  // before any collective (kernels/common/kernel_files.hpp)
   // The phases' byte limits: this device's copy rate, measured here (0: host backend, no limit).
   double copy_gbps = 0;
-#if SHARDOPT_HAVE_CUDA
   if (opt.backend == Backend::Cuda) {
     progress(comm.rank(), "measuring the device-to-device copy rate (1 GiB)");
     copy_gbps = bench::measure_copy(std::size_t{1} << 30, stream, opt.iters, opt.warmup).gbps;
     progress(comm.rank(), "copy rate " + std::to_string(copy_gbps) + " GB/s (read + write)");
   }
-#endif
   for (int mib : opt.sizes_mib)
     for (bool registered : opt.registered)
       f32_accumulate_size(opt, comm, stream, mib, registered, copy_gbps, device, command, results);

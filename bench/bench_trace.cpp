@@ -15,22 +15,19 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/streams.hpp"
+#include "cuda_bench.hpp"
 #include "results.hpp"
 #include "shardopt/backend.hpp"
 #include "shardopt/distributed_adam.hpp"
+#include "shardopt/error.hpp"
 #include "shardopt/host_stream.hpp"
 #include "shardopt/step_graph.hpp"
-#include "shardopt_config.h"
 #include "shardopt_trace_config.h"
-
-#if SHARDOPT_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "cuda_bench.hpp"
-#endif
 
 namespace {
 using namespace shardopt;
@@ -87,16 +84,17 @@ int main(int argc, char** argv) {
   std::string device = "host";
   Stream s = nullptr;
   HostStream host_stream;
-#if SHARDOPT_HAVE_CUDA
-  cudaStream_t cs = nullptr;
+  std::optional<SideStream> cuda_stream;
   if (be == Backend::Cuda) {
+    if (!cuda_compiled()) return usage("this build has no CUDA backend");
     device = bench::device_name();
-    if (cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking) != cudaSuccess) return usage("cannot create a stream");
-    s = reinterpret_cast<Stream>(cs);
+    try {
+      cuda_stream.emplace(be);
+    } catch (const Error&) {
+      return usage("cannot create a stream");
+    }
+    s = cuda_stream->get();
   }
-#else
-  if (be == Backend::Cuda) return usage("this build has no CUDA backend");
-#endif
   if (be == Backend::Host) s = host_stream.handle();
   // The host backend runs the step's arithmetic in the timed call: a smoke size there.
   const std::int64_t total = be == Backend::Cuda ? std::int64_t{16} << 20 : std::int64_t{1} << 20;
@@ -138,8 +136,5 @@ int main(int argc, char** argv) {
     r.command = bench::command_line(argc, argv);
     bench::write(r, results);
   }
-#if SHARDOPT_HAVE_CUDA
-  if (cs != nullptr) cudaStreamDestroy(cs);
-#endif
   return 0;
 }

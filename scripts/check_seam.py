@@ -2,8 +2,11 @@
 """The Host/CUDA seam check: only src/core and src/kernels switch on the build's CUDA.
 
 Fails (exit 1) on
-  * a file under src/, include/ or examples/ outside src/core/ and src/kernels/ that
-    names SHARDOPT_HAVE_CUDA (the preprocessor switch of shardopt_config.h);
+  * a file under src/, include/, examples/, test/ or bench/ outside src/core/ and
+    src/kernels/ that names SHARDOPT_HAVE_CUDA (the preprocessor switch of
+    shardopt_config.h; the tests' CUDA calls go through test/common/cuda_ops.hpp and
+    grad_stream.hpp, the benchmarks' through bench/common/cuda_bench.hpp and their
+    *_cuda.cpp device halves);
   * a meson.build under src/ outside src/kernels/ (src/meson.build, which gathers the
     lists, aside) that adds CUDA sources or tests have_cuda (the same switch in the build).
 A layer above the seam that needs a CUDA-only thing calls a function the seam defines in
@@ -25,7 +28,7 @@ MESON_SWITCHES = ("have_cuda", "shardopt_cuda_sources")
 def violations(root: Path) -> tuple[list[str], int]:
     found: list[str] = []
     files = 0
-    for top in ("src", "include", "examples"):
+    for top in ("src", "include", "examples", "test", "bench"):
         for path in sorted((root / top).rglob("*")):
             rel = path.relative_to(root).as_posix()
             if not path.is_file() or rel.startswith(SEAM):

@@ -33,8 +33,12 @@ __global__ void fill_kernel(void* data, DType dtype, std::int64_t n, std::uint64
 std::string device_name() {
   int dev = 0;
   SHARDOPT_CUDA_CHECK(cudaGetDevice(&dev));
+  return device_name(dev);
+}
+
+std::string device_name(int device) {
   cudaDeviceProp prop{};
-  SHARDOPT_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  SHARDOPT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   return prop.name;
 }
 
@@ -116,6 +120,31 @@ CapturedGraph::~CapturedGraph() {
 
 void CapturedGraph::launch(Stream stream) const {
   SHARDOPT_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), reinterpret_cast<cudaStream_t>(stream)));
+}
+
+EventMarks::EventMarks(int count) : events_(static_cast<std::size_t>(count), nullptr) {
+  for (auto& e : events_) {
+    cudaEvent_t ev = nullptr;
+    SHARDOPT_CUDA_CHECK(cudaEventCreate(&ev));
+    e = ev;
+  }
+}
+
+EventMarks::~EventMarks() {
+  for (void* e : events_)
+    if (e != nullptr) (void)cudaEventDestroy(static_cast<cudaEvent_t>(e));
+}
+
+void EventMarks::record(int i, Stream stream) {
+  SHARDOPT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(events_.at(static_cast<std::size_t>(i))),
+                                      reinterpret_cast<cudaStream_t>(stream)));
+}
+
+double EventMarks::ms(int from, int to) const {
+  float t = 0;
+  SHARDOPT_CUDA_CHECK(cudaEventElapsedTime(&t, static_cast<cudaEvent_t>(events_.at(static_cast<std::size_t>(from))),
+                                           static_cast<cudaEvent_t>(events_.at(static_cast<std::size_t>(to)))));
+  return t;
 }
 
 void fill_random(void* data, DType dtype, std::int64_t n, std::uint64_t seed, float scale, Stream stream) {

@@ -1,5 +1,9 @@
 // cuda_bench.hpp - timing, graph and data helpers shared by the CUDA benchmarks
-// (bench_adam, bench_mxfp8, bench_nvfp4, bench_dist_adam, bench_fsdp).
+// (bench_adam, bench_mxfp8, bench_nvfp4, bench_dist_adam, bench_fsdp, bench_comm,
+// bench_trace, mpi_bench): the benchmarks' Host/CUDA seam. Defined by cuda_bench.cu in a
+// CUDA build and by cuda_bench_none.cpp without CUDA, where every call throws
+// Error(Unsupported) (a host-backend run never makes one), so that no benchmark file
+// switches on the build's CUDA.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +19,8 @@ namespace shardopt::bench {
 
 /// Device name of the current CUDA device (cudaGetDeviceProperties).
 std::string device_name();
+/// Device name of CUDA device `device`.
+std::string device_name(int device);
 
 /// Median milliseconds of `iters` runs of `work` on `stream`, each bracketed by CUDA
 /// events, after `warmup` untimed runs.
@@ -73,6 +79,23 @@ class CapturedGraph {
  private:
   void* graph_ = nullptr;  // cudaGraph_t
   void* exec_ = nullptr;   // cudaGraphExec_t
+};
+
+/// `count` CUDA events, recorded by index on a stream, and the milliseconds between two
+/// of them once both have completed (destroyed with the object).
+class EventMarks {
+ public:
+  explicit EventMarks(int count);
+  ~EventMarks();
+  EventMarks(const EventMarks&) = delete;
+  EventMarks& operator=(const EventMarks&) = delete;
+  /// Records event `i` on `stream`.
+  void record(int i, Stream stream);
+  /// Milliseconds from event `from` to event `to` (both recorded and completed).
+  double ms(int from, int to) const;
+
+ private:
+  std::vector<void*> events_;  // cudaEvent_t
 };
 
 /// Fills n elements of a float storage type with values uniform in [-scale, scale]

@@ -7,8 +7,8 @@
 #include <exception>
 #include <utility>
 
-#include "core/check.hpp"
 #include "core/streams.hpp"
+#include "cuda_bench.hpp"
 #include "shardopt/mpi.hpp"
 
 namespace shardopt::bench {
@@ -45,13 +45,7 @@ MpiBench::~MpiBench() = default;
 Stream MpiBench::stream() const { return stream_->get(); }
 
 std::string MpiBench::device() const {
-#if SHARDOPT_HAVE_CUDA
-  if (backend_ == Backend::Cuda) {
-    cudaDeviceProp p{};
-    SHARDOPT_CUDA_CHECK(cudaGetDeviceProperties(&p, comm_.device()));
-    return p.name;
-  }
-#endif
+  if (backend_ == Backend::Cuda) return device_name(comm_.device());
   return "host backend (MPI)";
 }
 

@@ -6,9 +6,8 @@
 #include <cstring>
 #include <vector>
 
-#include "core/check.hpp"
+#include "common/cuda_ops.hpp"
 #include "shardopt/backend.hpp"
-#include "shardopt_config.h"
 
 namespace shardopt::test {
 
@@ -23,11 +22,7 @@ inline void copy_bytes(Backend b, void* dst, const void* src, std::size_t bytes)
     std::memcpy(dst, src, bytes);
     return;
   }
-#if SHARDOPT_HAVE_CUDA
-  SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());
-  SHARDOPT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
-  SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());
-#endif
+  cuda::copy_landed(dst, src, bytes);
 }
 
 /// Host memory `src` -> device memory `dst` (copy_bytes).

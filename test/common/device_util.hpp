@@ -2,20 +2,16 @@
 // (TestStream: a HostStream, or a non-blocking CUDA stream on the current device) with
 // graph capture and the Graph a capture ends in, and (from device_copy.hpp) the copies
 // between host memory and device memory. Used by the optimizer cases and by the
-// communicator and bucket-store cases (test/mpi/comm_test_support.hpp).
+// communicator and bucket-store cases (test/mpi/comm_test_support.hpp). The CUDA calls
+// go through cuda_ops.hpp.
 #pragma once
 
 #include <memory>
 
+#include "common/cuda_ops.hpp"
 #include "common/device_copy.hpp"
-#include "core/check.hpp"
 #include "shardopt/backend.hpp"
 #include "shardopt/host_stream.hpp"
-#include "shardopt_config.h"
-
-#if SHARDOPT_HAVE_CUDA
-#include <cuda_runtime.h>
-#endif
 
 namespace shardopt::test {
 
@@ -25,32 +21,20 @@ class Graph {
   Graph() = default;
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
-  ~Graph() {
-#if SHARDOPT_HAVE_CUDA
-    if (exec_ != nullptr) (void)cudaGraphExecDestroy(exec_);
-    if (graph_ != nullptr) (void)cudaGraphDestroy(graph_);
-#endif
-  }
+  ~Graph() { cuda::destroy(cuda_); }
   /// Enqueues the recorded work on `s` (the host backend runs it now).
   void replay(Backend be, Stream s) {
     if (be == Backend::Host) {
       host_.replay();
       return;
     }
-#if SHARDOPT_HAVE_CUDA
-    SHARDOPT_CUDA_CHECK(cudaGraphLaunch(exec_, reinterpret_cast<cudaStream_t>(s)));
-#else
-    (void)s;
-#endif
+    cuda::launch(cuda_, s);
   }
 
  private:
   friend class TestStream;
   HostGraph host_;
-#if SHARDOPT_HAVE_CUDA
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t exec_ = nullptr;
-#endif
+  cuda::GraphHandles cuda_;
 };
 
 /// A stream of the backend. The destructor releases a CUDA stream without waiting for it
@@ -59,31 +43,18 @@ class Graph {
 class TestStream {
  public:
   explicit TestStream(Backend b) : backend_(b) {
-#if SHARDOPT_HAVE_CUDA
     if (b == Backend::Cuda) {
-      SHARDOPT_CUDA_CHECK(cudaStreamCreateWithFlags(&cuda_, cudaStreamNonBlocking));
+      cuda_ = cuda::create_stream();
       return;
     }
-#endif
     host_ = std::make_unique<HostStream>();
   }
-  ~TestStream() {
-#if SHARDOPT_HAVE_CUDA
-    if (cuda_ != nullptr) (void)cudaStreamDestroy(cuda_);
-#endif
-  }
+  ~TestStream() { cuda::destroy_stream(cuda_); }
   TestStream(const TestStream&) = delete;
   TestStream& operator=(const TestStream&) = delete;
 
   /// The library's handle of this stream.
-  Stream get() const {
-    if (host_ != nullptr) return host_->handle();
-#if SHARDOPT_HAVE_CUDA
-    return reinterpret_cast<Stream>(cuda_);
-#else
-    return nullptr;  // not reached: without CUDA every TestStream holds a HostStream
-#endif
-  }
+  Stream get() const { return host_ != nullptr ? host_->handle() : cuda_; }
   /// Waits until everything enqueued on the stream has run.
   void sync() const { synchronize(backend_, get()); }
 
@@ -93,9 +64,7 @@ class TestStream {
       host_->begin_capture();
       return;
     }
-#if SHARDOPT_HAVE_CUDA
-    SHARDOPT_CUDA_CHECK(cudaStreamBeginCapture(cuda_, cudaStreamCaptureModeThreadLocal));
-#endif
+    cuda::begin_capture(cuda_);
   }
   /// Ends a capture whose graph is not wanted (nothing is instantiated).
   void end_capture_discard() {
@@ -103,11 +72,7 @@ class TestStream {
       (void)host_->end_capture();
       return;
     }
-#if SHARDOPT_HAVE_CUDA
-    cudaGraph_t g = nullptr;
-    SHARDOPT_CUDA_CHECK(cudaStreamEndCapture(cuda_, &g));
-    if (g != nullptr) SHARDOPT_CUDA_CHECK(cudaGraphDestroy(g));
-#endif
+    cuda::end_capture_discard(cuda_);
   }
   /// Ends the capture into `g`, instantiated and ready to replay.
   void end_capture(Graph& g) {
@@ -115,18 +80,14 @@ class TestStream {
       g.host_ = host_->end_capture();
       return;
     }
-#if SHARDOPT_HAVE_CUDA
-    SHARDOPT_CUDA_CHECK(cudaStreamEndCapture(cuda_, &g.graph_));
-    SHARDOPT_CUDA_CHECK(cudaGraphInstantiate(&g.exec_, g.graph_, 0));
-#endif
+    cuda::destroy(g.cuda_);
+    g.cuda_ = cuda::end_capture(cuda_);
   }
 
  private:
   Backend backend_;
   std::unique_ptr<HostStream> host_;  // every stream but a CUDA one
-#if SHARDOPT_HAVE_CUDA
-  cudaStream_t cuda_ = nullptr;
-#endif
+  Stream cuda_ = nullptr;
 };
 
 }  // namespace shardopt::test

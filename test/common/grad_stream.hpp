@@ -84,6 +84,11 @@ void add_grads(Backend backend, Stream stream, const GradStreamParams& p, const 
 /// library stream in ordering tests.
 void delay_stream(Backend backend, Stream stream, int microseconds);
 
+/// The CUDA writers behind add_grads and delay_stream: grad_stream.cu in a CUDA build,
+/// grad_stream_none.cpp (Error(Unsupported), never reached: no Backend::Cuda) without.
+void add_grads_cuda(Stream stream, const GradStreamParams& p, const std::vector<GradTarget>& targets);
+void delay_stream_cuda(Stream stream, int microseconds);
+
 /// Host element loop (the host backend's writer and the reference's source of values).
 SHARDOPT_HD void add_grad_element(const GradStreamParams& p, std::int64_t step, std::int32_t mb,
                                   const GradTarget& t, std::int64_t j) {

@@ -9,11 +9,6 @@
 
 namespace shardopt::test {
 
-#if SHARDOPT_HAVE_CUDA
-void delay_stream_cuda(Stream stream, int microseconds);
-void add_grads_cuda(Stream stream, const GradStreamParams& p, const std::vector<GradTarget>& targets);
-#endif
-
 void add_grads(Backend backend, Stream stream, const GradStreamParams& p, const std::vector<GradTarget>& targets) {
   if (p.only_world_rank_zero) {
     int rank = 0;
@@ -29,9 +24,7 @@ void add_grads(Backend backend, Stream stream, const GradStreamParams& p, const 
     });
     return;
   }
-#if SHARDOPT_HAVE_CUDA
   add_grads_cuda(stream, p, targets);
-#endif
 }
 
 void delay_stream(Backend backend, Stream stream, int microseconds) {
@@ -40,11 +33,7 @@ void delay_stream(Backend backend, Stream stream, int microseconds) {
     return;
   }
   if (stream == nullptr) return;
-#if SHARDOPT_HAVE_CUDA
   delay_stream_cuda(stream, microseconds);
-#else
-  (void)microseconds;
-#endif
 }
 
 }  // namespace shardopt::test

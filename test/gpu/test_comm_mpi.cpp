@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "gpu/comm_test_kernels.hpp"
+#include "gpu/cuda_check.hpp"
 #include "mpi/bucket_store_cases.hpp"
 #include "mpi/comm_cases.hpp"
 

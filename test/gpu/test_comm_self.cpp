@@ -1,6 +1,7 @@
 // One-process GPU tests of the communicator: the one-rank group on CUDA, a one-rank NCCL
 // group made from a UniqueId (from_unique_id's path, argument checks, failure path), and
 // a BucketStore on it (ncclMemAlloc + registration, capture and replay).
+#include "gpu/cuda_check.hpp"
 #include "mpi/bucket_store_cases.hpp"
 #include "mpi/comm_cases.hpp"
 

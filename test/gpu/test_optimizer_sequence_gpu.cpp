@@ -39,6 +39,7 @@
 #include <functional>
 #include <string>
 
+#include "core/check.hpp"
 #include "mpi/comm_test_support.hpp"
 #include "shardopt/distributed_adam.hpp"
 #include "shardopt/presets.hpp"

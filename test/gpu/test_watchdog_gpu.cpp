@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "comm/comm_impl.hpp"
+#include "core/check.hpp"
 #include "common/error_of.hpp"
 #include "common/dist_adam_cases.hpp"
 #include "gpu/comm_test_kernels.hpp"

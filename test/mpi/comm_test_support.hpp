@@ -33,10 +33,6 @@
 #include "shardopt/numerics.hpp"
 #include "shardopt_config.h"
 
-#if SHARDOPT_HAVE_CUDA
-#include <cuda_runtime.h>
-#endif
-
 namespace shardopt::test {
 
 using Bytes = std::vector<std::uint8_t>;
@@ -44,15 +40,6 @@ using Bytes = std::vector<std::uint8_t>;
 // ------------------------------------------------------------------ errors
 
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-// ------------------------------------------------------------------ CUDA checks in tests
-#if SHARDOPT_HAVE_CUDA
-#define TEST_CUDA(call)                                                                  \
-  do {                                                                                   \
-    const cudaError_t e_ = (call);                                                       \
-    if (e_ != cudaSuccess) throw std::runtime_error(std::string(#call) + ": " + cudaGetErrorString(e_)); \
-  } while (0)
-#endif
 
 // ------------------------------------------------------------------ groups
 

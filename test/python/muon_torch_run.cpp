@@ -16,6 +16,7 @@
 #include "common/device_util.hpp"
 #include "formats/json.hpp"
 #include "formats/safetensors.hpp"
+#include "shardopt/error.hpp"
 #include "shardopt/distributed_adam.hpp"
 #include "shardopt/muon.hpp"
 

@@ -73,26 +73,6 @@ TEST(Errors, UniqueIdWithoutNcclIsUnsupported) {
   EXPECT_EQ(f->code(), ErrorCode::Unsupported) << f->what();
 }
 
-#if SHARDOPT_HAVE_CUDA
-TEST(Errors, CudaCheckNamesTheCall) {
-  try {
-    SHARDOPT_CUDA_CHECK(cudaErrorInvalidValue);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::Cuda);
-    const std::string m = e.what();
-    EXPECT_NE(m.find("cudaErrorInvalidValue"), std::string::npos) << m;
-    EXPECT_NE(m.find("test_errors.cpp:"), std::string::npos) << m;
-  }
-  try {
-    SHARDOPT_CUDA_CHECK(cudaErrorMemoryAllocation);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos);
-  }
-}
-#endif
-
 #if SHARDOPT_HAVE_NCCL
 TEST(Errors, NcclCheckNamesTheCall) {
   try {

@@ -1,0 +1,34 @@
+// bench_dist_adam.hpp - what bench_dist_adam's two halves share: its arguments, the step's
+// options, and the device half (bench_dist_adam_cuda.cpp in a CUDA build; in a build
+// without CUDA, common/device_halves_none.cpp, which refuses). The host half
+// (bench_dist_adam.cpp) parses, runs the host smoke configuration and calls run_device.
+#pragma once
+
+#include <string>
+
+#include "mpi_bench.hpp"
+#include "shardopt/distributed_adam.hpp"
+
+namespace shardopt::bench_dist_adam {
+
+// --results DIR, --peer FILE, --iters N (default 30), --host-cpu-only, --phases,
+// --grad-reduce-precision and --gather-pipeline N.
+struct Args : bench::RunArgs {
+  bool host_cpu_only = false;  // --host-cpu-only: skip the full-step rows
+  bool phases = false;         // --phases: the phase breakdown instead of the host CPU sweep
+  bool grad_reduce = false;    // --grad-reduce-precision: only the F32Accumulate vs Native row
+};
+
+/// The arguments above, from the command line (bench::parse_run_args; exits on bad ones).
+Args parse(int argc, char** argv);
+
+/// The options of every step measured: bf16 grads and params, clipping at 1, two groups,
+/// per-bucket overlap off, --gather-pipeline's value where given.
+DistributedAdamOptions step_options();
+
+/// The CUDA measurements: --grad-reduce-precision's row alone, or the full-step rows and
+/// then the phase breakdown (--phases) or the host CPU sweep. `command` is recorded in
+/// each row.
+void run_device(const Args& a, bench::MpiBench& mb, const std::string& command);
+
+}  // namespace shardopt::bench_dist_adam
