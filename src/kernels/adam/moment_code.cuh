@@ -47,7 +47,7 @@ struct MomentMaps {
   bool one_boundary_per_key;          ///< every key's span holds at most one code boundary
 };
 
-namespace detail {
+namespace code_tables {  // how make_moment_maps builds the maps and their code tables
 
 /// 2^e in double, exact (|e| <= 1022), in a constant expression.
 constexpr double exact_pow2(int e) {
@@ -111,7 +111,7 @@ constexpr bool build_code_table(const float* map, int n, std::uint32_t* table) {
   return one;
 }
 
-}  // namespace detail
+}  // namespace code_tables
 
 /// Builds the maps in double, each entry rounded once to float, and their code tables (the
 /// same IEEE operations wherever it is evaluated: the compiler computes it).
@@ -132,8 +132,8 @@ constexpr MomentMaps make_moment_maps() {
     for (int k = 0; k < n; ++k) maps.second[j++] = static_cast<float>(kDecade[e] * (0.1 + 0.9 * ((k + 0.5) / n)));
   }
   maps.second[j] = 1.0f;
-  const bool first_one = detail::build_code_table(maps.first, 128, maps.first_codes);
-  const bool second_one = detail::build_code_table(maps.second, 256, maps.second_codes);
+  const bool first_one = code_tables::build_code_table(maps.first, 128, maps.first_codes);
+  const bool second_one = code_tables::build_code_table(maps.second, 256, maps.second_codes);
   maps.one_boundary_per_key = first_one && second_one;
   return maps;
 }

@@ -71,12 +71,12 @@ void q8_encode(const float* in, std::uint8_t* codes, float* scales, std::int64_t
 #if !SHARDOPT_HAVE_CUDA
 // A build without CUDA compiles no .cu file: the launches refuse.
 namespace shardopt::kernels {
-void launch_adam_q8_apply(const AdamVariant&, const AdamApplyParams&, Stream) { shardopt::detail::no_cuda("fused Adam (8-bit moments)"); }
+void launch_adam_q8_apply(const AdamVariant&, const AdamApplyParams&, Stream) { detail::no_cuda("fused Adam (8-bit moments)"); }
 void launch_q8_decode(const std::uint8_t*, const float*, float*, std::int64_t, bool, Stream) {
-  shardopt::detail::no_cuda("8-bit moment decode");
+  detail::no_cuda("8-bit moment decode");
 }
 void launch_q8_encode(const float*, std::uint8_t*, float*, std::int64_t, bool, Stream) {
-  shardopt::detail::no_cuda("8-bit moment encode");
+  detail::no_cuda("8-bit moment encode");
 }
 }  // namespace shardopt::kernels
 #endif
