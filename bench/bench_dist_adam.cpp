@@ -8,6 +8,16 @@
 //
 //   mpirun -n 4 bench_dist_adam [--results DIR] [--peer FILE] [--iters N] [--phases]
 //                                [--grad-reduce-precision] [--gather-pipeline N]
+//                                [--offload F[,F...]]
+//
+// --offload F[,F...] runs only the rows "dist_adam_offload" (issue 47, docs/offload.md):
+// per fraction F (in [0, 1], AdamOptions::offload_fraction) and state mode (fp32 master
+// and moments; remainders + 8-bit moments), the captured step with that share of the
+// state in pinned host memory, against its limit measured in this process: the larger of
+// the same step with everything on the GPU and a duplex copy of the offloaded bytes (up
+// to the device and back, at once, on two streams, in the step's stage sizes) between
+// pinned host memory and the device. The rows give the duplex bandwidth measured
+// (GB/s each way) and the pinned bytes.
 //
 // --gather-pipeline N sets DistributedAdamOptions::gather_pipeline (at least 1) of every
 // step measured (default: the option's default); the rows record it ("gather_pipeline"),
@@ -69,6 +79,15 @@ Args parse(int argc, char** argv) {
     }
     if (r.arg() == "--grad-reduce-precision") {
       a.grad_reduce = true;
+      return true;
+    }
+    if (r.arg() == "--offload") {
+      const std::string v = r.value();
+      for (std::size_t at = 0; at <= v.size();) {
+        const std::size_t end = std::min(v.find(',', at), v.size());
+        a.offload.push_back(std::atof(v.substr(at, end - at).c_str()));
+        at = end + 1;
+      }
       return true;
     }
     if (r.arg() == "--gather-pipeline") {

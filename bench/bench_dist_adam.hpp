@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "mpi_bench.hpp"
 #include "shardopt/distributed_adam.hpp"
@@ -12,11 +13,12 @@
 namespace shardopt::bench_dist_adam {
 
 // --results DIR, --peer FILE, --iters N (default 30), --host-cpu-only, --phases,
-// --grad-reduce-precision and --gather-pipeline N.
+// --grad-reduce-precision, --gather-pipeline N and --offload F[,F...].
 struct Args : bench::RunArgs {
   bool host_cpu_only = false;  // --host-cpu-only: skip the full-step rows
   bool phases = false;         // --phases: the phase breakdown instead of the host CPU sweep
   bool grad_reduce = false;    // --grad-reduce-precision: only the F32Accumulate vs Native row
+  std::vector<double> offload; // --offload F[,F...]: only the offloaded-state rows, one per fraction
 };
 
 /// The arguments above, from the command line (bench::parse_run_args; exits on bad ones).

@@ -15,6 +15,7 @@
 #include "bench_dist_adam.hpp"
 #include "core/check.hpp"
 #include "core/memory.hpp"
+#include "core/streams.hpp"
 #include "cuda_bench.hpp"
 #include "mpi_bench.hpp"
 #include "quantized/nvfp4_params.hpp"
@@ -699,10 +700,95 @@ void grad_reduce_step(const Communicator& comm, Stream s, const Args& a, const s
   bench::write(r, a.results);
 }
 
+// Median ms of copying `bytes` up to the device and `bytes` back down at once (two
+// streams, the copy engines of both directions), in pieces of `piece` bytes: the
+// offload's PCIe limit, measured on the buffers the step would use.
+double duplex_ms(Stream s, const Args& a, std::size_t bytes, std::size_t piece) {
+  DeviceBuffer host(Backend::Cuda, bytes, MemoryKind::Pinned);  // read up and written down, as the step's arrays are
+  DeviceBuffer dev(Backend::Cuda, std::min(bytes, 4 * piece));  // a ring of four pieces, as the step's
+  SideStream up(Backend::Cuda), down(Backend::Cuda);
+  Event forked(Backend::Cuda), up_done(Backend::Cuda), down_done(Backend::Cuda);
+  const std::size_t ring = dev.bytes();
+  return bench::time_ms(s, 2, a.iters, [&] {
+    forked.record(s);
+    forked.wait(up.get());
+    forked.wait(down.get());
+    for (std::size_t at = 0, k = 0; at < bytes; at += piece, ++k) {
+      const std::size_t n = std::min(piece, bytes - at);
+      const std::size_t slot = (k * piece) % ring;
+      SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(dev.as<char>() + slot, host.as<char>() + at, n, cudaMemcpyHostToDevice,
+                                          reinterpret_cast<cudaStream_t>(up.get())));
+      SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(host.as<char>() + at, dev.as<char>() + (ring - n - slot) % ring, n,
+                                          cudaMemcpyDeviceToHost, reinterpret_cast<cudaStream_t>(down.get())));
+    }
+    up_done.record(up.get());
+    down_done.record(down.get());
+    up_done.wait(s);
+    down_done.wait(s);
+  });
+}
+
+// The offloaded-state rows (--offload): per fraction and state mode, the captured step
+// against max(the on-GPU step, the duplex copy of its offloaded bytes).
+void offload_rows(const Communicator& comm, Stream s, const Args& a, const std::string& device, const std::string& cmd) {
+  struct Mode {
+    const char* name;
+    MasterStorage master;
+    DType moments;
+  };
+  for (const Mode& md : {Mode{"bf16p-bf16g", MasterStorage::fp32, DType::f32},
+                         Mode{"bf16p-bf16g-remainder-q8moments", MasterStorage::bf16_remainder, DType::q8_block}}) {
+    DistributedAdamOptions o = step_options();
+    o.master_storage = md.master;
+    o.moment_dtype = md.moments;
+    MemoryReport gpu_memory;
+    const double gpu_ms = step_ms(comm, s, a, o, &gpu_memory);
+    for (double fraction : a.offload) {
+      DistributedAdamOptions off = o;
+      off.offload_fraction = fraction;
+      MemoryReport memory;
+      const auto t0 = Clock::now();
+      const double ms = step_ms(comm, s, a, off, &memory);
+      const double build_s = std::chrono::duration<double>(Clock::now() - t0).count();
+      const auto bytes = static_cast<std::size_t>(memory.offloaded);
+      const std::size_t piece = static_cast<std::size_t>(memory.offload_staging / 4);
+      const double pcie_ms = bytes > 0 ? duplex_ms(s, a, bytes, std::max<std::size_t>(piece, 1)) : 0.0;
+      if (comm.rank() != 0) continue;
+      bench::Result r;
+      r.bench = "dist_adam_offload";
+      char frac[32];
+      std::snprintf(frac, sizeof frac, "%g", fraction);
+      r.config = std::string(md.name) + "/offload" + frac + "/1.5B/147/n" + std::to_string(comm.size());
+      r.device = device;
+      r.ours_ms = ms;
+      r.limit_ms = std::max(gpu_ms, pcie_ms);
+      r.numbers["offload_fraction"] = fraction;
+      r.numbers["on_gpu_step_ms"] = gpu_ms;
+      r.numbers["pcie_duplex_ms"] = pcie_ms;
+      r.numbers["pcie_gbps_each_way"] = pcie_ms > 0 ? static_cast<double>(bytes) / (pcie_ms * 1e6) : 0.0;
+      r.numbers["offloaded_bytes"] = static_cast<double>(memory.offloaded);
+      r.numbers["staging_bytes"] = static_cast<double>(memory.offload_staging);
+      r.numbers["build_and_time_s"] = build_s;
+      add_memory(r, memory);
+      r.notes["limit"] = "max(the same step with all state on the GPU, a duplex copy of the offloaded bytes up and "
+                         "down at once between pinned host memory and the device, in the step's stage sizes)";
+      r.command = cmd;
+      bench::write(r, a.results);
+      std::printf("offload %-34s F=%-5g step %9.2f ms  on-GPU %7.2f ms  PCIe duplex %9.2f ms (%.1f GB/s each way)  "
+                  "limit ratio %.3f\n",
+                  md.name, fraction, ms, gpu_ms, pcie_ms, r.numbers["pcie_gbps_each_way"], std::max(gpu_ms, pcie_ms) / ms);
+    }
+  }
+}
+
 }  // namespace
 
 void run_device(const Args& a, bench::MpiBench& mb, const std::string& command) {
   const std::string device = mb.device();
+  if (!a.offload.empty()) {
+    offload_rows(mb.comm(), mb.stream(), a, device, command);
+    return;
+  }
   if (a.grad_reduce) {
     grad_reduce_step(mb.comm(), mb.stream(), a, device, command);
     return;

@@ -129,11 +129,16 @@ class Declare {
     });
   }
 
-  /// A real number into a float or double field.
+  /// A real number into a float or double field; `check` (optional) refuses a value out
+  /// of the option's range.
   template <class T>
-  CLI::Option* real(const std::string& name, T& field, const std::string& help) {
-    return add(name, help, "X", CLI::detail::to_string(field),
-               [&field, name](const std::string& v) { field = static_cast<T>(parse_real(name, v)); });
+  CLI::Option* real(const std::string& name, T& field, const std::string& help,
+                    std::function<void(double, const std::string&)> check = {}) {
+    return add(name, help, "X", CLI::detail::to_string(field), [&field, name, check](const std::string& v) {
+      const double x = parse_real(name, v);
+      if (check) check(x, v);
+      field = static_cast<T>(x);
+    });
   }
 
   /// on|off (also true|false, 1|0).
@@ -234,6 +239,12 @@ void add_options(CLI::App& app, TrainOptions& o, SizeOverrides& sz, ProgramOptio
   d.choice("--master", o.master, names_of(kMasterChoices),
            help_of(kMasterChoices, "the optimizer's master (docs/state_precision.md):"));
   d.choice("--moments", o.moments, names_of(kMomentChoices), help_of(kMomentChoices, "dtype of the Adam moments:"));
+  d.real("--offload", o.offload,
+         "share of the optimizer state kept in pinned host memory and\n"
+         "streamed through the GPU each step, in [0, 1] (docs/offload.md)",
+         [](double f, const std::string& text) {
+           if (!(f >= 0.0 && f <= 1.0)) throw std::invalid_argument("--offload takes a share in [0, 1], not '" + text + "'");
+         });
   d.integer<int>("--microbatches", o.microbatches, "microbatches per step (gradient accumulation)");
   d.integer<int>("--steps", o.steps, "steps to train (with --resume: the total to reach)");
   d.real("--lr", o.lr, "peak learning rate (default: the size's)")->default_str("");

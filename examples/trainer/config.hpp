@@ -70,6 +70,9 @@ struct TrainOptions {
   /// MasterStorage::bf16_remainder; docs/state_precision.md)
   std::string master = "fp32";
   std::string moments = "fp32";      ///< --moments: fp32 | bf16 (AdamOptions::moment_dtype)
+  /// --offload: share of the optimizer state kept in pinned host memory, in [0, 1]
+  /// (AdamOptions::offload_fraction; docs/offload.md)
+  double offload = 0.0;
   std::string experts = "single";    ///< single (one grouped tensor) | discrete (G tensors)
   bool graph = true;                 ///< capture the iteration in one graph after warm-up
   int microbatches = 2;

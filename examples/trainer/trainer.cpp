@@ -29,10 +29,12 @@ shardopt::Backend choose_backend(const TrainOptions& o) {
 namespace {
 
 // --timeout-ms: both deadlines of the optimizer's watchdog (-1 keeps the library's).
-// --master and --moments: how the optimizer state is kept (docs/state_precision.md).
+// --master, --moments and --offload: how and where the optimizer state is kept
+// (docs/state_precision.md, docs/offload.md).
 void apply_state_precision(const TrainOptions& t, shardopt::AdamOptions& o) {
   o.master_storage = choice_value(kMasterChoices, "--master", t.master);
   o.moment_dtype = choice_value(kMomentChoices, "--moments", t.moments);
+  o.offload_fraction = t.offload;
 }
 
 void apply_timeout(const TrainOptions& t, shardopt::AdamOptions& o) {

@@ -44,6 +44,24 @@ struct AdamOptions {
   /// Other parameters (f32, f16, MXFP8, NVFP4, Muon groups) keep fp32; if none is a native
   /// bf16 tensor the constructor throws Error(InvalidArgument).
   MasterStorage master_storage = MasterStorage::fp32;
+  /// Share of this rank's optimizer state kept in pinned host memory instead of on the
+  /// GPU, in [0, 1] (docs/offload.md). The last buckets in step order, whole, as many as it
+  /// takes to reach this share of the rank's shard elements, keep their master (or
+  /// remainders), both moments and the 8-bit moments' scales on the host; each step
+  /// streams them through a fixed ring of device staging slots, through the same Adam
+  /// pass, inside the step (captured with it in graph mode): the numbers are bitwise those
+  /// of the on-GPU step. 0 keeps everything on the GPU. Views of an offloaded piece
+  /// (shard_master, shard_exp_avg, ...) point into pinned host memory. Rank-local: not
+  /// compared across ranks (it changes where the state lives, not the math).
+  /// A fraction outside [0, 1] is Error(InvalidArgument).
+  /// With Muon groups or MXFP8 / NVFP4 parameters a fraction above 0 is Error(Unsupported).
+  /// Pinned memory the host refuses is Error(OutOfMemory) on every rank, naming the bytes.
+  double offload_fraction = 0.0;
+  /// Elements of one staging slot of the offload ring (four slots on the device). Larger
+  /// slots make fewer, longer copies; the default (4 Mi elements: 48 MiB of fp32 state
+  /// per slot) keeps every copy near the link's full speed (docs/offload.md).
+  /// Anything but a positive multiple of kMomentBlock (256) is Error(InvalidArgument).
+  std::int64_t offload_stage_numel = std::int64_t{1} << 22;
   /// Where each step's learning rate comes from.
   LrSchedule lr_schedule = LrSchedule::host();
   /// Microbatches per step (the size of the device microbatch counter).

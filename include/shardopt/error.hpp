@@ -22,6 +22,7 @@ enum class ErrorCode {
   Nccl,             ///< an NCCL call failed
   Mpi,              ///< an MPI call failed
   Timeout,          ///< a collective or a replayed step missed its deadline (shardopt/watchdog.hpp)
+  OutOfMemory,      ///< an allocation of device or pinned host memory failed; the message names the bytes
   Internal,         ///< a broken invariant inside shardopt: please report it
 };
 

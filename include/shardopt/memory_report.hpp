@@ -25,11 +25,19 @@ struct MemoryReport {
   std::int64_t nvfp4 = 0;         ///< NVFP4 parameter storage (data, scales, amaxes, exchange buffers)
   std::int64_t nccl_overhead = 0; ///< allocator rounding of ncclMemAlloc'd buffers
   std::int64_t padding = 0;       ///< part of params + grads + master + moments that is padding
+  /// Device ring of staging slots that offloaded state streams through each step
+  /// (AdamOptions::offload_fraction; docs/offload.md); in total()
+  std::int64_t offload_staging = 0;
+  /// Optimizer state kept in pinned host memory (AdamOptions::offload_fraction): master or
+  /// remainders, moments and scales of the offloaded buckets. Host memory: not in total(),
+  /// nor in master / remainders / moments / moment_scales, which count device memory only
+  std::int64_t offloaded = 0;
 
-  /// Sum of all categories except padding (which is already inside them).
+  /// Device bytes: the sum of all categories except padding (already inside them) and
+  /// offloaded (host memory).
   std::int64_t total() const noexcept {
     return params + grads + master + remainders + moments + moment_scales + copies + pool + mxfp8 + nvfp4 +
-           nccl_overhead;
+           nccl_overhead + offload_staging;
   }
   /// A multi-line human-readable table.
   std::string to_string() const;

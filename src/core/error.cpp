@@ -16,6 +16,7 @@ const char* to_string(ErrorCode code) noexcept {
     case ErrorCode::Nccl: return "nccl";
     case ErrorCode::Mpi: return "mpi";
     case ErrorCode::Timeout: return "timeout";
+    case ErrorCode::OutOfMemory: return "out_of_memory";
     case ErrorCode::Internal: return "internal";
   }
   return "unknown";

@@ -1,6 +1,7 @@
 #include "core/memory.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -19,6 +20,26 @@ namespace {
 constexpr std::size_t kHostAlignment = 256;
 
 std::size_t host_rounded(std::size_t bytes) { return (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment; }
+
+// Pinned bytes held now, and the limit set_pinned_limit put on them (max: none).
+std::atomic<std::size_t> g_pinned_bytes{0};
+std::atomic<std::size_t> g_pinned_limit{static_cast<std::size_t>(-1)};
+
+const char* kind_name(MemoryKind kind) {
+  switch (kind) {
+    case MemoryKind::Device: return "device memory";
+    case MemoryKind::NcclDevice: return "NCCL device memory";
+    case MemoryKind::Pinned: return "pinned host memory";
+    case MemoryKind::Host: return "host memory";
+  }
+  return "memory";
+}
+
+[[noreturn]] void refuse(MemoryKind kind, std::size_t bytes, const std::string& why) {
+  throw Error(ErrorCode::OutOfMemory, "allocating " + std::to_string(bytes) + " bytes of " + kind_name(kind) +
+                                          " failed (" + why + "); free memory, shrink the model or the state kept "
+                                          "in that memory");
+}
 
 #if SHARDOPT_HAVE_CUDA
 // Device allocations are requested in whole 256-byte units: NCCL reads user buffers in
@@ -57,16 +78,50 @@ std::size_t device_extent(void* ptr, std::size_t requested) {
 DeviceBuffer::DeviceBuffer(Backend backend, std::size_t bytes, MemoryKind kind)
     : bytes_(bytes), backend_(backend), kind_(backend == Backend::Host ? MemoryKind::Host : kind) {
   if (bytes == 0) return;
+  if (kind == MemoryKind::Pinned) {  // counted on both backends, so that tests of the limit run on either
+    const std::size_t held = g_pinned_bytes.fetch_add(bytes) + bytes;
+    if (held > g_pinned_limit.load()) {
+      g_pinned_bytes.fetch_sub(bytes);
+      refuse(kind, bytes, "over the pinned-memory limit; " + std::to_string(held - bytes) + " bytes are pinned already");
+    }
+    pinned_ = true;
+  }
+  try {
+    allocate(kind);
+  } catch (...) {
+    if (pinned_) g_pinned_bytes.fetch_sub(bytes);
+    throw;
+  }
+}
+
+void DeviceBuffer::allocate(MemoryKind kind) {
+  const std::size_t bytes = bytes_;
   if (backend_ == Backend::Host) {
     ptr_ = std::aligned_alloc(kHostAlignment, host_rounded(bytes));
-    SHARDOPT_REQUIRE(ptr_ != nullptr, ErrorCode::InvalidState,
-                     "host allocation of " + std::to_string(bytes) + " bytes failed; free memory or shrink the model");
+    if (ptr_ == nullptr) refuse(kind, bytes, "the host's allocator returned no memory");
     return;
   }
 #if SHARDOPT_HAVE_CUDA
+  // The device or the driver's page-locking out of memory is Error(OutOfMemory); any
+  // other failure is the CUDA error it is.
+  const auto refused = [&](cudaError_t e) {
+    if (e != cudaErrorMemoryAllocation) return false;
+    (void)cudaGetLastError();  // clear it: the context is fine
+    return true;
+  };
   switch (kind_) {
-    case MemoryKind::Device: SHARDOPT_CUDA_CHECK(cudaMalloc(&ptr_, device_rounded(bytes))); break;
-    case MemoryKind::Pinned: SHARDOPT_CUDA_CHECK(cudaMallocHost(&ptr_, bytes)); break;
+    case MemoryKind::Device: {
+      const cudaError_t e = cudaMalloc(&ptr_, device_rounded(bytes));
+      if (refused(e)) refuse(kind_, bytes, "cudaMalloc: out of memory");
+      SHARDOPT_CUDA_CHECK(e);
+      break;
+    }
+    case MemoryKind::Pinned: {
+      const cudaError_t e = cudaMallocHost(&ptr_, bytes);
+      if (refused(e)) refuse(kind_, bytes, "cudaMallocHost could not page-lock them");
+      SHARDOPT_CUDA_CHECK(e);
+      break;
+    }
     case MemoryKind::NcclDevice:
 #if SHARDOPT_HAVE_NCCL
       SHARDOPT_NCCL_CHECK(ncclMemAlloc(&ptr_, device_rounded(bytes)));
@@ -77,16 +132,19 @@ DeviceBuffer::DeviceBuffer(Backend backend, std::size_t bytes, MemoryKind kind)
 #endif
     case MemoryKind::Host: {
       ptr_ = std::aligned_alloc(kHostAlignment, host_rounded(bytes));
-      SHARDOPT_REQUIRE(ptr_ != nullptr, ErrorCode::InvalidState, "host allocation failed");
+      if (ptr_ == nullptr) refuse(kind_, bytes, "the host's allocator returned no memory");
       break;
     }
   }
 #else
+  (void)kind;
   detail::no_cuda("device memory");
 #endif
 }
 
 void DeviceBuffer::release() noexcept {
+  if (pinned_) g_pinned_bytes.fetch_sub(bytes_);
+  pinned_ = false;
   if (ptr_ == nullptr) return;
   switch (kind_) {
     case MemoryKind::Host: std::free(ptr_); break;
@@ -109,7 +167,8 @@ DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
     : ptr_(std::exchange(other.ptr_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)),
       backend_(other.backend_),
-      kind_(other.kind_) {}
+      kind_(other.kind_),
+      pinned_(std::exchange(other.pinned_, false)) {}
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
@@ -118,6 +177,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
     bytes_ = std::exchange(other.bytes_, 0);
     backend_ = other.backend_;
     kind_ = other.kind_;
+    pinned_ = std::exchange(other.pinned_, false);
   }
   return *this;
 }
@@ -131,6 +191,13 @@ std::size_t allocation_extent(const DeviceBuffer& buffer, std::size_t requested)
   return requested;
 #endif
 }
+
+namespace detail {
+void set_pinned_limit(std::optional<std::size_t> bytes) noexcept {
+  g_pinned_limit.store(bytes.value_or(static_cast<std::size_t>(-1)));
+}
+std::size_t pinned_bytes() noexcept { return g_pinned_bytes.load(); }
+}  // namespace detail
 
 void fill_zero_async(Backend backend, void* ptr, std::size_t bytes, Stream stream) {
   if (bytes == 0) return;

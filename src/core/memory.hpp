@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "shardopt/backend.hpp"
 
@@ -20,7 +21,9 @@ enum class MemoryKind {
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  /// Allocates `bytes` (0 allowed: no memory). Throws Error(Cuda/Nccl/Unsupported).
+  /// Allocates `bytes` (0 allowed: no memory). Throws Error(OutOfMemory) naming the bytes
+  /// when the device, the driver's page-locking or the host refuses them, and
+  /// Error(Cuda/Nccl/Unsupported) for other failures.
   DeviceBuffer(Backend backend, std::size_t bytes, MemoryKind kind = MemoryKind::Device);
   ~DeviceBuffer();
   DeviceBuffer(DeviceBuffer&& other) noexcept;
@@ -37,11 +40,23 @@ class DeviceBuffer {
 
  private:
   void release() noexcept;
+  void allocate(MemoryKind kind);  // the allocation itself, for the constructor
   void* ptr_ = nullptr;
   std::size_t bytes_ = 0;
   Backend backend_ = Backend::Host;
   MemoryKind kind_ = MemoryKind::Host;
+  bool pinned_ = false;  // asked for as MemoryKind::Pinned (counted against the pinned limit)
 };
+
+namespace detail {
+/// The most pinned host memory (MemoryKind::Pinned, on either backend) the process may
+/// hold at once, as a locked-memory limit would set it; a request beyond it throws
+/// Error(OutOfMemory), as a refused cudaMallocHost does. nullopt (the default): no limit
+/// of shardopt's own. For tests of what a refused pinned allocation does.
+void set_pinned_limit(std::optional<std::size_t> bytes) noexcept;
+/// Pinned host memory (MemoryKind::Pinned) the process's DeviceBuffers hold now.
+std::size_t pinned_bytes() noexcept;
+}  // namespace detail
 
 /// Bytes the allocation behind `buffer` really takes for `requested` bytes (0 for 0),
 /// the allocator's rounding included: host allocations round up to 256 bytes; on CUDA

@@ -116,6 +116,7 @@ class DistributedAdam::Impl final : public detail::FrontEnd {
                                                                  opt.persistent_grad_copies, "DistributedAdamOptions"}),
         mx(backend, store.layout(), store, detail::master_pieces(state, store.layout()), quantized_buffers(store.layout(), opt),
            format_maker(opt.param_format)) {
+    state.agree_offload(comm);  // pinned host memory refused on some rank: every rank throws
     for (int b = 0; b < static_cast<int>(store.layout().buffers().size()); ++b)
       state.bind(b, store.grad_buffer(b), store.param_buffer(b));  // null params: MXFP8, master only
     state.check_muon_agreement(comm);  // Muon groups: the same matrices and homes on every rank
@@ -537,6 +538,7 @@ void DistributedAdam::Impl::step(Stream stream) {
     }
     m.dispatch(first, last, stream, m.adam_amax || m.adam_mx8);
   }
+  m.state.end_step(stream);  // offloaded state: its streams join back
   m.grads_live = false;  // consumed by Adam; staged (NVFP4) regions now hold the staging
   const bool defer = m.opt.overlap_param_gather && !is_capturing(m.backend, stream);
   if (!defer) m.settle(0, nb, stream);

@@ -100,6 +100,7 @@ Fsdp::Impl::Impl(Communicator c, std::vector<ParamSpec> specs, std::vector<FsdpU
                        "rank " + std::to_string(r) + " computed a different FSDP layout than rank 0 (its shard "
                        "group agrees within itself); give every rank the same specs, units and options");
   }
+  state.agree_offload(world);  // pinned host memory refused on some rank: every rank throws
   const auto& L = layout;
   const std::size_t nbuf = L.buffers().size();
   quantized = opt.param_format == ParamFormat::Mxfp8 ? detail::quantized_buffers(L) : std::vector<bool>(nbuf, false);

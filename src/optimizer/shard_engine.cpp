@@ -36,6 +36,13 @@ void validate(const AdamOptions& h, DType grad_dtype) {
   SHARDOPT_REQUIRE(h.beta1 >= 0.0 && h.beta1 < 1.0 && h.beta2 >= 0.0 && h.beta2 < 1.0,
                    ErrorCode::InvalidArgument, "beta1 and beta2 must lie in [0, 1)");
   SHARDOPT_REQUIRE(h.eps > 0.0 && std::isfinite(h.eps), ErrorCode::InvalidArgument, "eps must be positive and finite");
+  SHARDOPT_REQUIRE(h.offload_fraction >= 0.0 && h.offload_fraction <= 1.0, ErrorCode::InvalidArgument,
+                   "offload_fraction is " + std::to_string(h.offload_fraction) +
+                       "; give the share of the optimizer state to keep in pinned host memory, in [0, 1] (0: all "
+                       "on the GPU; docs/offload.md)");
+  SHARDOPT_REQUIRE(h.offload_stage_numel > 0 && h.offload_stage_numel % kMomentBlock == 0, ErrorCode::InvalidArgument,
+                   "offload_stage_numel is " + std::to_string(h.offload_stage_numel) + "; give a positive multiple of " +
+                       std::to_string(kMomentBlock) + " (kMomentBlock) elements per staging slot");
 }
 
 void moment_layout_options(const AdamOptions& adam, int world, LayoutOptions& lo) {
@@ -97,6 +104,18 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
     groups.push_back(it != settings_.adam.groups.end() ? it->second : settings_.adam.default_group);
   }
   if (has_muon(groups)) muon_ = std::make_unique<MuonPass>(backend_, L, rank, groups);
+  const bool offload = settings_.adam.offload_fraction > 0.0;
+  if (offload) {
+    SHARDOPT_REQUIRE(!muon_, ErrorCode::Unsupported,
+                     settings_.options_name + "::offload_fraction > 0 with a Muon group: Muon's momentum and "
+                     "exchange are not offloaded yet. Use offload_fraction 0 with Muon groups");
+    for (const BufferLayout& buf : L.buffers())
+      SHARDOPT_REQUIRE(buf.storage != kQuantizedStorage, ErrorCode::Unsupported,
+                       settings_.options_name + "::offload_fraction > 0 with MXFP8 or NVFP4 parameters: their fused "
+                       "quantizing passes read the master in place, so their state stays on the GPU so far. Use "
+                       "offload_fraction 0 with a quantized param_format");
+  }
+  const std::vector<bool> offloaded = offloaded_buckets(L, settings_.adam.offload_fraction);
   pieces_.resize(L.params().size());
   shards_.resize(L.buffers().size());
   const bool q8 = settings_.adam.moment_dtype == DType::q8_block;
@@ -104,6 +123,11 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
   for (std::size_t b = 0; b < L.buffers().size(); ++b) {
     BufferShard& sh = shards_[b];
     const std::int64_t n = L.buffers()[b].shard_numel;
+    // With offload the device arrays end where the first offloaded bucket starts.
+    sh.split = n;
+    for (int bk : L.buffers()[b].buckets)
+      if (offloaded[static_cast<std::size_t>(bk)])
+        sh.split = std::min(sh.split, L.buckets()[static_cast<std::size_t>(bk)].shard_offset);
     sh.chunks = shard_chunks(L, static_cast<int>(b), rank);
     if (settings_.shard_addressed)
       for (auto& c : sh.chunks) c.buffer_offset = c.shard_offset;
@@ -115,8 +139,9 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
       ps.length = seg.length;
       ps.buffer_offset = L.params()[static_cast<std::size_t>(seg.param)].offset + seg.param_offset;
       sh.real_numel += seg.length;
+      if (seg.shard_offset < sh.split) sh.device_real += seg.length;
     }
-    std::int64_t moment_numel = n;
+    std::int64_t moment_numel = sh.split;  // n without offload
     if (muon_) {  // the norm covers every gradient; Adam skips the Muon groups' chunks
       moment_numel = compact_moments(L, static_cast<int>(b), rank, groups, moment_align, sh.chunks, pieces_);
       sh.num_norm_chunks = static_cast<std::int64_t>(sh.chunks.size());
@@ -126,7 +151,8 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
         return groups[static_cast<std::size_t>(c.group)].algorithm == GroupAlgorithm::Muon;
       });
     }
-    if (!sh.chunks.empty() && moment_numel == 0) moment_numel = moment_align;  // only empty AdamW pieces: set pointers
+    // Only empty AdamW pieces: set pointers (a wholly offloaded buffer's device arrays stay empty).
+    if (!sh.chunks.empty() && moment_numel == 0 && !offload) moment_numel = moment_align;
     if (q8) {
       SHARDOPT_REQUIRE(L.buffers()[b].storage != kQuantizedStorage, ErrorCode::Unsupported,
                        settings_.options_name +
@@ -144,7 +170,7 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
     // The fp32 master: the whole shard, or with remainders only the Muon pieces (compact).
     sh.remainder = settings_.adam.master_storage == MasterStorage::bf16_remainder &&
                    L.buffers()[b].dtype == DType::bf16 && L.buffers()[b].storage != kQuantizedStorage;
-    std::int64_t master_numel = sh.remainder ? 0 : n;
+    std::int64_t master_numel = sh.remainder ? 0 : sh.split;
     for (const auto& seg : L.segments(static_cast<int>(b), rank)) {
       ParamPiece& ps = pieces_[static_cast<std::size_t>(seg.param)];
       ps.remainder = sh.remainder && !ps.muon;
@@ -152,7 +178,7 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
       if (sh.remainder && ps.muon) master_numel += ps.length;
     }
     if (sh.remainder) {
-      sh.remainders = DeviceBuffer(backend_, static_cast<std::size_t>(n) * sizeof(std::uint16_t));
+      sh.remainders = DeviceBuffer(backend_, static_cast<std::size_t>(sh.split) * sizeof(std::uint16_t));
       fill_zero_async(backend_, sh.remainders.data(), sh.remainders.bytes(), nullptr);
     }
     sh.master = DeviceBuffer(backend_, static_cast<std::size_t>(master_numel) * 4);
@@ -192,6 +218,21 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
     p.exp_avg_sq = sh.exp_avg_sq.data();
     p.exp_avg_scales = q8 ? sh.exp_avg_scales.as<float>() : nullptr;
     p.exp_avg_sq_scales = q8 ? sh.exp_avg_sq_scales.as<float>() : nullptr;
+    sh.device_chunks = static_cast<std::size_t>(
+        std::lower_bound(sh.chunks.begin(), sh.chunks.end(), sh.split,
+                         [](const ShardChunk& c, std::int64_t v) { return c.shard_offset < v; }) -
+        sh.chunks.begin());
+  }
+  if (offload) {
+    std::vector<StateOffload::BufferInfo> infos;
+    for (const BufferShard& sh : shards_) infos.push_back({&sh.chunks, sh.remainder});
+    offload_ = std::make_unique<StateOffload>(backend_, L, offloaded, infos, settings_.adam.moment_dtype,
+                                              settings_.adam.offload_stage_numel);
+    for (int bk = 0; bk < static_cast<int>(L.buckets().size()); ++bk) {
+      if (!offloaded[static_cast<std::size_t>(bk)]) continue;
+      const auto [c0, c1] = bucket_chunks(bk);
+      shards_[static_cast<std::size_t>(L.buckets()[static_cast<std::size_t>(bk)].buffer)].offloaded.emplace_back(c0, c1, bk);
+    }
   }
   SHARDOPT_REQUIRE(settings_.adam.master_storage != MasterStorage::bf16_remainder ||
                        std::any_of(shards_.begin(), shards_.end(), [](const BufferShard& sh) { return sh.remainder; }),
@@ -225,6 +266,7 @@ void ShardEngine::bind(int buffer, const void* grads, void* params) {
   sh.ptrs.params = params;
   sh.config.write_params = params != nullptr;
   sh.bound = true;
+  if (offload_) offload_->bind(buffer, &sh.config, grads, params);
   if (muon_ && params == nullptr)
     for (const MuonMatrixInfo& mi : muon_->matrices())
       SHARDOPT_REQUIRE(pieces_[static_cast<std::size_t>(mi.param)].buffer != buffer || pieces_[static_cast<std::size_t>(mi.param)].length == 0,
@@ -265,7 +307,8 @@ void ShardEngine::check_muon_agreement(const Communicator& comm) const {
 float* ShardEngine::master_of(int param) const {
   const ParamPiece& ps = piece(param);
   if (ps.length == 0 || ps.remainder) return nullptr;
-  return shards_[static_cast<std::size_t>(ps.buffer)].master.as<float>() + ps.master_offset;
+  const StateArrays a = arrays_at(static_cast<std::size_t>(ps.buffer), ps.shard_offset);
+  return a.master + (ps.master_offset - a.begin);
 }
 
 bool ShardEngine::has_staged_state() const noexcept {
@@ -294,8 +337,9 @@ void ShardEngine::publish_master(Stream stream) {
       // remainders; without one the parameters already are the master.
       if (sh.staging) {
         for_own_ranges(b, [&](std::int64_t dst, std::int64_t shard, std::int64_t n) {
+          const StateArrays a = arrays_at(b, shard);
           kernels::remainder_split(sh.staging.as<float>() + shard, reinterpret_cast<std::uint16_t*>(params) + dst,
-                                   sh.remainders.as<std::uint16_t>() + shard, n, backend_, stream);
+                                   a.remainders + (shard - a.begin), n, backend_, stream);
         });
       }
       // The Muon pieces keep an fp32 master: their parameters are it, rounded to nearest even.
@@ -306,18 +350,23 @@ void ShardEngine::publish_master(Stream stream) {
       continue;
     }
     for_own_ranges(b, [&](std::int64_t dst, std::int64_t shard, std::int64_t n) {
-      kernels::convert(sh.master.as<float>() + shard, DType::f32, params + static_cast<std::size_t>(dst) * size_of(dt),
+      const StateArrays a = arrays_at(b, shard);
+      kernels::convert(a.master + (shard - a.begin), DType::f32, params + static_cast<std::size_t>(dst) * size_of(dt),
                        dt, n, backend_, stream);
     });
   }
-  // Staged 8-bit moments (a loaded checkpoint): quantized once, by blocks.
-  for (BufferShard& sh : shards_) {
+  // Staged 8-bit moments (a loaded checkpoint): quantized once, by blocks (the device
+  // part, and the offloaded part into the host arrays).
+  for (std::size_t b = 0; b < shards_.size(); ++b) {
+    BufferShard& sh = shards_[b];
     if (!sh.moment_staging[0]) continue;
-    const std::int64_t n = sh.ptrs.moment_numel;
-    kernels::q8_encode(sh.moment_staging[0].as<float>(), sh.exp_avg.as<std::uint8_t>(), sh.exp_avg_scales.as<float>(), n,
-                       false, backend_, stream);
-    kernels::q8_encode(sh.moment_staging[1].as<float>(), sh.exp_avg_sq.as<std::uint8_t>(),
-                       sh.exp_avg_sq_scales.as<float>(), n, true, backend_, stream);
+    for_state_parts(b, [&](const StateArrays& a, std::int64_t from, std::int64_t n) {
+      kernels::q8_encode(sh.moment_staging[0].as<float>() + from, static_cast<std::uint8_t*>(a.exp_avg) + (from - a.begin),
+                         a.exp_avg_scales + (from - a.begin) / kMomentBlock, n, false, backend_, stream);
+      kernels::q8_encode(sh.moment_staging[1].as<float>() + from,
+                         static_cast<std::uint8_t*>(a.exp_avg_sq) + (from - a.begin),
+                         a.exp_avg_sq_scales + (from - a.begin) / kMomentBlock, n, true, backend_, stream);
+    });
   }
   if (std::any_of(shards_.begin(), shards_.end(),
                   [](const BufferShard& sh) { return bool(sh.staging) || bool(sh.moment_staging[0]); })) {
@@ -336,6 +385,11 @@ void ShardEngine::init_master(Stream stream) {
     if (params == nullptr) continue;
     if (sh.remainder) {  // the bf16 parameters are the master exactly: zero remainders
       fill_zero_async(backend_, sh.remainders.data(), sh.remainders.bytes(), stream);
+      if (offload_ && sh.split < L.buffers()[b].shard_numel) {  // the host part: written by the host, once the stream is idle
+        synchronize(backend_, stream);
+        std::memset(offload_->host(static_cast<int>(b)).remainders, 0,
+                    static_cast<std::size_t>(L.buffers()[b].shard_numel - sh.split) * sizeof(std::uint16_t));
+      }
       for (const ParamPiece& ps : pieces_)
         if (ps.buffer == static_cast<int>(b) && ps.muon && ps.length > 0)
           kernels::convert(params + storage_offset(ps) * size_of(dt), dt, sh.master.as<float>() + ps.master_offset,
@@ -343,7 +397,8 @@ void ShardEngine::init_master(Stream stream) {
       continue;
     }
     for_own_ranges(b, [&](std::int64_t src, std::int64_t shard, std::int64_t n) {
-      kernels::convert(params + static_cast<std::size_t>(src) * size_of(dt), dt, sh.master.as<float>() + shard,
+      const StateArrays a = arrays_at(b, shard);
+      kernels::convert(params + static_cast<std::size_t>(src) * size_of(dt), dt, a.master + (shard - a.begin),
                        DType::f32, n, backend_, stream);
     });
   }
@@ -351,16 +406,21 @@ void ShardEngine::init_master(Stream stream) {
 }
 
 void ShardEngine::stage_master(Stream stream) {
-  for (BufferShard& sh : shards_) {
+  for (std::size_t b = 0; b < shards_.size(); ++b) {
+    BufferShard& sh = shards_[b];
     if (!sh.q8 || sh.moment_staging[0]) continue;
     SHARDOPT_REQUIRE(!is_capturing(backend_, stream), ErrorCode::CaptureRefused,
                      "a checkpoint of 8-bit moments allocates fp32 staging arrays; save or load outside a capture");
-    const std::int64_t n = sh.ptrs.moment_numel;
+    const std::int64_t n = offload_ ? layout_.buffers()[b].shard_numel : sh.ptrs.moment_numel;
     for (DeviceBuffer& s : sh.moment_staging) s = DeviceBuffer(backend_, static_cast<std::size_t>(n) * sizeof(float));
-    kernels::q8_decode(sh.exp_avg.as<std::uint8_t>(), sh.exp_avg_scales.as<float>(), sh.moment_staging[0].as<float>(), n,
-                       false, backend_, stream);
-    kernels::q8_decode(sh.exp_avg_sq.as<std::uint8_t>(), sh.exp_avg_sq_scales.as<float>(),
-                       sh.moment_staging[1].as<float>(), n, true, backend_, stream);
+    for_state_parts(b, [&](const StateArrays& a, std::int64_t from, std::int64_t count) {
+      kernels::q8_decode(static_cast<const std::uint8_t*>(a.exp_avg) + (from - a.begin),
+                         a.exp_avg_scales + (from - a.begin) / kMomentBlock, sh.moment_staging[0].as<float>() + from,
+                         count, false, backend_, stream);
+      kernels::q8_decode(static_cast<const std::uint8_t*>(a.exp_avg_sq) + (from - a.begin),
+                         a.exp_avg_sq_scales + (from - a.begin) / kMomentBlock, sh.moment_staging[1].as<float>() + from,
+                         count, true, backend_, stream);
+    });
   }
   for (std::size_t b = 0; b < shards_.size(); ++b) {
     BufferShard& sh = shards_[b];
@@ -370,7 +430,8 @@ void ShardEngine::stage_master(Stream stream) {
     sh.staging = DeviceBuffer(backend_, static_cast<std::size_t>(sh.ptrs.shard_numel) * sizeof(float));
     const auto* params = static_cast<const std::uint16_t*>(sh.ptrs.params);
     for_own_ranges(b, [&](std::int64_t src, std::int64_t shard, std::int64_t n) {
-      kernels::remainder_join(params + src, sh.remainders.as<std::uint16_t>() + shard, sh.staging.as<float>() + shard, n,
+      const StateArrays a = arrays_at(b, shard);
+      kernels::remainder_join(params + src, a.remainders + (shard - a.begin), sh.staging.as<float>() + shard, n,
                               backend_, stream);
     });
   }
@@ -400,15 +461,26 @@ void ShardEngine::throw_not_initialized(std::string_view call, std::string_view 
 void ShardEngine::step(const Communicator& norm_comm, Stream stream) {
   begin_step(norm_comm, stream);
   for (std::size_t b = 0; b < shards_.size(); ++b) apply(static_cast<int>(b), 0, shards_[b].chunks.size(), stream);
+  end_step(stream);
+}
+
+void ShardEngine::end_step(Stream stream) {
+  if (offload_) offload_->finish(stream);
 }
 
 void ShardEngine::apply(int buffer, std::size_t first, std::size_t last, Stream stream) {
   const BufferShard& sh = shards_[static_cast<std::size_t>(buffer)];
+  if (offload_) {  // offloaded buckets were updated by the offload's stream: wait for those in range
+    for (const auto& [c0, c1, bucket] : sh.offloaded)
+      if (c0 < last && first < c1) offload_->wait_bucket(bucket, stream);
+    last = std::min(last, sh.device_chunks);
+  }
   if (first >= last) return;
   SHARDOPT_TRACE("shardopt/adam");
   ShardPointers p = sh.ptrs;
   p.chunks = sh.ptrs.chunks + first;
   p.num_chunks = static_cast<std::int64_t>(last - first);
+  if (offload_) p.shard_numel = p.moment_numel = std::max<std::int64_t>(sh.split, 1);
   phase_mark("adam", stream);
   if (sh.amax_chunks) {
     kernels::adam_step_apply_emitting(sh.config, p, sh.amax_chunks.as<kernels::AdamAmaxChunk>() + first, scalars(),
@@ -516,6 +588,8 @@ std::pair<std::size_t, std::size_t> ShardEngine::bucket_chunks(int bucket) const
 }
 
 void ShardEngine::begin_step(const Communicator& norm_comm, Stream stream) {
+  // Offloaded state: its first stages upload while the norm runs (they need no gradient).
+  if (offload_) offload_->begin(stream);
   SHARDOPT_TRACE("shardopt/norm");
   phase_mark("norm", stream);
   StepScalars* sc = scalars();
@@ -546,6 +620,7 @@ void ShardEngine::begin_step(const Communicator& norm_comm, Stream stream) {
   }
   finalize_grad_norm(settings_.adam.clip_max_norm, sc, backend_, stream);
   adam_step_prologue(shards_.front().config, sc, backend_, stream);
+  if (offload_) offload_->run(stream, sc);  // every offloaded stage, beside the device part's Adam
   if (muon_) {  // Muon's matrices: exchange, orthogonalize at home, apply (docs/muon.md)
     muon_->step(norm_comm, sc, stream);
   }
@@ -559,6 +634,10 @@ const ParamPiece& ShardEngine::piece(int param) const {
 }
 
 ShardView ShardEngine::piece_view(int param, const DeviceBuffer& buf, DType dtype, std::int64_t shift) const {
+  return piece_view(param, buf.data(), dtype, shift);
+}
+
+ShardView ShardEngine::piece_view(int param, const void* base, DType dtype, std::int64_t origin) const {
   const ParamPiece& ps = piece(param);
   ShardView v;
   v.dtype = dtype;
@@ -566,14 +645,43 @@ ShardView ShardEngine::piece_view(int param, const DeviceBuffer& buf, DType dtyp
   v.strides = {1};
   v.param_offset = ps.param_offset;
   v.data = ps.length == 0 ? nullptr
-                          : static_cast<char*>(buf.data()) + static_cast<std::size_t>(ps.shard_offset - shift) * size_of(dtype);
+                          : const_cast<char*>(static_cast<const char*>(base)) +
+                                static_cast<std::size_t>(ps.shard_offset - origin) * size_of(dtype);
   return v;
+}
+
+StateArrays ShardEngine::arrays_at(std::size_t b, std::int64_t at) const {
+  const BufferShard& sh = shards_[b];
+  if (offload_ && at >= sh.split) return offload_->host(static_cast<int>(b));
+  StateArrays a;
+  a.master = sh.master.as<float>();
+  a.remainders = sh.remainders.as<std::uint16_t>();
+  a.exp_avg = sh.exp_avg.data();
+  a.exp_avg_sq = sh.exp_avg_sq.data();
+  a.exp_avg_scales = sh.exp_avg_scales.as<float>();
+  a.exp_avg_sq_scales = sh.exp_avg_sq_scales.as<float>();
+  return a;
+}
+
+template <class F>
+void ShardEngine::for_state_parts(std::size_t b, F&& f) const {
+  const BufferShard& sh = shards_[b];
+  const std::int64_t n = layout_.buffers()[b].shard_numel;
+  if (!offload_) {
+    f(arrays_at(b, 0), std::int64_t{0}, sh.ptrs.moment_numel);
+    return;
+  }
+  if (sh.split > 0) f(arrays_at(b, 0), std::int64_t{0}, sh.split);
+  if (sh.split < n) f(arrays_at(b, sh.split), sh.split, n - sh.split);
 }
 
 ShardView ShardEngine::master_view(int param) const {
   const ParamPiece& ps = piece(param);
   const BufferShard& sh = shards_[static_cast<std::size_t>(ps.buffer)];
-  if (!ps.remainder) return piece_view(param, sh.master, DType::f32, ps.shard_offset - ps.master_offset);
+  if (!ps.remainder) {
+    const StateArrays a = arrays_at(static_cast<std::size_t>(ps.buffer), ps.shard_offset);
+    return piece_view(param, a.master, DType::f32, a.begin + ps.shard_offset - ps.master_offset);
+  }
   SHARDOPT_REQUIRE(sh.staging, ErrorCode::Unsupported,
                    "parameter '" + layout_.specs()[static_cast<std::size_t>(param)].name +
                        "' keeps no fp32 master (master_storage = bf16_remainder): its master is the bf16 parameter "
@@ -582,12 +690,16 @@ ShardView ShardEngine::master_view(int param) const {
   return piece_view(param, sh.staging, DType::f32);
 }
 // A Muon parameter has no Adam moments: an empty view (no elements, no data).
-ShardView ShardEngine::moment_view(int param, const DeviceBuffer& buf, int which) const {
+ShardView ShardEngine::moment_view(int param, int which) const {
   const ParamPiece& ps = piece(param);
   const BufferShard& sh = shards_[static_cast<std::size_t>(ps.buffer)];
   const bool staged = sh.q8 && sh.moment_staging[which];  // 8-bit moments decoded for a checkpoint
   const DType dtype = staged ? DType::f32 : settings_.adam.moment_dtype;
-  if (!ps.muon) return piece_view(param, staged ? sh.moment_staging[which] : buf, dtype, ps.moment_shift);
+  if (staged && !ps.muon) return piece_view(param, sh.moment_staging[which], dtype, ps.moment_shift);
+  if (!ps.muon) {
+    const StateArrays a = arrays_at(static_cast<std::size_t>(ps.buffer), ps.shard_offset);
+    return piece_view(param, which == 0 ? a.exp_avg : a.exp_avg_sq, dtype, a.begin + ps.moment_shift);
+  }
   ShardView v;
   v.dtype = dtype;
   v.shape = {0};
@@ -597,7 +709,10 @@ ShardView ShardEngine::moment_view(int param, const DeviceBuffer& buf, int which
 }
 ShardView ShardEngine::remainder_view(int param) const {
   const ParamPiece& ps = piece(param);
-  if (ps.remainder) return piece_view(param, shards_[static_cast<std::size_t>(ps.buffer)].remainders, DType::u16);
+  if (ps.remainder) {
+    const StateArrays a = arrays_at(static_cast<std::size_t>(ps.buffer), ps.shard_offset);
+    return piece_view(param, a.remainders, DType::u16, a.begin);
+  }
   ShardView v;
   v.dtype = DType::u16;
   v.shape = {0};
@@ -605,12 +720,8 @@ ShardView ShardEngine::remainder_view(int param) const {
   v.param_offset = ps.param_offset;
   return v;
 }
-ShardView ShardEngine::exp_avg_view(int param) const {
-  return moment_view(param, shards_[static_cast<std::size_t>(piece(param).buffer)].exp_avg, 0);
-}
-ShardView ShardEngine::exp_avg_sq_view(int param) const {
-  return moment_view(param, shards_[static_cast<std::size_t>(piece(param).buffer)].exp_avg_sq, 1);
-}
+ShardView ShardEngine::exp_avg_view(int param) const { return moment_view(param, 0); }
+ShardView ShardEngine::exp_avg_sq_view(int param) const { return moment_view(param, 1); }
 
 void ShardEngine::set_step(std::int64_t step, Stream stream) {
   // Through a pinned slot: a pageable source could be overwritten before the copy runs.
@@ -638,6 +749,31 @@ StepScalars ShardEngine::read_scalars(const Communicator& comm, Stream stream) c
 
 void ShardEngine::advance_microbatch(Stream stream) { kernels::advance_microbatch(microbatch(), backend_, stream); }
 
+void ShardEngine::agree_offload(const Communicator& comm) const {
+  const bool mine = offload_ && offload_->failed();
+  const std::int64_t bytes = offload_ ? offload_->host_bytes() : 0;
+  const std::vector<std::uint64_t> failed =
+      comm.size() > 1 ? comm.all_gather_value(mine ? 1 : 0) : std::vector<std::uint64_t>{mine ? 1u : 0u};
+  const auto first = std::find(failed.begin(), failed.end(), std::uint64_t{1});
+  if (first == failed.end()) return;
+  const std::string option = settings_.options_name + "::offload_fraction " + std::to_string(settings_.adam.offload_fraction);
+  const std::string advice = ". Lower offload_fraction, free host memory, or raise the locked-memory limit (ulimit -l)";
+  if (mine) {
+    std::string why;
+    try {
+      std::rethrow_exception(offload_->failed());
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    throw Error(ErrorCode::OutOfMemory, option + " keeps " + std::to_string(bytes) +
+                                            " bytes of this rank's optimizer state in pinned host memory, which the "
+                                            "host refused (" + why + "); nothing was built" + advice);
+  }
+  throw Error(ErrorCode::OutOfMemory, option + ": rank " + std::to_string(first - failed.begin()) +
+                                          " could not pin the host memory of its offloaded optimizer state, so no "
+                                          "rank builds the optimizer" + advice);
+}
+
 void ShardEngine::add_memory(MemoryReport& r) const {
   const std::int64_t msize = static_cast<std::int64_t>(size_of(settings_.adam.moment_dtype));
   for (const auto& sh : shards_) {
@@ -645,7 +781,12 @@ void ShardEngine::add_memory(MemoryReport& r) const {
     r.remainders += static_cast<std::int64_t>(sh.remainders.bytes());
     r.moments += static_cast<std::int64_t>(sh.exp_avg.bytes() + sh.exp_avg_sq.bytes());
     r.moment_scales += static_cast<std::int64_t>(sh.exp_avg_scales.bytes() + sh.exp_avg_sq_scales.bytes());
-    r.padding += (sh.ptrs.shard_numel - sh.real_numel) * ((sh.remainder ? 2 : 4) + 2 * msize);
+    // Device padding: the shard's below the offload split (all of it without offload).
+    r.padding += (sh.split - sh.device_real) * ((sh.remainder ? 2 : 4) + 2 * msize);
+  }
+  if (offload_) {
+    r.offloaded += offload_->host_bytes();
+    r.offload_staging += offload_->ring_bytes();
   }
   for (const auto& [key, buf] : copies_) r.copies += static_cast<std::int64_t>(buf.bytes());
   if (muon_) muon_->add_memory(r);

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "kernels/adam/adam_math.cuh"
 #include "kernels/adam/adam_mxfp8.hpp"
 #include "optimizer/muon_pass.hpp"
+#include "optimizer/state_offload.hpp"
 #include "quantized/quantized_params.hpp"
 #include "shardopt/adam_options.hpp"
 #include "shardopt/communicator.hpp"
@@ -117,11 +119,20 @@ class ShardEngine {
   /// shard (one Sum all-reduce over `norm_comm` when it has several ranks), found-inf,
   /// clip coefficient, Adam on every buffer (prologue once).
   void step(const Communicator& norm_comm, Stream stream);
-  /// The two halves of step(): everything up to and including the Adam prologue, then
-  /// the Adam pass over chunks [first, last) of one buffer's chunk table (so that a
-  /// caller can all-gather finished buckets while later ones update).
+  /// The three parts of step(): everything up to and including the Adam prologue (and,
+  /// with offloaded state, the start of its stream: docs/offload.md), then the Adam pass
+  /// over chunks [first, last) of one buffer's chunk table (so that a caller can
+  /// all-gather finished buckets while later ones update; chunks of offloaded buckets:
+  /// `stream` waits for their streamed update), then end_step, which joins the offload's
+  /// streams back into `stream` (call it once after the last apply of the step).
   void begin_step(const Communicator& norm_comm, Stream stream);
   void apply(int buffer, std::size_t first, std::size_t last, Stream stream);
+  void end_step(Stream stream);
+  /// Collective over `comm` (every rank of the optimizer): when some rank could not pin
+  /// the host memory of its offloaded state (AdamOptions::offload_fraction), every rank
+  /// throws Error(OutOfMemory) naming that rank, the bytes and the option. Front ends call
+  /// it right after constructing the engine.
+  void agree_offload(const Communicator& comm) const;
   /// NVFP4 buffers (issue 29): from now on Adam over buffer `buffer` also folds the
   /// partial amaxes of the new master into the u32 buffers `target(param)` names (its
   /// `first` is filled in per chunk; nullopt: the parameter emits nothing), the values
@@ -212,10 +223,25 @@ class ShardEngine {
     std::int64_t real_numel = 0;
     DType param_dtype = DType::f32;
     bool bound = false;  // bind() has run
+    // AdamOptions::offload_fraction: the device arrays keep shard offsets [0, split), the
+    // offload's host arrays the rest; chunks [0, device_chunks) lie below split, and
+    // `offloaded` lists the later buckets (first chunk, end chunk, bucket).
+    std::int64_t split = 0;
+    std::int64_t device_real = 0;  // real elements below split
+    std::size_t device_chunks = 0;
+    std::vector<std::tuple<std::size_t, std::size_t, int>> offloaded;
     DeviceBuffer amax_chunks;  // per chunk, where Adam emits NVFP4 partial amaxes (emit_amaxes)
   };
   ShardView piece_view(int param, const DeviceBuffer& buf, DType dtype, std::int64_t shift = 0) const;
-  ShardView moment_view(int param, const DeviceBuffer& buf, int which) const;
+  ShardView piece_view(int param, const void* base, DType dtype, std::int64_t origin) const;
+  // The arrays that hold shard offset `at` of buffer b: the device arrays (begin 0) below
+  // the buffer's offload split, the pinned host arrays from it on.
+  StateArrays arrays_at(std::size_t b, std::int64_t at) const;
+  ShardView moment_view(int param, int which) const;
+  // Calls f(arrays, from, count) for the device part of buffer b's moment arrays
+  // ([0, moment_numel), or [0, split) with offload) and the offloaded part [split, shard).
+  template <class F>
+  void for_state_parts(std::size_t b, F&& f) const;
   // Calls f(dst, own) for each bucket of buffer b: `own` this rank's range in the bucket's
   // buffer coordinates, `shard` its first shard offset, `dst` where it sits in the bound
   // param / grad storage.
@@ -232,6 +258,7 @@ class ShardEngine {
   DeviceBuffer scalars_, microbatch_, slots_, readback_, step_slot_;
   std::map<std::pair<int, DType>, DeviceBuffer> copies_;  // shard_grad cast copies
   std::unique_ptr<MuonPass> muon_;  // with a Muon group: its exchange, momentum and work buffers
+  std::unique_ptr<StateOffload> offload_;  // with offload_fraction > 0: the host state and its stream
   void bind_muon();
   [[noreturn]] static void throw_not_initialized(std::string_view call, std::string_view init_calls);
 

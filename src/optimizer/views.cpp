@@ -38,8 +38,10 @@ std::string MemoryReport::to_string() const {
   row("mxfp8        ", mxfp8);
   row("nvfp4        ", nvfp4);
   row("nccl overhead", nccl_overhead);
+  row("offload slots", offload_staging);
   row("total        ", total());
   row("of it padding", padding);
+  row("offloaded (host)", offloaded);
   return os.str();
 }
 

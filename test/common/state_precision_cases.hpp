@@ -144,10 +144,48 @@ inline DistributedAdamOptions with_storage(DistributedAdamOptions o, MasterStora
   return o;
 }
 
+/// An eager DistributedAdam iteration of random gradients; `inf`: world rank 0 writes an
+/// Inf into its first gradient element, so that every rank skips the step.
+inline void da_random_step(DistributedAdam& opt, Stream s, int rank, bool inf) {
+  const Backend b = opt.backend();
+  random_grads_fn(opt, b, rank)(s, !inf);
+  if (inf) {
+    opt.synchronize(s);
+    if (rank == 0) {
+      std::vector<std::uint16_t> bits{0x7F80u};
+      from_host(b, opt.grad(0).data, bits);
+    }
+    report_all(opt, s);
+  }
+  opt.step(s);
+  opt.zero_grad(s);
+}
+
+/// `steps` iterations of random gradients (clipping active in base_options) of two
+/// DistributedAdam optimizers side by side: eager (iteration `inf_step` with an Inf, so
+/// skipped), or each through a StepGraph of its own.
+inline void da_random_train_both(DistributedAdam& a, DistributedAdam& c, Stream sa, Stream sc, bool graph, int steps,
+                                 int inf_step = -1) {
+  const int rank = world_rank();
+  if (!graph) {
+    for (int t = 0; t < steps; ++t) {
+      da_random_step(a, sa, rank, t == inf_step);
+      da_random_step(c, sc, rank, t == inf_step);
+    }
+    return;
+  }
+  StepGraph ga(a, random_grads_fn(a, a.backend(), rank)), gc(c, random_grads_fn(c, c.backend(), rank));
+  ga.capture(sa);
+  gc.capture(sc);
+  for (int t = 1; t < steps; ++t) {
+    ga.replay(sa);
+    gc.replay(sc);
+  }
+}
+
 /// DistributedAdam with remainders trains as the fp32-master run does (random
 /// gradients, clipping active, 30 steps; `graph`: both through a captured StepGraph).
 inline void case_da_remainder_equals_fp32(Backend b, bool graph, DType grad_dtype = DType::bf16) {
-  const int rank = world_rank();
   DistributedAdamOptions o = base_options(grad_dtype);  // bf16 tensors and the f32 norm1
   o.grad_reduce = ReduceOp::Sum;
   DistributedAdam ref(make_comm(b), small_model(), o);
@@ -155,25 +193,7 @@ inline void case_da_remainder_equals_fp32(Backend b, bool graph, DType grad_dtyp
   TestStream sf(b), sr(b);
   init_params(ref, sf.get());
   init_params(rem, sr.get());
-  constexpr int kSteps = 30;
-  if (graph) {
-    StepGraph gf(ref, random_grads_fn(ref, b, rank)), gr(rem, random_grads_fn(rem, b, rank));
-    gf.capture(sf.get());
-    gr.capture(sr.get());
-    for (int t = 1; t < kSteps; ++t) {
-      gf.replay(sf.get());
-      gr.replay(sr.get());
-    }
-  } else {
-    for (int t = 0; t < kSteps; ++t) {
-      for (auto* opt : {&ref, &rem}) {
-        const Stream s = opt == &ref ? sf.get() : sr.get();
-        random_grads_fn(*opt, b, rank)(s, true);
-        opt->step(s);
-        opt->zero_grad(s);
-      }
-    }
-  }
+  da_random_train_both(ref, rem, sf.get(), sr.get(), graph, 30);
   EXPECT_LT(ref.read_scalars(sf.get()).clip_coef, 1.0f) << "clipping must be active in this case";
   const std::int64_t ties = expect_split_of(rem, ref, sr.get(), sf.get());
   std::int64_t all = ties;
@@ -256,6 +276,22 @@ inline void case_da_remainder_with_muon(Backend b) {
   }
 }
 
+/// `steps` grid-gradient iterations of two Fsdp optimizers side by side: eager, or each
+/// through a StepGraph of its own (captured on the first iteration, then replayed).
+inline void fsdp_train_both(Fsdp& a, Fsdp& c, Stream sa, Stream sc, bool graph, int steps) {
+  if (!graph) {
+    fsdp_train(a, sa, steps);
+    fsdp_train(c, sc, steps);
+    return;
+  }
+  std::optional<StepGraph> ga, gc;
+  auto body = [](Fsdp& f) {
+    return [&f](Stream s, bool) { fsdp_microbatch(f, s, /*rank=*/0, GradKind::Grid, {}, {}, false); };
+  };
+  graph_steps(a, ga, body(a), sa, steps);
+  graph_steps(c, gc, body(c), sc, steps);
+}
+
 /// Fsdp (and HSDP with `shard_group` > 0) with remainders: the split of the fp32 run's
 /// state after 12 steps, eager or through a captured StepGraph.
 inline void case_fsdp_remainder_equals_fp32(Backend b, bool graph, int shard_group = 0) {
@@ -272,18 +308,7 @@ inline void case_fsdp_remainder_equals_fp32(Backend b, bool graph, int shard_gro
   TestStream sf(b), sr(b);
   init_fsdp(ref, sf.get());
   init_fsdp(rem, sr.get());
-  constexpr int kSteps = 12;
-  if (graph) {
-    std::optional<StepGraph> gf, gr;
-    auto body = [](Fsdp& f) {
-      return [&f](Stream s, bool) { fsdp_microbatch(f, s, /*rank=*/0, GradKind::Grid, {}, {}, false); };
-    };
-    graph_steps(ref, gf, body(ref), sf.get(), kSteps);
-    graph_steps(rem, gr, body(rem), sr.get(), kSteps);
-  } else {
-    fsdp_train(ref, sf.get(), kSteps);
-    fsdp_train(rem, sr.get(), kSteps);
-  }
+  fsdp_train_both(ref, rem, sf.get(), sr.get(), graph, 12);
   expect_split_of(rem, ref, sr.get(), sf.get());
   EXPECT_EQ(rem.memory().master, 0) << "every parameter is bf16: no fp32 master at all";
 }

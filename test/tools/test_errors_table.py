@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 CODES = {"InvalidArgument", "OutOfRange", "LayoutMismatch", "InvalidState", "CaptureRefused", "Unsupported",
-         "Cuda", "Nccl", "Mpi", "Timeout", "Internal"}
+         "Cuda", "Nccl", "Mpi", "Timeout", "OutOfMemory", "Internal"}
 TRIGGER = re.compile(r"Error\(|\bthrows?\b|\bRethrows\b|\brefuse[sd]?\b|\ban error\b|\bError on every rank\b")
 CODE_MENTION = re.compile(r"Error\((\w+)\)")
 TEST_CELL = re.compile(r"`([^`]+)`\s*`([^`]+)`")

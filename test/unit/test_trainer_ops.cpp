@@ -666,11 +666,13 @@ TEST(TrainerConfig, CommandLineOfTheProgram) {
   EXPECT_EQ(message({"--moments", "int8"}), "--moments takes one of fp32, bf16, q8, not 'int8'");
   EXPECT_EQ(message({"--graph", "maybe"}), "--graph takes on or off, not 'maybe'");
   EXPECT_EQ(message({"--lr", "fast"}), "--lr takes a number, not 'fast'");
+  EXPECT_EQ(message({"--offload", "1.5"}), "--offload takes a share in [0, 1], not '1.5'");
+  EXPECT_DOUBLE_EQ(parse_command_line({"--offload", "0.25"}).train.offload, 0.25);
   EXPECT_EQ(message({"--steps", "99999999999"}), "--steps 99999999999 is out of range");
   EXPECT_EQ(message({"--timeout-ms", "-3"}), "--timeout-ms takes milliseconds >= 0 (0: off), not '-3'");
   EXPECT_EQ(message({"--expect-loss-below"}), "--expect-loss-below needs a value");
   const std::string help = usage();
-  for (const char* flag : {"--size", "--model", "--master", "--moments", "--metrics", "--expect-loss-below",
+  for (const char* flag : {"--size", "--model", "--master", "--moments", "--offload", "--metrics", "--expect-loss-below",
                            "--save-init", "--capacity-factor", "--quiet", "--help"})
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   for (const Choice<shardopt::MasterStorage>& c : kMasterChoices) EXPECT_NE(help.find(c.help), std::string::npos);
