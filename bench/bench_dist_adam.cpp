@@ -17,7 +17,9 @@
 // the same step with everything on the GPU and a duplex copy of the offloaded bytes (up
 // to the device and back, at once, on two streams, in the step's stage sizes) between
 // pinned host memory and the device. The rows give the duplex bandwidth measured
-// (GB/s each way) and the pinned bytes.
+// (GB/s each way) and the pinned bytes; --peer FILE of bench/peers/offload_peer.py
+// (FSDP2 with CPUOffloadPolicy, its optimizer step on the CPU) gives the fully offloaded
+// fp32 row its peer.
 //
 // --gather-pipeline N sets DistributedAdamOptions::gather_pipeline (at least 1) of every
 // step measured (default: the option's default); the rows record it ("gather_pipeline"),

@@ -762,6 +762,7 @@ void offload_rows(const Communicator& comm, Stream s, const Args& a, const std::
       r.device = device;
       r.ours_ms = ms;
       r.limit_ms = std::max(gpu_ms, pcie_ms);
+      bench::apply_peer(r, a.peer);  // bench/peers/offload_peer.py: FSDP2 CPUOffloadPolicy (fully offloaded fp32 row)
       r.numbers["offload_fraction"] = fraction;
       r.numbers["on_gpu_step_ms"] = gpu_ms;
       r.numbers["pcie_duplex_ms"] = pcie_ms;

@@ -113,7 +113,8 @@ inline void case_fsdp_offload_equals_on_gpu(Backend b, double fraction, bool gra
 }
 
 /// Checkpoints save from and load into host-resident state in the same format: a run
-/// with half its state offloaded writes the same files as the on-GPU run; loaded into
+/// with half its state offloaded writes the same files as the on-GPU run (with save_async,
+/// training on while they are written); loaded into
 /// another fraction (all offloaded) or into Fsdp, training goes on bitwise as without
 /// offload.
 inline void case_offload_checkpoints(Backend b) {
@@ -130,7 +131,9 @@ inline void case_offload_checkpoints(Backend b) {
     TestStream s(b);
     init_params(off, s.get());
     da_train(off, s.get(), t1);
-    off.save(dir.sub("half"), s.get());
+    SaveHandle h = off.save_async(dir.sub("half"), s.get());  // its snapshot is of the host arrays at step t1
+    da_train(off, s.get(), 3);  // training goes on over them while the files are written
+    h.wait();
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) {

@@ -10,7 +10,8 @@
 // the communicator throws Error(Timeout) at once, and the process exits cleanly.
 //
 //   mpi_fault_cases <scenario> <timeout_ms>
-//   scenarios: skip_eager, exit_mid_step, skip_replay, skip_fsdp, skip_hsdp, skip_construct
+//   scenarios: skip_eager, exit_mid_step, skip_replay, skip_offload, skip_fsdp, skip_hsdp,
+//              skip_construct
 #include <mpi.h>
 
 #include <chrono>
@@ -163,10 +164,15 @@ void run(const std::string& scenario, long long t) {
     });
     expect_refused(scenario + " step", comm, [&] { opt.step(s); });
     expect_refused(scenario + " gather_params", comm, [&] { opt.gather_params(s); });
-  } else if (scenario == "skip_replay") {
-    // No wait_timeout: the replay's step_timeout alone bounds it.
+  } else if (scenario == "skip_replay" || scenario == "skip_offload") {
+    // No wait_timeout: the replay's step_timeout alone bounds it. skip_offload: the whole
+    // state in host memory, streamed through the replayed step (docs/offload.md).
     DistributedAdamOptions o = base_options(DType::f32);
     o.watchdog = WatchdogOptions{std::chrono::milliseconds(0), std::chrono::milliseconds(t)};
+    if (scenario == "skip_offload") {
+      o.offload_fraction = 1.0;
+      o.offload_stage_numel = 256;
+    }
     DistributedAdam opt(comm, small_model(), o);
     init_params(opt, s);
     StepGraph graph(opt, [](Stream, bool) {});
