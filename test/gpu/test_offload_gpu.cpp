@@ -29,6 +29,9 @@ TEST(OffloadGpu, FsdpRemainders8BitMoments) {
 }
 TEST(OffloadGpu, Hsdp) { case_fsdp_offload_equals_on_gpu(kB, 0.5, false, 2); }
 TEST(OffloadGpu, CheckpointsAcrossFractionsAndFrontEnds) { case_offload_checkpoints(kB); }
+TEST(OffloadGpu, CheckpointsOfRemainders8BitMoments) {
+  case_offload_checkpoints(kB, MasterStorage::bf16_remainder, DType::q8_block);
+}
 TEST(OffloadGpu, MemoryReport) { case_offload_memory(kB); }
 TEST(OffloadGpu, BadInputAndRefusedPinnedMemory) { case_offload_errors(kB); }
 

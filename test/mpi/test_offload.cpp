@@ -29,6 +29,9 @@ TEST(OffloadHost, FsdpRemainders8BitMoments) {
 }
 TEST(OffloadHost, Hsdp) { case_fsdp_offload_equals_on_gpu(kB, 0.5, false, 2); }
 TEST(OffloadHost, CheckpointsAcrossFractionsAndFrontEnds) { case_offload_checkpoints(kB); }
+TEST(OffloadHost, CheckpointsOfRemainders8BitMoments) {
+  case_offload_checkpoints(kB, MasterStorage::bf16_remainder, DType::q8_block);
+}
 TEST(OffloadHost, MemoryReport) { case_offload_memory(kB); }
 TEST(OffloadHost, BadInputAndRefusedPinnedMemory) { case_offload_errors(kB); }
 
