@@ -225,7 +225,7 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
   }
   if (offload) {
     std::vector<StateOffload::BufferInfo> infos;
-    for (const BufferShard& sh : shards_) infos.push_back({&sh.chunks, sh.remainder});
+    for (const BufferShard& sh : shards_) infos.push_back({&sh.chunks, sh.remainder, sh.split});
     offload_ = std::make_unique<StateOffload>(backend_, L, offloaded, infos, settings_.adam.moment_dtype,
                                               settings_.adam.offload_stage_numel);
     for (int bk = 0; bk < static_cast<int>(L.buckets().size()); ++bk) {
@@ -480,7 +480,7 @@ void ShardEngine::apply(int buffer, std::size_t first, std::size_t last, Stream 
   ShardPointers p = sh.ptrs;
   p.chunks = sh.ptrs.chunks + first;
   p.num_chunks = static_cast<std::int64_t>(last - first);
-  if (offload_) p.shard_numel = p.moment_numel = std::max<std::int64_t>(sh.split, 1);
+  if (offload_) p.shard_numel = sh.split;  // the device arrays' length (the moments' is already)
   phase_mark("adam", stream);
   if (sh.amax_chunks) {
     kernels::adam_step_apply_emitting(sh.config, p, sh.amax_chunks.as<kernels::AdamAmaxChunk>() + first, scalars(),

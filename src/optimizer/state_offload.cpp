@@ -1,6 +1,7 @@
 #include "optimizer/state_offload.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -53,7 +54,6 @@ StateOffload::StateOffload(Backend backend, const Layout& L, const std::vector<b
     : backend_(backend),
       moment_dtype_(moment_dtype),
       stage_numel_(stage_numel),
-      offloaded_(offloaded),
       buffers_(L.buffers().size()),
       bucket_stages_(L.buckets().size(), {0, 0}),
       up_(backend),
@@ -67,13 +67,13 @@ StateOffload::StateOffload(Backend backend, const Layout& L, const std::vector<b
   const std::size_t msize = size_of(moment_dtype);
   // The stages, bucket by bucket in bucket order, and their chunks rebased to the slot.
   std::vector<ShardChunk> table;
-  for (std::size_t b = 0; b < buffers_.size(); ++b) buffers_[b].split = L.buffers()[b].shard_numel;
+  for (std::size_t b = 0; b < buffers_.size(); ++b) buffers_[b].split = buffers[b].split;
   for (int bk = 0; bk < static_cast<int>(L.buckets().size()); ++bk) {
-    if (!offloaded_[static_cast<std::size_t>(bk)]) continue;
+    if (!offloaded[static_cast<std::size_t>(bk)]) continue;
     const Bucket& bucket = L.buckets()[static_cast<std::size_t>(bk)];
-    BufferState& bs = buffers_[static_cast<std::size_t>(bucket.buffer)];
     const std::int64_t lo = bucket.shard_offset, hi = lo + slice_of(L, bk);
-    bs.split = std::min(bs.split, lo);
+    SHARDOPT_REQUIRE(lo >= buffers_[static_cast<std::size_t>(bucket.buffer)].split, ErrorCode::Internal,
+                     "offload: an offloaded bucket starts below its buffer's split");
     const std::vector<ShardChunk>& chunks = *buffers[static_cast<std::size_t>(bucket.buffer)].chunks;
     bucket_stages_[static_cast<std::size_t>(bk)].first = stages_.size();
     for (std::int64_t a = lo; a < hi;) {
@@ -113,31 +113,28 @@ StateOffload::StateOffload(Backend backend, const Layout& L, const std::vector<b
     updated_.emplace_back(backend_);
     downloaded_.emplace_back(backend_);
   }
-  if (std::none_of(offloaded_.begin(), offloaded_.end(), [](bool v) { return v; })) return;
+  if (std::none_of(offloaded.begin(), offloaded.end(), [](bool v) { return v; })) return;
 
   // The host arrays: each offloaded buffer's shard from its split to its end, zeroed as
-  // the device arrays are.
+  // the device arrays are. Their sizes first: a refusal names what the whole offload needs.
+  std::vector<std::array<std::size_t, 6>> sizes(buffers_.size());
+  for (std::size_t b = 0; b < buffers_.size(); ++b) {
+    const std::int64_t n = L.buffers()[b].shard_numel;
+    if (buffers_[b].split >= n) continue;
+    const auto numel = static_cast<std::size_t>(n - buffers_[b].split);
+    const std::size_t scales = q8 ? numel / kMomentBlock * sizeof(float) : 0;
+    sizes[b] = {buffers[b].remainder ? 0 : numel * sizeof(float), buffers[b].remainder ? numel * sizeof(std::uint16_t) : 0,
+                numel * msize, numel * msize, scales, scales};
+    for (std::size_t bytes : sizes[b]) host_bytes_ += static_cast<std::int64_t>(bytes);
+  }
   try {
     for (std::size_t b = 0; b < buffers_.size(); ++b) {
       BufferState& bs = buffers_[b];
-      const std::int64_t n = L.buffers()[b].shard_numel;
-      if (bs.split >= n) continue;
-      const auto numel = static_cast<std::size_t>(n - bs.split);
-      auto pinned = [&](DeviceBuffer& buf, std::size_t bytes) {
-        host_bytes_ += static_cast<std::int64_t>(bytes);
-        buf = DeviceBuffer(backend_, bytes, MemoryKind::Pinned);
-        if (bytes > 0) std::memset(buf.data(), 0, bytes);
-      };
-      if (buffers[b].remainder) {
-        pinned(bs.remainders, numel * sizeof(std::uint16_t));
-      } else {
-        pinned(bs.master, numel * sizeof(float));
-      }
-      pinned(bs.exp_avg, numel * msize);
-      pinned(bs.exp_avg_sq, numel * msize);
-      if (q8) {
-        pinned(bs.exp_avg_scales, numel / kMomentBlock * sizeof(float));
-        pinned(bs.exp_avg_sq_scales, numel / kMomentBlock * sizeof(float));
+      if (bs.split >= L.buffers()[b].shard_numel) continue;
+      for (std::size_t k = 0; k < sizes[b].size(); ++k) {
+        DeviceBuffer& buf = *bs.arrays()[k];
+        buf = DeviceBuffer(backend_, sizes[b][k], MemoryKind::Pinned);
+        if (buf) std::memset(buf.data(), 0, buf.bytes());
       }
       bs.host.begin = bs.split;
       bs.host.master = bs.master.as<float>();
@@ -151,19 +148,8 @@ StateOffload::StateOffload(Backend backend, const Layout& L, const std::vector<b
     if (e.code() != ErrorCode::OutOfMemory) throw;
     failed_ = std::current_exception();
     for (BufferState& bs : buffers_) {  // nothing half-built: every host array goes
-      for (DeviceBuffer* buf : {&bs.master, &bs.remainders, &bs.exp_avg, &bs.exp_avg_sq, &bs.exp_avg_scales,
-                                &bs.exp_avg_sq_scales})
-        *buf = DeviceBuffer();
+      for (DeviceBuffer* buf : bs.arrays()) *buf = DeviceBuffer();
       bs.host = StateArrays{};
-    }
-    // The bytes the whole offload needs, not the ones allocated before the refusal.
-    host_bytes_ = 0;
-    for (std::size_t b = 0; b < buffers_.size(); ++b) {
-      const std::int64_t n = L.buffers()[b].shard_numel;
-      if (buffers_[b].split >= n) continue;
-      const std::int64_t numel = n - buffers_[b].split;
-      host_bytes_ += numel * (buffers[b].remainder ? 2 : 4) + 2 * numel * static_cast<std::int64_t>(msize) +
-                     (q8 ? 2 * numel / kMomentBlock * 4 : 0);
     }
     return;
   }

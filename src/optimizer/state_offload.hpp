@@ -15,6 +15,7 @@
 // copying between two host arenas.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <exception>
 #include <vector>
@@ -50,10 +51,12 @@ struct StateArrays {
 class StateOffload {
  public:
   /// One layout buffer as the engine keeps it: the Adam chunk table (shard order), whether
-  /// its master is kept as remainders.
+  /// its master is kept as remainders, and its split (the first offloaded bucket's shard
+  /// offset; its shard size when none is).
   struct BufferInfo {
     const std::vector<ShardChunk>* chunks = nullptr;
     bool remainder = false;
+    std::int64_t split = 0;
   };
   /// Plans the stages of the buckets `offloaded` names (over this rank's chunk tables)
   /// and allocates the pinned host arrays (zeroed), the ring and the stage chunk tables.
@@ -71,12 +74,8 @@ class StateOffload {
   /// Device bytes of the ring.
   std::int64_t ring_bytes() const noexcept { return static_cast<std::int64_t>(ring_.bytes()); }
 
-  /// Buffer b's first offloaded shard offset (its shard size when nothing of it is).
-  std::int64_t split(int buffer) const { return buffers_.at(static_cast<std::size_t>(buffer)).split; }
   /// Buffer b's host arrays (begin: the shard offset of their element 0).
   const StateArrays& host(int buffer) const { return buffers_.at(static_cast<std::size_t>(buffer)).host; }
-  /// True when bucket `bucket`'s state lives on the host.
-  bool offloaded(int bucket) const { return offloaded_.at(static_cast<std::size_t>(bucket)); }
 
   /// Buffer b's Adam settings and bound gradient / parameter storage (ShardEngine::bind).
   void bind(int buffer, const AdamConfig* config, const void* grads, void* params);
@@ -105,6 +104,9 @@ class StateOffload {
     std::int64_t split = 0;
     StateArrays host;
     DeviceBuffer master, remainders, exp_avg, exp_avg_sq, exp_avg_scales, exp_avg_sq_scales;  // pinned
+    std::array<DeviceBuffer*, 6> arrays() {  // in that order
+      return {&master, &remainders, &exp_avg, &exp_avg_sq, &exp_avg_scales, &exp_avg_sq_scales};
+    }
     const AdamConfig* config = nullptr;
     const void* grads = nullptr;
     void* params = nullptr;
@@ -116,7 +118,6 @@ class StateOffload {
   Backend backend_;
   DType moment_dtype_;
   std::int64_t stage_numel_;
-  std::vector<bool> offloaded_;
   std::vector<BufferState> buffers_;
   std::vector<Stage> stages_;
   std::vector<std::pair<std::size_t, std::size_t>> bucket_stages_;  // per bucket: first stage, count
