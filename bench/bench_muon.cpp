@@ -12,7 +12,13 @@
 //                     (kernels::MuonUpdate, bf16 GEMMs, then the fp32-GEMM mode) against plain
 //                     cuBLAS GEMMs of the same shapes, batches and count, bf16 in / out with
 //                     fp32 accumulation, measured in this process (limit_ms: fraction_of_limit is
-//                     the Newton-Schulz GEMM throughput as a fraction of the plain GEMMs')
+//                     the Newton-Schulz GEMM throughput as a fraction of the plain GEMMs'); rows
+//                     bf16-gemm (symmetric products by block columns of the default widths),
+//                     bf16-gemm-no-split-k, bf16-gemm-block256 (256 wide), bf16-gemm-dense (every
+//                     product whole), f32-gemm
+//   muon_ns_phases    (one rank) the bf16 update's stages per GEMM group (MuonUpdate::profile)
+//                     against plain dense GEMMs per group and the elementwise bytes at the copy
+//                     bandwidth measured in this process
 //
 //   mpirun -n N bench_muon [--results DIR] [--peer FILE] [--iters N] [--layers L]
 #include <cublas_v2.h>
@@ -121,9 +127,9 @@ void ns_rows(const std::vector<Matrix>& ms, Stream s, int iters, const std::stri
   SHARDOPT_CUDA_CHECK(cudaMemsetAsync(plain.data(), 0, plain_bytes, cu(s)));
   check(cublasSetStream(h, cu(s)));
   check(cublasSetWorkspace(h, ws.data(), ws.bytes()));
-  const auto plain_gemms = [&] {
+  const auto plain_group = [&](const Group& gr) {
     const float one = 1.0f, zero = 0.0f;
-    for (const Group& gr : groups) {
+    {
       char* X = plain.as<char>();
       char* Y = X + 2ull * gr.count * gr.n * gr.k;
       char* A = Y + 2ull * gr.count * gr.n * gr.k;
@@ -142,18 +148,39 @@ void ns_rows(const std::vector<Matrix>& ms, Stream s, int iters, const std::stri
       }
     }
   };
+  const auto plain_gemms = [&] {
+    for (const Group& gr : groups) plain_group(gr);
+  };
   const double plain_ms = bench::time_ms(s, 3, iters, plain_gemms);
   const double flops = ns_flops(ms, defaults.ns_steps);
-  for (MuonGemm mode : {MuonGemm::Bf16, MuonGemm::F32}) {
+  // HBM bandwidth in this process: a device-to-device copy of the gradients (read + write).
+  DeviceBuffer g_copy(Backend::Cuda, g.bytes());
+  const double hbm_copy_ms = bench::time_ms(s, 2, iters, [&] {
+    SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(g_copy.data(), g.data(), g.bytes(), cudaMemcpyDeviceToDevice, cu(s)));
+  });
+  const double hbm_gbps = 2.0 * static_cast<double>(g.bytes()) / (hbm_copy_ms * 1e6);
+  struct Mode {
+    MuonGemm gemm;
+    kernels::MuonGemmPlan plan;  // block width 1 << 30: every product whole
+    const char* config;
+    const char* note;
+  };
+  const Mode modes[] = {
+      {MuonGemm::Bf16, {}, "bf16-gemm", "X X^T and A A by upper block columns (the default widths), mirrored"},
+      {MuonGemm::Bf16, {0, false}, "bf16-gemm-no-split-k", "the default, but no algorithm that splits K"},
+      {MuonGemm::Bf16, {256, true}, "bf16-gemm-block256", "X X^T and A A by upper block columns 256 wide"},
+      {MuonGemm::Bf16, {1 << 30, true}, "bf16-gemm-dense", "every product whole"},
+      {MuonGemm::F32, {}, "f32-gemm", "X X^T and A A by upper block columns (the default widths), mirrored"}};
+  for (const Mode& mode : modes) {
     std::vector<kernels::MuonMatrix> mats;
     std::int64_t at = 0;
     MuonSettings st;
-    st.gemm = mode;
+    st.gemm = mode.gemm;
     for (const Matrix& x : ms) {
       mats.push_back({g.as<float>() + at, m.as<float>() + at, x.rows, x.cols, st});
       at += x.rows * x.cols;
     }
-    kernels::MuonUpdate update(Backend::Cuda, mats);
+    kernels::MuonUpdate update(Backend::Cuda, mats, true, mode.plan);
     // Every call starts from the same gradient (the update overwrites it).
     DeviceBuffer g0(Backend::Cuda, g.bytes());
     bench::fill_random(g0.data(), DType::f32, n_all, 12, 1e-3f, s);
@@ -166,7 +193,7 @@ void ns_rows(const std::vector<Matrix>& ms, Stream s, int iters, const std::stri
     });
     bench::Result r;
     r.bench = "muon_ns_gemm";
-    r.config = std::string("llama1b/") + to_string(mode) + "-gemm";
+    r.config = std::string("llama1b/") + mode.config;
     r.device = device;
     r.ours_ms = ours_ms - copy_ms;  // the restoring copy is not Muon's
     r.limit_ms = plain_ms;
@@ -177,10 +204,47 @@ void ns_rows(const std::vector<Matrix>& ms, Stream s, int iters, const std::stri
     r.numbers["plain_bf16_gemm_ms"] = plain_ms;
     r.numbers["plain_bf16_gemm_tflops"] = flops / (plain_ms * 1e9);
     r.numbers["scratch_bytes"] = static_cast<double>(update.scratch_bytes());
-    r.notes["ours"] = "MuonUpdate of all matrices (momentum, Nesterov, norm, ns_steps=5 iterations, copy back)";
+    r.numbers["hbm_copy_gbps"] = hbm_gbps;
+    r.notes["ours"] = std::string("MuonUpdate of all matrices (momentum, Nesterov, norm, ns_steps=5 iterations, copy "
+                                  "back); ") + mode.note;
     r.notes["limit"] = "plain cuBLAS bf16 GEMMs (fp32 accumulation, beta 0) of the same shapes and batches, same process";
     r.command = cmd;
+    std::printf("muon_ns_gemm %s: %.3f ms, plain dense bf16 GEMMs %.3f ms (%.3f of limit)\n", mode.config, *r.ours_ms,
+                plain_ms, plain_ms / *r.ours_ms);
     bench::write(r, results);
+    if (mode.gemm != MuonGemm::Bf16) continue;
+    // The breakdown: each stage's time per group, and the limit of each part: the plain
+    // GEMMs of the group, and the bytes of the elementwise stages at this process's copy
+    // bandwidth (momentum + norm: read g, m, write m, g, then read g, write bf16 X: 22 B an
+    // element; copy back: read bf16, write fp32: 6 B).
+    const std::vector<kernels::MuonStageTime> stages = update.profile(scalars.as<StepScalars>(), s, iters);
+    bench::Result b;
+    b.bench = "muon_ns_phases";
+    b.config = r.config;
+    b.device = device;
+    double total = 0.0;
+    for (const kernels::MuonStageTime& t : stages) {
+      b.numbers[t.stage + " ms"] = t.ms;
+      total += t.ms;
+      std::printf("  %-48s %8.3f ms\n", t.stage.c_str(), t.ms);
+    }
+    b.ours_ms = total;
+    double plain_sum = 0.0;
+    for (const Group& gr : groups) {
+      const double ms_g = bench::time_ms(s, 2, iters, [&] { plain_group(gr); });
+      plain_sum += ms_g;
+      const std::string name = std::to_string(gr.count) + " matrices " + std::to_string(gr.n) + "x" + std::to_string(gr.k);
+      b.numbers["plain dense GEMMs, " + name + " ms"] = ms_g;
+      std::printf("  plain dense GEMMs, %-30s %8.3f ms\n", name.c_str(), ms_g);
+    }
+    const double elem_limit_ms = 28.0 * static_cast<double>(n_all) / (hbm_gbps * 1e6);
+    b.limit_ms = plain_sum + elem_limit_ms;
+    b.numbers["elementwise bytes limit ms"] = elem_limit_ms;
+    b.numbers["hbm_copy_gbps"] = hbm_gbps;
+    b.notes["ours"] = "MuonUpdate::profile: each stage's median time (eager, an event after every stage)";
+    b.notes["limit"] = "plain dense cuBLAS bf16 GEMMs per group plus 28 bytes an element at the copy bandwidth, same process";
+    b.command = cmd;
+    bench::write(b, results);
   }
   check(cublasDestroy(h));
 }
@@ -227,6 +291,7 @@ void step_rows(const Communicator& comm, const std::vector<Matrix>& ms, Stream s
   r.numbers["ranks"] = comm.size();
   r.notes["ours"] = "DistributedAdam step, every matrix Muon (bf16 GEMMs), one CUDA graph replayed; bf16 params and grads";
   r.command = cmd;
+  std::printf("muon_step n%d: replay %.3f ms, eager %.3f ms\n", comm.size(), replay_ms, eager_ms);
   bench::write(r, a.results);
 }
 

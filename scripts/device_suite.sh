@@ -560,7 +560,11 @@ phase_sanitize() {
   #                         scales by warp shuffles
   #   gpu_adam_mxfp8        adam_owned_kernel (mxfp8_shard.cu): Adam over owned MXFP8 tile rows, both
   #                         planes quantized from the new masters (shared memory, barriers)
-  #   gpu_mpi_muon          the Muon kernels of muon.cu (block reductions), one rank as a singleton
+  #   gpu_mpi_muon          the Muon kernels of muon.cu (block reductions, the mirror's shared-memory
+  #                         tiles), one rank as a singleton. Not SymmetricProductsAgreeWithDenseOnes:
+  #                         on its 520 x 600 shapes cuBLASLt runs an nvjet kernel (its own
+  #                         sm90 GEMM) in which racecheck reports shared-memory hazards (H200,
+  #                         2026-12-03). That kernel is cuBLAS's, not ours (docs/muon.md)
   #   gpu_dependent_launch  the quantize kernels launched as programmatic dependent launches
   #                         (griddepcontrol wait / launch_dependents), eager and captured, behind
   #                         a producer kernel of the test (kernels/common/dependent_launch.cuh)
@@ -578,7 +582,7 @@ phase_sanitize() {
     "test/gpu_adam_q8 AdamQ8Gpu.*"
     "test/gpu_adam_mxfp8 AdamMxfp8Gpu.SanitizerSized:AdamMxfp8Gpu.KernelEqualsHostTwinAndReplays"
     "test/gpu_dependent_launch DependentLaunchGpu.*"
-    "test/gpu_mpi_muon MuonGpu.Bf16GemmUpdateWithinTheDerivedBound:MuonGpu.BatchedEqualShapesEqualOneByOneBitwise:MuonGpu.FoundInfChangesNothing"
+    "test/gpu_mpi_muon MuonGpu.Bf16GemmUpdateWithinTheDerivedBound:MuonGpu.BatchedEqualShapesEqualOneByOneBitwise:MuonGpu.FoundInfChangesNothing:MuonGpu.MirrorFillsTheLowerPartFromTheUpperBf16:MuonGpu.MirrorFillsTheLowerPartFromTheUpperF32"
     "examples/trainer/gpu_trainer_ops OpsPair.ElementAndRowOps:OpsPair.EmbeddingForwardAndBackward:OpsPair.RouterDispatchCombine:OpsPair.CrossEntropyPackAndSumsq:OpsPair.F32NormWeightsAndF32InitAreBitwiseTheirBf16Twins"
   )
   local tool t bin filter

@@ -32,14 +32,6 @@ MuonPass::MuonPass(Backend backend, const Layout& layout, int rank, const std::v
   momentum_ = floats(homed);
   matrix_ = floats(homed);
   synchronize(backend_, nullptr);  // the zeroed momentum is in place before any stream's step
-  std::vector<kernels::MuonMatrix> update;
-  for (std::size_t k = 0; k < matrices_.size(); ++k) {
-    if (local_[k] < 0) continue;
-    const MuonMatrixInfo& mi = matrices_[k];
-    update.push_back({matrix_.as<float>() + local_[k], momentum_.as<float>() + local_[k], mi.rows, mi.cols,
-                      groups_[static_cast<std::size_t>(mi.group)].muon});
-  }
-  update_ = kernels::MuonUpdate(backend_, std::move(update));
   std::vector<kernels::MuonCopy> unpack, repack;
   for (const MuonRun& r : plan_.receives) {
     float* slot = recv_.as<float>() + r.peer * plan_.slot + r.slot_pos;
@@ -55,15 +47,30 @@ void MuonPass::bind(const std::vector<MuonPieceStorage>& pieces, DType grad_dtyp
   grad_dtype_ = grad_dtype;
   std::vector<kernels::MuonPack> pack;
   std::vector<kernels::MuonApply> apply;
-  for (const MuonRun& r : plan_.sends) {
+  std::vector<kernels::MuonMatrix> update(matrices_.size());  // by matrix; homed here only
+  for (std::size_t k = 0; k < matrices_.size(); ++k) {
+    if (local_[k] < 0) continue;
+    const MuonMatrixInfo& mi = matrices_[k];
+    update[k] = {matrix_.as<float>() + local_[k], momentum_.as<float>() + local_[k], mi.rows, mi.cols,
+                 groups_[static_cast<std::size_t>(mi.group)].muon};
+  }
+  // Pieces of matrices homed elsewhere go through the exchange slots; the home's own pieces
+  // are packed straight into its matrix and applied from it (the same values: copies only).
+  // A matrix held here whole (one local piece) fuses both: the update reads its gradient
+  // and applies its result itself (MuonMatrix::grad / apply; the same values).
+  const auto add = [&](const MuonRun& r, bool local) {
     const MuonMatrixInfo& mi = matrices_[static_cast<std::size_t>(r.matrix)];
     const MuonPieceStorage& ps = pieces[static_cast<std::size_t>(mi.param)];
     const std::int64_t at = mi.offset + r.offset - ps.param_offset;  // within this rank's piece
-    pack.push_back({static_cast<const char*>(ps.grad) + static_cast<std::size_t>(at) * size_of(grad_dtype),
-                     send_.as<float>() + r.peer * plan_.slot + r.slot_pos, r.length});
+    const bool whole = local && r.offset == 0 && r.length == mi.rows * mi.cols;
+    float* const out = local ? matrix_.as<float>() + local_[static_cast<std::size_t>(r.matrix)] + r.offset
+                             : send_.as<float>() + r.peer * plan_.slot + r.slot_pos;
+    const float* const back = local ? out : recv_.as<float>() + r.peer * plan_.slot + r.slot_pos;
+    const void* const grad = static_cast<const char*>(ps.grad) + static_cast<std::size_t>(at) * size_of(grad_dtype);
+    if (!whole) pack.push_back({grad, out, r.length});
     const AdamGroup& g = groups_[static_cast<std::size_t>(mi.group)];
     kernels::MuonApply a;
-    a.u = recv_.as<float>() + r.peer * plan_.slot + r.slot_pos;
+    a.u = back;
     a.master = ps.master + at;
     a.param = ps.param == nullptr ? nullptr : static_cast<char*>(ps.param) + static_cast<std::size_t>(at) * size_of(ps.param_dtype);
     a.param_dtype = ps.param_dtype;
@@ -71,8 +78,21 @@ void MuonPass::bind(const std::vector<MuonPieceStorage>& pieces, DType grad_dtyp
     a.lr_scale = g.lr_scale;
     a.weight_decay = g.muon.weight_decay;
     a.lr_ratio = muon_lr_ratio(g.muon.adjust_lr, mi.rows, mi.cols);
-    apply.push_back(a);
-  }
+    if (!whole) {
+      apply.push_back(a);
+      return;
+    }
+    kernels::MuonMatrix& u = update[static_cast<std::size_t>(r.matrix)];
+    u.grad = grad;
+    u.grad_dtype = grad_dtype;
+    u.apply = a;
+  };
+  for (const MuonRun& r : plan_.sends) add(r, false);
+  for (const MuonRun& r : plan_.locals) add(r, true);
+  std::vector<kernels::MuonMatrix> homed;
+  for (std::size_t k = 0; k < matrices_.size(); ++k)
+    if (local_[k] >= 0) homed.push_back(update[k]);
+  update_ = kernels::MuonUpdate(backend_, std::move(homed));
   pack_ = kernels::MuonRuns<kernels::MuonPack>(backend_, std::move(pack));
   apply_ = kernels::MuonRuns<kernels::MuonApply>(backend_, std::move(apply));
   bound_ = true;
@@ -80,16 +100,18 @@ void MuonPass::bind(const std::vector<MuonPieceStorage>& pieces, DType grad_dtyp
 
 void MuonPass::step(const Communicator& comm, StepScalars* scalars, Stream stream) const {
   SHARDOPT_REQUIRE(bound_, ErrorCode::Internal, "MuonPass::step before bind");
-  if (plan_.slot == 0) return;  // no Muon matrix has elements (a Muon group of empty pieces only)
+  // The slot is the same on every rank, so all of them skip the exchange together (at one
+  // rank, or when every piece lives at its home).
+  const bool exchange = plan_.slot > 0;
   std::optional<OperationLabel> label;  // names the exchange if a host-backend wait times out
   if (backend_ == Backend::Host) label.emplace("Muon gradient exchange (all-to-all)");
   kernels::muon_pack(pack_, grad_dtype_, scalars, backend_, stream);
-  comm.all_to_all(send_.data(), recv_.data(), plan_.slot, DType::f32, stream);
+  if (exchange) comm.all_to_all(send_.data(), recv_.data(), plan_.slot, DType::f32, stream);
   kernels::muon_copy(unpack_, backend_, stream);
   update_.run(scalars, stream);
   kernels::muon_copy(repack_, backend_, stream);
   if (backend_ == Backend::Host) label.emplace("Muon update exchange (all-to-all)");
-  comm.all_to_all(send_.data(), recv_.data(), plan_.slot, DType::f32, stream);
+  if (exchange) comm.all_to_all(send_.data(), recv_.data(), plan_.slot, DType::f32, stream);
   kernels::muon_apply(apply_, scalars, backend_, stream);
 }
 

@@ -61,7 +61,7 @@ class MuonPass {
   bool bound_ = false;
   kernels::MuonRuns<kernels::MuonPack> pack_;
   kernels::MuonRuns<kernels::MuonCopy> unpack_, repack_;
-  kernels::MuonUpdate update_;  // the homed matrices' momentum + Newton-Schulz (cuBLAS on CUDA)
+  kernels::MuonUpdate update_;  // the homed matrices' momentum + Newton-Schulz (cuBLASLt on CUDA); made by bind
   kernels::MuonRuns<kernels::MuonApply> apply_;
 };
 

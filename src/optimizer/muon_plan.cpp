@@ -110,6 +110,10 @@ MuonExchangePlan muon_exchange_plan(const Layout& L, int rank, const std::vector
       const auto [first, length] = pieces[static_cast<std::size_t>(mi.param)];
       const std::int64_t lo = std::max(first, mi.offset), hi = std::min(first + length, mi.offset + mi.rows * mi.cols);
       if (lo >= hi) continue;
+      if (r == mi.home) {  // the home's own piece stays on the rank: no slot
+        if (r == rank) plan.locals.push_back({static_cast<int>(k), lo - mi.offset, hi - lo, 0, rank});
+        continue;
+      }
       std::int64_t& pos = sent[static_cast<std::size_t>(r) * world + mi.home];
       const MuonRun run{static_cast<int>(k), lo - mi.offset, hi - lo, pos, 0};
       if (r == rank) plan.sends.push_back({run.matrix, run.offset, run.length, run.slot_pos, mi.home});

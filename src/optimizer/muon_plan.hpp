@@ -7,8 +7,9 @@
 // matrices in order of falling Newton-Schulz cost (ties: the lower matrix index first)
 // each go to the rank with the least cost assigned so far (ties: the lower rank).
 // Every rank's piece of a matrix goes to its home in one all-to-all of equal slots
-// (slot size = the largest piece total any rank sends any home); the home's update
-// returns the same way.
+// (slot size = the largest piece total any rank sends another home); the home's update
+// returns the same way. The home's own pieces take no slot: it packs them straight into
+// the matrix and applies them from there (at one rank nothing is exchanged).
 #pragma once
 
 #include <cstdint>
@@ -58,9 +59,10 @@ struct MuonRun {
 
 /// This rank's part of the exchange.
 struct MuonExchangePlan {
-  std::int64_t slot = 0;           ///< elements per rank slot of the all-to-all (same on every rank)
-  std::vector<MuonRun> sends;      ///< this rank's pieces, by home then matrix
-  std::vector<MuonRun> receives;   ///< pieces of matrices homed here, by source then matrix
+  std::int64_t slot = 0;           ///< elements per rank slot of the all-to-all (same on every rank; 0: none)
+  std::vector<MuonRun> sends;      ///< this rank's pieces of matrices homed elsewhere, by home then matrix
+  std::vector<MuonRun> receives;   ///< other ranks' pieces of matrices homed here, by source then matrix
+  std::vector<MuonRun> locals;     ///< this rank's pieces of matrices homed here (peer = rank, slot_pos 0)
 };
 
 MuonExchangePlan muon_exchange_plan(const Layout& layout, int rank, const std::vector<MuonMatrixInfo>& matrices);

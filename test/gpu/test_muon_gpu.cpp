@@ -8,6 +8,7 @@
 
 #include "common/muon_cases.hpp"
 #include "kernels/muon/muon.hpp"
+#include "kernels/muon/muon_launch.hpp"
 
 namespace {
 using namespace shardopt;
@@ -40,7 +41,7 @@ std::vector<float> start_momentum(int idx, std::int64_t n) {
 
 // One MuonUpdate call over matrices of these shapes on backend `b`.
 std::vector<Result> run_update(Backend b, const Shapes& shapes, const MuonSettings& s, bool batch,
-                               bool found_inf = false) {
+                               bool found_inf = false, kernels::MuonGemmPlan plan = {}) {
   std::vector<DeviceBuffer> gs, ms;
   std::vector<kernels::MuonMatrix> mats;
   for (std::size_t i = 0; i < shapes.size(); ++i) {
@@ -56,7 +57,7 @@ std::vector<Result> run_update(Backend b, const Shapes& shapes, const MuonSettin
   DeviceBuffer scalars(b, sizeof(StepScalars));
   from_host(b, scalars.data(), std::vector<StepScalars>{sc});
   TestStream stream(b);
-  kernels::MuonUpdate update(b, mats, batch);
+  kernels::MuonUpdate update(b, mats, batch, plan);
   if (b == Backend::Cuda && !batch) {
     EXPECT_EQ(update.groups(), static_cast<int>(shapes.size()));
   }
@@ -162,6 +163,85 @@ TEST(MuonGpu, BatchedEqualShapesEqualOneByOneBitwise) {
         worst = std::max(worst, std::fabs(batched[i].g[k] - single[i].g[k]));
       }
       EXPECT_LE(worst, 1e-5f * largest);
+    }
+  }
+}
+
+// The mirror of symmetric products (kernels::muon_mirror_cuda) against the rule written
+// here: in each of `count` n x n column-major matrices, element (r, c) with r at or below
+// the end of c's block column, min(n, (c / block + 1) * block), becomes (c, r); every other
+// element, and the padding between matrices, keeps its bits. n is not a multiple of the
+// block (a ragged last block column) nor of the kernel's 64-wide tiles; an even n (two
+// elements per access) and an odd one (one), both widths. `filled` is worked by hand.
+template <class T>
+void mirror_case(bool f32, int n, int block, std::size_t filled_per_matrix) {
+  SCOPED_TRACE(std::to_string(n) + " / " + std::to_string(block));
+  constexpr int count = 3;
+  const long long stride = 1LL * n * n + (n % 2 == 0 ? 64 : 63);
+  std::vector<T> before(static_cast<std::size_t>(stride * count));
+  for (std::size_t i = 0; i < before.size(); ++i) before[i] = static_cast<T>(i * 2654435761u >> 7);
+  DeviceBuffer a(kB, before.size() * sizeof(T));
+  from_host(kB, a.data(), before);
+  TestStream stream(kB);
+  kernels::muon_mirror_cuda(a.data(), n, block, stride, count, f32, stream.get());
+  stream.sync();
+  const std::vector<T> after = to_host<T>(kB, a.data(), before.size());
+  std::size_t filled = 0, wrong = 0;
+  for (int z = 0; z < count; ++z) {
+    for (int c = 0; c < n; ++c) {
+      const int c1 = std::min(n, (c / block + 1) * block);
+      for (int r = 0; r < n; ++r) {
+        const auto at = [&](int row, int col) { return static_cast<std::size_t>(z * stride + 1LL * col * n + row); };
+        const T want = r >= c1 ? before[at(c, r)] : before[at(r, c)];
+        filled += r >= c1 ? 1 : 0;
+        wrong += after[at(r, c)] != want ? 1 : 0;
+      }
+    }
+    for (long long p = 1LL * n * n; p < stride; ++p) wrong += after[z * stride + p] != before[z * stride + p] ? 1 : 0;
+  }
+  EXPECT_EQ(wrong, 0u);
+  EXPECT_EQ(filled, count * filled_per_matrix);
+}
+// 700 / 256: 256 columns x 444 rows + 256 x 188 = 161792; 333 / 128: 128 x 205 + 128 x 77 = 36096.
+TEST(MuonGpu, MirrorFillsTheLowerPartFromTheUpperBf16) {
+  mirror_case<std::uint16_t>(false, 700, 256, 161792);
+  mirror_case<std::uint16_t>(false, 333, 128, 36096);
+}
+TEST(MuonGpu, MirrorFillsTheLowerPartFromTheUpperF32) {
+  mirror_case<std::uint32_t>(true, 700, 256, 161792);
+  mirror_case<std::uint32_t>(true, 333, 128, 36096);
+}
+
+// Symmetric products by block columns (the default) against every product computed whole,
+// on shapes whose n (the smaller side) takes 256- and 512-wide block columns, ragged ones
+// included, in both orientations and a batch. The same inner products in the same order
+// make both ways agree closely: to 1e-4 of ||U||_F with fp32 GEMMs, and to 5% with bf16 ones
+// (whose roundings Newton-Schulz amplifies, docs/muon.md), while a wrong block or mirror
+// gives an O(1) difference. Whether they agree bitwise is printed.
+TEST(MuonGpu, SymmetricProductsAgreeWithDenseOnes) {
+  EXPECT_EQ(kernels::muon_symmetric_block(400), 400);
+  EXPECT_EQ(kernels::muon_symmetric_block(520), 256);
+  EXPECT_EQ(kernels::muon_symmetric_block(1100), 512);
+  const Shapes shapes = {{520, 600}, {600, 520}, {520, 600}, {1100, 1100}};
+  for (MuonGemm gemm : {MuonGemm::Bf16, MuonGemm::F32}) {
+    SCOPED_TRACE(to_string(gemm));
+    MuonSettings s;
+    s.gemm = gemm;
+    const std::vector<Result> sym = run_update(kB, shapes, s, true, false, {});
+    const std::vector<Result> dense = run_update(kB, shapes, s, true, false, {1 << 30});
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      SCOPED_TRACE(i);
+      EXPECT_EQ(sym[i].m, dense[i].m);
+      double d = 0.0, u = 0.0;
+      for (std::size_t k = 0; k < sym[i].g.size(); ++k) {
+        d += (static_cast<double>(sym[i].g[k]) - dense[i].g[k]) * (static_cast<double>(sym[i].g[k]) - dense[i].g[k]);
+        u += static_cast<double>(dense[i].g[k]) * dense[i].g[k];
+      }
+      const double rel = std::sqrt(d / u);
+      EXPECT_LE(rel, gemm == MuonGemm::F32 ? 1e-4 : 5e-2);
+      std::printf("%lld x %lld (%s GEMMs): ||U_sym - U_dense|| / ||U|| = %.3g%s\n",
+                  static_cast<long long>(shapes[i].first), static_cast<long long>(shapes[i].second), to_string(gemm),
+                  rel, sym[i].g == dense[i].g ? " (bitwise equal)" : "");
     }
   }
 }

@@ -134,20 +134,47 @@ TEST(MuonPlan, MatricesOfAGroupAndTheErrorNamingTheParameter) {
     EXPECT_EQ(mats[static_cast<std::size_t>(1 + m)].member, m);
     EXPECT_EQ(mats[static_cast<std::size_t>(1 + m)].offset, 10 * m);
   }
-  // The exchange plan: every matrix element is sent exactly once, by its owner, and
-  // received once, at its home, in the same slot position.
+  // The exchange plan: every matrix element is sent exactly once, by its owner, to its
+  // home (received there in the same slot position), or kept by its owner when that is its
+  // home (a local piece: no slot).
   std::vector<int> seen(static_cast<std::size_t>(24 + 30), 0);
+  std::int64_t slot_total = 0;
   for (int r = 0; r < 2; ++r) {
     const MuonExchangePlan plan = muon_exchange_plan(L, r, mats);
     for (const MuonRun& run : plan.sends) {
       const auto& mi = mats[static_cast<std::size_t>(run.matrix)];
       EXPECT_EQ(run.peer, mi.home);
+      EXPECT_NE(run.peer, r);
       EXPECT_LE(run.slot_pos + run.length, plan.slot);
+      slot_total += run.length;
       const std::int64_t base = mi.param == 0 ? 0 : 24 + mi.offset;
       for (std::int64_t j = 0; j < run.length; ++j) ++seen[static_cast<std::size_t>(base + run.offset + j)];
     }
+    for (const MuonRun& run : plan.locals) {
+      const auto& mi = mats[static_cast<std::size_t>(run.matrix)];
+      EXPECT_EQ(mi.home, r);
+      EXPECT_EQ(run.peer, r);
+      const std::int64_t base = mi.param == 0 ? 0 : 24 + mi.offset;
+      for (std::int64_t j = 0; j < run.length; ++j) ++seen[static_cast<std::size_t>(base + run.offset + j)];
+    }
+    std::int64_t received = 0;
+    for (const MuonRun& run : plan.receives) {
+      EXPECT_EQ(mats[static_cast<std::size_t>(run.matrix)].home, r);
+      EXPECT_NE(run.peer, r);
+      received += run.length;
+    }
+    EXPECT_LE(received, plan.slot * 2);
   }
   EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int v) { return v == 1; }));
+  EXPECT_GT(slot_total, 0);
+  // A world of one keeps every piece at home: no slot, nothing exchanged.
+  const Layout one(specs, 1, LayoutOptions{});
+  const auto mats1 = muon_matrices(one, groups);
+  const MuonExchangePlan plan1 = muon_exchange_plan(one, 0, mats1);
+  EXPECT_EQ(plan1.slot, 0);
+  EXPECT_TRUE(plan1.sends.empty());
+  EXPECT_TRUE(plan1.receives.empty());
+  EXPECT_EQ(plan1.locals.size(), mats1.size());
   groups[static_cast<std::size_t>(L.group_index("a"))] = muon;  // now "b" (1-D) is in a Muon group
   try {
     (void)muon_matrices(L, groups);

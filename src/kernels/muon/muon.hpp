@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/memory.hpp"
@@ -35,14 +36,6 @@ struct MuonCopy {
   std::int64_t length = 0;
 };
 
-/// One matrix a home rank updates: `g` holds the (scaled) gradient on entry and the
-/// orthogonalized update on exit; `m` is its momentum buffer (both rows x cols, row-major).
-struct MuonMatrix {
-  float* g = nullptr;
-  float* m = nullptr;
-  std::int64_t rows = 0, cols = 0;
-  MuonSettings settings{};
-};
 
 /// One run of returned update elements applied to this rank's shard:
 /// master = master * float(1 - lr_g * weight_decay) - float(lr_g * lr_ratio) * u, with
@@ -57,6 +50,25 @@ struct MuonApply {
   double lr_scale = 1.0;
   double weight_decay = 0.0;
   double lr_ratio = 1.0;
+};
+
+/// One matrix a home rank updates: `g` holds the (scaled) gradient on entry and the
+/// orthogonalized update on exit; `m` is its momentum buffer (both rows x cols, row-major).
+/// A home that holds a whole matrix itself can fuse the passes around the update:
+/// - `grad` set: the update reads the raw gradient (grad_dtype) instead of g's input, and
+///   scales it as the pack does, (grad * inv_loss_scale) * clip_coef (g is then only scratch);
+/// - `apply.master` set: the update applies its result to the master (and parameter) as
+///   muon_apply does, right from the Newton-Schulz output, instead of writing it to g
+///   (`apply.u` and `apply.length` are not read).
+/// The values are those of the unfused passes, bitwise.
+struct MuonMatrix {
+  float* g = nullptr;
+  float* m = nullptr;
+  std::int64_t rows = 0, cols = 0;
+  MuonSettings settings{};
+  const void* grad = nullptr;
+  DType grad_dtype = DType::f32;
+  MuonApply apply{};
 };
 
 /// A device (or host-backend) copy of `bytes` of host memory, complete on return.
@@ -137,24 +149,56 @@ struct MuonCudaStateDelete {
   void operator()(MuonCudaState* s) const noexcept;
 };
 
+/// The width of the block columns in which the CUDA update computes the symmetric
+/// products X X^T and A A of an n x n result: 512 for n >= 1024, 256 for n >= 512 (the
+/// last block column takes what is left), else n (one dense product).
+int muon_symmetric_block(int n) noexcept;
+
+/// How the CUDA update plans its products. The defaults are the library's; a benchmark
+/// compares others in one process.
+struct MuonGemmPlan {
+  /// The width of the block columns of X X^T and A A: 0 takes muon_symmetric_block's;
+  /// another multiple of 64 sets it for every group (one at least the matrices' smaller
+  /// side computes the products whole). Error(InvalidArgument) for any other value.
+  int block_width = 0;
+  /// Lets cuBLASLt split a product's inner dimension with a reduction in fp32 (its
+  /// "compute type" scheme: a separate pass in a fixed order, no atomics). False allows
+  /// only algorithms that accumulate each output in one pass. Never a reduction in bf16.
+  bool split_k = true;
+};
+
+/// The time of one stage of the CUDA update (MuonUpdate::profile): `stage` names the GEMM
+/// group ("32 x 2048x2048 bf16") and the stage; `ms` is the median over the runs of the
+/// stage's time summed over the run's Newton-Schulz steps.
+struct MuonStageTime {
+  std::string stage;
+  double ms = 0.0;
+};
+
 /// The home rank's update of its matrices, built once (construction): momentum, Nesterov,
 /// normalization, then Newton-Schulz. Host: muon_matrix_host per matrix. CUDA: elementwise
-/// kernels and cuBLAS GEMMs (MuonSettings::gemm: bf16 with fp32 accumulation, or fp32);
+/// kernels and cuBLASLt GEMMs (MuonSettings::gemm: bf16 with fp32 accumulation, or fp32);
 /// matrices of equal shape and iteration settings form one group whose GEMMs are strided
 /// batched (one launch per GEMM for all of them) when `batch_equal_shapes`, else each
-/// matrix is a group of its own. The cuBLAS handle and its workspace are made here; a
-/// call sets the stream and launches only (no allocation, no host sync: it captures).
-/// Error(Unsupported) on CUDA in a build without cuBLAS.
+/// matrix is a group of its own. X X^T and A A are computed by their upper block columns
+/// only and the rest mirrored, as `plan` says (docs/muon.md). The cuBLASLt handle, the GEMMs' plans and the
+/// workspace are made here; a call launches only (no allocation, no host sync: it
+/// captures). Error(Unsupported) on CUDA in a build without cuBLAS.
 class MuonUpdate {
  public:
   MuonUpdate() = default;
-  MuonUpdate(Backend backend, std::vector<MuonMatrix> matrices, bool batch_equal_shapes = true);
+  MuonUpdate(Backend backend, std::vector<MuonMatrix> matrices, bool batch_equal_shapes = true,
+             MuonGemmPlan plan = {});
   MuonUpdate(MuonUpdate&&) noexcept;
   MuonUpdate& operator=(MuonUpdate&&) noexcept;
   ~MuonUpdate();
 
   /// Enqueues the update of every matrix on `stream`; nothing changes when found_inf is set.
   void run(const StepScalars* scalars, Stream stream) const;
+  /// CUDA: runs the update `iters` times (after one warm-up run), eagerly, with an event
+  /// after each stage, and returns each stage's median time, in order (a benchmark's
+  /// breakdown; it updates the momentum like `run`). Error(Unsupported) on the host backend.
+  std::vector<MuonStageTime> profile(const StepScalars* scalars, Stream stream, int iters) const;
   /// Bytes of scratch (host: the iteration's; CUDA: X, A, B, partial sums and the cuBLAS workspace).
   std::size_t scratch_bytes() const noexcept;
   /// The number of GEMM groups (CUDA; the host backend: 0).

@@ -27,6 +27,9 @@ struct MuonElemMatrix {
   std::int32_t x_f32 = 0;  ///< x holds fp32 (MuonGemm::F32), else bf16
   std::int32_t tile0 = 0;  ///< its first tile (partial sums) and how many
   std::int32_t tiles = 0;
+  const void* grad = nullptr;  ///< MuonMatrix::grad: the raw gradient read in place of g's input
+  DType grad_dtype = DType::f32;
+  MuonApply apply{};  ///< MuonMatrix::apply: applied from x instead of writing g (master null: not fused)
 };
 
 /// Elements per tile of the update's elementwise kernels (a matrix's partial sums of
@@ -37,16 +40,28 @@ inline constexpr std::int64_t kMuonElemTile = 16384;
 /// value into g, and each tile's double sum of squares into partials[tile].
 void muon_momentum_cuda(const MuonElemMatrix* matrices, const MuonTile* tiles, int t0, int n, double* partials,
                         const StepScalars* scalars, Stream stream);
-/// x = g / max(||g||_F, eps) (the norm summed from the partials in tile order), rounded to x's dtype.
-void muon_normalize_cuda(const MuonElemMatrix* matrices, const MuonTile* tiles, int t0, int n,
-                         const double* partials, const StepScalars* scalars, Stream stream);
+/// Each matrix's norm, max(||g||_F, eps) (the partials summed in tile order), into
+/// norms[m0 .. m0 + count) (matrices m0 .. m0 + count, whose tiles are [t0, t0 + n)), then
+/// x = g / norm rounded to x's dtype.
+void muon_normalize_cuda(const MuonElemMatrix* matrices, const MuonTile* tiles, int t0, int n, int m0, int count,
+                         const double* partials, float* norms, const StepScalars* scalars, Stream stream);
 /// g = x (the orthogonalized update) in fp32, x read `shift` bytes past MuonElemMatrix::x
-/// (the ping-pong buffer the iteration ended in).
+/// (the ping-pong buffer the iteration ended in); a matrix with a fused apply gets the
+/// apply of x to its master (and parameter) instead.
 void muon_finish_cuda(const MuonElemMatrix* matrices, const MuonTile* tiles, int t0, int n, std::int64_t shift,
                       const StepScalars* scalars, Stream stream);
 
-MuonCudaState* muon_cuda_create(const std::vector<MuonMatrix>& matrices, bool batch_equal_shapes);
+/// The lower part of `count` symmetric n x n matrices (column-major, `stride` elements
+/// apart, bf16 or fp32) from their upper part, where the products computed block columns
+/// of width `block`: element (r, c) below the end of c's block column gets (c, r). Nothing
+/// when block >= n.
+void muon_mirror_cuda(void* a, int n, int block, long long stride, int count, bool f32, Stream stream);
+
+
+MuonCudaState* muon_cuda_create(const std::vector<MuonMatrix>& matrices, bool batch_equal_shapes, MuonGemmPlan plan);
 void muon_cuda_run(const MuonCudaState& state, const StepScalars* scalars, Stream stream);
+std::vector<MuonStageTime> muon_cuda_profile(const MuonCudaState& state, const StepScalars* scalars, Stream stream,
+                                             int iters);
 std::size_t muon_cuda_scratch_bytes(const MuonCudaState& state) noexcept;
 int muon_cuda_groups(const MuonCudaState& state) noexcept;
 void muon_cuda_destroy(MuonCudaState* state) noexcept;

@@ -72,13 +72,19 @@ void muon_load(Backend backend) {
 
 // ---------------------------------------------------------------- MuonUpdate
 
+int muon_symmetric_block(int n) noexcept {
+  if (n >= 1024) return 512;
+  if (n >= 512) return 256;
+  return n;
+}
+
 void MuonCudaStateDelete::operator()(MuonCudaState* s) const noexcept { muon_cuda_destroy(s); }
 
-MuonUpdate::MuonUpdate(Backend backend, std::vector<MuonMatrix> matrices, bool batch_equal_shapes)
+MuonUpdate::MuonUpdate(Backend backend, std::vector<MuonMatrix> matrices, bool batch_equal_shapes, MuonGemmPlan plan)
     : backend_(backend), matrices_(std::move(matrices)) {
   if (matrices_.empty()) return;
   if (backend_ == Backend::Cuda) {
-    cuda_.reset(muon_cuda_create(matrices_, batch_equal_shapes));
+    cuda_.reset(muon_cuda_create(matrices_, batch_equal_shapes, plan));
     return;
   }
   std::int64_t work = 0;
@@ -96,7 +102,20 @@ void MuonUpdate::run(const StepScalars* scalars, Stream stream) const {
   float* work = host_work_.as<float>();
   host_enqueue(stream, [this, work, scalars] {
     if (scalars->found_inf != 0) return;  // a skipped step leaves the momentum as it was
-    for (const MuonMatrix& m : matrices_) muon_matrix_host(m, work);
+    for (const MuonMatrix& m : matrices_) {
+      const std::int64_t count = m.rows * m.cols;
+      if (m.grad != nullptr)  // a fused pack
+        for (std::int64_t i = 0; i < count; ++i)
+          m.g[i] = muon_scale_grad(load_as_f32(m.grad, m.grad_dtype, i), scalars->inv_loss_scale, scalars->clip_coef);
+      muon_matrix_host(m, work);
+      if (m.apply.master == nullptr) continue;
+      const MuonApply& r = m.apply;  // a fused apply
+      const MuonApplyFactors f = muon_apply_factors(scalars->lr, r.lr_scale, r.weight_decay, r.lr_ratio);
+      for (std::int64_t i = 0; i < count; ++i) {
+        r.master[i] = muon_apply_element(r.master[i], m.g[i], f);
+        if (r.param != nullptr) store_from_f32(r.param, r.param_dtype, i, r.master[i]);
+      }
+    }
   });
 }
 
@@ -105,6 +124,13 @@ std::size_t MuonUpdate::scratch_bytes() const noexcept {
 }
 
 int MuonUpdate::groups() const noexcept { return cuda_ ? muon_cuda_groups(*cuda_) : 0; }
+
+std::vector<MuonStageTime> MuonUpdate::profile(const StepScalars* scalars, Stream stream, int iters) const {
+  SHARDOPT_REQUIRE(backend_ == Backend::Cuda, ErrorCode::Unsupported,
+                   "MuonUpdate::profile times the CUDA update's stages; the host backend has none to time");
+  if (matrices_.empty()) return {};
+  return muon_cuda_profile(*cuda_, scalars, stream, iters);
+}
 
 }  // namespace shardopt::kernels
 
@@ -121,13 +147,14 @@ void muon_load_cuda() { detail::no_cuda("Muon"); }
 #if !SHARDOPT_HAVE_CUBLAS
 // Newton-Schulz on CUDA multiplies through cuBLAS: without it, Muon is refused on CUDA.
 namespace shardopt::kernels {
-MuonCudaState* muon_cuda_create(const std::vector<MuonMatrix>&, bool) {
+MuonCudaState* muon_cuda_create(const std::vector<MuonMatrix>&, bool, MuonGemmPlan) {
   if (!SHARDOPT_HAVE_CUDA) detail::no_cuda("Muon");
   throw Error(ErrorCode::Unsupported,
               "Muon groups on Backend::Cuda need cuBLAS (Newton-Schulz runs its GEMMs), and this build of shardopt "
               "found none: install the CUDA toolkit's cuBLAS (libcublas-dev) and reconfigure, or use AdamW groups");
 }
 void muon_cuda_run(const MuonCudaState&, const StepScalars*, Stream) {}
+std::vector<MuonStageTime> muon_cuda_profile(const MuonCudaState&, const StepScalars*, Stream, int) { return {}; }
 std::size_t muon_cuda_scratch_bytes(const MuonCudaState&) noexcept { return 0; }
 int muon_cuda_groups(const MuonCudaState&) noexcept { return 0; }
 void muon_cuda_destroy(MuonCudaState*) noexcept {}
