@@ -32,21 +32,32 @@ MuonPass::MuonPass(Backend backend, const Layout& layout, int rank, const std::v
   momentum_ = floats(homed);
   matrix_ = floats(homed);
   synchronize(backend_, nullptr);  // the zeroed momentum is in place before any stream's step
-  std::vector<kernels::MuonCopy> unpack, repack;
-  for (const MuonRun& r : plan_.receives) {
-    float* slot = recv_.as<float>() + r.peer * plan_.slot + r.slot_pos;
-    float* mat = matrix_.as<float>() + local_[static_cast<std::size_t>(r.matrix)] + r.offset;
-    unpack.push_back({slot, mat, r.length});
-    repack.push_back({mat, send_.as<float>() + r.peer * plan_.slot + r.slot_pos, r.length});
-  }
-  unpack_ = kernels::MuonRuns<kernels::MuonCopy>(backend_, std::move(unpack));
-  repack_ = kernels::MuonRuns<kernels::MuonCopy>(backend_, std::move(repack));
+  update_dtype_ = muon_update_exchange_dtype(backend_, groups_, matrices_);
+}
+
+DType muon_update_exchange_dtype(Backend backend, const std::vector<AdamGroup>& groups,
+                                 const std::vector<MuonMatrixInfo>& matrices) noexcept {
+  if (backend != Backend::Cuda) return DType::f32;  // the host twin's Newton-Schulz is fp32 whatever the setting
+  for (const MuonMatrixInfo& mi : matrices)
+    if (groups[static_cast<std::size_t>(mi.group)].muon.gemm != MuonGemm::Bf16) return DType::f32;
+  return DType::bf16;
 }
 
 void MuonPass::bind(const std::vector<MuonPieceStorage>& pieces, DType grad_dtype) {
   grad_dtype_ = grad_dtype;
-  std::vector<kernels::MuonPack> pack;
+  // Element `pos` of peer `peer`'s slot in an exchange buffer of `dt` elements.
+  const auto slot_at = [&](const DeviceBuffer& buf, int peer, std::int64_t pos, DType dt) {
+    return buf.as<char>() + static_cast<std::size_t>(peer * plan_.slot + pos) * size_of(dt);
+  };
+  std::vector<kernels::MuonPack> pack, unpack;
+  std::vector<kernels::MuonCopy> send, repack;
   std::vector<kernels::MuonApply> apply;
+  // Received pieces: scaled into the matrix at the home; its updates go back the same way.
+  for (const MuonRun& r : plan_.receives) {
+    float* mat = matrix_.as<float>() + local_[static_cast<std::size_t>(r.matrix)] + r.offset;
+    unpack.push_back({slot_at(recv_, r.peer, r.slot_pos, grad_dtype), mat, r.length});
+    repack.push_back({mat, DType::f32, slot_at(send_, r.peer, r.slot_pos, update_dtype_), update_dtype_, r.length});
+  }
   std::vector<kernels::MuonMatrix> update(matrices_.size());  // by matrix; homed here only
   for (std::size_t k = 0; k < matrices_.size(); ++k) {
     if (local_[k] < 0) continue;
@@ -54,23 +65,24 @@ void MuonPass::bind(const std::vector<MuonPieceStorage>& pieces, DType grad_dtyp
     update[k] = {matrix_.as<float>() + local_[k], momentum_.as<float>() + local_[k], mi.rows, mi.cols,
                  groups_[static_cast<std::size_t>(mi.group)].muon};
   }
-  // Pieces of matrices homed elsewhere go through the exchange slots; the home's own pieces
-  // are packed straight into its matrix and applied from it (the same values: copies only).
-  // A matrix held here whole (one local piece) fuses both: the update reads its gradient
-  // and applies its result itself (MuonMatrix::grad / apply; the same values).
+  // Pieces of matrices homed elsewhere travel raw, in the gradient dtype (the home scales
+  // them: the same product as scaling here), and their updates come back in update_dtype_;
+  // the home's own pieces are packed straight into its matrix and applied from it (the same
+  // values: copies only). A matrix held here whole (one local piece) fuses both: the update
+  // reads its gradient and applies its result itself (MuonMatrix::grad / apply).
   const auto add = [&](const MuonRun& r, bool local) {
     const MuonMatrixInfo& mi = matrices_[static_cast<std::size_t>(r.matrix)];
     const MuonPieceStorage& ps = pieces[static_cast<std::size_t>(mi.param)];
     const std::int64_t at = mi.offset + r.offset - ps.param_offset;  // within this rank's piece
     const bool whole = local && r.offset == 0 && r.length == mi.rows * mi.cols;
-    float* const out = local ? matrix_.as<float>() + local_[static_cast<std::size_t>(r.matrix)] + r.offset
-                             : send_.as<float>() + r.peer * plan_.slot + r.slot_pos;
-    const float* const back = local ? out : recv_.as<float>() + r.peer * plan_.slot + r.slot_pos;
     const void* const grad = static_cast<const char*>(ps.grad) + static_cast<std::size_t>(at) * size_of(grad_dtype);
-    if (!whole) pack.push_back({grad, out, r.length});
+    float* const mat = local ? matrix_.as<float>() + local_[static_cast<std::size_t>(r.matrix)] + r.offset : nullptr;
+    if (!local) send.push_back({grad, grad_dtype, slot_at(send_, r.peer, r.slot_pos, grad_dtype), grad_dtype, r.length});
+    if (local && !whole) pack.push_back({grad, mat, r.length});
     const AdamGroup& g = groups_[static_cast<std::size_t>(mi.group)];
     kernels::MuonApply a;
-    a.u = back;
+    a.u = local ? static_cast<const void*>(mat) : slot_at(recv_, r.peer, r.slot_pos, update_dtype_);
+    a.u_dtype = local ? DType::f32 : update_dtype_;
     a.master = ps.master + at;
     a.param = ps.param == nullptr ? nullptr : static_cast<char*>(ps.param) + static_cast<std::size_t>(at) * size_of(ps.param_dtype);
     a.param_dtype = ps.param_dtype;
@@ -93,7 +105,10 @@ void MuonPass::bind(const std::vector<MuonPieceStorage>& pieces, DType grad_dtyp
   for (std::size_t k = 0; k < matrices_.size(); ++k)
     if (local_[k] >= 0) homed.push_back(update[k]);
   update_ = kernels::MuonUpdate(backend_, std::move(homed));
+  send_copy_ = kernels::MuonRuns<kernels::MuonCopy>(backend_, std::move(send));
   pack_ = kernels::MuonRuns<kernels::MuonPack>(backend_, std::move(pack));
+  unpack_ = kernels::MuonRuns<kernels::MuonPack>(backend_, std::move(unpack));
+  repack_ = kernels::MuonRuns<kernels::MuonCopy>(backend_, std::move(repack));
   apply_ = kernels::MuonRuns<kernels::MuonApply>(backend_, std::move(apply));
   bound_ = true;
 }
@@ -105,13 +120,14 @@ void MuonPass::step(const Communicator& comm, StepScalars* scalars, Stream strea
   const bool exchange = plan_.slot > 0;
   std::optional<OperationLabel> label;  // names the exchange if a host-backend wait times out
   if (backend_ == Backend::Host) label.emplace("Muon gradient exchange (all-to-all)");
+  kernels::muon_copy(send_copy_, backend_, stream);
   kernels::muon_pack(pack_, grad_dtype_, scalars, backend_, stream);
-  if (exchange) comm.all_to_all(send_.data(), recv_.data(), plan_.slot, DType::f32, stream);
-  kernels::muon_copy(unpack_, backend_, stream);
+  if (exchange) comm.all_to_all(send_.data(), recv_.data(), plan_.slot, grad_dtype_, stream);
+  kernels::muon_pack(unpack_, grad_dtype_, scalars, backend_, stream);
   update_.run(scalars, stream);
   kernels::muon_copy(repack_, backend_, stream);
   if (backend_ == Backend::Host) label.emplace("Muon update exchange (all-to-all)");
-  if (exchange) comm.all_to_all(send_.data(), recv_.data(), plan_.slot, DType::f32, stream);
+  if (exchange) comm.all_to_all(send_.data(), recv_.data(), plan_.slot, update_dtype_, stream);
   kernels::muon_apply(apply_, scalars, backend_, stream);
 }
 

@@ -1,11 +1,12 @@
 // muon_pass.hpp - the Muon part of one rank's step (docs/muon.md), owned by the shard
 // engine when a group chooses Muon. After the gradient norm and found-inf are known:
-// pack this rank's scaled gradient pieces of every Muon matrix into the send slots of
-// their homes; one all-to-all; the home assembles each of its matrices whole, updates
-// its momentum and runs Newton-Schulz; the updates go back by a second all-to-all; each
-// rank applies weight decay and the adjusted lr to its fp32 master pieces (and writes
-// its parameter slices). All buffers are allocated here, at construction; the step
-// enqueues work only, so it captures.
+// copy this rank's raw gradient pieces of every Muon matrix homed elsewhere into the send
+// slots of their homes; one all-to-all in the gradient dtype; the home scales them into
+// each of its matrices (its own pieces straight from its gradients), updates its momentum
+// and runs Newton-Schulz; the updates go back by a second all-to-all (bf16 when every
+// group runs bf16 GEMMs); each rank applies weight decay and the adjusted lr to its fp32
+// master pieces (and writes its parameter slices). All buffers are allocated here, at
+// construction; the step enqueues work only, so it captures.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +30,12 @@ struct MuonPieceStorage {
   std::int64_t param_offset = 0;  ///< the piece's first element within the parameter
 };
 
+/// The dtype the updates travel back in: bf16 on CUDA when every Muon matrix runs bf16
+/// GEMMs (Newton-Schulz's result is then a bf16 value, exact in bf16), else fp32 (the host
+/// backend's Newton-Schulz is fp32 whatever the setting).
+DType muon_update_exchange_dtype(Backend backend, const std::vector<AdamGroup>& groups,
+                                 const std::vector<MuonMatrixInfo>& matrices) noexcept;
+
 class MuonPass {
  public:
   /// `groups` by layout group index; validates them (see muon_matrices).
@@ -43,6 +50,12 @@ class MuonPass {
   void step(const Communicator& comm, StepScalars* scalars, Stream stream) const;
 
   const std::vector<MuonMatrixInfo>& matrices() const noexcept { return matrices_; }
+  /// The dtypes of the two all-to-alls: the gradients travel raw in the gradient dtype
+  /// (set by bind), the updates in muon_update_exchange_dtype.
+  DType gradient_exchange_dtype() const noexcept { return grad_dtype_; }
+  DType update_exchange_dtype() const noexcept { return update_dtype_; }
+  /// Elements of one rank's slot in either all-to-all (0: no exchange).
+  std::int64_t exchange_slot() const noexcept { return plan_.slot; }
   /// Hash of the matrices and homes, for the ranks' agreement check.
   std::uint64_t plan_hash() const noexcept { return muon_plan_hash(matrices_); }
   /// The momentum of the matrices homed here (fp32, whole), in matrix order.
@@ -58,9 +71,11 @@ class MuonPass {
   std::vector<std::int64_t> local_;  // per matrix: its offset in momentum_ / work_ (-1: homed elsewhere)
   DeviceBuffer send_, recv_, momentum_, matrix_;
   DType grad_dtype_ = DType::f32;
+  DType update_dtype_ = DType::f32;
   bool bound_ = false;
-  kernels::MuonRuns<kernels::MuonPack> pack_;
-  kernels::MuonRuns<kernels::MuonCopy> unpack_, repack_;
+  kernels::MuonRuns<kernels::MuonCopy> send_copy_;       // raw gradient pieces into the send slots
+  kernels::MuonRuns<kernels::MuonPack> pack_, unpack_;  // local partial pieces; received pieces
+  kernels::MuonRuns<kernels::MuonCopy> repack_;          // updates into the send slots
   kernels::MuonUpdate update_;  // the homed matrices' momentum + Newton-Schulz (cuBLASLt on CUDA); made by bind
   kernels::MuonRuns<kernels::MuonApply> apply_;
 };

@@ -5,6 +5,7 @@
 // DistributedAdam and Fsdp at 1 and 2 GPUs, graph replay equal to eager.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "common/muon_cases.hpp"
 #include "kernels/muon/muon.hpp"
@@ -244,6 +245,67 @@ TEST(MuonGpu, SymmetricProductsAgreeWithDenseOnes) {
                   rel, sym[i].g == dense[i].g ? " (bitwise equal)" : "");
     }
   }
+}
+
+// The exchange's typed copies and the apply of a bf16 update (issue 48; at 2+ ranks on
+// CUDA the gradients travel raw in their dtype and bf16 results travel as bf16): the CUDA
+// kernels equal the host twins bitwise, and each copy is exact: bf16 gradients arrive as
+// they left, fp32 values that bf16 represents come back unchanged, and applying a bf16
+// update equals applying the same values in fp32. Runs of odd lengths over several tiles.
+TEST(MuonGpu, TypedExchangeCopiesAndBf16ApplyEqualTheHostTwinsAndAreExact) {
+  constexpr std::int64_t n = 3 * kernels::kMuonRunTile + 77;
+  std::vector<std::uint16_t> grad(n);
+  std::vector<float> exact(n), master(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    grad[static_cast<std::size_t>(i)] = static_cast<std::uint16_t>(0x3c00u + (i * 7919u) % 0x0800u);  // bf16 bits
+    std::uint32_t bits = static_cast<std::uint32_t>(grad[static_cast<std::size_t>(i)] ^ 0x8000u) << 16;
+    std::memcpy(&exact[static_cast<std::size_t>(i)], &bits, 4);  // a value bf16 represents
+    master[static_cast<std::size_t>(i)] = 0.01f * noise(3, i);
+  }
+  StepScalars sc;
+  sc.lr = 0.02f;
+  struct Out {
+    std::vector<std::uint16_t> sent, back;
+    std::vector<float> applied_bf16, applied_f32;
+  };
+  const auto run = [&](Backend b) {
+    DeviceBuffer g(b, n * 2), slot(b, n * 2), f(b, n * 4), back(b, n * 2), m1(b, n * 4), m2(b, n * 4), scalars(b, sizeof sc);
+    from_host(b, g.data(), grad);
+    from_host(b, f.data(), exact);
+    from_host(b, m1.data(), master);
+    from_host(b, m2.data(), master);
+    from_host(b, scalars.data(), std::vector<StepScalars>{sc});
+    TestStream stream(b);
+    const kernels::MuonRuns<kernels::MuonCopy> copies(
+        b, {{g.data(), DType::bf16, slot.data(), DType::bf16, n}, {f.data(), DType::f32, back.data(), DType::bf16, n}});
+    kernels::MuonApply a;
+    a.length = n;
+    a.lr_ratio = 1.5;
+    a.weight_decay = 0.1;
+    kernels::MuonApply a_bf16 = a, a_f32 = a;
+    a_bf16.u = back.data();
+    a_bf16.u_dtype = DType::bf16;
+    a_bf16.master = m1.as<float>();
+    a_f32.u = f.data();
+    a_f32.u_dtype = DType::f32;
+    a_f32.master = m2.as<float>();
+    const kernels::MuonRuns<kernels::MuonApply> applies(b, {a_bf16, a_f32});
+    kernels::muon_copy(copies, b, stream.get());
+    kernels::muon_apply(applies, scalars.as<StepScalars>(), b, stream.get());
+    stream.sync();
+    return Out{to_host<std::uint16_t>(b, slot.data(), n), to_host<std::uint16_t>(b, back.data(), n),
+               to_host<float>(b, m1.data(), n), to_host<float>(b, m2.data(), n)};
+  };
+  const Out gpu = run(kB), host = run(Backend::Host);
+  EXPECT_EQ(gpu.sent, grad);
+  EXPECT_EQ(host.sent, grad);
+  std::vector<std::uint16_t> exact_bits(n);
+  for (std::int64_t i = 0; i < n; ++i) exact_bits[static_cast<std::size_t>(i)] = grad[static_cast<std::size_t>(i)] ^ 0x8000u;
+  EXPECT_EQ(gpu.back, exact_bits);
+  EXPECT_EQ(host.back, exact_bits);
+  EXPECT_EQ(gpu.applied_bf16, gpu.applied_f32);
+  EXPECT_EQ(gpu.applied_bf16, host.applied_bf16);
+  EXPECT_NE(gpu.applied_bf16, master);  // the apply did something
 }
 
 // Four groups of equal shape and settings form four GEMM groups, whatever their order.

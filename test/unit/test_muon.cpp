@@ -1,6 +1,6 @@
 // Muon's pure host parts (issue 34, docs/muon.md): the home assignment at 1-8 ranks, the
-// lr adjustment formulas, the Newton-Schulz host twin against a double oracle, and which
-// parameters a Muon group accepts.
+// lr adjustment formulas, the Newton-Schulz host twin against a double oracle, which
+// parameters a Muon group accepts, the exchange plan and the exchange's dtypes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 
 #include "common/muon_oracle.hpp"
 #include "kernels/muon/muon.hpp"
+#include "optimizer/muon_pass.hpp"
 #include "optimizer/muon_plan.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/layout.hpp"
@@ -186,6 +187,35 @@ TEST(MuonPlan, MatricesOfAGroupAndTheErrorNamingTheParameter) {
   groups[static_cast<std::size_t>(L.group_index("a"))] = AdamGroup{};
   groups[static_cast<std::size_t>(L.group_index("m"))].muon.momentum = 1.0;
   EXPECT_THROW((void)muon_matrices(L, groups), Error);
+}
+
+// The two all-to-alls carry what they must and no more (issue 48): the gradients raw, in
+// the gradient dtype; the updates as bf16 on CUDA when every Muon group runs bf16 GEMMs
+// (their result is a bf16 value), else as fp32 (the host twin's Newton-Schulz is fp32).
+// Rank 0 of 2 with matrices homed on both ranks, so there is an exchange.
+TEST(MuonPlan, TheExchangeTravelsInTheNarrowestExactDtype) {
+  AdamGroup muon;
+  muon.algorithm = GroupAlgorithm::Muon;
+  const std::vector<ParamSpec> specs = {ParamSpec::tensor("w", {64, 32}, DType::bf16, "m"),
+                                        ParamSpec::tensor("v", {96, 64}, DType::bf16, "n")};
+  const Layout L(specs, 2, LayoutOptions{});
+  std::vector<float> storage(16384);
+  const std::vector<MuonPieceStorage> pieces(specs.size(), MuonPieceStorage{storage.data(), storage.data(), nullptr,
+                                                                            DType::bf16, 0});
+  for (const DType grads : {DType::bf16, DType::f32}) {
+    for (const MuonGemm second : {MuonGemm::Bf16, MuonGemm::F32}) {
+      SCOPED_TRACE(std::string(to_string(grads)) + " gradients, second group " + to_string(second));
+      std::vector<AdamGroup> groups(L.groups().size(), muon);
+      groups[static_cast<std::size_t>(L.group_index("n"))].muon.gemm = second;
+      MuonPass pass(Backend::Host, L, 0, groups);
+      pass.bind(pieces, grads);
+      EXPECT_GT(pass.exchange_slot(), 0);
+      EXPECT_EQ(pass.gradient_exchange_dtype(), grads);
+      EXPECT_EQ(pass.update_exchange_dtype(), DType::f32);
+      EXPECT_EQ(muon_update_exchange_dtype(Backend::Cuda, groups, pass.matrices()),
+                second == MuonGemm::Bf16 ? DType::bf16 : DType::f32);
+    }
+  }
 }
 
 }  // namespace

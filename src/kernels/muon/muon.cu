@@ -29,7 +29,8 @@ __global__ void pack_kernel(const MuonPack* __restrict__ runs, const MuonTile* _
 __global__ void copy_kernel(const MuonCopy* __restrict__ runs, const MuonTile* __restrict__ tiles) {
   const MuonTile t = tiles[blockIdx.x];
   const MuonCopy r = runs[t.run];
-  for (std::int64_t i = t.begin + threadIdx.x; i < t.end; i += blockDim.x) r.dst[i] = r.src[i];
+  for (std::int64_t i = t.begin + threadIdx.x; i < t.end; i += blockDim.x)
+    store_from_f32(r.dst, r.dst_dtype, i, load_as_f32(r.src, r.src_dtype, i));
 }
 
 __global__ void apply_kernel(const MuonApply* __restrict__ runs, const MuonTile* __restrict__ tiles,
@@ -39,7 +40,7 @@ __global__ void apply_kernel(const MuonApply* __restrict__ runs, const MuonTile*
   const MuonApply r = runs[t.run];
   const MuonApplyFactors f = muon_apply_factors(sc->lr, r.lr_scale, r.weight_decay, r.lr_ratio);
   for (std::int64_t i = t.begin + threadIdx.x; i < t.end; i += blockDim.x) {
-    const float m = muon_apply_element(r.master[i], r.u[i], f);
+    const float m = muon_apply_element(r.master[i], load_as_f32(r.u, r.u_dtype, i), f);
     r.master[i] = m;
     if (r.param != nullptr) store_from_f32(r.param, r.param_dtype, i, m);
   }

@@ -21,28 +21,33 @@
 
 namespace shardopt::kernels {
 
-/// One run of gradient elements into the send buffer: dst[i] = (grad[i] * inv_loss_scale)
-/// * clip_coef in fp32, as the fused Adam scales its gradients.
+/// One run of raw gradient elements (from this rank's gradient buffer, or as received
+/// from their owner) into a matrix: dst[i] = (grad[i] * inv_loss_scale) * clip_coef in
+/// fp32, as the fused Adam scales its gradients.
 struct MuonPack {
   const void* grad = nullptr;  ///< first element (grad dtype)
   float* dst = nullptr;
   std::int64_t length = 0;
 };
 
-/// A plain fp32 copy of `length` elements.
+/// A copy of `length` elements from src_dtype to dst_dtype, through fp32: exact for every
+/// value dst_dtype represents (the exchange's uses: raw gradients in their own dtype, and
+/// bf16 Newton-Schulz results sent as bf16).
 struct MuonCopy {
-  const float* src = nullptr;
-  float* dst = nullptr;
+  const void* src = nullptr;
+  DType src_dtype = DType::f32;
+  void* dst = nullptr;
+  DType dst_dtype = DType::f32;
   std::int64_t length = 0;
 };
-
 
 /// One run of returned update elements applied to this rank's shard:
 /// master = master * float(1 - lr_g * weight_decay) - float(lr_g * lr_ratio) * u, with
 /// lr_g = StepScalars::lr * lr_scale (in double); the parameter (when not null) gets the
 /// new master rounded to `param_dtype`.
 struct MuonApply {
-  const float* u = nullptr;
+  const void* u = nullptr;  ///< the update's first element, in u_dtype
+  DType u_dtype = DType::f32;
   float* master = nullptr;
   void* param = nullptr;  ///< first element of the parameter slice, or null (master only)
   DType param_dtype = DType::bf16;

@@ -47,7 +47,8 @@ void muon_copy(const MuonRuns<MuonCopy>& runs, Backend backend, Stream stream) {
   if (runs.empty()) return;
   if (backend == Backend::Cuda) return muon_copy_cuda(runs, stream);
   host_enqueue(stream, [&runs] {
-    for (const MuonCopy& r : runs.runs()) std::copy(r.src, r.src + r.length, r.dst);
+    for (const MuonCopy& r : runs.runs())
+      for (std::int64_t i = 0; i < r.length; ++i) store_from_f32(r.dst, r.dst_dtype, i, load_as_f32(r.src, r.src_dtype, i));
   });
 }
 
@@ -59,7 +60,7 @@ void muon_apply(const MuonRuns<MuonApply>& runs, const StepScalars* scalars, Bac
     for (const MuonApply& r : runs.runs()) {
       const MuonApplyFactors f = muon_apply_factors(scalars->lr, r.lr_scale, r.weight_decay, r.lr_ratio);
       for (std::int64_t i = 0; i < r.length; ++i) {
-        r.master[i] = muon_apply_element(r.master[i], r.u[i], f);
+        r.master[i] = muon_apply_element(r.master[i], load_as_f32(r.u, r.u_dtype, i), f);
         if (r.param != nullptr) store_from_f32(r.param, r.param_dtype, i, r.master[i]);
       }
     }
