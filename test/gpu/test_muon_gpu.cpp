@@ -308,6 +308,41 @@ TEST(MuonGpu, TypedExchangeCopiesAndBf16ApplyEqualTheHostTwinsAndAreExact) {
   EXPECT_NE(gpu.applied_bf16, master);  // the apply did something
 }
 
+// MuonUpdate::profile: one entry per stage and group, in launch order, named by the group;
+// a group whose products take block columns has the mirror stage, a dense one not; no
+// time negative and the whole positive. Error(InvalidArgument) for no runs.
+TEST(MuonGpu, ProfileNamesEveryStageOfEveryGroup) {
+  const Shapes shapes = {{520, 600}, {24, 16}};
+  std::vector<DeviceBuffer> bufs;
+  std::vector<kernels::MuonMatrix> mats;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const auto [r, c] = shapes[i];
+    bufs.emplace_back(kB, static_cast<std::size_t>(2 * r * c) * sizeof(float));
+    from_host(kB, bufs.back().data(), start_grad(static_cast<int>(i), 2 * r * c));
+    mats.push_back({bufs.back().as<float>(), bufs.back().as<float>() + r * c, r, c, MuonSettings{}});
+  }
+  DeviceBuffer scalars(kB, sizeof(StepScalars));
+  from_host(kB, scalars.data(), std::vector<StepScalars>{StepScalars{}});
+  TestStream stream(kB);
+  const kernels::MuonUpdate update(kB, mats);
+  const std::vector<kernels::MuonStageTime> stages = update.profile(scalars.as<StepScalars>(), stream.get(), 2);
+  const std::vector<std::string> want = {
+      "1 x 520x600 bf16: momentum, Nesterov, norm", "1 x 520x600 bf16: X X^T", "1 x 520x600 bf16: mirror",
+      "1 x 520x600 bf16: b A + c A A", "1 x 520x600 bf16: a X + B X", "1 x 520x600 bf16: copy back",
+      "1 x 24x16 bf16: momentum, Nesterov, norm", "1 x 24x16 bf16: X X^T", "1 x 24x16 bf16: b A + c A A",
+      "1 x 24x16 bf16: a X + B X", "1 x 24x16 bf16: copy back"};
+  std::vector<std::string> got;
+  double total = 0.0;
+  for (const kernels::MuonStageTime& t : stages) {
+    got.push_back(t.stage);
+    EXPECT_GE(t.ms, 0.0) << t.stage;
+    total += t.ms;
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_GT(total, 0.0);
+  EXPECT_THROW((void)update.profile(scalars.as<StepScalars>(), stream.get(), 0), Error);
+}
+
 // Four groups of equal shape and settings form four GEMM groups, whatever their order.
 TEST(MuonGpu, EqualShapesFormOneGroupEach) {
   const Shapes shapes = {{64, 256}, {256, 64}, {64, 256}, {128, 128}, {256, 64}, {24, 16}};

@@ -218,4 +218,18 @@ TEST(MuonPlan, TheExchangeTravelsInTheNarrowestExactDtype) {
   }
 }
 
+// MuonUpdate::profile times the CUDA update's stages; the host backend has none and says so.
+TEST(MuonHostTwin, ProfileIsRefusedOnTheHostBackend) {
+  std::vector<float> g(24, 0.5f), m(24, 0.0f);
+  const kernels::MuonUpdate update(Backend::Host, {{g.data(), m.data(), 4, 6, MuonSettings{}}});
+  const StepScalars sc;
+  try {
+    (void)update.profile(&sc, nullptr, 3);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::Unsupported);
+    EXPECT_NE(std::string(e.what()).find("host backend"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
