@@ -166,8 +166,8 @@ struct MuonGemmPlan {
   /// another multiple of 64 sets it for every group (one at least the matrices' smaller
   /// side computes the products whole). Error(InvalidArgument) for any other value.
   int block_width = 0;
-  /// Lets cuBLASLt split a product's inner dimension with a reduction in fp32 (its
-  /// "compute type" scheme: a separate pass in a fixed order, no atomics). False allows
+  /// Lets cuBLASLt split a product's inner dimension when the partial sums are kept and
+  /// added in fp32 in the workspace (its "compute type" reduction scheme). False allows
   /// only algorithms that accumulate each output in one pass. Never a reduction in bf16.
   bool split_k = true;
 };
