@@ -86,6 +86,29 @@ TEST(MuonHost, ConstructionRefusesWhatMuonCannotUpdate) {
   }
 }
 
+// A parameter of a Muon group stored as MXFP8 or NVFP4 (whose master is its only
+// full-precision copy) is Error(Unsupported) on every rank at construction, naming it.
+TEST(MuonHost, QuantizedParametersInAMuonGroupAreRefused) {
+  Communicator comm = make_comm(kB);
+  for (const ParamFormat format : {ParamFormat::Mxfp8, ParamFormat::Nvfp4}) {
+    SCOPED_TRACE(static_cast<int>(format));
+    DistributedAdamOptions o = dist_options();
+    o.param_format = format;
+    try {
+      DistributedAdam opt(comm,
+                          {ParamSpec::tensor("proj", {64, 64}, DType::bf16, "muon"),
+                           ParamSpec::tensor("gate", {64, 64}, DType::bf16, "muon_x"),
+                           ParamSpec::tensor("norm", {64}, DType::bf16, "adam")},
+                          o);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::Unsupported);
+      EXPECT_NE(std::string(e.what()).find("'proj'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("native parameters only"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // Ranks that pass other Muon settings fail together, naming the groups option.
 TEST(MuonHost, RanksWithOtherMuonSettingsFailTogether) {
   Communicator comm = make_comm(kB);
