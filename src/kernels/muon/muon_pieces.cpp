@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/check.hpp"
+#include "kernels/common/convert.hpp"
 #include "kernels/common/convert_math.cuh"
 #include "kernels/muon/muon.hpp"
 #include "kernels/muon/muon_launch.hpp"
@@ -30,16 +31,31 @@ std::vector<MuonTile> muon_tiles(const std::vector<std::int64_t>& lengths, std::
   return out;
 }
 
+namespace {
+
+// The host twins' element loops, shared by the runs and by MuonUpdate's fused passes.
+void pack_host(const MuonPack& r, DType grad_dtype, const StepScalars& sc) {
+  for (std::int64_t i = 0; i < r.length; ++i)
+    r.dst[i] = muon_scale_grad(load_as_f32(r.grad, grad_dtype, i), sc.inv_loss_scale, sc.clip_coef);
+}
+
+void apply_host(const MuonApply& r, const StepScalars& sc) {
+  const MuonApplyFactors f = muon_apply_factors(sc.lr, r.lr_scale, r.weight_decay, r.lr_ratio);
+  for (std::int64_t i = 0; i < r.length; ++i) {
+    r.master[i] = muon_apply_element(r.master[i], load_as_f32(r.u, r.u_dtype, i), f);
+    if (r.param != nullptr) store_from_f32(r.param, r.param_dtype, i, r.master[i]);
+  }
+}
+
+}  // namespace
+
 void muon_pack(const MuonRuns<MuonPack>& runs, DType grad_dtype, const StepScalars* scalars, Backend backend,
                Stream stream) {
   SHARDOPT_REQUIRE(is_float_storage(grad_dtype), ErrorCode::InvalidArgument, "muon_pack: bad gradient dtype");
   if (runs.empty()) return;
   if (backend == Backend::Cuda) return muon_pack_cuda(runs, grad_dtype, scalars, stream);
   host_enqueue(stream, [&runs, grad_dtype, scalars] {
-    const float inv = scalars->inv_loss_scale, clip = scalars->clip_coef;
-    for (const MuonPack& r : runs.runs())
-      for (std::int64_t i = 0; i < r.length; ++i)
-        r.dst[i] = muon_scale_grad(load_as_f32(r.grad, grad_dtype, i), inv, clip);
+    for (const MuonPack& r : runs.runs()) pack_host(r, grad_dtype, *scalars);
   });
 }
 
@@ -47,8 +63,7 @@ void muon_copy(const MuonRuns<MuonCopy>& runs, Backend backend, Stream stream) {
   if (runs.empty()) return;
   if (backend == Backend::Cuda) return muon_copy_cuda(runs, stream);
   host_enqueue(stream, [&runs] {
-    for (const MuonCopy& r : runs.runs())
-      for (std::int64_t i = 0; i < r.length; ++i) store_from_f32(r.dst, r.dst_dtype, i, load_as_f32(r.src, r.src_dtype, i));
+    for (const MuonCopy& r : runs.runs()) convert_host(r.src, r.src_dtype, r.dst, r.dst_dtype, r.length);
   });
 }
 
@@ -57,13 +72,7 @@ void muon_apply(const MuonRuns<MuonApply>& runs, const StepScalars* scalars, Bac
   if (backend == Backend::Cuda) return muon_apply_cuda(runs, scalars, stream);
   host_enqueue(stream, [&runs, scalars] {
     if (scalars->found_inf != 0) return;
-    for (const MuonApply& r : runs.runs()) {
-      const MuonApplyFactors f = muon_apply_factors(scalars->lr, r.lr_scale, r.weight_decay, r.lr_ratio);
-      for (std::int64_t i = 0; i < r.length; ++i) {
-        r.master[i] = muon_apply_element(r.master[i], load_as_f32(r.u, r.u_dtype, i), f);
-        if (r.param != nullptr) store_from_f32(r.param, r.param_dtype, i, r.master[i]);
-      }
-    }
+    for (const MuonApply& r : runs.runs()) apply_host(r, *scalars);
   });
 }
 
@@ -105,17 +114,14 @@ void MuonUpdate::run(const StepScalars* scalars, Stream stream) const {
     if (scalars->found_inf != 0) return;  // a skipped step leaves the momentum as it was
     for (const MuonMatrix& m : matrices_) {
       const std::int64_t count = m.rows * m.cols;
-      if (m.grad != nullptr)  // a fused pack
-        for (std::int64_t i = 0; i < count; ++i)
-          m.g[i] = muon_scale_grad(load_as_f32(m.grad, m.grad_dtype, i), scalars->inv_loss_scale, scalars->clip_coef);
+      if (m.grad != nullptr) pack_host({m.grad, m.g, count}, m.grad_dtype, *scalars);  // a fused pack
       muon_matrix_host(m, work);
       if (m.apply.master == nullptr) continue;
-      const MuonApply& r = m.apply;  // a fused apply
-      const MuonApplyFactors f = muon_apply_factors(scalars->lr, r.lr_scale, r.weight_decay, r.lr_ratio);
-      for (std::int64_t i = 0; i < count; ++i) {
-        r.master[i] = muon_apply_element(r.master[i], m.g[i], f);
-        if (r.param != nullptr) store_from_f32(r.param, r.param_dtype, i, r.master[i]);
-      }
+      MuonApply r = m.apply;  // a fused apply, from the result in g
+      r.u = m.g;
+      r.u_dtype = DType::f32;
+      r.length = count;
+      apply_host(r, *scalars);
     }
   });
 }
