@@ -8,7 +8,7 @@
 //
 //   mpirun -n 4 bench_dist_adam [--results DIR] [--peer FILE] [--iters N] [--phases]
 //                                [--grad-reduce-precision] [--gather-pipeline N]
-//                                [--offload F[,F...]]
+//                                [--offload F[,F...]] [--capacity]
 //
 // --offload F[,F...] runs only the rows "dist_adam_offload" (issue 47, docs/offload.md):
 // per fraction F (in [0, 1], AdamOptions::offload_fraction) and state mode (fp32 master
@@ -17,9 +17,18 @@
 // the same step with everything on the GPU and a duplex copy of the offloaded bytes (up
 // to the device and back, at once, on two streams, in the step's stage sizes) between
 // pinned host memory and the device. The rows give the duplex bandwidth measured
-// (GB/s each way) and the pinned bytes; --peer FILE of bench/peers/offload_peer.py
-// (FSDP2 with CPUOffloadPolicy, its optimizer step on the CPU) gives the fully offloaded
-// fp32 row its peer.
+// (GB/s each way) and the pinned bytes. --peer FILE gives the fully offloaded fp32 row its
+// peers, both recorded, the faster one as the row's peer: bench/peers/offload_peer.py
+// (FSDP2 with CPUOffloadPolicy, its optimizer step on the CPU) and
+// deepspeed_offload_peer.py (DeepSpeed ZeRO-Offload, its CPU Adam), appended to one file.
+//
+// --capacity runs only the rows "dist_adam_capacity" (issue 47, docs/offload.md): per
+// state mode (fp32 master and moments; remainders + 8-bit moments), the largest model of
+// Llama-3-8B's widths (layers as many as fit) whose captured step builds, steps and
+// replays on this GPU, with all state on the GPU and with the state offloaded (all of it,
+// or the share that 0.8 of the host's available memory holds, pinned). The layer count is
+// predicted from two small builds' MemoryReport and proven by building: the row's model
+// stepped, and one layer more was refused with Error(OutOfMemory).
 //
 // --gather-pipeline N sets DistributedAdamOptions::gather_pipeline (at least 1) of every
 // step measured (default: the option's default); the rows record it ("gather_pipeline"),
@@ -77,6 +86,10 @@ Args parse(int argc, char** argv) {
   bench::parse_run_args(argc, argv, a, [&](bench::ArgReader& r) {
     if (r.arg() == "--phases") {
       a.phases = true;
+      return true;
+    }
+    if (r.arg() == "--capacity") {
+      a.capacity = true;
       return true;
     }
     if (r.arg() == "--grad-reduce-precision") {

@@ -3,6 +3,7 @@
 // each row is. Compiled only in a CUDA build.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -728,6 +729,26 @@ double duplex_ms(Stream s, const Args& a, std::size_t bytes, std::size_t piece) 
   });
 }
 
+// The peers of the fully offloaded fp32 row, from the --peer file: FSDP2 with
+// CPUOffloadPolicy (bench/peers/offload_peer.py, under the row's config) and DeepSpeed
+// ZeRO-Offload (deepspeed_offload_peer.py, the config + "/deepspeed"). Each is recorded
+// (fsdp2_cpu_offload_ms, deepspeed_zero_offload_ms); the row's peer is the faster.
+void apply_offload_peers(bench::Result& r, const std::string& path) {
+  if (path.empty()) return;
+  const auto peers = bench::read_peer_file(path);
+  const std::pair<const char*, std::string> keys[] = {{"fsdp2_cpu_offload_ms", r.config},
+                                                      {"deepspeed_zero_offload_ms", r.config + "/deepspeed"}};
+  for (const auto& [number, key] : keys) {
+    const auto it = peers.find(key);
+    if (it == peers.end()) continue;
+    r.numbers[number] = it->second.ms;
+    if (!r.peer_ms || it->second.ms < *r.peer_ms) {
+      r.peer = it->second.description;
+      r.peer_ms = it->second.ms;
+    }
+  }
+}
+
 // The offloaded-state rows (--offload): per fraction and state mode, the captured step
 // against max(the on-GPU step, the duplex copy of its offloaded bytes).
 void offload_rows(const Communicator& comm, Stream s, const Args& a, const std::string& device, const std::string& cmd) {
@@ -762,7 +783,7 @@ void offload_rows(const Communicator& comm, Stream s, const Args& a, const std::
       r.device = device;
       r.ours_ms = ms;
       r.limit_ms = std::max(gpu_ms, pcie_ms);
-      bench::apply_peer(r, a.peer);  // bench/peers/offload_peer.py: FSDP2 CPUOffloadPolicy (fully offloaded fp32 row)
+      apply_offload_peers(r, a.peer);
       r.numbers["offload_fraction"] = fraction;
       r.numbers["on_gpu_step_ms"] = gpu_ms;
       r.numbers["pcie_duplex_ms"] = pcie_ms;
@@ -782,10 +803,175 @@ void offload_rows(const Communicator& comm, Stream s, const Args& a, const std::
   }
 }
 
+// --capacity: the largest Llama-shaped model whose captured step runs on this GPU.
+// Llama-3-8B's widths (hidden 4096, MLP 14336, k/v 1024, vocabulary 128256) with as many
+// layers as fit, per state mode, with all state on the GPU and with the state offloaded
+// as far as the host allows (up to kHostShare of its available memory, pinned).
+
+constexpr double kHostShare = 0.8;  // of MemAvailable at the start: the pinned bytes the rows may take
+
+presets::TransformerShape capacity_shape(std::int64_t layers) { return {4096, layers, 14336, 1024, 128256}; }
+
+// /proc/meminfo's value of `key` in bytes (0 when absent).
+double meminfo_bytes(const char* key) {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return 0;
+  char name[64];
+  double kb = 0;
+  double found = 0;
+  while (std::fscanf(f, "%63[^:]: %lf kB\n", name, &kb) == 2)
+    if (std::string(name) == key) found = kb * 1024.0;
+  std::fclose(f);
+  return found;
+}
+
+struct CapacityTry {
+  bool fits = false;   // constructed, stepped eagerly, captured and replayed
+  double ms = 0;       // median replay
+  MemoryReport memory;
+  std::int64_t params = 0;
+};
+
+// Builds the optimizer of `layers` layers with options `o`, steps it and times the captured
+// step; an Error(OutOfMemory) anywhere on the way means it does not fit.
+CapacityTry try_capacity(const Communicator& comm, Stream s, const Args& a, const DistributedAdamOptions& o,
+                         std::int64_t layers) {
+  CapacityTry t;
+  try {
+    DistributedAdam opt(comm, presets::transformer(capacity_shape(layers), DType::bf16), o);
+    t.params = opt.layout().param_numel();
+    t.memory = opt.memory();
+    fill_model(opt, s);
+    opt.step(s);
+    SHARDOPT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s)));
+    bench::CapturedGraph g(s, [&] { opt.step(s); });
+    t.ms = bench::time_ms(s, 1, std::max(1, std::min(a.iters, 3)), [&] { g.launch(s); });
+    t.fits = true;
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::OutOfMemory) throw;
+    SHARDOPT_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  return t;
+}
+
+// Device and state bytes of `layers` layers with all state on the GPU, without building:
+// linear in the layers, fitted through two small builds (exact for the per-layer buffers;
+// the bucket padding of a layer count between them may differ by a bucket's alignment).
+struct CapacityModel {
+  double base_device = 0, per_layer_device = 0;  // memory().total()
+  double base_state = 0, per_layer_state = 0;    // master + remainders + moments + scales
+  double device(std::int64_t l) const { return base_device + per_layer_device * static_cast<double>(l); }
+  double state(std::int64_t l) const { return base_state + per_layer_state * static_cast<double>(l); }
+};
+
+CapacityModel fit_capacity(const Communicator& comm, const DistributedAdamOptions& o) {
+  double dev[2], st[2];
+  for (int i = 0; i < 2; ++i) {
+    DistributedAdam opt(comm, presets::transformer(capacity_shape(1 + i), DType::bf16), o);
+    const MemoryReport m = opt.memory();
+    dev[i] = static_cast<double>(m.total());
+    st[i] = static_cast<double>(m.master + m.remainders + m.moments + m.moment_scales);
+  }
+  return {dev[0] - (dev[1] - dev[0]), dev[1] - dev[0], st[0] - (st[1] - st[0]), st[1] - st[0]};
+}
+
+// The offload fraction of `layers` layers: all state when the host allowance holds it,
+// else the share it holds (rounded down to a thousandth).
+double capacity_fraction(const CapacityModel& cm, std::int64_t layers, double host_allowance) {
+  const double f = std::min(1.0, host_allowance / cm.state(layers));
+  return std::floor(f * 1000.0) / 1000.0;
+}
+
+void capacity_rows(const Communicator& comm, Stream s, const Args& a, const std::string& device,
+                   const std::string& cmd) {
+  const double host_total = meminfo_bytes("MemTotal"), host_available = meminfo_bytes("MemAvailable");
+  const double allowance = kHostShare * host_available;
+  std::size_t free_bytes = 0, total_bytes = 0;
+  SHARDOPT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  struct Mode {
+    const char* name;
+    MasterStorage master;
+    DType moments;
+  };
+  double fp32_on_gpu_params = 0;
+  for (const Mode& md : {Mode{"fp32", MasterStorage::fp32, DType::f32},
+                         Mode{"remainder-q8moments", MasterStorage::bf16_remainder, DType::q8_block}}) {
+    DistributedAdamOptions o = step_options();
+    o.master_storage = md.master;
+    o.moment_dtype = md.moments;
+    const CapacityModel cm = fit_capacity(comm, o);
+    for (bool offload : {false, true}) {
+      // The prediction: the most layers whose device bytes fit in the free memory (with the
+      // offloaded share of the state in host memory), then proven by building: up while
+      // the next fits, down while this one does not.
+      const auto fraction_of = [&](std::int64_t l) { return offload ? capacity_fraction(cm, l, allowance) : 0.0; };
+      const auto predicted_device = [&](std::int64_t l) { return cm.device(l) - fraction_of(l) * cm.state(l); };
+      std::int64_t layers = 1;
+      while (layers < 4096 && predicted_device(layers + 1) < static_cast<double>(free_bytes)) ++layers;
+      const auto build = [&](std::int64_t l) {
+        DistributedAdamOptions t = o;
+        t.offload_fraction = fraction_of(l);
+        return try_capacity(comm, s, a, t, l);
+      };
+      CapacityTry fit = build(layers);
+      while (!fit.fits && layers > 1) fit = build(--layers);
+      bool next_refused = false;
+      while (fit.fits) {
+        CapacityTry next = build(layers + 1);
+        if (!next.fits) {
+          next_refused = true;
+          break;
+        }
+        fit = next;
+        ++layers;
+      }
+      if (!fit.fits) continue;  // not even one layer
+      if (!offload && md.master == MasterStorage::fp32) fp32_on_gpu_params = static_cast<double>(fit.params);
+      if (comm.rank() != 0) continue;
+      bench::Result r;
+      r.bench = "dist_adam_capacity";
+      r.config = std::string("llama3-8b-widths/") + md.name + (offload ? "/offload" : "/on-gpu") + "/n" +
+                 std::to_string(comm.size());
+      r.device = device;
+      r.ours_ms = fit.ms;
+      r.numbers["layers"] = static_cast<double>(layers);
+      r.numbers["params"] = static_cast<double>(fit.params);
+      r.numbers["offload_fraction"] = fraction_of(layers);
+      r.numbers["device_bytes"] = static_cast<double>(fit.memory.total());
+      r.numbers["pinned_bytes"] = static_cast<double>(fit.memory.offloaded);
+      r.numbers["device_free_bytes_at_start"] = static_cast<double>(free_bytes);
+      r.numbers["device_total_bytes"] = static_cast<double>(total_bytes);
+      r.numbers["host_mem_total_bytes"] = host_total;
+      r.numbers["host_mem_available_bytes"] = host_available;
+      r.numbers["host_allowance_bytes"] = offload ? allowance : 0.0;
+      r.numbers["next_layer_refused"] = next_refused ? 1.0 : 0.0;
+      if (fp32_on_gpu_params > 0) r.numbers["params_over_fp32_on_gpu"] = static_cast<double>(fit.params) / fp32_on_gpu_params;
+      add_memory(r, fit.memory);
+      r.notes["what"] = "the largest model of Llama-3-8B's widths (hidden 4096, MLP 14336, k/v 1024, vocabulary 128256; "
+                        "layers as many as fit) whose captured distributed-Adam step builds, steps and replays on this "
+                        "device; next_layer_refused: one layer more was Error(OutOfMemory)";
+      if (offload)
+        r.notes["offload"] = "offload_fraction: the share of the state that the host allowance (0.8 of MemAvailable at "
+                             "the start, pinned) holds, all of it when it can; the rest stays on the GPU";
+      r.command = cmd;
+      bench::write(r, a.results);
+      std::printf("capacity %-20s %-7s %3lld layers %6.2fB params  F=%.3f  device %.1f GB  pinned %.1f GB  step %.1f ms  "
+                  "next layer %s\n",
+                  md.name, offload ? "offload" : "on-gpu", static_cast<long long>(layers), fit.params / 1e9,
+                  fraction_of(layers), fit.memory.total() / 1e9, fit.memory.offloaded / 1e9, fit.ms,
+                  next_refused ? "refused" : "not tried");
+    }
+  }
+}
+
 }  // namespace
 
 void run_device(const Args& a, bench::MpiBench& mb, const std::string& command) {
   const std::string device = mb.device();
+  if (a.capacity) {
+    capacity_rows(mb.comm(), mb.stream(), a, device, command);
+    return;
+  }
   if (!a.offload.empty()) {
     offload_rows(mb.comm(), mb.stream(), a, device, command);
     return;

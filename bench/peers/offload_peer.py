@@ -17,7 +17,6 @@ favour).
 Rank 0 appends "config<TAB>median_ms<TAB>description" to --out, under the config of
 bench_dist_adam's fully offloaded fp32 row.
 """
-import argparse
 import statistics
 import time
 
@@ -30,20 +29,11 @@ try:
 except ImportError:  # older layout
     from torch.distributed._composable.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-PARAMS = 1_498_482_688
-UNIT = 2 * peer_common.FSDP_HIDDEN * peer_common.FSDP_MLP
-
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--iters", type=int, default=3)
-    ap.add_argument("--tokens", type=int, default=16)
-    args = ap.parse_args()
+    args = peer_common.offload_args()
     rank, world = peer_common.init_distributed()
-    units = (PARAMS + UNIT - 1) // UNIT
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[peer_common.MlpUnit() for _ in range(units)])  # fp32, on the CPU
+    model = peer_common.offload_model()  # fp32, on the CPU
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
     offload = CPUOffloadPolicy()
     for unit in model:

@@ -1,7 +1,8 @@
 """What the PyTorch peers in bench/peers share: CUDA-event timing (event_median_ms,
 capture_graph), the end of a torchrun peer (finish), and bench_fsdp's synthetic model
 and iteration, which the FSDP2 and the Megatron-FSDP peers both run (FSDP_UNITS ...,
-MlpUnit, init_distributed, fsdp_model, fsdp_inputs, adamw, fsdp_iteration, fsdp_config).
+MlpUnit, init_distributed, fsdp_model, fsdp_inputs, adamw, fsdp_iteration, fsdp_config), and
+the offload peers' arguments and model (offload_args, offload_model).
 
 A peer imports it as `import peer_common`: Python puts a script's own directory on
 sys.path, both for `python3 bench/peers/X.py` and for the worker processes that
@@ -129,3 +130,25 @@ def fsdp_iteration(model, opt, x, dy, zero_grad=None, clip=None):
 def fsdp_config(tokens, world):
     """The config key bench_fsdp writes for its bf16 row."""
     return f"16xMLP/T{tokens}/n{world}"
+
+
+# The offload peers' model (offload_peer.py, deepspeed_offload_peer.py): MlpUnits, as many
+# as make the parameter count of bench_dist_adam's Llama-3.2-1B-shaped set.
+OFFLOAD_PARAMS = 1_498_482_688
+
+
+def offload_args():
+    """The offload peers' command line: --out FILE, --iters N (3), --tokens T (16)."""
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=16)
+    return ap.parse_args()
+
+
+def offload_model():
+    """The offload peers' model in fp32 on the CPU, seeded: ceil(OFFLOAD_PARAMS / unit) units."""
+    unit = 2 * FSDP_HIDDEN * FSDP_MLP
+    torch.manual_seed(0)
+    return nn.Sequential(*[MlpUnit() for _ in range((OFFLOAD_PARAMS + unit - 1) // unit)])

@@ -108,7 +108,8 @@ class DistributedAdam : public ShardedOptimizer {
   /// Error(LayoutMismatch) on every rank names the first that differs and each rank's
   /// value) and has the same layout (Error(LayoutMismatch) naming the first differing
   /// parameter), then allocates, and zeroes params, grads and moments. Per-step values
-  /// (set_lr, set_loss_scale) are the trainer's and are not compared.
+  /// (set_lr, set_loss_scale) are the trainer's and are not compared. Buffers the device
+  /// cannot hold are Error(OutOfMemory) naming the bytes, on the rank that ran out.
   DistributedAdam(Communicator comm, std::vector<ParamSpec> specs, DistributedAdamOptions options = {});
   ~DistributedAdam();
   DistributedAdam(DistributedAdam&&) noexcept;

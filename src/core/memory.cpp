@@ -122,14 +122,25 @@ void DeviceBuffer::allocate(MemoryKind kind) {
       SHARDOPT_CUDA_CHECK(e);
       break;
     }
-    case MemoryKind::NcclDevice:
+    case MemoryKind::NcclDevice: {
 #if SHARDOPT_HAVE_NCCL
-      SHARDOPT_NCCL_CHECK(ncclMemAlloc(&ptr_, device_rounded(bytes)));
-      break;
+      // ncclMemAlloc reports a device out of memory as a CUDA failure of its own: read it as
+      // the memory it is when the device has fewer bytes free than asked for.
+      const ncclResult_t r = ncclMemAlloc(&ptr_, device_rounded(bytes));
+      if (r != ncclSuccess) {
+        ptr_ = nullptr;
+        (void)cudaGetLastError();
+        std::size_t free = 0, total = 0;
+        if (cudaMemGetInfo(&free, &total) == cudaSuccess && free < device_rounded(bytes))
+          refuse(kind_, bytes, "ncclMemAlloc: the device has " + std::to_string(free) + " bytes free");
+      }
+      SHARDOPT_NCCL_CHECK(r);
 #else
       SHARDOPT_REQUIRE(false, ErrorCode::Unsupported,
                        "MemoryKind::NcclDevice needs NCCL, which this build lacks; use MemoryKind::Device");
 #endif
+      break;
+    }
     case MemoryKind::Host: {
       ptr_ = std::aligned_alloc(kHostAlignment, host_rounded(bytes));
       if (ptr_ == nullptr) refuse(kind_, bytes, "the host's allocator returned no memory");

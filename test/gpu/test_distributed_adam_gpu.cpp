@@ -1,5 +1,11 @@
 // Distributed Adam on GPUs under mpirun, one GPU per rank (NCCL).
+#include <cuda_runtime.h>
+
+#include <string>
+
 #include "common/dist_adam_cases.hpp"
+#include "common/error_of.hpp"
+#include "core/memory.hpp"
 
 namespace {
 using namespace shardopt;
@@ -25,6 +31,42 @@ TEST(DistributedAdamGpu, PipelinedGroupedStepEqualsPlain) {
     o.gather_pipeline = 3;
     o.grouped_collectives = true;
   });
+}
+
+// More device memory than the GPU has is Error(OutOfMemory) naming the bytes, for plain
+// and NCCL-registered buffers alike (ncclMemAlloc's own failure code is read as the memory
+// it is), and the device stays usable afterwards.
+TEST(DistributedAdamGpu, MoreMemoryThanTheDeviceHasIsOutOfMemory) {
+  std::size_t free = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free, &total), cudaSuccess);
+  for (MemoryKind kind : {MemoryKind::Device, MemoryKind::NcclDevice}) {
+    const auto e = error_of([&] { DeviceBuffer b(kB, total + (std::size_t{1} << 30), kind); });
+    ASSERT_TRUE(e.has_value()) << "an allocation larger than the device was granted";
+    EXPECT_EQ(e->code(), ErrorCode::OutOfMemory) << e->what();
+    EXPECT_NE(std::string(e->what()).find(std::to_string(total + (std::size_t{1} << 30))), std::string::npos)
+        << e->what();
+  }
+  // A model whose bf16 parameters alone take more than the device: OutOfMemory from the
+  // constructor, registered buffers or not; then a small optimizer builds and steps.
+  const std::int64_t cols = std::int64_t{1} << 16;
+  const auto rows = static_cast<std::int64_t>(total / 2 / static_cast<std::size_t>(cols)) + 1;
+  for (bool registered : {true, false}) {
+    DistributedAdamOptions o = base_options(DType::bf16);
+    o.param_dtype = DType::bf16;
+    o.nccl_registered = registered;
+    const auto e = error_of([&] {
+      DistributedAdam opt(make_comm(kB), {ParamSpec::tensor("w", {rows / 2, cols}), ParamSpec::tensor("u", {rows / 2 + 1, cols})}, o);
+    });
+    ASSERT_TRUE(e.has_value()) << "a model larger than the device was built";
+    EXPECT_EQ(e->code(), ErrorCode::OutOfMemory) << e->what();
+  }
+  TestStream s(kB);
+  DistributedAdam opt(make_comm(kB), small_model(), base_options(DType::f32));
+  opt.init_master(s.get());
+  opt.zero_grad(s.get());
+  opt.step(s.get());
+  opt.synchronize(s.get());
+  EXPECT_EQ(opt.read_scalars(s.get()).step, 1);
 }
 
 }  // namespace
