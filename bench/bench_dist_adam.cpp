@@ -8,7 +8,7 @@
 //
 //   mpirun -n 4 bench_dist_adam [--results DIR] [--peer FILE] [--iters N] [--phases]
 //                                [--grad-reduce-precision] [--gather-pipeline N]
-//                                [--offload F[,F...]] [--capacity]
+//                                [--offload F[,F...]] [--offload-stage N] [--capacity]
 //
 // --offload F[,F...] runs only the rows "dist_adam_offload" (issue 47, docs/offload.md):
 // per fraction F (in [0, 1], AdamOptions::offload_fraction) and state mode (fp32 master
@@ -21,6 +21,9 @@
 // peers, both recorded, the faster one as the row's peer: bench/peers/offload_peer.py
 // (FSDP2 with CPUOffloadPolicy, its optimizer step on the CPU) and
 // deepspeed_offload_peer.py (DeepSpeed ZeRO-Offload, its CPU Adam), appended to one file.
+// --offload-stage N sets AdamOptions::offload_stage_numel of those rows (default: the
+// option's default); the rows record it ("offload_stage_numel"), so write them to a
+// results folder of their own when comparing (the configs' names stay).
 //
 // --capacity runs only the rows "dist_adam_capacity" (issue 47, docs/offload.md): per
 // state mode (fp32 master and moments; remainders + 8-bit moments), the largest model of
@@ -86,6 +89,10 @@ Args parse(int argc, char** argv) {
   bench::parse_run_args(argc, argv, a, [&](bench::ArgReader& r) {
     if (r.arg() == "--phases") {
       a.phases = true;
+      return true;
+    }
+    if (r.arg() == "--offload-stage") {
+      a.offload_stage = std::atoll(r.value().c_str());
       return true;
     }
     if (r.arg() == "--capacity") {

@@ -13,13 +13,15 @@
 namespace shardopt::bench_dist_adam {
 
 // --results DIR, --peer FILE, --iters N (default 30), --host-cpu-only, --phases,
-// --grad-reduce-precision, --gather-pipeline N, --offload F[,F...] and --capacity.
+// --grad-reduce-precision, --gather-pipeline N, --offload F[,F...], --offload-stage N and
+// --capacity.
 struct Args : bench::RunArgs {
   bool host_cpu_only = false;  // --host-cpu-only: skip the full-step rows
   bool phases = false;         // --phases: the phase breakdown instead of the host CPU sweep
   bool grad_reduce = false;    // --grad-reduce-precision: only the F32Accumulate vs Native row
   std::vector<double> offload; // --offload F[,F...]: only the offloaded-state rows, one per fraction
   bool capacity = false;       // --capacity: only the capacity rows (the largest model that steps)
+  std::int64_t offload_stage = 0;  // --offload-stage N: AdamOptions::offload_stage_numel of the --offload rows (0: default)
 };
 
 /// The arguments above, from the command line (bench::parse_run_args; exits on bad ones).

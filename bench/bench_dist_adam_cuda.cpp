@@ -767,6 +767,7 @@ void offload_rows(const Communicator& comm, Stream s, const Args& a, const std::
     for (double fraction : a.offload) {
       DistributedAdamOptions off = o;
       off.offload_fraction = fraction;
+      if (a.offload_stage > 0) off.offload_stage_numel = a.offload_stage;
       MemoryReport memory;
       const auto t0 = Clock::now();
       const double ms = step_ms(comm, s, a, off, &memory);
@@ -785,6 +786,7 @@ void offload_rows(const Communicator& comm, Stream s, const Args& a, const std::
       r.limit_ms = std::max(gpu_ms, pcie_ms);
       apply_offload_peers(r, a.peer);
       r.numbers["offload_fraction"] = fraction;
+      r.numbers["offload_stage_numel"] = static_cast<double>(off.offload_stage_numel);
       r.numbers["on_gpu_step_ms"] = gpu_ms;
       r.numbers["pcie_duplex_ms"] = pcie_ms;
       r.numbers["pcie_gbps_each_way"] = pcie_ms > 0 ? static_cast<double>(bytes) / (pcie_ms * 1e6) : 0.0;

@@ -57,9 +57,10 @@ struct AdamOptions {
   /// With Muon groups or MXFP8 / NVFP4 parameters a fraction above 0 is Error(Unsupported).
   /// Pinned memory the host refuses is Error(OutOfMemory) on every rank, naming the bytes.
   double offload_fraction = 0.0;
-  /// Elements of one staging slot of the offload ring (four slots on the device). Larger
-  /// slots make fewer, longer copies; the default (4 Mi elements: 48 MiB of fp32 state
-  /// per slot) keeps every copy near the link's full speed (docs/offload.md).
+  /// Elements of one stage of the offload ring (four slots on the device, each as wide as
+  /// the widest stage). Larger stages make fewer, longer copies; the default (4 Mi
+  /// elements: 48 MiB of fp32 state per slot) keeps every copy near the link's full speed
+  /// (docs/offload.md).
   /// Anything but a positive multiple of kMomentBlock (256) is Error(InvalidArgument).
   std::int64_t offload_stage_numel = std::int64_t{1} << 22;
   /// Where each step's learning rate comes from.

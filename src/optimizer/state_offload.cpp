@@ -154,8 +154,11 @@ StateOffload::StateOffload(Backend backend, const Layout& L, const std::vector<b
     return;
   }
 
-  // The ring: per slot a master (or remainder) region, the two moments and the scales.
-  const auto S = static_cast<std::size_t>(stage_numel_);
+  // The ring: per slot a master (or remainder) region, the two moments and the scales,
+  // each as wide as the widest stage (from its base), never wider than stage_numel.
+  for (const Stage& st : stages_) slot_numel_ = std::max(slot_numel_, st.end - st.base);
+  slot_numel_ = (slot_numel_ + kMomentBlock - 1) / kMomentBlock * kMomentBlock;
+  const auto S = static_cast<std::size_t>(slot_numel_);
   region_[0] = 0;
   region_[1] = region_[0] + rounded(S * sizeof(float));
   region_[2] = region_[1] + rounded(S * msize);
@@ -188,7 +191,7 @@ StateArrays StateOffload::slot_arrays(int slot, std::int64_t base, bool remainde
   a.exp_avg_sq = at + region_[2];
   if (moment_dtype_ == DType::q8_block) {
     a.exp_avg_scales = reinterpret_cast<float*>(at + region_[3]);
-    a.exp_avg_sq_scales = a.exp_avg_scales + stage_numel_ / kMomentBlock;
+    a.exp_avg_sq_scales = a.exp_avg_scales + slot_numel_ / kMomentBlock;
   }
   return a;
 }
@@ -251,8 +254,8 @@ void StateOffload::run(Stream caller, StepScalars* scalars) {
     ShardPointers p;
     p.chunks = chunks_dev_.as<ShardChunk>() + st.first_chunk;
     p.num_chunks = st.num_chunks;
-    p.shard_numel = stage_numel_;
-    p.moment_numel = stage_numel_;
+    p.shard_numel = slot_numel_;
+    p.moment_numel = slot_numel_;
     p.grads = bs.grads;
     p.params = bs.params;
     p.master = d.master;

@@ -5,13 +5,14 @@
 // moments, the 8-bit moments' scales) in pinned host arrays, indexed by shard offset like
 // the device arrays. Each step cuts their shard slices into stages of at most
 // AdamOptions::offload_stage_numel elements (boundaries inside a bucket on its multiples,
-// a multiple of kMomentBlock, so 8-bit blocks never straddle two stages) and streams every stage through one slot of a ring of
-// kOffloadSlots device slots: stage k + 1 uploads on the upload stream while Adam updates
-// stage k on the offload's compute stream and stage k - 1 downloads on the download
-// stream, ordered by events, all forked from and joined back into the caller's stream (so
-// a capture records it). Adam runs on a slot through a chunk table rebased to the slot: the
-// same kernel, the same elements, the same bits as on-GPU state. On the host backend the
-// side streams are the caller's and the events no-ops: the same schedule runs in order,
+// a multiple of kMomentBlock, so 8-bit blocks never straddle two stages) and streams every
+// stage through one slot of a ring of kOffloadSlots device slots (each as wide as the
+// widest stage): stage k + 1 uploads on the upload stream while Adam updates stage k on
+// the offload's compute stream and stage k - 1 downloads on the download stream, ordered
+// by events, all forked from and joined back into the caller's stream (so a capture
+// records it). Adam runs on a slot through a chunk table rebased to the slot: the same
+// kernel, the same elements, the same bits as on-GPU state. On the host backend the side
+// streams are the caller's and the events no-ops: the same schedule runs in order,
 // copying between two host arenas.
 #pragma once
 
@@ -118,6 +119,7 @@ class StateOffload {
   Backend backend_;
   DType moment_dtype_;
   std::int64_t stage_numel_;
+  std::int64_t slot_numel_ = 0;  // elements of each array in a slot: the widest stage, rounded up to kMomentBlock
   std::vector<BufferState> buffers_;
   std::vector<Stage> stages_;
   std::vector<std::pair<std::size_t, std::size_t>> bucket_stages_;  // per bucket: first stage, count
