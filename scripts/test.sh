@@ -42,8 +42,9 @@ fi
 # their arguments name), since benchmarks without a smoke test never run there.
 if [ -n "${SANITIZE:-}" ]; then ninja -C "$build" meson-test-prereq; else ninja -C "$build"; fi
 # The sanitized run leaves out the many-rank suite (64 ASan processes do not fit this
-# machine's memory and time; docs/multinode.md): the normal run covers it. (A sanitized
-# build does not register it either: test/mpi/meson.build.)
+# machine's memory and time; docs/multinode.md) and the suites that run Python alone
+# (python, lint: no C++ program in them): the normal run covers them. (A sanitized build
+# does not register the many-rank suite either: test/mpi/meson.build.)
 skip=()
-if [ -n "${SANITIZE:-}" ]; then skip=(--no-suite manyrank); fi
+if [ -n "${SANITIZE:-}" ]; then skip=(--no-suite manyrank --no-suite python --no-suite lint); fi
 meson test -C "$build" --print-errorlogs "${skip[@]}" "$@"
