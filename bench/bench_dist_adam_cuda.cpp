@@ -952,9 +952,14 @@ void capacity_rows(const Communicator& comm, Stream s, const Args& a, const std:
       r.notes["what"] = "the largest model of Llama-3-8B's widths (hidden 4096, MLP 14336, k/v 1024, vocabulary 128256; "
                         "layers as many as fit) whose captured distributed-Adam step builds, steps and replays on this "
                         "device; next_layer_refused: one layer more was Error(OutOfMemory)";
-      if (offload)
-        r.notes["offload"] = "offload_fraction: the share of the state that the host allowance (0.8 of MemAvailable at "
-                             "the start, pinned) holds, all of it when it can; the rest stays on the GPU";
+      if (offload) {
+        char share[32];
+        std::snprintf(share, sizeof share, "%g", kHostShare);
+        r.notes["offload"] = std::string("offload_fraction: the share of the state that the host allowance "
+                                         "(host_allowance_bytes: ") +
+                             share + " of MemAvailable at the start, pinned) holds, all of it when it can; the rest "
+                                     "stays on the GPU";
+      }
       r.command = cmd;
       bench::write(r, a.results);
       std::printf("capacity %-20s %-7s %3lld layers %6.2fB params  F=%.3f  device %.1f GB  pinned %.1f GB  step %.1f ms  "

@@ -14,8 +14,9 @@ wall times.
 
     torchrun --nproc_per_node 1 bench/peers/deepspeed_offload_peer.py --out /tmp/peer_offload.tsv
 
-DeepSpeed is not installed on the GPU machine: its wheel (built here from the sdist:
-`pip wheel --no-deps deepspeed`) and the wheels of hjson, pydantic, pydantic-core,
+DeepSpeed is not installed on the GPU machine: its wheel (built from the sdist on a machine
+with the network: `pip install wheel && pip wheel --no-deps --no-build-isolation deepspeed`)
+and the wheels of hjson, pydantic, pydantic-core,
 annotated-types, typing-inspection and typing-extensions travel in .whl/ (git-ignored).
 Rank 0 appends "config<TAB>median_ms<TAB>description" to --out, under the config of
 bench_dist_adam's fully offloaded fp32 row with "/deepspeed" added; when DeepSpeed cannot
@@ -33,6 +34,7 @@ os.environ.setdefault("DS_SKIP_CUDA_CHECK", "1")  # the op is CPU code: the CUDA
 import torch
 
 import peer_common
+
 
 def main():
     args = peer_common.offload_args()

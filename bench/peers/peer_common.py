@@ -8,6 +8,7 @@ A peer imports it as `import peer_common`: Python puts a script's own directory 
 sys.path, both for `python3 bench/peers/X.py` and for the worker processes that
 `python3 -m torch.distributed.run ... bench/peers/X.py` starts.
 """
+import argparse
 import os
 import statistics
 import sys
@@ -139,7 +140,6 @@ OFFLOAD_PARAMS = 1_498_482_688
 
 def offload_args():
     """The offload peers' command line: --out FILE, --iters N (3), --tokens T (16)."""
-    import argparse
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--iters", type=int, default=3)

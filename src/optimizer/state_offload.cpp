@@ -53,7 +53,6 @@ StateOffload::StateOffload(Backend backend, const Layout& L, const std::vector<b
                            const std::vector<BufferInfo>& buffers, DType moment_dtype, std::int64_t stage_numel)
     : backend_(backend),
       moment_dtype_(moment_dtype),
-      stage_numel_(stage_numel),
       buffers_(L.buffers().size()),
       bucket_stages_(L.buckets().size(), {0, 0}),
       up_(backend),
@@ -77,7 +76,7 @@ StateOffload::StateOffload(Backend backend, const Layout& L, const std::vector<b
     const std::vector<ShardChunk>& chunks = *buffers[static_cast<std::size_t>(bucket.buffer)].chunks;
     bucket_stages_[static_cast<std::size_t>(bk)].first = stages_.size();
     for (std::int64_t a = lo; a < hi;) {
-      const std::int64_t e = std::min(hi, (a / stage_numel_ + 1) * stage_numel_);
+      const std::int64_t e = std::min(hi, (a / stage_numel + 1) * stage_numel);
       Stage st;
       st.buffer = bucket.buffer;
       st.bucket = bk;

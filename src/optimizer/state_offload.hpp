@@ -118,7 +118,6 @@ class StateOffload {
 
   Backend backend_;
   DType moment_dtype_;
-  std::int64_t stage_numel_;
   std::int64_t slot_numel_ = 0;  // elements of each array in a slot: the widest stage, rounded up to kMomentBlock
   std::vector<BufferState> buffers_;
   std::vector<Stage> stages_;
