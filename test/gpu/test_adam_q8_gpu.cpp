@@ -227,7 +227,7 @@ std::vector<float> table_probes(bool second, float scale) {
   std::vector<float> probes;
   for (int k = 0; k < kernels::kKeys; ++k) {
     const std::uint32_t first = (kernels::kKeyLow + static_cast<std::uint32_t>(k)) << kernels::kKeyShift;
-    const std::uint32_t t = table[k] & kernels::kKeyLowBits;
+    const std::uint32_t t = kernels::code_table_boundary(table[k]);
     for (std::uint32_t b : {first, first | kernels::kKeyLowBits, first | t, first | (t + 1 > kernels::kKeyLowBits ? t : t + 1)})
       probes.push_back(num::f32_from_bits(b));
   }

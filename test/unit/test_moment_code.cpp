@@ -35,6 +35,23 @@ TEST(MomentCode, MapsAreTheDocumentedOnes) {
   EXPECT_EQ(kernels::encode_first_moment(kMomentMaps, -0.25f, 0.5f), 0x80 | (1 + 2 + 4 + 8 + 16 + 32 + 28));
 }
 
+// A byte decodes to its documented value: the sign bit's sign times the first map's entry
+// of its low 7 bits times the scale, every byte under scales of every kind (the decoder
+// reads a signed table instead of negating: the same bits).
+TEST(MomentCode, DecodeIsTheDocumentedValue) {
+  for (float scale : {1.0f, 0.5f, 3.7f, 0x1p-70f, 0x1p70f, 1e-30f, 0.0f, std::numeric_limits<float>::infinity()})
+    for (int c = 0; c < 256; ++c) {
+      const float magnitude = kMomentMaps.first[c & 0x7F] * scale;
+      const float want = (c & 0x80) != 0 ? -magnitude : magnitude;
+      const float got = kernels::decode_first_moment(kMomentMaps, static_cast<std::uint8_t>(c), scale);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got)) << "byte " << c << " scale " << scale;
+      } else {
+        EXPECT_EQ(num::f32_bits(got), num::f32_bits(want)) << "byte " << c << " scale " << scale;
+      }
+    }
+}
+
 TEST(MomentCode, NearestEntryAsDocumented) {
   std::mt19937_64 rng(7);
   std::uniform_real_distribution<double> exponent(-8.0, 0.0);
@@ -81,16 +98,17 @@ TEST(MomentCode, CodeTablesEqualTheRule) {
       const int want = kernels::nearest_code(map, n, a);
       ASSERT_GE(want, last_code) << "the rule is not monotone at " << a;
       last_code = want;
-      ASSERT_EQ(kernels::nearest_code_keyed(table, n, a), want) << a;
+      ASSERT_EQ(kernels::nearest_code_keyed(table, a), want) << a;
+      ASSERT_EQ(kernels::nearest_code_unit(table, a), want) << a;
     }
     const float below = f32_from_bits((kernels::kKeyLow << kernels::kKeyShift) - 1);
     ASSERT_EQ(kernels::nearest_code(map, n, below), 0);
-    ASSERT_EQ(kernels::nearest_code_keyed(table, n, below), 0);
+    ASSERT_EQ(kernels::nearest_code_keyed(table, below), 0);
     int boundaries = 0;
     for (int k = 0; k < kernels::kKeys; ++k) {
       const std::uint32_t first = (kernels::kKeyLow + static_cast<std::uint32_t>(k)) << kernels::kKeyShift;
       const std::uint32_t last = first | kernels::kKeyLowBits;
-      const std::uint32_t t = table[k] & kernels::kKeyLowBits;
+      const std::uint32_t t = kernels::code_table_boundary(table[k]);
       std::vector<std::uint32_t> probes = {first, last};
       if (t != kernels::kKeyLowBits) {
         probes.push_back(first | t);
@@ -104,9 +122,12 @@ TEST(MomentCode, CodeTablesEqualTheRule) {
         ASSERT_EQ(kernels::nearest_code(map, n, f32_from_bits(first)), kernels::nearest_code(map, n, f32_from_bits(last)))
             << "key " << k << " has a boundary its entry misses";
       }
-      for (std::uint32_t b : probes)
-        ASSERT_EQ(kernels::nearest_code_keyed(table, n, f32_from_bits(b)), kernels::nearest_code(map, n, f32_from_bits(b)))
+      for (std::uint32_t b : probes) {
+        ASSERT_EQ(kernels::nearest_code_keyed(table, f32_from_bits(b)), kernels::nearest_code(map, n, f32_from_bits(b)))
             << "key " << k << " float " << f32_from_bits(b);
+        ASSERT_EQ(kernels::nearest_code_unit(table, f32_from_bits(b)), kernels::nearest_code(map, n, f32_from_bits(b)))
+            << "key " << k << " float " << f32_from_bits(b);
+      }
     }
     // Nearly every boundary between two entries lies inside a key's span (one may fall on
     // a span's last float, where the next key's entry starts with the next code).
@@ -115,10 +136,17 @@ TEST(MomentCode, CodeTablesEqualTheRule) {
       const float mid = map[i] + (map[i + 1] - map[i]) / 2;  // the ties
       for (float a : {map[i], std::nextafter(map[i], 0.0f), std::nextafter(map[i], 2.0f), mid,
                       std::nextafter(mid, 0.0f), std::nextafter(mid, 2.0f)})
-        ASSERT_EQ(kernels::nearest_code_keyed(table, n, a), kernels::nearest_code(map, n, a)) << a;
+        ASSERT_EQ(kernels::nearest_code_keyed(table, a), kernels::nearest_code(map, n, a)) << a;
     }
-    for (float a : {0.0f, -0.0f, 1.0f, -1e-3f, std::nanf(""), 1e-30f, 0x1p-149f})
-      EXPECT_EQ(kernels::nearest_code_keyed(table, n, a), kernels::nearest_code(map, n, a)) << a;
+    constexpr float kInf = std::numeric_limits<float>::infinity();
+    // 1 and every float above it read 1's own entry (the last code); negative floats and
+    // NaN read it too and take 0.
+    for (float a : {0.0f, -0.0f, 1.0f, std::nextafter(1.0f, 2.0f), 1.5f, 2.0f, 3e38f, kInf, -1e-3f, -1.0f,
+                    -kInf, std::nanf(""), -std::nanf(""), 1e-30f, 0x1p-149f})
+      EXPECT_EQ(kernels::nearest_code_keyed(table, a), kernels::nearest_code(map, n, a)) << a;
+    // The encoders' reader under a fast scale: quotients in [0, 1], and NaN, which codes as 0.
+    for (float a : {0.0f, 0x1p-149f, 1e-30f, 0.5f, std::nextafter(1.0f, 0.0f), 1.0f, std::nanf("")})
+      EXPECT_EQ(kernels::nearest_code_unit(table, a), kernels::nearest_code(map, n, a)) << a;
   }
 }
 

@@ -114,6 +114,7 @@ AdamApplyLaunch prepare_apply(const AdamConfig& config, const ShardPointers& sha
   a.num_groups = static_cast<int>(config.groups.size());
   a.consts.beta2 = static_cast<float>(config.beta2);
   a.consts.one_minus_beta1 = static_cast<float>(1.0 - config.beta1);
+  a.consts.beta1_rounded = 1.0f - a.consts.one_minus_beta1;
   a.consts.one_minus_beta2 = static_cast<float>(1.0 - config.beta2);
   a.consts.eps = static_cast<float>(config.eps);
   for (std::size_t g = 0; g < config.groups.size(); ++g)

@@ -66,6 +66,7 @@ struct AdamPrologueParams {
 struct AdamElementConsts {
   float beta2 = 0.999f;            ///< float(beta2)
   float one_minus_beta1 = 0.1f;    ///< float(1 - beta1), formed in double
+  float beta1_rounded = 0.9f;      ///< 1.0f - one_minus_beta1 in float (adam_moments' form for w >= 0.5)
   float one_minus_beta2 = 0.001f;  ///< float(1 - beta2), formed in double
   float eps = 1e-8f;               ///< float(eps)
   float l2[kMaxAdamGroups] = {};   ///< float(weight_decay) per group (Adam's L2 term)
@@ -189,7 +190,7 @@ SHARDOPT_HD void adam_moments(const AdamElementConsts& c, const AdamStepValues& 
   }
   const float w = c.one_minus_beta1;
   const float diff = g - m;
-  m = w < 0.5f ? fmaf(w, diff, m) : fmaf(-diff, 1.0f - w, g);
+  m = w < 0.5f ? fmaf(w, diff, m) : fmaf(-diff, c.beta1_rounded, g);
   v = fmaf(c.one_minus_beta2 * g, g, v * c.beta2);
 }
 

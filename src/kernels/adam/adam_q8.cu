@@ -202,13 +202,13 @@ __device__ __forceinline__ void q8_block(const AdamApplyParams& a, const AdamSte
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i)
     adam_q8_moments<Tr::decoupled>(a.consts, sv, maps, g[i], p[i], m_code[i], v_code[i], m_scale, r_scale, m[i], v[i]);
-  bool exact = true;
+  bool exact = true;  // positions past the end count too: their zeros are in range (eps >= 2^-60)
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     bool root_exact, quot_exact;
     r[i] = sqrt_rn_fast(v[i], root_exact);
     quot[i] = div_rn_fast(m[i], adam_denominator(a.consts, sv, r[i]), quot_exact);
-    exact = exact && (i >= s.n || (root_exact && quot_exact));
+    exact = exact && root_exact && quot_exact;
   }
   if (!exact) {
 #pragma unroll
@@ -217,12 +217,14 @@ __device__ __forceinline__ void q8_block(const AdamApplyParams& a, const AdamSte
       quot[i] = m[i] / adam_denominator(a.consts, sv, r[i]);
     }
   }
+  // The block's maxima over every position: one past the end holds m = r = 0 (its zeros
+  // decode to 0 and update to 0) or NaN (an infinite old scale), which fmaxf ignores.
   float m_max = 0.0f, r_max = 0.0f;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     adam_apply_quotient(sv, quot[i], p[i]);
-    m_max = fmaxf(m_max, i < s.n ? fabsf(m[i]) : 0.0f);
-    r_max = fmaxf(r_max, i < s.n ? r[i] : 0.0f);
+    m_max = fmaxf(m_max, fabsf(m[i]));
+    r_max = fmaxf(r_max, r[i]);
   }
   store_masters<Tr>(a, s, p);
   m_max = warp_max(m_max);  // every lane of the warp takes part, valid or not

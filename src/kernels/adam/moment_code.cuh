@@ -34,18 +34,26 @@ inline constexpr int kKeyShift = 23 - kKeyBits;
 inline constexpr std::uint32_t kKeyLow = 104u << kKeyBits;  ///< biased exponent 104: 2^-23
 inline constexpr int kKeys = (127 - 104) << kKeyBits;        ///< 2944 keys, up to 1
 inline constexpr std::uint32_t kKeyLowBits = (1u << kKeyShift) - 1;  ///< a's bits below its key
+inline constexpr int kTableKeys = kKeys + 2;  ///< and two more: 1's, and one above 1 (nearest_code_unit)
 
 /// The two maps, ascending; entry 0 is 0, the last is 1; and each map's code table.
-/// A code table entry is (c << 16) | t for the key's span of floats: c is the code of the
-/// span's smallest float, and the floats of the span whose low 16 bits exceed t take code
-/// c + 1 (t = 0xFFFF: none do).
+/// A code table entry is (c << 16) | (0xFFFF - t) for the key's span of floats: c is the
+/// code of the span's smallest float, and the floats of the span whose low 16 bits exceed
+/// t take code c + 1 (t = 0xFFFF: none do). So (entry + a float's low 16 bits) >> 16 is the
+/// float's code: the sum carries into the code exactly when the low bits exceed t.
 struct MomentMaps {
   float first[128];   ///< magnitudes of the first moment: 0, decades 10^-5..1 (2^e codes in decade e), 1
   float second[256];  ///< square roots of the second moment: 0, decades 10^-6..1 (2^(e+1) codes), 1
-  std::uint32_t first_codes[kKeys];   ///< code table of `first`
-  std::uint32_t second_codes[kKeys];  ///< code table of `second`
-  bool one_boundary_per_key;          ///< every key's span holds at most one code boundary
+  float first_by_byte[256];  ///< the first moment of each byte at scale 1: +-first[byte & 0x7F]
+  std::uint32_t first_codes[kTableKeys];   ///< code table of `first`
+  std::uint32_t second_codes[kTableKeys];  ///< code table of `second`
+  bool one_boundary_per_key;               ///< every key's span holds at most one code boundary
 };
+
+/// The boundary t of a code table entry (0xFFFF: the key's span holds none).
+SHARDOPT_HD constexpr std::uint32_t code_table_boundary(std::uint32_t entry) {
+  return kKeyLowBits - (entry & kKeyLowBits);
+}
 
 namespace code_tables {  // how make_moment_maps builds the maps and their code tables
 
@@ -106,8 +114,10 @@ constexpr bool build_code_table(const float* map, int n, std::uint32_t* table) {
     while (c + 1 < n && bound[c] < first) ++c;
     const bool inside = c + 1 < n && bound[c] < last;
     if (inside && c + 2 < n && bound[c + 1] < last) one = false;
-    table[k] = (static_cast<std::uint32_t>(c) << 16) | (inside ? (bound[c] & kKeyLowBits) : kKeyLowBits);
+    table[k] = (static_cast<std::uint32_t>(c) << 16) | (kKeyLowBits - (inside ? (bound[c] & kKeyLowBits) : kKeyLowBits));
   }
+  table[kKeys] = static_cast<std::uint32_t>(n - 1) << 16;  // 1's key: the last code, no boundary
+  table[kKeys + 1] = 0;                                     // above: code 0 (nearest_code_unit's NaN)
   return one;
 }
 
@@ -132,6 +142,7 @@ constexpr MomentMaps make_moment_maps() {
     for (int k = 0; k < n; ++k) maps.second[j++] = static_cast<float>(kDecade[e] * (0.1 + 0.9 * ((k + 0.5) / n)));
   }
   maps.second[j] = 1.0f;
+  for (int c = 0; c < 256; ++c) maps.first_by_byte[c] = (c & 0x80) != 0 ? -maps.first[c & 0x7F] : maps.first[c & 0x7F];
   const bool first_one = code_tables::build_code_table(maps.first, 128, maps.first_codes);
   const bool second_one = code_tables::build_code_table(maps.second, 256, maps.second_codes);
   maps.one_boundary_per_key = first_one && second_one;
@@ -141,7 +152,7 @@ constexpr MomentMaps make_moment_maps() {
 /// The maps of the host twins (the CUDA kernels keep a copy of the same value).
 inline constexpr MomentMaps kMomentMaps = make_moment_maps();
 static_assert(kMomentMaps.one_boundary_per_key, "a key's span holds two code boundaries: raise kKeyBits");
-static_assert(kMomentMaps.first_codes[0] == kKeyLowBits && kMomentMaps.second_codes[0] == kKeyLowBits,
+static_assert(kMomentMaps.first_codes[0] == 0 && kMomentMaps.second_codes[0] == 0,
               "key 0 (2^-23) must hold code 0 and no boundary: nearest_code_keyed reads it below 2^-23");
 
 /// Index of the entry of `map` (n ascending entries, map[0] = 0, map[n-1] = 1) nearest to
@@ -163,17 +174,29 @@ SHARDOPT_HD int nearest_code(const float* map, int n, float a) {
   return map[hi] - a < a - map[lo] ? hi : lo;
 }
 
-/// nearest_code of a map (n entries) through its code table: one read and one comparison,
+/// nearest_code of a map (n entries) through its code table: one read and one addition,
 /// no loop and no branch (no divergence in a warp). Floats below 2^-23 read key 0's entry,
-/// which places no boundary and code 0 (every map's first boundary lies above 2^-23).
-SHARDOPT_HD int nearest_code_keyed(const std::uint32_t* table, int n, float a) {
+/// which places no boundary and code 0 (every map's first boundary lies above 2^-23);
+/// floats from 1 up (and negative floats and NaN, whose bits are larger) read 1's entry,
+/// code n - 1 with no boundary; the last comparison answers zero, negative a and NaN.
+SHARDOPT_HD int nearest_code_keyed(const std::uint32_t* table, float a) {
   const std::uint32_t bits = num::f32_bits(a);
   std::uint32_t key = bits >> kKeyShift;
   key = key < kKeyLow ? kKeyLow : key;
-  key = key > kKeyLow + kKeys - 1 ? kKeyLow + kKeys - 1 : key;  // a >= 1, negative a, NaN: answered below
-  const std::uint32_t e = table[key - kKeyLow];
-  const int code = static_cast<int>(e >> 16) + ((bits & kKeyLowBits) > (e & kKeyLowBits) ? 1 : 0);
-  return !(a > 0.0f) ? 0 : (a >= 1.0f ? n - 1 : code);
+  key = key > kKeyLow + kKeys ? kKeyLow + kKeys : key;
+  const int code = static_cast<int>((table[key - kKeyLow] + (bits & kKeyLowBits)) >> 16);
+  return a > 0.0f ? code : 0;
+}
+
+/// nearest_code_keyed for a in [0, 1] or NaN, what an encoder's quotient by a finite block
+/// scale can be: NaN (and every float from 1 + 2^-7 up) reads the entry above 1's, code 0,
+/// so no comparison is left.
+SHARDOPT_HD int nearest_code_unit(const std::uint32_t* table, float a) {
+  const std::uint32_t bits = num::f32_bits(a);
+  std::uint32_t key = bits >> kKeyShift;
+  key = key < kKeyLow ? kKeyLow : key;
+  key = key > kKeyLow + kKeys + 1 ? kKeyLow + kKeys + 1 : key;
+  return static_cast<int>((table[key - kKeyLow] + (bits & kKeyLowBits)) >> 16);
 }
 
 /// A block's scale, ready to divide by: what divide_by_scale needs.
@@ -211,11 +234,13 @@ SHARDOPT_HD float divide_by_scale(float a, const CodeScale& s) {
 }
 
 /// The byte of first-moment value m in a block of scale s.scale (= the block's max |m|).
-/// kFastScale: the caller knows s.fast (divide_by_scale).
+/// kFastScale: the caller knows s.fast (divide_by_scale) and |m| <= s.scale or m is NaN
+/// (nearest_code_unit).
 template <bool kFastScale = false>
 SHARDOPT_HD std::uint8_t encode_first_moment(const MomentMaps& maps, float m, const CodeScale& s) {
   if (!kFastScale && !(s.scale > 0.0f)) return 0;
-  const int k = nearest_code_keyed(maps.first_codes, 128, divide_by_scale<kFastScale>(fabsf(m), s));
+  const float a = divide_by_scale<kFastScale>(fabsf(m), s);  // in [0, 1] or NaN under a fast scale
+  const int k = kFastScale ? nearest_code_unit(maps.first_codes, a) : nearest_code_keyed(maps.first_codes, a);
   return static_cast<std::uint8_t>(k != 0 && std::signbit(m) ? (0x80 | k) : k);
 }
 
@@ -224,18 +249,20 @@ SHARDOPT_HD std::uint8_t encode_first_moment(const MomentMaps& maps, float m, fl
   return encode_first_moment(maps, m, code_scale(scale));
 }
 
-/// The first-moment value of byte c in a block of scale `scale`.
+/// The first-moment value of byte c in a block of scale `scale`: +-first[c & 0x7F] x
+/// scale (one read of the signed entry: the product's sign is the entry's).
 SHARDOPT_HD float decode_first_moment(const MomentMaps& maps, std::uint8_t c, float scale) {
-  const float x = maps.first[c & 0x7F] * scale;
-  return (c & 0x80) != 0 ? -x : x;
+  return maps.first_by_byte[c] * scale;
 }
 
 /// The byte of second-moment square root r = sqrtf(v) in a block of scale s.scale (= the
-/// block's max r). kFastScale: the caller knows s.fast.
+/// block's max r). kFastScale: the caller knows s.fast and r <= s.scale or r is NaN.
 template <bool kFastScale = false>
 SHARDOPT_HD std::uint8_t encode_second_moment(const MomentMaps& maps, float r, const CodeScale& s) {
   if (!kFastScale && !(s.scale > 0.0f)) return 0;
-  return static_cast<std::uint8_t>(nearest_code_keyed(maps.second_codes, 256, divide_by_scale<kFastScale>(r, s)));
+  const float a = divide_by_scale<kFastScale>(r, s);  // in [0, 1] or NaN under a fast scale
+  return static_cast<std::uint8_t>(kFastScale ? nearest_code_unit(maps.second_codes, a)
+                                              : nearest_code_keyed(maps.second_codes, a));
 }
 
 /// encode_second_moment under a block scale given as a float.
