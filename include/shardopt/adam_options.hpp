@@ -53,8 +53,11 @@ struct AdamOptions {
   /// of the on-GPU step. 0 keeps everything on the GPU. Views of an offloaded piece
   /// (shard_master, shard_exp_avg, ...) point into pinned host memory. Rank-local: not
   /// compared across ranks (it changes where the state lives, not the math).
+  /// Muon groups' parameters in those buckets keep their fp32 masters, and their home
+  /// ranks Muon's momentum, in pinned host memory too: Muon's pass reads and writes them
+  /// there in place (mapped into the GPU's address space), not through the ring.
   /// A fraction outside [0, 1] is Error(InvalidArgument).
-  /// With Muon groups or MXFP8 / NVFP4 parameters a fraction above 0 is Error(Unsupported).
+  /// With MXFP8 / NVFP4 parameters a fraction above 0 is Error(Unsupported).
   /// Pinned memory the host refuses is Error(OutOfMemory) on every rank, naming the bytes.
   double offload_fraction = 0.0;
   /// Elements of one stage of the offload ring (four slots on the device, each as wide as

@@ -9,18 +9,26 @@
 
 namespace shardopt::detail {
 
-MuonPass::MuonPass(Backend backend, const Layout& layout, int rank, const std::vector<AdamGroup>& groups)
+MuonPass::MuonPass(Backend backend, const Layout& layout, int rank, const std::vector<AdamGroup>& groups,
+                   const std::vector<bool>& host_params)
     : backend_(backend), groups_(groups) {
   matrices_ = muon_matrices(layout, groups);
   plan_ = muon_exchange_plan(layout, rank, matrices_);
   kernels::muon_load(backend_);  // CUDA: no lazy load inside a step (it would wait for running collectives)
   local_.assign(matrices_.size(), -1);
-  std::int64_t homed = 0;
+  momentum_at_.assign(matrices_.size(), -1);
+  momentum_on_host_.assign(matrices_.size(), false);
+  std::int64_t homed = 0, on_device = 0;
   for (std::size_t k = 0; k < matrices_.size(); ++k) {
     const MuonMatrixInfo& mi = matrices_[k];
     if (mi.home != rank) continue;
     local_[k] = homed;
     homed += mi.rows * mi.cols;
+    momentum_on_host_[k] = static_cast<std::size_t>(mi.param) < host_params.size() &&
+                           host_params[static_cast<std::size_t>(mi.param)];
+    std::int64_t& at = momentum_on_host_[k] ? host_momentum_numel_ : on_device;
+    momentum_at_[k] = at;
+    at += mi.rows * mi.cols;
   }
   const auto floats = [&](std::int64_t n) {
     DeviceBuffer b(backend_, static_cast<std::size_t>(n) * sizeof(float));
@@ -29,7 +37,7 @@ MuonPass::MuonPass(Backend backend, const Layout& layout, int rank, const std::v
   };
   send_ = floats(plan_.slot * layout.world_size());
   recv_ = floats(plan_.slot * layout.world_size());
-  momentum_ = floats(homed);
+  momentum_ = floats(on_device);
   matrix_ = floats(homed);
   synchronize(backend_, nullptr);  // the zeroed momentum is in place before any stream's step
   update_dtype_ = muon_update_exchange_dtype(backend_, groups_, matrices_);
@@ -43,7 +51,15 @@ DType muon_update_exchange_dtype(Backend backend, const std::vector<AdamGroup>& 
   return DType::bf16;
 }
 
+void MuonPass::place_host_momentum(float* host) {
+  SHARDOPT_REQUIRE(host != nullptr || host_momentum_numel_ == 0, ErrorCode::Internal,
+                   "MuonPass: no host memory for the offloaded momentum");
+  host_momentum_ = host;
+}
+
 void MuonPass::bind(const std::vector<MuonPieceStorage>& pieces, DType grad_dtype) {
+  SHARDOPT_REQUIRE(host_momentum_ != nullptr || host_momentum_numel_ == 0, ErrorCode::Internal,
+                   "MuonPass::bind before place_host_momentum");
   grad_dtype_ = grad_dtype;
   // Element `pos` of peer `peer`'s slot in an exchange buffer of `dt` elements.
   const auto slot_at = [&](const DeviceBuffer& buf, int peer, std::int64_t pos, DType dt) {
@@ -62,7 +78,7 @@ void MuonPass::bind(const std::vector<MuonPieceStorage>& pieces, DType grad_dtyp
   for (std::size_t k = 0; k < matrices_.size(); ++k) {
     if (local_[k] < 0) continue;
     const MuonMatrixInfo& mi = matrices_[k];
-    update[k] = {matrix_.as<float>() + local_[k], momentum_.as<float>() + local_[k], mi.rows, mi.cols,
+    update[k] = {matrix_.as<float>() + local_[k], momentum(static_cast<int>(k)), mi.rows, mi.cols,
                  groups_[static_cast<std::size_t>(mi.group)].muon};
   }
   // Pieces of matrices homed elsewhere travel raw, in the gradient dtype (the home scales
@@ -134,8 +150,9 @@ void MuonPass::step(const Communicator& comm, StepScalars* scalars, Stream strea
 float* MuonPass::momentum(int matrix) const {
   SHARDOPT_REQUIRE(matrix >= 0 && matrix < static_cast<int>(matrices_.size()), ErrorCode::OutOfRange,
                    "Muon matrix index out of range");
-  const std::int64_t at = local_[static_cast<std::size_t>(matrix)];
-  return at < 0 ? nullptr : momentum_.as<float>() + at;
+  const auto k = static_cast<std::size_t>(matrix);
+  if (local_[k] < 0) return nullptr;
+  return (momentum_on_host_[k] ? host_momentum_ : momentum_.as<float>()) + momentum_at_[k];
 }
 
 void MuonPass::add_memory(MemoryReport& r) const {

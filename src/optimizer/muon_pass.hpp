@@ -38,13 +38,22 @@ DType muon_update_exchange_dtype(Backend backend, const std::vector<AdamGroup>& 
 
 class MuonPass {
  public:
-  /// `groups` by layout group index; validates them (see muon_matrices).
-  MuonPass(Backend backend, const Layout& layout, int rank, const std::vector<AdamGroup>& groups);
+  /// `groups` by layout group index; validates them (see muon_matrices). `host_params`
+  /// (by layout parameter index; empty: none) names the parameters whose state lives in
+  /// pinned host memory (AdamOptions::offload_fraction): the momentum of such a matrix
+  /// homed here is not allocated on the device but placed by place_host_momentum.
+  MuonPass(Backend backend, const Layout& layout, int rank, const std::vector<AdamGroup>& groups,
+           const std::vector<bool>& host_params = {});
 
   /// Binds the storage of this rank's pieces (indexed by parameter; read for Muon
   /// parameters only). The engine calls it once every buffer is bound (construction).
   void bind(const std::vector<MuonPieceStorage>& pieces, DType grad_dtype);
   bool bound() const noexcept { return bound_; }
+  /// Floats of momentum that live on the host (the homed matrices of host_params).
+  std::int64_t host_momentum_numel() const noexcept { return host_momentum_numel_; }
+  /// Where that momentum lives: host_momentum_numel() zeroed floats of pinned memory,
+  /// which the step's kernels read and write in place (mapped). Before bind.
+  void place_host_momentum(float* host);
   /// Enqueues the Muon step on `stream`: two all-to-alls over `comm` (the layout's world).
   /// Error(Internal) before bind.
   void step(const Communicator& comm, StepScalars* scalars, Stream stream) const;
@@ -58,9 +67,11 @@ class MuonPass {
   std::int64_t exchange_slot() const noexcept { return plan_.slot; }
   /// Hash of the matrices and homes, for the ranks' agreement check.
   std::uint64_t plan_hash() const noexcept { return muon_plan_hash(matrices_); }
-  /// The momentum of the matrices homed here (fp32, whole), in matrix order.
+  /// The momentum of a matrix homed here (fp32, whole; device or pinned host memory), or
+  /// null for a matrix homed elsewhere.
   float* momentum(int matrix) const;
-  /// Momentum -> moments; the exchange slots, the matrices' work buffers -> pool.
+  /// The device momentum -> moments; the exchange slots, the matrices' work buffers -> pool
+  /// (the host momentum is the offload's, counted by it).
   void add_memory(MemoryReport& r) const;
 
  private:
@@ -68,7 +79,11 @@ class MuonPass {
   std::vector<AdamGroup> groups_;
   std::vector<MuonMatrixInfo> matrices_;
   MuonExchangePlan plan_;
-  std::vector<std::int64_t> local_;  // per matrix: its offset in momentum_ / work_ (-1: homed elsewhere)
+  std::vector<std::int64_t> local_;     // per matrix: its offset in matrix_ (-1: homed elsewhere)
+  std::vector<std::int64_t> momentum_at_;  // per homed matrix: its offset in momentum_ or in the host momentum
+  std::vector<bool> momentum_on_host_;     // per matrix
+  std::int64_t host_momentum_numel_ = 0;
+  float* host_momentum_ = nullptr;
   DeviceBuffer send_, recv_, momentum_, matrix_;
   DType grad_dtype_ = DType::f32;
   DType update_dtype_ = DType::f32;

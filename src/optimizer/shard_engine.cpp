@@ -103,12 +103,8 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
     auto it = settings_.adam.groups.find(gname);
     groups.push_back(it != settings_.adam.groups.end() ? it->second : settings_.adam.default_group);
   }
-  if (has_muon(groups)) muon_ = std::make_unique<MuonPass>(backend_, L, rank, groups);
   const bool offload = settings_.adam.offload_fraction > 0.0;
   if (offload) {
-    SHARDOPT_REQUIRE(!muon_, ErrorCode::Unsupported,
-                     settings_.options_name + "::offload_fraction > 0 with a Muon group: Muon's momentum and "
-                     "exchange are not offloaded yet. Use offload_fraction 0 with Muon groups");
     for (const BufferLayout& buf : L.buffers())
       SHARDOPT_REQUIRE(buf.storage != kQuantizedStorage, ErrorCode::Unsupported,
                        settings_.options_name + "::offload_fraction > 0 with MXFP8 or NVFP4 parameters: their fused "
@@ -116,6 +112,10 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
                        "offload_fraction 0 with a quantized param_format");
   }
   const std::vector<bool> offloaded = offloaded_buckets(L, settings_.adam.offload_fraction);
+  std::vector<bool> host_params(L.params().size(), false);  // their buckets' state lives on the host
+  for (std::size_t p = 0; p < L.params().size(); ++p)
+    host_params[p] = offloaded[static_cast<std::size_t>(L.params()[p].bucket)];
+  if (has_muon(groups)) muon_ = std::make_unique<MuonPass>(backend_, L, rank, groups, host_params);
   pieces_.resize(L.params().size());
   shards_.resize(L.buffers().size());
   const bool q8 = settings_.adam.moment_dtype == DType::q8_block;
@@ -144,6 +144,17 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
     std::int64_t moment_numel = sh.split;  // n without offload
     if (muon_) {  // the norm covers every gradient; Adam skips the Muon groups' chunks
       moment_numel = compact_moments(L, static_cast<int>(b), rank, groups, moment_align, sh.chunks, pieces_);
+      if (offload) {  // only the device part is compacted: the host arrays are indexed by shard offset
+        for (ShardChunk& c : sh.chunks)
+          if (c.shard_offset >= sh.split) c.moment_shift = 0;
+        for (const auto& seg : L.segments(static_cast<int>(b), rank))
+          if (seg.shard_offset >= sh.split) pieces_[static_cast<std::size_t>(seg.param)].moment_shift = 0;
+        moment_numel = 0;
+        for (const ShardChunk& c : sh.chunks)
+          if (c.shard_offset < sh.split && groups[static_cast<std::size_t>(c.group)].algorithm != GroupAlgorithm::Muon)
+            moment_numel = std::max(moment_numel, c.shard_offset + c.length - c.moment_shift);
+        moment_numel = (moment_numel + moment_align - 1) / moment_align * moment_align;
+      }
       sh.num_norm_chunks = static_cast<std::int64_t>(sh.chunks.size());
       sh.norm_chunks_dev = DeviceBuffer(backend_, sh.chunks.size() * sizeof(ShardChunk));
       copy_async(backend_, sh.norm_chunks_dev.data(), sh.chunks.data(), sh.chunks.size() * sizeof(ShardChunk), nullptr);
@@ -170,12 +181,16 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
     // The fp32 master: the whole shard, or with remainders only the Muon pieces (compact).
     sh.remainder = settings_.adam.master_storage == MasterStorage::bf16_remainder &&
                    L.buffers()[b].dtype == DType::bf16 && L.buffers()[b].storage != kQuantizedStorage;
+    // With offload, the Muon pieces from the split on keep theirs in a host array (master_of).
     std::int64_t master_numel = sh.remainder ? 0 : sh.split;
     for (const auto& seg : L.segments(static_cast<int>(b), rank)) {
       ParamPiece& ps = pieces_[static_cast<std::size_t>(seg.param)];
       ps.remainder = sh.remainder && !ps.muon;
-      ps.master_offset = sh.remainder ? (ps.muon ? master_numel : 0) : ps.shard_offset;
-      if (sh.remainder && ps.muon) master_numel += ps.length;
+      std::int64_t& compact = ps.shard_offset < sh.split ? master_numel : sh.host_muon_master_numel;
+      ps.master_offset = sh.remainder ? (ps.muon ? compact : 0) : ps.shard_offset;
+      if (sh.remainder && ps.muon) compact += ps.length;
+      if (ps.muon && ps.length > 0 && ps.shard_offset >= sh.split)
+        sh.host_muon_ranges.emplace_back(ps.shard_offset, ps.shard_offset + ps.length);
     }
     if (sh.remainder) {
       sh.remainders = DeviceBuffer(backend_, static_cast<std::size_t>(sh.split) * sizeof(std::uint16_t));
@@ -225,9 +240,12 @@ ShardEngine::ShardEngine(Backend backend, const Layout& layout, int rank, Engine
   }
   if (offload) {
     std::vector<StateOffload::BufferInfo> infos;
-    for (const BufferShard& sh : shards_) infos.push_back({&sh.chunks, sh.remainder, sh.split});
+    for (const BufferShard& sh : shards_)
+      infos.push_back({&sh.chunks, sh.remainder, sh.split, sh.host_muon_ranges, sh.host_muon_master_numel});
     offload_ = std::make_unique<StateOffload>(backend_, L, offloaded, infos, settings_.adam.moment_dtype,
-                                              settings_.adam.offload_stage_numel);
+                                              settings_.adam.offload_stage_numel,
+                                              muon_ ? muon_->host_momentum_numel() : 0);
+    if (muon_ && !offload_->failed()) muon_->place_host_momentum(offload_->muon_momentum());
     for (int bk = 0; bk < static_cast<int>(L.buckets().size()); ++bk) {
       if (!offloaded[static_cast<std::size_t>(bk)]) continue;
       const auto [c0, c1] = bucket_chunks(bk);
@@ -286,7 +304,7 @@ void ShardEngine::bind_muon() {
     if (ps.length == 0) continue;
     const BufferShard& sh = shards_[static_cast<std::size_t>(ps.buffer)];
     st[p].grad = static_cast<const char*>(sh.ptrs.grads) + storage_offset(ps) * size_of(settings_.grad_dtype);
-    st[p].master = sh.master.as<float>() + ps.master_offset;
+    st[p].master = master_of(static_cast<int>(p));
     st[p].param = sh.ptrs.params == nullptr ? nullptr
                                             : static_cast<char*>(sh.ptrs.params) + storage_offset(ps) * size_of(sh.param_dtype);
     st[p].param_dtype = sh.param_dtype;
@@ -307,6 +325,11 @@ void ShardEngine::check_muon_agreement(const Communicator& comm) const {
 float* ShardEngine::master_of(int param) const {
   const ParamPiece& ps = piece(param);
   if (ps.length == 0 || ps.remainder) return nullptr;
+  const BufferShard& sh = shards_[static_cast<std::size_t>(ps.buffer)];
+  if (sh.remainder) {  // a Muon piece's compact fp32 master: on the device, or offloaded
+    float* const compact = offload_ && ps.shard_offset >= sh.split ? offload_->muon_master(ps.buffer) : sh.master.as<float>();
+    return compact + ps.master_offset;
+  }
   const StateArrays a = arrays_at(static_cast<std::size_t>(ps.buffer), ps.shard_offset);
   return a.master + (ps.master_offset - a.begin);
 }
@@ -345,7 +368,7 @@ void ShardEngine::publish_master(Stream stream) {
       // The Muon pieces keep an fp32 master: their parameters are it, rounded to nearest even.
       for (const ParamPiece& ps : pieces_)
         if (ps.buffer == static_cast<int>(b) && ps.muon && ps.length > 0)
-          kernels::convert(sh.master.as<float>() + ps.master_offset, DType::f32,
+          kernels::convert(master_of(static_cast<int>(&ps - pieces_.data())), DType::f32,
                            params + storage_offset(ps) * size_of(dt), dt, ps.length, backend_, stream);
       continue;
     }
@@ -392,7 +415,7 @@ void ShardEngine::init_master(Stream stream) {
       }
       for (const ParamPiece& ps : pieces_)
         if (ps.buffer == static_cast<int>(b) && ps.muon && ps.length > 0)
-          kernels::convert(params + storage_offset(ps) * size_of(dt), dt, sh.master.as<float>() + ps.master_offset,
+          kernels::convert(params + storage_offset(ps) * size_of(dt), dt, master_of(static_cast<int>(&ps - pieces_.data())),
                            DType::f32, ps.length, backend_, stream);
       continue;
     }
@@ -671,17 +694,14 @@ void ShardEngine::for_state_parts(std::size_t b, F&& f) const {
     f(arrays_at(b, 0), std::int64_t{0}, sh.ptrs.moment_numel);
     return;
   }
-  if (sh.split > 0) f(arrays_at(b, 0), std::int64_t{0}, sh.split);
+  if (sh.ptrs.moment_numel > 0) f(arrays_at(b, 0), std::int64_t{0}, sh.ptrs.moment_numel);
   if (sh.split < n) f(arrays_at(b, sh.split), sh.split, n - sh.split);
 }
 
 ShardView ShardEngine::master_view(int param) const {
   const ParamPiece& ps = piece(param);
   const BufferShard& sh = shards_[static_cast<std::size_t>(ps.buffer)];
-  if (!ps.remainder) {
-    const StateArrays a = arrays_at(static_cast<std::size_t>(ps.buffer), ps.shard_offset);
-    return piece_view(param, a.master, DType::f32, a.begin + ps.shard_offset - ps.master_offset);
-  }
+  if (!ps.remainder) return piece_view(param, master_of(param), DType::f32, ps.shard_offset);
   SHARDOPT_REQUIRE(sh.staging, ErrorCode::Unsupported,
                    "parameter '" + layout_.specs()[static_cast<std::size_t>(param)].name +
                        "' keeps no fp32 master (master_storage = bf16_remainder): its master is the bf16 parameter "

@@ -230,6 +230,10 @@ class ShardEngine {
     std::int64_t device_real = 0;  // real elements below split
     std::size_t device_chunks = 0;
     std::vector<std::tuple<std::size_t, std::size_t, int>> offloaded;
+    // The Muon pieces from the split on: their shard ranges, and with remainders the floats
+    // of their compact fp32 masters (the offload's host array; master_of).
+    std::vector<std::pair<std::int64_t, std::int64_t>> host_muon_ranges;
+    std::int64_t host_muon_master_numel = 0;
     DeviceBuffer amax_chunks;  // per chunk, where Adam emits NVFP4 partial amaxes (emit_amaxes)
   };
   ShardView piece_view(int param, const DeviceBuffer& buf, DType dtype, std::int64_t shift = 0) const;

@@ -50,7 +50,8 @@ std::vector<bool> offloaded_buckets(const Layout& L, double fraction) {
 }
 
 StateOffload::StateOffload(Backend backend, const Layout& L, const std::vector<bool>& offloaded,
-                           const std::vector<BufferInfo>& buffers, DType moment_dtype, std::int64_t stage_numel)
+                           const std::vector<BufferInfo>& buffers, DType moment_dtype, std::int64_t stage_numel,
+                           std::int64_t muon_momentum_numel)
     : backend_(backend),
       moment_dtype_(moment_dtype),
       buffers_(L.buffers().size()),
@@ -98,6 +99,16 @@ StateOffload::StateOffload(Backend backend, const Layout& L, const std::vector<b
         table.push_back(c);
       }
       st.num_chunks = static_cast<std::int64_t>(table.size()) - st.first_chunk;
+      // The master's ranges this stage moves: [a, e) less the Muon pieces in it.
+      st.first_run = master_runs_.size();
+      std::int64_t from = a;
+      for (const auto& [mb, me] : buffers[static_cast<std::size_t>(bucket.buffer)].muon_ranges) {
+        if (me <= from || mb >= e) continue;
+        if (mb > from) master_runs_.emplace_back(from, mb);
+        from = std::max(from, me);
+      }
+      if (from < e) master_runs_.emplace_back(from, e);
+      st.num_runs = master_runs_.size() - st.first_run;
       SHARDOPT_REQUIRE(!q8 || (a % kMomentBlock == 0 && e % kMomentBlock == 0), ErrorCode::Internal,
                        "offload: a stage of 8-bit moments does not start and end on block boundaries");
       if (st.num_chunks > 0) stages_.push_back(st);  // a stage of padding only has nothing to update
@@ -115,18 +126,24 @@ StateOffload::StateOffload(Backend backend, const Layout& L, const std::vector<b
   if (std::none_of(offloaded.begin(), offloaded.end(), [](bool v) { return v; })) return;
 
   // The host arrays: each offloaded buffer's shard from its split to its end, zeroed as
-  // the device arrays are. Their sizes first: a refusal names what the whole offload needs.
-  std::vector<std::array<std::size_t, 6>> sizes(buffers_.size());
+  // the device arrays are (and Muon's masters kept apart, Muon's momentum). Their sizes
+  // first: a refusal names what the whole offload needs.
+  std::vector<std::array<std::size_t, 7>> sizes(buffers_.size());
   for (std::size_t b = 0; b < buffers_.size(); ++b) {
     const std::int64_t n = L.buffers()[b].shard_numel;
     if (buffers_[b].split >= n) continue;
     const auto numel = static_cast<std::size_t>(n - buffers_[b].split);
     const std::size_t scales = q8 ? numel / kMomentBlock * sizeof(float) : 0;
     sizes[b] = {buffers[b].remainder ? 0 : numel * sizeof(float), buffers[b].remainder ? numel * sizeof(std::uint16_t) : 0,
-                numel * msize, numel * msize, scales, scales};
+                numel * msize, numel * msize, scales, scales,
+                static_cast<std::size_t>(buffers[b].muon_master_numel) * sizeof(float)};
     for (std::size_t bytes : sizes[b]) host_bytes_ += static_cast<std::int64_t>(bytes);
   }
+  const std::size_t momentum_bytes = static_cast<std::size_t>(muon_momentum_numel) * sizeof(float);
+  host_bytes_ += static_cast<std::int64_t>(momentum_bytes);
   try {
+    muon_momentum_ = DeviceBuffer(backend_, momentum_bytes, MemoryKind::Pinned);
+    if (muon_momentum_) std::memset(muon_momentum_.data(), 0, muon_momentum_.bytes());
     for (std::size_t b = 0; b < buffers_.size(); ++b) {
       BufferState& bs = buffers_[b];
       if (bs.split >= L.buffers()[b].shard_numel) continue;
@@ -146,6 +163,7 @@ StateOffload::StateOffload(Backend backend, const Layout& L, const std::vector<b
   } catch (const Error& e) {
     if (e.code() != ErrorCode::OutOfMemory) throw;
     failed_ = std::current_exception();
+    muon_momentum_ = DeviceBuffer();
     for (BufferState& bs : buffers_) {  // nothing half-built: every host array goes
       for (DeviceBuffer* buf : bs.arrays()) *buf = DeviceBuffer();
       bs.host = StateArrays{};
@@ -199,14 +217,13 @@ void StateOffload::copy_stage(const Stage& st, int slot, bool upload, Stream str
   const BufferState& bs = buffers_[static_cast<std::size_t>(st.buffer)];
   const StateArrays& h = bs.host;
   const StateArrays d = slot_arrays(slot, st.base, h.remainders != nullptr);
-  const std::int64_t n = st.end - st.begin;
-  // One array's [begin, end): bytes per element `size`, or per block with `per_block`.
-  auto move = [&](void* host, void* dev, std::size_t size, bool per_block) {
+  // One array's [from, to): bytes per element `size`, or per block with `per_block`.
+  auto move = [&](void* host, void* dev, std::size_t size, bool per_block, std::int64_t from, std::int64_t to) {
     if (host == nullptr) return;
     const std::int64_t div = per_block ? kMomentBlock : 1;
-    char* hp = static_cast<char*>(host) + static_cast<std::size_t>((st.begin - h.begin) / div) * size;
-    char* dp = static_cast<char*>(dev) + static_cast<std::size_t>((st.begin - d.begin) / div) * size;
-    const std::size_t bytes = static_cast<std::size_t>(n / div) * size;
+    char* hp = static_cast<char*>(host) + static_cast<std::size_t>((from - h.begin) / div) * size;
+    char* dp = static_cast<char*>(dev) + static_cast<std::size_t>((from - d.begin) / div) * size;
+    const std::size_t bytes = static_cast<std::size_t>((to - from) / div) * size;
     if (upload) {
       copy_async(backend_, dp, hp, bytes, stream);
     } else {
@@ -214,12 +231,14 @@ void StateOffload::copy_stage(const Stage& st, int slot, bool upload, Stream str
     }
   };
   const std::size_t msize = size_of(moment_dtype_);
-  move(h.master, d.master, sizeof(float), false);
-  move(h.remainders, d.remainders, sizeof(std::uint16_t), false);
-  move(h.exp_avg, d.exp_avg, msize, false);
-  move(h.exp_avg_sq, d.exp_avg_sq, msize, false);
-  move(h.exp_avg_scales, d.exp_avg_scales, sizeof(float), true);
-  move(h.exp_avg_sq_scales, d.exp_avg_sq_scales, sizeof(float), true);
+  // The master only in its ranges outside Muon's pieces (Muon's pass updates theirs in place).
+  for (std::size_t r = st.first_run; r < st.first_run + st.num_runs; ++r)
+    move(h.master, d.master, sizeof(float), false, master_runs_[r].first, master_runs_[r].second);
+  move(h.remainders, d.remainders, sizeof(std::uint16_t), false, st.begin, st.end);
+  move(h.exp_avg, d.exp_avg, msize, false, st.begin, st.end);
+  move(h.exp_avg_sq, d.exp_avg_sq, msize, false, st.begin, st.end);
+  move(h.exp_avg_scales, d.exp_avg_scales, sizeof(float), true, st.begin, st.end);
+  move(h.exp_avg_sq_scales, d.exp_avg_sq_scales, sizeof(float), true, st.begin, st.end);
 }
 
 void StateOffload::begin(Stream caller) {

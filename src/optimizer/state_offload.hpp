@@ -14,11 +14,16 @@
 // kernel, the same elements, the same bits as on-GPU state. On the host backend the side
 // streams are the caller's and the events no-ops: the same schedule runs in order,
 // copying between two host arenas.
+//
+// Muon's state in those buckets lives here too, but is not staged: Muon's pass reads and
+// writes its pieces' fp32 masters and its home's momentum in place, in these pinned arrays
+// (mapped into the device's address space), so the stages never move a Muon piece's master.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <exception>
+#include <utility>
 #include <vector>
 
 #include "core/memory.hpp"
@@ -58,13 +63,21 @@ class StateOffload {
     const std::vector<ShardChunk>* chunks = nullptr;
     bool remainder = false;
     std::int64_t split = 0;
+    /// Shard ranges [begin, end) of the Muon pieces from the split on, ascending: their
+    /// fp32 master (in the host master array) is Muon's pass's to update, never staged.
+    std::vector<std::pair<std::int64_t, std::int64_t>> muon_ranges;
+    /// With remainders: the fp32 masters of those Muon pieces, in an array of their own.
+    std::int64_t muon_master_numel = 0;
   };
   /// Plans the stages of the buckets `offloaded` names (over this rank's chunk tables)
   /// and allocates the pinned host arrays (zeroed), the ring and the stage chunk tables.
   /// A refused pinned allocation leaves the object empty and failed() set: the front end
   /// makes every rank learn of it (ShardEngine::agree_offload).
+  /// `muon_momentum_numel`: floats of Muon momentum homed here that live on the host
+  /// (MuonPass::host_momentum_numel).
   StateOffload(Backend backend, const Layout& layout, const std::vector<bool>& offloaded,
-               const std::vector<BufferInfo>& buffers, DType moment_dtype, std::int64_t stage_numel);
+               const std::vector<BufferInfo>& buffers, DType moment_dtype, std::int64_t stage_numel,
+               std::int64_t muon_momentum_numel = 0);
   StateOffload(const StateOffload&) = delete;
   StateOffload& operator=(const StateOffload&) = delete;
 
@@ -77,6 +90,10 @@ class StateOffload {
 
   /// Buffer b's host arrays (begin: the shard offset of their element 0).
   const StateArrays& host(int buffer) const { return buffers_.at(static_cast<std::size_t>(buffer)).host; }
+  /// Buffer b's host array of Muon masters (BufferInfo::muon_master_numel floats; null: none).
+  float* muon_master(int buffer) const { return buffers_.at(static_cast<std::size_t>(buffer)).muon_master.as<float>(); }
+  /// The host array of Muon momentum (muon_momentum_numel floats, zeroed; null: none).
+  float* muon_momentum() const { return muon_momentum_.as<float>(); }
 
   /// Buffer b's Adam settings and bound gradient / parameter storage (ShardEngine::bind).
   void bind(int buffer, const AdamConfig* config, const void* grads, void* params);
@@ -100,13 +117,14 @@ class StateOffload {
     std::int64_t begin = 0, end = 0;  // shard offsets
     std::int64_t base = 0;            // the shard offset of slot element 0 (begin rounded down)
     std::int64_t first_chunk = 0, num_chunks = 0;  // in the stage chunk table
+    std::size_t first_run = 0, num_runs = 0;       // in master_runs_: the master's ranges it moves
   };
   struct BufferState {
     std::int64_t split = 0;
     StateArrays host;
-    DeviceBuffer master, remainders, exp_avg, exp_avg_sq, exp_avg_scales, exp_avg_sq_scales;  // pinned
-    std::array<DeviceBuffer*, 6> arrays() {  // in that order
-      return {&master, &remainders, &exp_avg, &exp_avg_sq, &exp_avg_scales, &exp_avg_sq_scales};
+    DeviceBuffer master, remainders, exp_avg, exp_avg_sq, exp_avg_scales, exp_avg_sq_scales, muon_master;  // pinned
+    std::array<DeviceBuffer*, 7> arrays() {  // in that order
+      return {&master, &remainders, &exp_avg, &exp_avg_sq, &exp_avg_scales, &exp_avg_sq_scales, &muon_master};
     }
     const AdamConfig* config = nullptr;
     const void* grads = nullptr;
@@ -121,9 +139,11 @@ class StateOffload {
   std::int64_t slot_numel_ = 0;  // elements of each array in a slot: the widest stage, rounded up to kMomentBlock
   std::vector<BufferState> buffers_;
   std::vector<Stage> stages_;
+  std::vector<std::pair<std::int64_t, std::int64_t>> master_runs_;  // per stage: [begin, end) less Muon's pieces
   std::vector<std::pair<std::size_t, std::size_t>> bucket_stages_;  // per bucket: first stage, count
   DeviceBuffer chunks_dev_;  // every stage's chunks, rebased to its slot
   DeviceBuffer ring_;
+  DeviceBuffer muon_momentum_;  // pinned
   std::size_t slot_bytes_ = 0;
   std::size_t region_[4] = {};  // byte offsets in a slot: master / remainders, exp_avg, exp_avg_sq, scales
   std::int64_t host_bytes_ = 0;

@@ -28,6 +28,14 @@ TEST(OffloadGpu, FsdpRemainders8BitMoments) {
   case_fsdp_offload_equals_on_gpu(kB, 0.6, false, 0, MasterStorage::bf16_remainder, DType::q8_block);
 }
 TEST(OffloadGpu, Hsdp) { case_fsdp_offload_equals_on_gpu(kB, 0.5, false, 2); }
+TEST(OffloadGpu, MuonEqualsOnGpu) { case_muon_offload_equals_on_gpu(kB, 0.5, false); }
+TEST(OffloadGpu, MuonAllOffloadedGraph) { case_muon_offload_equals_on_gpu(kB, 1.0, true); }
+TEST(OffloadGpu, MuonRemainders8BitMoments) {
+  case_muon_offload_equals_on_gpu(kB, 0.6, false, MasterStorage::bf16_remainder, DType::q8_block);
+}
+TEST(OffloadGpu, MuonRemaindersGraph) { case_muon_offload_equals_on_gpu(kB, 0.5, true, MasterStorage::bf16_remainder); }
+TEST(OffloadGpu, MuonFsdp) { case_muon_fsdp_offload_equals_on_gpu(kB, 0.5); }
+TEST(OffloadGpu, MuonHsdp) { case_muon_fsdp_offload_equals_on_gpu(kB, 1.0, 2); }
 TEST(OffloadGpu, CheckpointsAcrossFractionsAndFrontEnds) { case_offload_checkpoints(kB); }
 TEST(OffloadGpu, CheckpointsOfRemainders8BitMoments) {
   case_offload_checkpoints(kB, MasterStorage::bf16_remainder, DType::q8_block);

@@ -28,6 +28,14 @@ TEST(OffloadHost, FsdpRemainders8BitMoments) {
   case_fsdp_offload_equals_on_gpu(kB, 0.6, false, 0, MasterStorage::bf16_remainder, DType::q8_block);
 }
 TEST(OffloadHost, Hsdp) { case_fsdp_offload_equals_on_gpu(kB, 0.5, false, 2); }
+TEST(OffloadHost, MuonEqualsOnGpu) { case_muon_offload_equals_on_gpu(kB, 0.5, false); }
+TEST(OffloadHost, MuonAllOffloadedGraph) { case_muon_offload_equals_on_gpu(kB, 1.0, true); }
+TEST(OffloadHost, MuonRemainders8BitMoments) {
+  case_muon_offload_equals_on_gpu(kB, 0.6, false, MasterStorage::bf16_remainder, DType::q8_block);
+}
+TEST(OffloadHost, MuonRemaindersGraph) { case_muon_offload_equals_on_gpu(kB, 0.5, true, MasterStorage::bf16_remainder); }
+TEST(OffloadHost, MuonFsdp) { case_muon_fsdp_offload_equals_on_gpu(kB, 0.5); }
+TEST(OffloadHost, MuonHsdp) { case_muon_fsdp_offload_equals_on_gpu(kB, 1.0, 2); }
 TEST(OffloadHost, CheckpointsAcrossFractionsAndFrontEnds) { case_offload_checkpoints(kB); }
 TEST(OffloadHost, CheckpointsOfRemainders8BitMoments) {
   case_offload_checkpoints(kB, MasterStorage::bf16_remainder, DType::q8_block);
