@@ -701,34 +701,6 @@ void grad_reduce_step(const Communicator& comm, Stream s, const Args& a, const s
   bench::write(r, a.results);
 }
 
-// Median ms of copying `bytes` up to the device and `bytes` back down at once (two
-// streams, the copy engines of both directions), in pieces of `piece` bytes: the
-// offload's PCIe limit, measured on the buffers the step would use.
-double duplex_ms(Stream s, const Args& a, std::size_t bytes, std::size_t piece) {
-  DeviceBuffer host(Backend::Cuda, bytes, MemoryKind::Pinned);  // read up and written down, as the step's arrays are
-  DeviceBuffer dev(Backend::Cuda, std::min(bytes, 4 * piece));  // a ring of four pieces, as the step's
-  SideStream up(Backend::Cuda), down(Backend::Cuda);
-  Event forked(Backend::Cuda), up_done(Backend::Cuda), down_done(Backend::Cuda);
-  const std::size_t ring = dev.bytes();
-  return bench::time_ms(s, 2, a.iters, [&] {
-    forked.record(s);
-    forked.wait(up.get());
-    forked.wait(down.get());
-    for (std::size_t at = 0, k = 0; at < bytes; at += piece, ++k) {
-      const std::size_t n = std::min(piece, bytes - at);
-      const std::size_t slot = (k * piece) % ring;
-      SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(dev.as<char>() + slot, host.as<char>() + at, n, cudaMemcpyHostToDevice,
-                                          reinterpret_cast<cudaStream_t>(up.get())));
-      SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(host.as<char>() + at, dev.as<char>() + (ring - n - slot) % ring, n,
-                                          cudaMemcpyDeviceToHost, reinterpret_cast<cudaStream_t>(down.get())));
-    }
-    up_done.record(up.get());
-    down_done.record(down.get());
-    up_done.wait(s);
-    down_done.wait(s);
-  });
-}
-
 // The peers of the fully offloaded fp32 row, from the --peer file: FSDP2 with
 // CPUOffloadPolicy (bench/peers/offload_peer.py, under the row's config) and DeepSpeed
 // ZeRO-Offload (deepspeed_offload_peer.py, the config + "/deepspeed"). Each is recorded
@@ -774,7 +746,7 @@ void offload_rows(const Communicator& comm, Stream s, const Args& a, const std::
       const double build_s = std::chrono::duration<double>(Clock::now() - t0).count();
       const auto bytes = static_cast<std::size_t>(memory.offloaded);
       const std::size_t piece = static_cast<std::size_t>(memory.offload_staging / 4);
-      const double pcie_ms = bytes > 0 ? duplex_ms(s, a, bytes, std::max<std::size_t>(piece, 1)) : 0.0;
+      const double pcie_ms = bytes > 0 ? bench::duplex_copy_ms(s, a.iters, bytes, std::max<std::size_t>(piece, 1)) : 0.0;
       if (comm.rank() != 0) continue;
       bench::Result r;
       r.bench = "dist_adam_offload";

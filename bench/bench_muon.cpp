@@ -19,8 +19,13 @@
 //   muon_ns_phases    (one rank) the bf16 update's stages per GEMM group (MuonUpdate::profile)
 //                     against plain dense GEMMs per group and the elementwise bytes at the copy
 //                     bandwidth measured in this process
+//   muon_offload      (--offload F, one rank) the same step with a share F of the state on the
+//                     host (AdamOptions::offload_fraction: the moved buckets' fp32 masters and
+//                     momentum in pinned memory, read and written in place by Muon's kernels),
+//                     against max(the on-GPU step, a duplex pinned <-> device copy of the moved
+//                     state, 8 bytes an element each way), both measured in this process
 //
-//   mpirun -n N bench_muon [--results DIR] [--peer FILE] [--iters N] [--layers L]
+//   mpirun -n N bench_muon [--results DIR] [--peer FILE] [--iters N] [--layers L] [--offload F]
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -34,6 +39,7 @@
 #include "cuda_bench.hpp"
 #include "kernels/muon/muon.hpp"
 #include "mpi_bench.hpp"
+#include "optimizer/state_offload.hpp"
 #include "results.hpp"
 #include "shardopt/distributed_adam.hpp"
 #include "shardopt/muon.hpp"
@@ -249,13 +255,15 @@ void ns_rows(const std::vector<Matrix>& ms, Stream s, int iters, const std::stri
   check(cublasDestroy(h));
 }
 
-// DistributedAdam's whole step with every matrix in one Muon group.
-void step_rows(const Communicator& comm, const std::vector<Matrix>& ms, Stream s, int iters, const std::string& device,
-               const std::string& cmd, const bench::RunArgs& a) {
+// DistributedAdam's whole step with every matrix in one Muon group, `offload` of its state
+// on the host. Writes the muon_step row (offload 0) and returns the replay's median ms.
+double step_rows(const Communicator& comm, const std::vector<Matrix>& ms, Stream s, int iters, const std::string& device,
+                 const std::string& cmd, const bench::RunArgs& a, double offload = 0.0, double on_gpu_ms = 0.0) {
   std::vector<ParamSpec> specs;
   for (const Matrix& x : ms) specs.push_back(ParamSpec::tensor(x.name, {x.rows, x.cols}, DType::bf16, "muon"));
   DistributedAdamOptions o;
   o.grad_dtype = DType::bf16;
+  o.offload_fraction = offload;
   AdamGroup grp;
   grp.algorithm = GroupAlgorithm::Muon;
   o.groups["muon"] = grp;
@@ -276,7 +284,39 @@ void step_rows(const Communicator& comm, const std::vector<Matrix>& ms, Stream s
   graph.launch(s);
   const double replay_ms = bench::time_ms(s, 2, iters, [&] { graph.launch(s); });
   const double replay_host = host_us(s, std::max(iters, 100), [&] { graph.launch(s); });
-  if (comm.rank() != 0) return;
+  if (offload > 0.0) {
+    // The moved state's bytes each way: the fp32 master and the momentum of every element
+    // of the moved buckets (one rank: every matrix is homed here).
+    std::int64_t moved = 0;
+    const std::vector<bool> host = detail::offloaded_buckets(opt.layout(), offload);
+    for (std::size_t b = 0; b < host.size(); ++b)
+      if (host[b]) moved += opt.layout().buckets()[b].real_numel;
+    const auto bytes = static_cast<std::size_t>(8 * moved);
+    const double pcie_ms = bytes > 0 ? bench::duplex_copy_ms(s, iters, bytes, std::size_t{16} << 20) : 0.0;
+    bench::Result r;
+    r.bench = "muon_offload";
+    char fraction[32];
+    std::snprintf(fraction, sizeof fraction, "%g", offload);
+    r.config = std::string("llama1b/n1/F") + fraction;
+    r.device = device;
+    r.ours_ms = replay_ms;
+    r.limit_ms = std::max(on_gpu_ms, pcie_ms);
+    r.numbers["on_gpu_ms"] = on_gpu_ms;
+    r.numbers["pcie_duplex_ms"] = pcie_ms;
+    r.numbers["pcie_gbps_each_way"] = pcie_ms > 0 ? static_cast<double>(bytes) / (pcie_ms * 1e6) : 0.0;
+    r.numbers["moved_bytes_each_way"] = static_cast<double>(bytes);
+    r.numbers["offloaded_bytes"] = static_cast<double>(opt.memory().offloaded);
+    r.numbers["eager_ms"] = eager_ms;
+    r.notes["ours"] = "the muon_step's step with offload_fraction F, one CUDA graph replayed";
+    r.notes["limit"] = "max(the same step on the GPU, a duplex pinned <-> device copy of 8 bytes an element each way, "
+                       "16 MiB pieces), same process";
+    r.command = cmd;
+    std::printf("muon_offload F=%g: replay %.3f ms, on-GPU %.3f ms, PCIe duplex %.3f ms (%.1f GB/s each way)\n", offload,
+                replay_ms, on_gpu_ms, pcie_ms, r.numbers["pcie_gbps_each_way"]);
+    bench::write(r, a.results);
+    return replay_ms;
+  }
+  if (comm.rank() != 0) return replay_ms;
   bench::Result r;
   r.bench = "muon_step";
   r.config = "llama1b/n" + std::to_string(comm.size());
@@ -293,6 +333,7 @@ void step_rows(const Communicator& comm, const std::vector<Matrix>& ms, Stream s
   r.command = cmd;
   std::printf("muon_step n%d: replay %.3f ms, eager %.3f ms\n", comm.size(), replay_ms, eager_ms);
   bench::write(r, a.results);
+  return replay_ms;
 }
 
 }  // namespace
@@ -302,16 +343,25 @@ int main(int argc, char** argv) {
     bench::RunArgs a;
     a.iters = 10;
     int layers = 16;
+    double offload = 0.0;
     bench::parse_run_args(argc, argv, a, [&](bench::ArgReader& r) {
-      if (r.arg() != "--layers") return false;
-      layers = std::atoi(r.value().c_str());
+      if (r.arg() == "--layers") {
+        layers = std::atoi(r.value().c_str());
+      } else if (r.arg() == "--offload") {
+        offload = std::atof(r.value().c_str());
+      } else {
+        return false;
+      }
       return true;
     });
     bench::MpiBench mb(Backend::Cuda);
     const std::vector<Matrix> ms = llama_matrices(layers);
     const std::string device = mb.device(), cmd = bench::command_line(argc, argv);
-    if (mb.comm().size() == 1) ns_rows(ms, mb.stream(), a.iters, device, cmd, a.results);
-    step_rows(mb.comm(), ms, mb.stream(), a.iters, device, cmd, a);
+    SHARDOPT_REQUIRE(offload == 0.0 || (offload > 0.0 && offload <= 1.0 && mb.comm().size() == 1),
+                     ErrorCode::InvalidArgument, "bench_muon --offload takes a fraction in (0, 1], at one rank");
+    if (mb.comm().size() == 1 && offload == 0.0) ns_rows(ms, mb.stream(), a.iters, device, cmd, a.results);
+    const double on_gpu = step_rows(mb.comm(), ms, mb.stream(), a.iters, device, cmd, a);
+    if (offload > 0.0) step_rows(mb.comm(), ms, mb.stream(), a.iters, device, cmd, a, offload, on_gpu);
     return 0;
   });
 }

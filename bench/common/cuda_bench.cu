@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "core/check.hpp"
+#include "core/memory.hpp"
+#include "core/streams.hpp"
 #include "cuda_bench.hpp"
 #include "results.hpp"
 #include "shardopt/numerics.hpp"
@@ -76,6 +78,31 @@ CopyBandwidth measure_copy(std::size_t bytes, Stream stream, int iters, int warm
   SHARDOPT_CUDA_CHECK(cudaFree(src));
   SHARDOPT_CUDA_CHECK(cudaFree(dst));
   return r;
+}
+
+double duplex_copy_ms(Stream stream, int iters, std::size_t bytes, std::size_t piece) {
+  DeviceBuffer host(Backend::Cuda, bytes, MemoryKind::Pinned);  // read up and written down, as a step's arrays are
+  DeviceBuffer dev(Backend::Cuda, std::min(bytes, 4 * piece));  // a ring of four pieces, as the step's
+  SideStream up(Backend::Cuda), down(Backend::Cuda);
+  Event forked(Backend::Cuda), up_done(Backend::Cuda), down_done(Backend::Cuda);
+  const std::size_t ring = dev.bytes();
+  return time_ms(stream, 2, iters, [&] {
+    forked.record(stream);
+    forked.wait(up.get());
+    forked.wait(down.get());
+    for (std::size_t at = 0, k = 0; at < bytes; at += piece, ++k) {
+      const std::size_t n = std::min(piece, bytes - at);
+      const std::size_t slot = (k * piece) % ring;
+      SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(dev.as<char>() + slot, host.as<char>() + at, n, cudaMemcpyHostToDevice,
+                                          reinterpret_cast<cudaStream_t>(up.get())));
+      SHARDOPT_CUDA_CHECK(cudaMemcpyAsync(host.as<char>() + at, dev.as<char>() + (ring - n - slot) % ring, n,
+                                          cudaMemcpyDeviceToHost, reinterpret_cast<cudaStream_t>(down.get())));
+    }
+    up_done.record(up.get());
+    down_done.record(down.get());
+    up_done.wait(stream);
+    down_done.wait(stream);
+  });
 }
 
 BandwidthBench::BandwidthBench(std::string bench, int argc, char** argv, int warmup, int iters)

@@ -81,6 +81,12 @@ class CapturedGraph {
   void* exec_ = nullptr;   // cudaGraphExec_t
 };
 
+/// Median milliseconds of copying `bytes` of pinned host memory up to the device and the
+/// same bytes back down at once (two streams: the copy engines of both directions), in
+/// pieces of `piece` bytes through a device ring of four pieces: the PCIe limit of an
+/// offloaded step's bytes (docs/offload.md), `iters` timed runs after 2 untimed.
+double duplex_copy_ms(Stream stream, int iters, std::size_t bytes, std::size_t piece);
+
 /// `count` CUDA events, recorded by index on a stream, and the milliseconds between two
 /// of them once both have completed (destroyed with the object).
 class EventMarks {

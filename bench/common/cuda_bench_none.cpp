@@ -9,6 +9,7 @@ std::string device_name() { detail::no_cuda("a benchmark's device name"); }
 std::string device_name(int) { detail::no_cuda("a benchmark's device name"); }
 double time_ms(Stream, int, int, const std::function<void()>&) { detail::no_cuda("a benchmark's timing"); }
 CopyBandwidth measure_copy(std::size_t, Stream, int, int) { detail::no_cuda("a benchmark's copy bandwidth"); }
+double duplex_copy_ms(Stream, int, std::size_t, std::size_t) { detail::no_cuda("a benchmark's PCIe copy"); }
 
 BandwidthBench::BandwidthBench(std::string, int, char**, int, int) { detail::no_cuda("a bandwidth benchmark"); }
 BandwidthBench::~BandwidthBench() = default;

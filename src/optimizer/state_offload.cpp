@@ -99,16 +99,16 @@ StateOffload::StateOffload(Backend backend, const Layout& L, const std::vector<b
         table.push_back(c);
       }
       st.num_chunks = static_cast<std::int64_t>(table.size()) - st.first_chunk;
-      // The master's ranges this stage moves: [a, e) less the Muon pieces in it.
-      st.first_run = master_runs_.size();
+      // The ranges this stage moves: [a, e) less the Muon pieces in it.
+      st.first_run = runs_.size();
       std::int64_t from = a;
       for (const auto& [mb, me] : buffers[static_cast<std::size_t>(bucket.buffer)].muon_ranges) {
         if (me <= from || mb >= e) continue;
-        if (mb > from) master_runs_.emplace_back(from, mb);
+        if (mb > from) runs_.emplace_back(from, mb);
         from = std::max(from, me);
       }
-      if (from < e) master_runs_.emplace_back(from, e);
-      st.num_runs = master_runs_.size() - st.first_run;
+      if (from < e) runs_.emplace_back(from, e);
+      st.num_runs = runs_.size() - st.first_run;
       SHARDOPT_REQUIRE(!q8 || (a % kMomentBlock == 0 && e % kMomentBlock == 0), ErrorCode::Internal,
                        "offload: a stage of 8-bit moments does not start and end on block boundaries");
       if (st.num_chunks > 0) stages_.push_back(st);  // a stage of padding only has nothing to update
@@ -231,14 +231,22 @@ void StateOffload::copy_stage(const Stage& st, int slot, bool upload, Stream str
     }
   };
   const std::size_t msize = size_of(moment_dtype_);
-  // The master only in its ranges outside Muon's pieces (Muon's pass updates theirs in place).
-  for (std::size_t r = st.first_run; r < st.first_run + st.num_runs; ++r)
-    move(h.master, d.master, sizeof(float), false, master_runs_[r].first, master_runs_[r].second);
-  move(h.remainders, d.remainders, sizeof(std::uint16_t), false, st.begin, st.end);
-  move(h.exp_avg, d.exp_avg, msize, false, st.begin, st.end);
-  move(h.exp_avg_sq, d.exp_avg_sq, msize, false, st.begin, st.end);
-  move(h.exp_avg_scales, d.exp_avg_scales, sizeof(float), true, st.begin, st.end);
-  move(h.exp_avg_sq_scales, d.exp_avg_sq_scales, sizeof(float), true, st.begin, st.end);
+  // Only the stage's ranges outside Muon's pieces: Muon's pass updates their masters in
+  // place (a copy would race with it), and their other slots hold nothing. A block of
+  // scales is moved when an AdamW element starts in it (8-bit layouts start every
+  // parameter on a block, so a block a Muon piece ends in holds no AdamW element).
+  for (std::size_t r = st.first_run; r < st.first_run + st.num_runs; ++r) {
+    const auto [from, to] = runs_[r];
+    const std::int64_t block_from = (from + kMomentBlock - 1) / kMomentBlock * kMomentBlock;
+    move(h.master, d.master, sizeof(float), false, from, to);
+    move(h.remainders, d.remainders, sizeof(std::uint16_t), false, from, to);
+    move(h.exp_avg, d.exp_avg, msize, false, from, to);
+    move(h.exp_avg_sq, d.exp_avg_sq, msize, false, from, to);
+    if (block_from < to) {
+      move(h.exp_avg_scales, d.exp_avg_scales, sizeof(float), true, block_from, to);
+      move(h.exp_avg_sq_scales, d.exp_avg_sq_scales, sizeof(float), true, block_from, to);
+    }
+  }
 }
 
 void StateOffload::begin(Stream caller) {

@@ -17,7 +17,7 @@
 //
 // Muon's state in those buckets lives here too, but is not staged: Muon's pass reads and
 // writes its pieces' fp32 masters and its home's momentum in place, in these pinned arrays
-// (mapped into the device's address space), so the stages never move a Muon piece's master.
+// (mapped into the device's address space), so the stages move nothing of a Muon piece.
 #pragma once
 
 #include <array>
@@ -64,7 +64,8 @@ class StateOffload {
     bool remainder = false;
     std::int64_t split = 0;
     /// Shard ranges [begin, end) of the Muon pieces from the split on, ascending: their
-    /// fp32 master (in the host master array) is Muon's pass's to update, never staged.
+    /// fp32 master (in the host master array) is Muon's pass's to update; the stages move
+    /// nothing of them.
     std::vector<std::pair<std::int64_t, std::int64_t>> muon_ranges;
     /// With remainders: the fp32 masters of those Muon pieces, in an array of their own.
     std::int64_t muon_master_numel = 0;
@@ -117,7 +118,7 @@ class StateOffload {
     std::int64_t begin = 0, end = 0;  // shard offsets
     std::int64_t base = 0;            // the shard offset of slot element 0 (begin rounded down)
     std::int64_t first_chunk = 0, num_chunks = 0;  // in the stage chunk table
-    std::size_t first_run = 0, num_runs = 0;       // in master_runs_: the master's ranges it moves
+    std::size_t first_run = 0, num_runs = 0;       // in runs_: the ranges it moves
   };
   struct BufferState {
     std::int64_t split = 0;
@@ -139,7 +140,7 @@ class StateOffload {
   std::int64_t slot_numel_ = 0;  // elements of each array in a slot: the widest stage, rounded up to kMomentBlock
   std::vector<BufferState> buffers_;
   std::vector<Stage> stages_;
-  std::vector<std::pair<std::int64_t, std::int64_t>> master_runs_;  // per stage: [begin, end) less Muon's pieces
+  std::vector<std::pair<std::int64_t, std::int64_t>> runs_;  // per stage: [begin, end) less Muon's pieces
   std::vector<std::pair<std::size_t, std::size_t>> bucket_stages_;  // per bucket: first stage, count
   DeviceBuffer chunks_dev_;  // every stage's chunks, rebased to its slot
   DeviceBuffer ring_;
