@@ -59,6 +59,9 @@ inline bool sanitizer_cases() {
 }
 inline constexpr int kSanitizerSteps = 12;
 inline constexpr int kSanitizerGraphSteps = 4;
+/// Steps before and after the checkpoint of a sanitizer-sized resume case (6 and 6
+/// otherwise): enough for --graph's eager warm-up and capture on both sides.
+inline constexpr int kSanitizerResumeSteps = 3;
 
 /// Relative difference, 0 when both are 0.
 inline double rel(double a, double b) {
@@ -460,11 +463,12 @@ inline void expect_same_run(const RunResult& a, const RunResult& b, const Traine
 /// warms up eagerly and captures after the load, and the reference has replayed its graph
 /// all along; then the reference itself loads the checkpoint into its captured graph
 /// (in place, no recapture) and trains the 6 steps again, with the same result. MXFP8:
-/// the compute buffers are current right after each load.
+/// the compute buffers are current right after each load. Sanitizer-sized: 3 steps on
+/// each side (kSanitizerResumeSteps).
 inline void case_resume_equals_uninterrupted(shardopt::Backend b, const std::string& mode, const std::string& params,
                                              const std::string& experts, bool graph) {
-  constexpr int kBefore = 6, kAfter = 6;
-  TrainOptions o = options("tiny", mode, 2, kBefore + kAfter + 6);
+  const int before = sanitizer_cases() ? kSanitizerResumeSteps : 6, after = before;
+  TrainOptions o = options("tiny", mode, 2, before + after + 6);
   o.params = params;
   o.experts = experts;
   o.graph = graph;
@@ -475,28 +479,28 @@ inline void case_resume_equals_uninterrupted(shardopt::Backend b, const std::str
   ASSERT_FALSE(tmp.path().empty());
   const std::string dir = tmp / "step-00006";
   Trainer a(o, make_comm(b));
-  for (int s = 0; s < kBefore; ++s) a.step();
+  for (int s = 0; s < before; ++s) a.step();
   a.save(dir);
   const std::vector<std::vector<std::uint8_t>> saved = all_param_bytes(a);
-  const RunResult reference = train_more(a, kAfter);
-  ASSERT_EQ(reference.step.back(), kBefore + kAfter);
+  const RunResult reference = train_more(a, after);
+  ASSERT_EQ(reference.step.back(), before + after);
 
   Trainer fresh(o, make_comm(b));
   const shardopt::CheckpointInfo info = fresh.load(dir);
-  EXPECT_EQ(info.step, kBefore);
-  EXPECT_EQ(fresh.iterations(), kBefore);
+  EXPECT_EQ(info.step, before);
+  EXPECT_EQ(fresh.iterations(), before);
   EXPECT_EQ(info.user.at("trainer.seed"), std::to_string(o.seed));
   EXPECT_EQ(fresh.resume_differences(info), "") << what;
-  EXPECT_EQ(fresh.stats().step, kBefore);
+  EXPECT_EQ(fresh.stats().step, before);
   EXPECT_EQ(all_param_bytes(fresh), saved) << what << ": the loaded parameters";
   expect_compute_buffers_current(fresh, what + ", fresh trainer");
-  expect_same_run(reference, train_more(fresh, kAfter), a, what + ", fresh trainer");
+  expect_same_run(reference, train_more(fresh, after), a, what + ", fresh trainer");
 
   a.load(dir);  // into the trainer that trained on (its graph captured with --graph on)
-  EXPECT_EQ(a.iterations(), kBefore);
+  EXPECT_EQ(a.iterations(), before);
   EXPECT_EQ(all_param_bytes(a), saved) << what << ": loaded into the running trainer";
   expect_compute_buffers_current(a, what + ", running trainer");
-  expect_same_run(reference, train_more(a, kAfter), a, what + ", loaded into the running trainer");
+  expect_same_run(reference, train_more(a, after), a, what + ", loaded into the running trainer");
 }
 
 /// A checkpoint of one expert registration loads into the other (--experts single: one
